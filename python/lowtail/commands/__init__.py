@@ -1,0 +1,1 @@
+"""Subcommands of ``lowtail``: each module's ``register(subparsers)`` adds its own."""
