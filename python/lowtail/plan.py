@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowtail import cpulist
-from lowtail.topology import Topology
+from . import cpulist
+from .topology import Topology
 
 
 class PlanError(ValueError):

@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from lowtail import cpulist
+from . import cpulist
 
 
 class TopologyError(RuntimeError):
