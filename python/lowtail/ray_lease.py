@@ -219,7 +219,7 @@ def stop_node_allocator(node_id: str | None = None, *, remove_state: bool = Fals
     """
     node = node_id or ray.get_runtime_context().get_node_id()
     try:
-        handle = ray.get_actor(allocator_name(node), namespace=NAMESPACE)
+        handle: Any = ray.get_actor(allocator_name(node), namespace=NAMESPACE)
     except ValueError:
         return False
     state_dir: str | None = None
