@@ -414,11 +414,12 @@ def check_sched_fifo(ctx: Context) -> Check:
 
 
 def _kernel_config(src: Sources) -> tuple[str, str] | None:
-    candidates: list[Path] = (
-        [src.kernel_config]
-        if src.kernel_config is not None
-        else [Path("/boot") / f"config-{src.kernel_release}", src.proc_root / "config.gz"]
-    )
+    if src.kernel_config is not None:
+        candidates = [src.kernel_config]
+    elif src.live:
+        candidates = [Path("/boot") / f"config-{src.kernel_release}", src.proc_root / "config.gz"]
+    else:  # a fixture tree: never the build config of the kernel this validator happens to run on
+        candidates = [src.proc_root / "config.gz"]
     for path in candidates:
         try:
             raw = path.read_bytes()
@@ -432,7 +433,11 @@ def _kernel_config(src: Sources) -> tuple[str, str] | None:
 def check_rt_group_sched(ctx: Context) -> Check:
     found = _kernel_config(ctx.src)
     if found is None:
-        where = ctx.src.kernel_config or f"/boot/config-{ctx.src.kernel_release} or /proc/config.gz"
+        where = ctx.src.kernel_config or (
+            f"/boot/config-{ctx.src.kernel_release} or {ctx.src.proc_root}/config.gz"
+            if ctx.src.live
+            else f"{ctx.src.proc_root}/config.gz (a fixture tree: pass --kernel-config)"
+        )
         return skip("rt_group_sched", f"no kernel config at {where}")
     path, text = found
     opts = dict(
@@ -485,7 +490,7 @@ def check_dev_shm(ctx: Context) -> Check:
             f"{SHM_BYTES_PER_WORKER / mib:.1f} MiB)"
         ),
     ]
-    value = {"size": size, "free": free, "needed": need}
+    value = f"{free / mib:.0f} MiB free of {size / mib:.0f} MiB, need {need / mib:.1f} MiB"
     if size < need:
         return Check(
             "dev_shm",
@@ -493,6 +498,7 @@ def check_dev_shm(ctx: Context) -> Check:
             value,
             threshold,
             evidence,
+            data={"size": size, "free": free, "needed": need},
             reason="/dev/shm is smaller than the queues need (raise its size, or the pod's emptyDir "
             "sizeLimit)",
         )
@@ -503,9 +509,12 @@ def check_dev_shm(ctx: Context) -> Check:
             value,
             threshold,
             evidence,
+            data={"size": size, "free": free, "needed": need},
             reason="not enough free space now: stale segments? (lowtail sweeps its own)",
         )
-    return Check("dev_shm", Status.PASS, value, threshold, evidence)
+    return Check(
+        "dev_shm", Status.PASS, value, threshold, evidence, data={"size": size, "free": free, "needed": need}
+    )
 
 
 def read_steal(proc_root: Path) -> dict[str, tuple[int, int]]:
@@ -530,16 +539,15 @@ def check_steal(ctx: Context) -> Check:
     stat = read_steal(ctx.src.proc_root)
     if "cpu" not in stat:
         return skip("steal", f"cannot read {ctx.src.proc_root / 'stat'}")
-    rows = {c: stat[f"cpu{c}"] for c in sorted(ctx.cpus) if f"cpu{c}" in stat} or {-1: stat["cpu"]}
-    share = {c: (s / t if t else 0.0) for c, (s, t) in rows.items()}
-    worst_cpu = max(share, key=share.__getitem__)
-    top = share[worst_cpu]
-    evidence = [
-        f"cpu{c}: steal {rows[c][0]} of {rows[c][1]} ticks since boot ({share[c]:.3%})" if c >= 0 else ""
-        for c in rows
+    # Per probe CPU when /proc/stat has per-CPU lines, else the all-CPU line.
+    rows = {f"cpu{c}": stat[f"cpu{c}"] for c in sorted(ctx.cpus) if f"cpu{c}" in stat} or {"cpu": stat["cpu"]}
+    share = {name: (s / t if t else 0.0) for name, (s, t) in rows.items()}
+    worst_name = max(share, key=share.__getitem__)
+    top = share[worst_name]
+    per_cpu = [
+        f"{name}: steal {s} of {t} ticks since boot ({share[name]:.3%})" for name, (s, t) in rows.items()
     ]
-    if -1 in rows:
-        evidence = [f"all CPUs: steal {rows[-1][0]} of {rows[-1][1]} ticks since boot ({top:.3%})"]
+    evidence = [f"worst {worst_name}: {share[worst_name]:.3%}", *per_cpu[:16]]
     threshold = f"pass <= {STEAL_LIMITS[0]:.1%}, warn <= {STEAL_LIMITS[1]:.0%} of CPU time since boot"
     value = round(top * 100, 4)
     if top <= STEAL_LIMITS[0]:
