@@ -147,7 +147,7 @@ def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str,
 
 
 def histogram_stats(
-    hist: Mapping[int | str, int], maximum: float, overflow: int = 0, scale: float = 1.0
+    hist: Mapping[int | str, int], maximum: float, overflow: int = 0, divisor: float = 1.0
 ) -> dict[str, Any]:
     """The same statistics from a histogram of integer buckets (cyclictest, oslat).
 
@@ -165,19 +165,19 @@ def histogram_stats(
         for value, count in buckets:
             seen += count
             if seen >= rank:
-                return value * scale
-        return maximum * scale
+                return value / divisor
+        return maximum / divisor
 
     total = math.fsum(k * v for k, v in buckets) + overflow * maximum
     return {
         "n": n,
-        "mean": round(total * scale / n, 6),
+        "mean": round(total / divisor / n, 6),
         "p50": at(0.5),
         "p90": at(0.9),
         "p99": at(0.99),
         "p999": at(0.999),
-        "max": maximum * scale,
-        "ladder": [[q, at(q) if q < 1 else maximum * scale] for q in LADDER],
+        "max": maximum / divisor,
+        "ladder": [[q, at(q) if q < 1 else maximum / divisor] for q in LADDER],
     }
 
 

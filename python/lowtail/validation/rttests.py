@@ -79,7 +79,7 @@ def parse_cyclictest(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
         hist = thread.get("histogram") or {}
         counted = sum(int(v) for v in hist.values())
         cycles = int(thread.get("cycles", counted))
-        stats = histogram_stats(hist, float(thread["max"]), overflow=max(0, cycles - counted), scale=1e-3)
+        stats = histogram_stats(hist, float(thread["max"]), overflow=max(0, cycles - counted), divisor=1000)
         stats["overflows"] = max(0, cycles - counted)
         stats["avg_us"] = thread.get("avg")
         stats["min_us"] = thread.get("min")
@@ -94,7 +94,7 @@ def parse_oslat(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for thread in (doc.get("thread") or {}).values():
         hist = thread.get("histogram") or {}
-        stats = histogram_stats(hist, float(thread["max"]), scale=1e-3)
+        stats = histogram_stats(hist, float(thread["max"]), divisor=1000)
         stats["duration_s"] = thread.get("duration")
         stats["freq_mhz"] = thread.get("freq")
         out[int(thread["cpu"])] = stats
