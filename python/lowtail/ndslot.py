@@ -52,6 +52,71 @@ class ArrayLayout:
     nbytes: int
 
 
+class Plan:
+    """Everything about one payload shape, computed once: spec, batch, header bytes, inline layout.
+
+    Plans are interned (one object per distinct shape), so the hot paths compare them by identity.
+    """
+
+    __slots__ = (
+        "_rows",
+        "batch",
+        "ext_bytes",
+        "inline_end",
+        "inline_layout",
+        "merge_key",
+        "prefix_header",
+        "spec",
+    )
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.batch = spec[0][2][0]
+        h = header(None, spec)
+        self.prefix_header: np.ndarray[Any, Any] = np.frombuffer(_PREFIX.pack(len(h), 0) + h, np.uint8)
+        self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
+        self.ext_bytes = layout(spec, 0)[1]
+        self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
+        self._rows: dict[int, Plan] = {}
+
+    def with_batch(self, n: int) -> Plan:
+        """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""
+        if n == self.batch:
+            return self
+        hit = self._rows.get(n)
+        if hit is None:
+            hit = plan_for(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
+            self._rows[n] = hit
+        return hit
+
+
+_plans: dict[Spec, Plan] = {}
+_fast_plans: dict[tuple[tuple[Any, ...], ...], Plan] = {}
+
+
+def plan_for(spec: Spec) -> Plan:
+    hit = _plans.get(spec)
+    if hit is None:
+        hit = Plan(spec)
+        _bounded_put(_plans, spec, hit)
+    return hit
+
+
+def plan_of(arrays: Mapping[str, Any]) -> Plan:
+    """The (validated) plan of a payload; a shape seen before costs one dict lookup."""
+    try:
+        key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
+        hit = _fast_plans.get(key)
+    except (AttributeError, TypeError):
+        hit, key = None, ()
+    if hit is None:
+        spec, _ = describe(arrays)
+        hit = plan_for(spec)
+        if key:
+            _bounded_put(_fast_plans, key, hit)
+    return hit
+
+
 def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
     """Validate a payload and return its spec and batch size.
 
@@ -85,18 +150,12 @@ def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
     assert batch is not None
     if batch < 1:
         raise BadRequest(f"batch dimension is {batch}; expected at least 1 row")
-    key = tuple(spec)
-    interned = _interned.get(key)
-    if interned is None:
-        _bounded_put(_interned, key, key)
-        interned = key
-    return interned, batch  # one object per distinct spec: callers cache views by identity
+    return tuple(spec), batch
 
 
 _layout_cache: dict[tuple[Spec, int], tuple[tuple[ArrayLayout, ...], int]] = {}
 _header_cache: dict[tuple[str | None, Spec], bytes] = {}
 _decode_cache: dict[bytes, tuple[str | None, Spec]] = {}
-_interned: dict[Spec, Spec] = {}
 _CACHE_MAX = 4096
 
 
@@ -171,6 +230,33 @@ def read_header(buf: np.ndarray[Any, Any], off: int, limit: int) -> tuple[str | 
 
 
 Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+_header_plans: dict[bytes, tuple[str | None, Plan]] = {}
+
+
+def read_plan(mem: memoryview, words: memoryview, off: int, limit: int) -> tuple[str | None, Plan, bytes]:
+    """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
+
+    Returns (ndarray slot name or None, plan, raw header bytes).
+    """
+    hlen = words[off >> 3] & 0xFFFFFFFF  # the u32 length of the prefix, read with its flags word
+    if hlen <= 0 or 8 + hlen > limit:
+        raise BadRequest(f"corrupt payload header: length {hlen} in a {limit}-byte region")
+    raw = mem[off + 8 : off + 8 + hlen].tobytes()
+    hit = _header_plans.get(raw)
+    if hit is None:
+        try:
+            ext, spec = pickle.loads(raw)
+            batch = spec[0][2][0]
+            ok = batch >= 1 and all(len(shape) > 0 and shape[0] == batch for _, _, shape in spec)
+        except Exception as e:
+            raise BadRequest(f"corrupt payload header ({e})") from None
+        if not ok:
+            raise BadRequest(f"batch dimension disagrees across inputs: {spec}")
+        hit = (ext, plan_for(spec))
+        _bounded_put(_header_plans, raw, hit)
+    return hit[0], hit[1], raw
 
 
 def views(buf: np.ndarray[Any, Any], arrays: tuple[ArrayLayout, ...], base: int) -> Arrays:

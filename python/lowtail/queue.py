@@ -73,7 +73,7 @@ import numpy as np
 
 from . import ndslot, numa, ofd_lock
 from .futex import full_barrier, futex_wait, futex_wake, is_supported_platform
-from .ndslot import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Spec
+from .ndslot import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Plan, Spec
 from .queue_errors import (
     BadConfig,
     BadRequest,
@@ -258,7 +258,8 @@ class _Mapped:
     def __init__(self, seg: Segment, geo: _Geometry) -> None:
         self.seg = seg
         self.geo = geo
-        self.q = memoryview(seg.mm).cast("Q")
+        self.mem = memoryview(seg.mm)
+        self.q = self.mem.cast("Q")
         self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
         self._anchor = np.frombuffer(seg.mm, np.uint64)
         self.base_addr = int(self._anchor.ctypes.data)
@@ -269,6 +270,7 @@ class _Mapped:
 
     def close(self) -> None:
         self.q.release()
+        self.mem.release()
         del self.buf
         del self._anchor
         self.seg.close()
@@ -455,14 +457,15 @@ class Pending:
         """True when the answer is there (``finish`` then returns without waiting)."""
         return self.client.ready(self.ticket)
 
-    def finish(self, timeout: float = 1.0) -> dict[str, np.ndarray[Any, Any]]:
+    def finish(self, timeout: float = 1.0) -> Arrays:
         return self.client.wait(self.ticket, timeout)
 
 
 class QueueClient:
     """A sampler's end of the queue: one lane, up to ``slots_per_lane`` requests in flight.
 
-    Not thread-safe: one client per thread (a sampler loop); a process may hold several.
+    Not thread-safe: one client per thread (a sampler loop); a process may hold several. Attach
+    after ``fork``/``spawn``, never before: a forked child would share the lane's lifetime lock.
     """
 
     def __init__(self, desc: QueueDescriptor, m: _Mapped, lane: int, spin_us: int) -> None:
@@ -477,11 +480,16 @@ class QueueClient:
         q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
+        self._g0 = lane * geo.spl
         self._head = int(q[H_DOORBELLS // 8 + lane])
+        self._doorbell_i = H_DOORBELLS // 8 + lane
+        self._ring_i = geo.lane(lane, L_RING)
+        self._parked_i = geo.lane(lane, L_PARKED)
+        self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._free: list[int] = []
         self._quarantined: list[int] = []  # in flight for a dead predecessor: usable once answered
         for s in range(geo.spl):
-            g = lane * geo.spl + s
+            g = self._g0 + s
             if q[geo.slot(g, S_REQ_SEQ)] == q[geo.slot(g, S_RESP_SEQ)]:
                 q[geo.slot(g, S_REQ_STATE)] = FREE
                 self._free.append(s)
@@ -491,9 +499,9 @@ class QueueClient:
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
-        self._req_views: dict[int, tuple[Spec, dict[str, np.ndarray[Any, Any]]]] = {}
-        self._resp_views: dict[int, tuple[Spec, int, dict[str, np.ndarray[Any, Any]]]] = {}
-        self.last_timing: dict[str, int] = {}
+        self._req_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._resp_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._timing = (0, 0, 0, 0)
         self._closed = False
 
     @classmethod
@@ -523,6 +531,12 @@ class QueueClient:
     def generation(self) -> int:
         return self._gen
 
+    @property
+    def last_timing(self) -> dict[str, int]:
+        """Of the last answer taken: time queued before the claim, claim to answer, and round trip (ns)."""
+        submit, claim, done, end = self._timing
+        return {"queue_wait_ns": claim - submit, "infer_ns": done - claim, "round_trip_ns": end - submit}
+
     def close(self) -> None:
         """Give the lane back; requests still in flight are abandoned (their answers are dropped)."""
         if self._closed:
@@ -535,64 +549,79 @@ class QueueClient:
         self._pool.close()
         self._m.close()  # closing the fd drops the lane lock
 
-    # -- hot path --------------------------------------------------------------------------------
-
     def _take_slot(self) -> int:
         if self._free:
             return self._free.pop()
         if self._quarantined:
             q, geo = self._m.q, self._m.geo
-            base = self.lane * geo.spl
             for s in list(self._quarantined):
-                if q[geo.slot(base + s, S_REQ_SEQ)] == q[geo.slot(base + s, S_RESP_SEQ)]:
+                if q[geo.slot(self._g0 + s, S_REQ_SEQ)] == q[geo.slot(self._g0 + s, S_RESP_SEQ)]:
                     self._quarantined.remove(s)
-                    q[geo.slot(base + s, S_REQ_STATE)] = FREE
+                    q[geo.slot(self._g0 + s, S_REQ_STATE)] = FREE
                     return s
         raise LaneBusy(
             f"all {self._m.geo.spl} slots of lane {self.lane} have requests in flight; "
             f"wait() for one before submitting more"
         )
 
+    def _write_external(self, s: int, g: int, plan: Plan, arrays: Mapping[str, Any]) -> int:
+        """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
+        self._req_views.pop(g, None)  # the header written below replaces any cached inline one
+        nd = self._nd_req.pop(s, None)
+        if nd is not None and nd.capacity < plan.ext_bytes:
+            self._pool.release(nd)
+            nd = None
+        if nd is None:
+            nd = self._pool.acquire(plan.ext_bytes)
+        self._nd_req[s] = nd
+        nd.write(arrays, plan.spec)
+        return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
+
+    def _check_size(self, plan: Plan) -> None:
+        geo = self._m.geo
+        limit = self._cfg.max_ndslot_bytes
+        if plan.ext_bytes > limit:
+            raise PayloadTooLarge(
+                f"request of {plan.ext_bytes} bytes ({_spec_text(plan.spec)}) exceeds the "
+                f"{geo.req_bytes}-byte slot and the ndarray-slot limit of {limit} bytes"
+            )
+        if ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.req_bytes:
+            raise PayloadTooLarge(
+                f"the header of {_spec_text(plan.spec)} alone exceeds the {geo.req_bytes}-byte slot"
+            )
+
+    # -- hot path: submit, wait --------------------------------------------------------------------
+
     def submit(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Ticket:
         """Write the request into a slot of this lane and publish it; returns at once."""
         if self._closed:
             raise QueueError("submit on a closed QueueClient")
-        spec, batch = ndslot.describe(arrays)
+        plan = ndslot.plan_of(arrays)
         m = self._m
-        geo, q, buf = m.geo, m.q, m.buf
-        ext: NdarraySlot | None = None
-        if ndslot.inline_nbytes(spec) > geo.req_bytes:
-            need = ndslot.external_nbytes(spec)
-            if need > self._cfg.max_ndslot_bytes:
-                raise PayloadTooLarge(
-                    f"request of {need} bytes ({_spec_text(spec)}) exceeds the {geo.req_bytes}-byte slot and "
-                    f"the ndarray-slot limit of {self._cfg.max_ndslot_bytes} bytes"
-                )
-            if ndslot.inline_nbytes(spec, "x" * 64) > geo.req_bytes:
-                raise PayloadTooLarge(
-                    f"the header of {_spec_text(spec)} alone exceeds the {geo.req_bytes}-byte slot"
-                )
-        s = self._take_slot()
-        g = self.lane * geo.spl + s
-        si = geo.slot(g, 0)
+        geo, q = m.geo, m.q
+        inline = plan.inline_end <= geo.req_bytes
+        if not inline:
+            self._check_size(plan)
+        s = self._free.pop() if self._free else self._take_slot()
+        g = self._g0 + s
+        si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
         q[si + 2] = WRITING
-        off = geo.req_off(g)
         try:
-            if ndslot.inline_nbytes(spec) > geo.req_bytes:
-                self._req_views.pop(g, None)  # the header below replaces the cached inline one
-                ext = self._pool.acquire(ndslot.external_nbytes(spec))
-                self._nd_req[s] = ext
-                ext.write(arrays, spec)
-                nbytes = ndslot.write_header(buf, off, ext.name, spec)
-            else:
+            if inline:
                 cached = self._req_views.get(g)
-                if cached is None or cached[0] is not spec:
-                    base = ndslot.write_header(buf, off, None, spec)
-                    lay, _ = ndslot.layout(spec, base)
-                    cached = (spec, ndslot.views(buf, lay, off))
+                if cached is None or cached[0] is not plan:
+                    off = geo.req_off(g)
+                    m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header
+                    cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
                     self._req_views[g] = cached
-                ndslot.copy_in(cached[1], arrays)
-                nbytes = ndslot.inline_nbytes(spec)
+                    nd = self._nd_req.pop(s, None)
+                    if nd is not None:
+                        self._pool.release(nd)
+                for name, view in cached[1].items():
+                    np.copyto(view, arrays[name], casting="no")
+                nbytes = plan.inline_end
+            else:
+                nbytes = self._write_external(s, g, plan, arrays)
         except BaseException:
             q[si + 2] = FREE
             self._free.append(s)
@@ -604,48 +633,48 @@ class QueueClient:
         q[si] = seq
         q[si + 2] = READY
         head = self._head
-        q[geo.lane(self.lane, L_RING) + head % geo.spl] = s
+        q[self._ring_i + head % geo.spl] = s
         self._head = head + 1
-        q[H_DOORBELLS // 8 + self.lane] = head + 1  # publication
-        full_barrier()
+        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
         if q[H_WORKER_SLEEP >> 3]:
             q[H_WORKER_SLEEP >> 3] = 0
             futex_wake(m.addr(H_WORKER_SLEEP >> 3))
-        return Ticket(s, seq, batch, now)
+        return Ticket(s, seq, plan.batch, now)
 
     def ready(self, ticket: Ticket) -> bool:
-        g = self.lane * self._m.geo.spl + ticket.slot
+        g = self._g0 + ticket.slot
         return bool(self._m.q[self._m.geo.slot(g, S_RESP_SEQ)] == ticket.seq)
 
-    def wait(self, ticket: Ticket, timeout: float = 1.0) -> dict[str, np.ndarray[Any, Any]]:
+    def wait(self, ticket: Ticket, timeout: float = 1.0) -> Arrays:
         """Outputs of ``ticket`` (copies owned by the caller). Raises QueueTimeout, WorkerDied, ..."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
         m = self._m
-        geo, q = m.geo, m.q
-        g = self.lane * geo.spl + ticket.slot
-        resp_i = geo.slot(g, S_RESP_SEQ)
+        q = m.q
+        g = self._g0 + ticket.slot
+        si = (m.geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
         seq = ticket.seq
-        if q[resp_i] != seq:
-            self._wait_slow(resp_i, seq, timeout)
-        return self._take_answer(ticket, g)
+        if q[si + 8] != seq:
+            spin_end = time.monotonic_ns() + self._spin_ns
+            clock = time.monotonic_ns
+            while q[si + 8] != seq:
+                if clock() > spin_end:
+                    self._park(si + 8, seq, timeout)
+                    break
+        return self._take_answer(ticket, g, si)
 
-    def _wait_slow(self, resp_i: int, seq: int, timeout: float) -> None:
+    def _park(self, resp_i: int, seq: int, timeout: float) -> None:
         m = self._m
         q = m.q
-        start = time.monotonic_ns()
-        deadline = start + int(timeout * 1e9)
-        spin_end = start + self._spin_ns
         clock = time.monotonic_ns
-        while clock() < spin_end:
-            if q[resp_i] == seq:
-                return
-        parked_i = m.geo.lane(self.lane, L_PARKED)
-        count_i = m.geo.lane(self.lane, L_RESP_COUNT)
+        start = clock()
+        deadline = start + int(timeout * 1e9)
+        parked_i, count_i = self._parked_i, self._count_i
         while True:
             expected = q[count_i]
             q[parked_i] = 1
-            full_barrier()
+            full_barrier()  # order the parked store before the re-check below (Dekker)
             if q[resp_i] == seq:
                 q[parked_i] = 0
                 return
@@ -669,43 +698,34 @@ class QueueClient:
             if q[resp_i] == seq:
                 return
 
-    def _take_answer(self, ticket: Ticket, g: int) -> dict[str, np.ndarray[Any, Any]]:
+    def _take_answer(self, ticket: Ticket, g: int, si: int) -> Arrays:
         m = self._m
         geo, q, buf = m.geo, m.q, m.buf
-        si = geo.slot(g, 0)
         status = q[si + 11]
-        n = q[si + 10]
-        self.last_timing = {
-            "queue_wait_ns": int(q[si + 12] - q[si + 3]),
-            "infer_ns": int(q[si + 13] - q[si + 12]),
-            "round_trip_ns": time.monotonic_ns() - ticket.submit_ns,
-        }
+        self._timing = (ticket.submit_ns, q[si + 12], q[si + 13], time.monotonic_ns())
         try:
             if status != ST_OK:
-                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, n))
+                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + 10]))
             off = geo.resp_off(g)
-            cached = self._resp_views.get(g)
-            ext, spec, base = ndslot.read_header(buf, off, geo.resp_bytes)
+            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
             if ext is not None:
-                slot = self._attached.get(ext, self._cfg.shm_dir)
-                views = slot.arrays(spec)
-            elif cached is not None and cached[0] is spec and cached[1] == base:
-                views = cached[2]
+                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
             else:
-                lay, end = ndslot.layout(spec, base)
-                if end > geo.resp_bytes:
-                    raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes}-byte slot")
-                views = ndslot.views(buf, lay, off)
-                self._resp_views[g] = (spec, base, views)
+                cached = self._resp_views.get(g)
+                if cached is not None and cached[0] == raw:
+                    views = cached[1]
+                else:
+                    if plan.inline_end > geo.resp_bytes:
+                        raise RequestFailed(
+                            f"corrupt answer: {plan.inline_end}-byte layout in a {geo.resp_bytes} B slot"
+                        )
+                    views = ndslot.views(buf, plan.inline_layout, off)
+                    self._resp_views[g] = (raw, views)
             return {k: v.copy() for k, v in views.items()}
         finally:
             ticket.consumed = True
             q[si + 2] = FREE
-            s = ticket.slot
-            nd = self._nd_req.pop(s, None)
-            if nd is not None:
-                self._pool.release(nd)
-            self._free.append(s)
+            self._free.append(ticket.slot)
 
     def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout: float = 1.0) -> Arrays:
         return self.wait(self.submit(arrays), timeout)
@@ -723,23 +743,24 @@ def _spec_text(spec: Spec) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class _Item:
-    lane: int
-    slot: int
-    g: int
-    seq: int
-    gen: int
-    batch: int
-    submit_ns: int
-    claim_ns: int
-    spec: Spec | None
-    inputs: dict[str, np.ndarray[Any, Any]] | None
-    done: bool = False
+    """One claimed request (worker-private)."""
 
+    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "plan", "seq", "si", "submit_ns")
 
-def _trailing(spec: Spec) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    return tuple((n, d, s[1:]) for n, d, s in spec)
+    def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
+        self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
+    ) -> None:
+        self.lane = lane
+        self.g = g
+        self.si = si
+        self.seq = seq
+        self.gen = gen
+        self.submit_ns = submit_ns
+        self.claim_ns = claim_ns
+        self.plan: Plan | None = None
+        self.inputs: Arrays | None = None
+        self.done = False
 
 
 class Batch:
@@ -748,13 +769,12 @@ class Batch:
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
         self._items = items
-        self.sizes = [it.batch for it in items]
+        self.sizes = [it.plan.batch for it in items if it.plan is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
-        if len(items) == 1:
-            assert items[0].inputs is not None
-            self.inputs: dict[str, np.ndarray[Any, Any]] = items[0].inputs  # zero-copy views
+        parts = [it.inputs for it in items if it.inputs is not None]
+        if len(parts) == 1:
+            self.inputs: Arrays = parts[0]  # zero-copy views of the request slot (or ndarray slot)
         else:
-            parts = [it.inputs for it in items if it.inputs is not None]
             self.inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def __len__(self) -> int:
@@ -774,30 +794,31 @@ class Batch:
         The input views are invalid afterwards: a client may reuse its slot as soon as it is answered.
         """
         total = self.total
-        bad = [
-            f"{k}={getattr(v, 'shape', None)}"
-            for k, v in outputs.items()
-            if getattr(v, "shape", (None,))[:1] != (total,)
-        ]
-        if not outputs or bad:
-            got = ", ".join(bad) or "no outputs"
+        try:
+            plan = ndslot.plan_of(outputs)
+        except BadRequest as e:
+            self.fail(f"worker outputs: {e}")
+            raise
+        if plan.batch != total:
+            got = ", ".join(f"{name}={shape}" for name, _, shape in plan.spec)
             msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
             self.fail(msg)
             raise BadRequest(msg)
-        try:
-            spec_out, _ = ndslot.describe(outputs)
-        except BadRequest as e:
-            self.fail(str(e))
-            raise
-        off = 0
-        for it in self._items:
-            n = it.batch
+        worker = self._worker
+        if len(self._items) == 1:
+            it = self._items[0]
             if not it.done:
-                part = {k: v[off : off + n] for k, v in outputs.items()}
-                spec = tuple((name, d, (n, *shape[1:])) for name, d, shape in spec_out)
-                self._worker._answer(it, ST_OK, part, spec, "")
-            off += n
-        self._worker._wake_parked(self._items)
+                worker._answer(it, ST_OK, outputs, plan, "")
+        else:
+            off = 0
+            for it in self._items:
+                assert it.plan is not None
+                n = it.plan.batch
+                if not it.done:
+                    part = {k: v[off : off + n] for k, v in outputs.items()}
+                    worker._answer(it, ST_OK, part, plan.with_batch(n), "")
+                off += n
+        worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
         for it in self._items:
@@ -826,6 +847,12 @@ class QueueWorker:
         q[H_WORKER_EPOCH >> 3] = q[H_WORKER_EPOCH >> 3] + 1
         q[H_WORKER_SLEEP >> 3] = 0
         self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
+        # u64 indices of each lane's fields, computed once for the hot path
+        self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
+        self._gen_i = [geo.lane(lane, L_GEN) for lane in range(geo.lanes)]
+        self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
+        self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
+        self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
         self._db_i = H_DOORBELLS >> 3
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -833,11 +860,13 @@ class QueueWorker:
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_resp: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
-        self._in_views: dict[int, tuple[Spec, dict[str, np.ndarray[Any, Any]]]] = {}
+        self._in_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._out_views: dict[int, tuple[Plan, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
+        self._active: list[int] = []
         self._rr = 0
         self._closed = False
         self.restarted_failed = self._fail_orphans(prev)
@@ -863,10 +892,11 @@ class QueueWorker:
         geo, q = m.geo, m.q
         orphans: list[_Item] = []
         for g in range(geo.lanes * geo.spl):
-            req, claim = q[geo.slot(g, S_REQ_SEQ)], q[geo.slot(g, S_CLAIM_SEQ)]
-            if claim == req and q[geo.slot(g, S_RESP_SEQ)] != req:
-                lane, s = divmod(g, geo.spl)
-                it = _Item(lane, s, g, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0, 0, None, None)
+            si = geo.slot(g, 0)
+            req = q[si]
+            if q[si + 9] == req and q[si + 8] != req:
+                lane = g // geo.spl
+                it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
                 msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
                 self._answer(it, ST_WORKER_DIED, None, None, msg)
                 orphans.append(it)
@@ -874,6 +904,7 @@ class QueueWorker:
         return len(orphans)
 
     def close(self) -> None:
+        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap."""
         if self._closed:
             return
         self._closed = True
@@ -885,14 +916,23 @@ class QueueWorker:
         self._carry.clear()
         self._outstanding.clear()
         self._in_views.clear()
+        self._out_views.clear()
         self._doorbells.release()
-        q = self._m.q
-        q[H_WORKER_PID >> 3] = 0
+        self._m.q[H_WORKER_PID >> 3] = 0
         self._attached.close()
         self._pool.close()
         self._m.close()
 
-    # -- hot path --------------------------------------------------------------------------------
+    def reclaimable_lanes(self) -> list[int]:
+        """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
+        m = self._m
+        return [
+            lane
+            for lane in range(m.geo.lanes)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+        ]
+
+    # -- hot path: claim, answer -------------------------------------------------------------------
 
     def claim(self, timeout: float = 0.05) -> Batch | None:
         """The next batch, or None after ``timeout`` seconds without a request."""
@@ -908,18 +948,20 @@ class QueueWorker:
         deadline = now + int(timeout * 1e9)
         sleep_i = H_WORKER_SLEEP >> 3
         items: list[_Item] = []
+        doorbells, poll = self._doorbells, self._poll
         while True:
-            self._poll(items)
-            if items:
-                return self._coalesce(items)
+            if doorbells.tobytes() != self._drained:
+                poll(items)
+                if items:
+                    return self._coalesce(items)
             now = clock()
             if now >= deadline:
                 return None
             if now - self._last_work_ns < self._idle_ns:
                 continue
             q[sleep_i] = 1
-            full_barrier()
-            self._poll(items)
+            full_barrier()  # order the sleep store before the doorbell re-check (Dekker)
+            poll(items)
             if items:
                 q[sleep_i] = 0
                 return self._coalesce(items)
@@ -934,175 +976,189 @@ class QueueWorker:
         m = self._m
         q, geo = m.q, m.geo
         tails = self._tails
-        db = self._db_i
+        heads = self._unpack(raw)
         lanes = geo.lanes
         cfg = self._cfg
-        samples = sum(it.batch for it in items)
+        max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
+        samples = sum(it.plan.batch for it in items if it.plan is not None)
+        spl = geo.spl
+        slot0 = geo.slot_base >> 3
+        full = False
+        now = time.monotonic_ns()
         start = self._rr
-        self._drained = b""
-        for k in range(lanes):
-            lane = (start + k) % lanes
-            head = q[db + lane]
+        # Lanes with work, in round-robin order from self._rr. Only lanes ever used are scanned; a lane
+        # used for the first time shows up as a change no known lane explains, which triggers a rescan.
+        pending = [lane for lane in self._active if heads[lane] != tails[lane]]
+        if not pending:
+            self._active = [lane for lane in range(lanes) if heads[lane]]
+            pending = [lane for lane in self._active if heads[lane] != tails[lane]]
+        if len(pending) > 1:
+            pending.sort(key=lambda lane: (lane - start) % lanes)
+        for lane in pending:
+            head = heads[lane]
             tail = tails[lane]
-            if head == tail:
-                continue
-            now = time.monotonic_ns()
             self._lane_seen_ns[lane] = now
-            ring = geo.lane(lane, L_RING)
+            ring = self._ring_i[lane]
+            gen = q[self._gen_i[lane]]
             while tail < head:
-                if len(items) >= cfg.max_batch_slots:
+                if len(items) >= max_slots:
+                    full = True
                     break
-                s = int(q[ring + tail % geo.spl])
-                if s >= geo.spl:
+                s = q[ring + tail % spl]
+                if s >= spl:
                     tail += 1  # never written by a well-behaved client; skip rather than crash
                     continue
-                g = lane * geo.spl + s
-                si = geo.slot(g, 0)
-                it = self._decode(lane, s, g, si, now)
-                if it.spec is not None and items and samples + it.batch > cfg.max_batch_samples:
+                g = lane * spl + s
+                si = slot0 + g * (SLOT_BYTES >> 3)
+                it = _Item(lane, g, si, q[si], gen, q[si + 3], now)
+                self._decode(it)
+                plan = it.plan
+                if plan is not None and items and samples + plan.batch > max_samples:
+                    full = True
                     break  # leave it for the next batch
                 tail += 1
                 q[si + 9] = it.seq  # claim_seq: PROCESSING
                 q[si + 12] = now
-                if it.spec is None:
-                    continue  # answered already (bad request)
+                if plan is None:
+                    continue  # a bad request, answered already
                 items.append(it)
-                samples += it.batch
+                samples += plan.batch
             tails[lane] = tail
-            q[geo.lane(lane, L_TAIL)] = tail
-            if len(items) >= cfg.max_batch_slots or samples >= cfg.max_batch_samples:
+            q[self._tail_i[lane]] = tail
+            if full or samples >= max_samples:
+                full = True
                 self._rr = (lane + 1) % lanes
                 break
-        if tails == list(self._unpack(raw)):
-            self._drained = raw
+        self._drained = b"" if full else raw
 
-    def _decode(self, lane: int, s: int, g: int, si: int, now: int) -> _Item:
+    def _decode(self, it: _Item) -> None:
         m = self._m
-        q, geo, buf = m.q, m.geo, m.buf
-        seq = int(q[si])
-        it = _Item(lane, s, g, seq, int(q[geo.lane(lane, L_GEN)]), 0, int(q[si + 3]), now, None, None)
+        geo, buf = m.geo, m.buf
+        g = it.g
         off = geo.req_off(g)
         try:
-            ext, spec, base = ndslot.read_header(buf, off, geo.req_bytes)
-            batch = spec[0][2][0]
-            if any(len(shape) == 0 or shape[0] != batch for _, _, shape in spec) or batch < 1:
-                raise BadRequest(f"batch dimension disagrees across inputs: {_spec_text(spec)}")
+            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
-                views = self._attached.get(ext, self._cfg.shm_dir).arrays(spec)
+                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
             else:
                 cached = self._in_views.get(g)
-                if cached is not None and cached[0] is spec:
+                if cached is not None and cached[0] == raw:
                     views = cached[1]
                 else:
-                    lay, end = ndslot.layout(spec, base)
-                    if end > geo.req_bytes:
-                        raise BadRequest(f"request layout of {end} bytes exceeds the {geo.req_bytes} B slot")
-                    views = ndslot.views(buf, lay, off)
-                    self._in_views[g] = (spec, views)
+                    if plan.inline_end > geo.req_bytes:
+                        raise BadRequest(
+                            f"request layout of {plan.inline_end} B exceeds the {geo.req_bytes} B slot"
+                        )
+                    views = ndslot.views(buf, plan.inline_layout, off)
+                    self._in_views[g] = (raw, views)
         except (QueueError, ValueError, TypeError, IndexError) as e:
             bad = isinstance(e, (BadRequest, ValueError, TypeError, IndexError))
-            status = ST_BAD_REQUEST if bad else ST_FAILED
-            q[si + 9] = seq
-            self._answer(it, status, None, None, str(e))
+            m.q[it.si + 9] = it.seq
+            self._answer(it, ST_BAD_REQUEST if bad else ST_FAILED, None, None, str(e))
             self._wake_parked([it])
-            return it
-        it.spec, it.batch, it.inputs = spec, batch, views
-        return it
+            return
+        it.plan, it.inputs = plan, views
 
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
-        samples = sum(it.batch for it in items)
-        if samples < cfg.min_batch_samples and cfg.coalesce_us > 0:
-            now = time.monotonic_ns()
-            in_batch = {it.lane for it in items}
-            recent = now - 50_000_000
-            others = any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns))
-            if others:
-                end = now + cfg.coalesce_us * 1000
-                while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
-                    self._poll(items)
-                    if sum(it.batch for it in items) >= cfg.min_batch_samples:
-                        break
+        if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
+            samples = sum(it.plan.batch for it in items if it.plan is not None)
+            if samples < cfg.min_batch_samples:
+                now = time.monotonic_ns()
+                in_batch = {it.lane for it in items}
+                recent = now - 50_000_000
+                # Wait only when another lane was active lately: a lone client is never held.
+                if any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns)):
+                    end = now + cfg.coalesce_us * 1000
+                    while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
+                        self._poll(items)
+                        if sum(it.plan.batch for it in items if it.plan is not None) >= cfg.min_batch_samples:
+                            break
         self._last_work_ns = time.monotonic_ns()
         return self._batch(items)
 
     def _batch(self, items: list[_Item]) -> Batch:
-        key = _trailing(items[0].spec or ())
-        same = [it for it in items if _trailing(it.spec or ()) == key]
-        if len(same) != len(items):
-            self._carry.extend(it for it in items if _trailing(it.spec or ()) != key)
-        for it in same:
+        if len(items) > 1:
+            key = items[0].plan.merge_key if items[0].plan is not None else ()
+            same = [it for it in items if it.plan is not None and it.plan.merge_key == key]
+            if len(same) != len(items):
+                self._carry.extend(it for it in items if it not in same)  # a batch of their own next
+            items = same
+        for it in items:
             self._outstanding[it.g] = it
-        return Batch(self, same)
+        return Batch(self, items)
 
     def _answer(
         self,
         it: _Item,
         status: int,
         arrays: Mapping[str, np.ndarray[Any, Any]] | None,
-        spec: Spec | None,
+        plan: Plan | None,
         message: str,
     ) -> None:
         m = self._m
-        q, geo, buf = m.q, m.geo, m.buf
-        g = it.g
-        si = geo.slot(g, 0)
-        fenced = q[geo.lane(it.lane, L_GEN)] != it.gen  # the lane changed hands since the claim
+        q, geo = m.q, m.geo
+        g, si = it.g, it.si
         n = 0
-        if fenced:
+        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
             status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
-        elif status == ST_OK and arrays is not None and spec is not None:
-            off = geo.resp_off(g)
+        elif status == ST_OK and arrays is not None and plan is not None:
             try:
-                if ndslot.inline_nbytes(spec) <= geo.resp_bytes:
-                    base = ndslot.write_header(buf, off, None, spec)
-                    lay, end = ndslot.layout(spec, base)
-                    ndslot.copy_in(ndslot.views(buf, lay, off), arrays)
-                    n = end
+                if plan.inline_end <= geo.resp_bytes:
+                    cached = self._out_views.get(g)
+                    if cached is None or cached[0] is not plan:
+                        off = geo.resp_off(g)
+                        m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header
+                        cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
+                        self._out_views[g] = cached
+                    for name, view in cached[1].items():
+                        np.copyto(view, arrays[name], casting="no")
+                    n = plan.inline_end
                 else:
-                    need = ndslot.external_nbytes(spec)
-                    limit = self._cfg.max_ndslot_bytes
-                    if need > limit or ndslot.inline_nbytes(spec, "x" * 64) > geo.resp_bytes:
-                        raise PayloadTooLarge(
-                            f"answer of {need} bytes ({_spec_text(spec)}) exceeds the {geo.resp_bytes}-byte "
-                            f"slot and the ndarray-slot limit of {limit} bytes"
-                        )
-                    nd = self._nd_resp.get(g)
-                    if nd is None or nd.capacity < need:
-                        if nd is not None:
-                            self._pool.release(nd)
-                        nd = self._pool.acquire(need)
-                        self._nd_resp[g] = nd
-                    nd.write(arrays, spec)
-                    n = ndslot.write_header(buf, off, nd.name, spec)
+                    n = self._answer_external(g, plan, arrays)
             except QueueError as e:
                 status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
         if status != ST_OK:
+            self._out_views.pop(g, None)
             n = _write_message(m, g, message)
         q[si + 10] = n
         q[si + 11] = status
         q[si + 13] = time.monotonic_ns()
-        q[si + 8] = it.seq  # publication of the answer
-        ci = geo.lane(it.lane, L_RESP_COUNT)
+        q[si + 8] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
         q[ci] = (q[ci] + 1) & 0xFFFFFFFF
         it.done = True
         self._outstanding.pop(g, None)
+
+    def _answer_external(self, g: int, plan: Plan, arrays: Mapping[str, np.ndarray[Any, Any]]) -> int:
+        geo = self._m.geo
+        need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
+        if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:
+            raise PayloadTooLarge(
+                f"answer of {need} bytes ({_spec_text(plan.spec)}) exceeds the {geo.resp_bytes}-byte "
+                f"slot and the ndarray-slot limit of {limit} bytes"
+            )
+        self._out_views.pop(g, None)
+        nd = self._nd_resp.get(g)
+        if nd is None or nd.capacity < need:
+            if nd is not None:
+                self._pool.release(nd)
+            nd = self._pool.acquire(need)
+            self._nd_resp[g] = nd
+        nd.write(arrays, plan.spec)
+        return ndslot.write_header(self._m.buf, geo.resp_off(g), nd.name, plan.spec)
 
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
             return
         m = self._m
-        q, geo = m.q, m.geo
-        full_barrier()
+        q = m.q
+        full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        if len(items) == 1:
+            lane = items[0].lane
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))
+            return
         for lane in {it.lane for it in items}:
-            if q[geo.lane(lane, L_PARKED)]:
-                futex_wake(m.addr(geo.lane(lane, L_RESP_COUNT)))
-
-    def reclaimable_lanes(self) -> list[int]:
-        """Lanes whose client died with requests published (the kernel already released their locks)."""
-        m = self._m
-        out = []
-        for lane in range(m.geo.lanes):
-            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane):
-                out.append(lane)
-        return out
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))

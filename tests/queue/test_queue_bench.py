@@ -1,0 +1,46 @@
+"""`lowtail bench queue --quick`: every transport runs, the JSON has the issue's schema, plots are written.
+
+A smoke run: it checks behaviour (schema, counts, files, cleanup), never a latency or a ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lowtail.cli import main
+
+NAMES = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
+
+
+def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
+    out = tmp_path / "q.json"
+    png, page = tmp_path / "q.png", tmp_path / "q.html"
+    # A subprocess: Ray is started and shut down there, never in the test session's process.
+    proc = subprocess.run(
+        [sys.executable, "-m", "lowtail.cli", "bench", "queue", "--quick", "--json", str(out),
+         "--png", str(png), "--html", str(page), "--throughput-seconds", "0.3"],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["transports"]) == set(NAMES)
+    for name in NAMES:
+        r = doc["transports"][name]
+        assert r["n"] >= 50
+        assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"]
+        assert r["client_run_delay_ms"] >= 0 and r["client_involuntary_switches"] >= 0
+    assert doc["workload"]["request"].startswith("obs: float32[16, 512]")
+    assert set(doc["throughput"]) == {"lowtail", "seed_flock_poll"}
+    assert all(v["clients"] == 4 and v["requests_per_s"] > 0 for v in doc["throughput"].values())
+    assert doc["targets"][0]["target"].startswith("lowtail p50 >= 30x lower than seed_flock_poll")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<img" in page.read_text()
+    assert "p50 vs lowtail" in proc.stdout and "seed_flock_poll" in proc.stdout
+
+
+def test_bench_rejects_unknown_transport(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["bench", "queue", "--transports", "lowtail,carrier_pigeon"]) == 2
+    assert "unknown ['carrier_pigeon']" in capsys.readouterr().err
