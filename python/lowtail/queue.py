@@ -138,6 +138,7 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
     ST_WORKER_DIED: WorkerDied,
     ST_CLIENT_GONE: RequestFailed,
 }
+PURE_SPIN_NS = 20_000  # a client spins without system calls this long, then yields while spinning
 PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
 WORKER_PARK_SLICE_S = 0.25
 
@@ -656,12 +657,19 @@ class QueueClient:
         si = (m.geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
         seq = ticket.seq
         if q[si + 8] != seq:
-            spin_end = time.monotonic_ns() + self._spin_ns
             clock = time.monotonic_ns
+            now = clock()
+            spin_end = now + self._spin_ns
+            yield_from = now + PURE_SPIN_NS
             while q[si + 8] != seq:
-                if clock() > spin_end:
-                    self._park(si + 8, seq, timeout)
-                    break
+                now = clock()
+                if now > yield_from:
+                    # Past a typical round trip: let other runnable tasks on this CPU (other samplers)
+                    # go first. sched_yield returns at once when nobody else is runnable.
+                    if now > spin_end:
+                        self._park(si + 8, seq, timeout)
+                        break
+                    os.sched_yield()
         return self._take_answer(ticket, g, si)
 
     def _park(self, resp_i: int, seq: int, timeout: float) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import html
 import io
 import json
@@ -28,7 +27,15 @@ import numpy as np
 from lowtail import table
 from lowtail.cli import UsageError
 
-from .queue_transports import TRANSPORTS, Transport, lowtail_config, prepare, throughput
+from .queue_transports import (
+    PRIORITIES,
+    TRANSPORTS,
+    Transport,
+    lowtail_config,
+    prepare,
+    restore_priority,
+    throughput,
+)
 
 ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the
@@ -73,7 +80,11 @@ def register(sub: Any) -> None:
         "--throughput-seconds", type=float, help="duration of each throughput run (default 3, quick 0.5)"
     )
     p.add_argument(
-        "--no-nice", action="store_true", help="do not raise every process to nice -20 (root only)"
+        "--priority",
+        choices=PRIORITIES,
+        default="nice",
+        help="given alike to every client and server: nice (-20, default), fifo (SCHED_FIFO 50, needs two "
+        "CPUs: keeps a shared machine's other tenants from preempting the measurement) or normal",
     )
     p.set_defaults(func=run)
 
@@ -277,7 +288,9 @@ def run(args: argparse.Namespace) -> int:
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
     client_cpu, worker_cpu = _cpus()
-    nice = not args.no_nice and os.geteuid() == 0
+    prio = args.priority if os.geteuid() == 0 else "normal"
+    if prio == "fifo" and worker_cpu is None:
+        raise UsageError("--priority fifo needs two CPUs (a SCHED_FIFO spinner would starve its peer on one)")
     mode = "quick" if args.quick else "full"
     counts = QUICK_N if args.quick else FULL_N
     seconds = args.throughput_seconds or (0.5 if args.quick else 3.0)
@@ -290,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
             "loop": "closed: one request in flight per client, each sent when the previous answer arrived",
             "client_cpu": client_cpu,
             "worker_cpu": worker_cpu,
-            "nice": -20 if nice else 0,
+            "priority": {"nice": "nice -20", "fifo": "SCHED_FIFO 50", "normal": "unchanged"}[prio],
             "mode": mode,
             "lowtail_config": {"request_bytes": cfg.request_bytes, "response_bytes": cfg.response_bytes,
                                "client_spin_us": cfg.client_spin_us, "worker_idle_us": cfg.worker_idle_us},
@@ -307,16 +320,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         for i, name in enumerate(n for n in ORDER if n in names):
             n = args.n or counts[name]
-            t = TRANSPORTS[name](worker_cpu, nice)
+            t = TRANSPORTS[name](worker_cpu, prio)
             print(f"[{i + 1}/{len(names)}] {name}: starting", file=sys.stderr, flush=True)
             try:
                 t.start()  # before pinning: servers (and Ray's daemons) must not inherit the client's CPU
-                prepare(client_cpu, nice)
+                prepare(client_cpu, prio)
                 label = f"[{i + 1}/{len(names)}] {name}: round trips"
                 samples[name], sched = measure(t, n, WARMUP[mode], label)
             finally:
                 t.stop()
             report["transports"][name] = {**percentiles(samples[name]), **sched}
+        restore_priority(saved_nice)  # the parent only coordinates the throughput runs
+        os.sched_setaffinity(0, saved)
         report["throughput"] = {}
         for kind in ("lowtail", "seed_flock_poll"):
             if kind in names:
@@ -325,16 +340,15 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                rps = throughput(kind, args.clients, seconds, worker_cpu, client_cpu, nice)
+                rps = throughput(kind, args.clients, seconds, worker_cpu, client_cpu, prio)
                 report["throughput"][kind] = {
                     "clients": args.clients,
                     "seconds": seconds,
                     "requests_per_s": round(rps, 1),
                 }
     finally:
+        restore_priority(saved_nice)
         os.sched_setaffinity(0, saved)
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, 0, saved_nice)
     report["targets"] = targets(report["transports"])
     print(render_tables(report))
     if args.json:
