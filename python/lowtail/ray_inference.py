@@ -271,6 +271,10 @@ class InferenceActor:
                 "restarts": len(self._restarts),
             }
 
+    def queue_counts(self) -> dict[str, int]:
+        """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR): the seed's state machine, for diagnosis."""
+        return dict(self._queue.snapshot().counts)
+
     def kill_worker(self) -> int:
         """SIGKILL the worker, as a crash would (tests and drills); the supervisor restarts it."""
         with self._lock:
