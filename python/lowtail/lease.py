@@ -200,6 +200,7 @@ class LeaseAllocator:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._places = _places(plan)
+        self._isolated = plan.isolated
         chosen = frozenset(plan.isolated if pool is None else pool)
         unknown = chosen - self._places.keys()
         if unknown:
@@ -407,12 +408,14 @@ class LeaseAllocator:
                 return "same-node" if p.node == near_node else "other-node"
             return "any"
 
-        def key(cpu: int) -> tuple[int, int, int, int]:
-            # Fewest holders first (matters only with share > 1), then the placement; without a hint
-            # the L3 group with the most free CPUs, leaving room next to each lease for the samplers
-            # that will ask to be near it; then the lowest number.
+        def key(cpu: int) -> tuple[int, int, int, int, int]:
+            # Fewest holders first (matters only with share > 1), then isolated before housekeeping
+            # (matters only with a demo pool), then the placement; without a hint the L3 group with the
+            # most free CPUs, leaving room next to each lease for the samplers that will ask to be near
+            # it; then the lowest number.
             spread = -free_in_l3[self._places[cpu].l3] if near_cpu is None and near_node is None else 0
-            return (load.get(cpu, 0), _PLACEMENT_ORDER[placement(cpu)], spread, cpu)
+            isolated = 0 if cpu in self._isolated else 1
+            return (load.get(cpu, 0), isolated, _PLACEMENT_ORDER[placement(cpu)], spread, cpu)
 
         best = min(free, key=key)
         return best, placement(best)

@@ -53,7 +53,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def alloc_cfg(tmp_path: Path, ray_nodes: RayNodes) -> Iterator[AllocatorConfig]:
     plan = node_plan()
     cfg = AllocatorConfig(
-        state_dir=str(tmp_path / "leases"),
+        state_dir=str(tmp_path / "leases-{node}"),  # two raylets on one host: a table per node
         plan=plan.to_dict(),
         pool=None if len(plan.isolated) >= 4 else "0-1",  # the demo override on a small machine
         share=1 if len(plan.isolated) >= 4 else 8,
@@ -137,14 +137,20 @@ def test_inference_actor_places_its_queue_and_releases_everything_on_shutdown(
 def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_are_served(
     ray_nodes: RayNodes, tmp_path: Path, alloc_cfg: AllocatorConfig
 ) -> None:
-    slow = write_slow_model(tmp_path / "slow").parent
+    slow = write_slow_model(tmp_path / "slow", layers=600).parent  # ~0.6 s per batch: time to see it claimed
     x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
     spec = infer_spec(
         slow,
         alloc_cfg,
         0,
-        queue=QueueConfig(lanes=4, slots_per_lane=4, request_bytes=266240, response_bytes=266240,
-                          max_batch_samples=64, min_batch_samples=1),
+        queue=QueueConfig(
+            lanes=4,
+            slots_per_lane=4,
+            request_bytes=266240,
+            response_bytes=266240,
+            max_batch_samples=64,
+            min_batch_samples=1,
+        ),
         worker=WorkerConfig(name="victim", max_batch=64),
     )
     actor = start_inference_actor(spec, ray_nodes.head)
@@ -157,7 +163,9 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
             killed = ray.get(actor.kill_worker.remote())
             with pytest.raises(WorkerDied):
                 client.finish(pending)
-            assert wait_until(lambda: (s := ray.get(actor.status.remote()))["restarts"] == 1 and s["worker_alive"])
+            assert wait_until(
+                lambda: (s := ray.get(actor.status.remote()))["restarts"] == 1 and s["worker_alive"]
+            )
             status = ray.get(actor.status.remote())
             assert status["worker_pid"] != killed and status["failed"] is None
             assert client.infer(x)["value"].shape == (64, 1024)  # the same attachment, a new worker
@@ -165,7 +173,9 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
         stop_actor(actor)
 
 
-def test_a_killed_sampler_lease_is_reclaimed(ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig) -> None:
+def test_a_killed_sampler_lease_is_reclaimed(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
     actor = start_inference_actor(infer_spec(model, alloc_cfg, 0), ray_nodes.head)
     try:
         ep = ray.get(actor.endpoint.remote())
@@ -179,7 +189,9 @@ def test_a_killed_sampler_lease_is_reclaimed(ray_nodes: RayNodes, model: Path, a
         stop_actor(actor)
 
 
-def test_samplers_run_sync_and_two_phase_round_robin(ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig) -> None:
+def test_samplers_run_sync_and_two_phase_round_robin(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
     actors = [start_inference_actor(infer_spec(model, alloc_cfg, i), ray_nodes.head) for i in range(2)]
     try:
         endpoints = ray.get([a.endpoint.remote() for a in actors])

@@ -181,6 +181,7 @@ def test_demo_pool_override_and_sharing_are_stated_in_the_audit_line() -> None:
     alloc = LeaseAllocator(plan, pool={0, 1}, share=2)
     cpus = [alloc.acquire(o).cpu for o in ("infer:0:0", "infer:0:1", "sample:0", "sample:1")]
     assert sorted(cpus) == [0, 0, 1, 1]  # spread over both before sharing
+    assert cpus[0] == 1  # the isolated CPU before the housekeeping one
     with pytest.raises(LeaseExhausted, match="x share 2"):
         alloc.acquire("other:x")
     assert "DEMO(pool=0-1 share=2)" in alloc.audit_line()
