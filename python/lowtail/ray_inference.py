@@ -272,7 +272,7 @@ class InferenceActor:
             }
 
     def queue_counts(self) -> dict[str, int]:
-        """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR): the seed's state machine, for diagnosis."""
+        """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR), for diagnosis."""
         return dict(self._queue.snapshot().counts)
 
     def kill_worker(self) -> int:
