@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import cpulist
 from .export import WindowStats
 from .lease import KINDS, node_plan
@@ -44,6 +46,7 @@ class DemoOptions:
     strict_leases: bool = False  # refuse the demo override: isolated CPUs only, one owner each
     metrics_port: int | None = 0  # 0: any free port; None: no HTTP server
     tb_logdir: str | None = None
+    plot: str | None = None  # PNG of the tails (round trip, deschedule, queue wait)
     features: int = 512
 
 
@@ -94,6 +97,7 @@ class DemoResult:
     actors: list[dict[str, Any]]
     metrics_port: int | None
     tb_run: str | None
+    plot: str | None = None
     prometheus_sample: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class DemoResult:
             "actors": self.actors,
             "metrics_port": self.metrics_port,
             "tb_run": self.tb_run,
+            "plot": self.plot,
             "prometheus_sample": self.prometheus_sample,
         }
 
@@ -218,6 +223,7 @@ def _run(opts: DemoOptions, work: Path, progress: Progress | None, model_dir: st
         actor_status = ray.get([a.status.remote() for a in actors])
         ray.get(hub.flush.remote())
         worker = ray.get(hub.summary.remote())
+        raw = ray.get(hub.values.remote(["deschedule_ms", "queue_wait_ms", "infer_exec_ms"]))
         prom_text: str = ray.get(hub.render.remote())
         port = ray.get(hub.port.remote())
     finally:
@@ -235,6 +241,18 @@ def _run(opts: DemoOptions, work: Path, progress: Progress | None, model_dir: st
         for k, v in r.errors.items():
             errors[k] = errors.get(k, 0) + v
     rpc = [x for r in results for x in r.rpc_ms]
+    if opts.plot:
+        plot_tails(
+            {
+                "round trip (sampler)": np.asarray(rpc),
+                "model execution (worker)": raw.get("infer_exec_ms", np.zeros(0)),
+                "queue wait (worker)": raw.get("queue_wait_ms", np.zeros(0)),
+                "deschedule = wall - CPU (worker)": raw.get("deschedule_ms", np.zeros(0)),
+            },
+            opts.plot,
+            title=f"lowtail demo ray: {opts.samplers} samplers, {opts.actors} inference actors, "
+            f"{seconds:.0f} s" + (" (DEMO OVERRIDE: shared CPUs)" if policy.pool is not None else ""),
+        )
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
     for lease in leases:
         by_kind[lease.kind].append({"owner": lease.owner, "cpu": lease.cpu, "placement": lease.placement})
@@ -259,19 +277,55 @@ def _run(opts: DemoOptions, work: Path, progress: Progress | None, model_dir: st
         ],
         metrics_port=port,
         tb_run=None if opts.tb_logdir is None else str(Path(opts.tb_logdir) / "model_dispatcher"),
+        plot=opts.plot,
         prometheus_sample=[
             line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
         ],
     )
 
 
+def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
+    """Exceedance curves (fraction of calls slower than x, log-log): the tail is the right-hand end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, values in series.items():
+        v = np.sort(values[values > 0])
+        if v.size == 0:
+            continue
+        frac = 1.0 - np.arange(v.size) / v.size
+        p999 = float(np.quantile(v, 0.999, method="inverted_cdf"))
+        ax.step(
+            v, frac, where="post", label=f"{label}: n={values.size}, p999 {p999:.3f} ms, max {v[-1]:.3f} ms"
+        )
+    for q in (1e-2, 1e-3):
+        ax.axhline(q, color="grey", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("milliseconds")
+    ax.set_ylabel("fraction of calls slower")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(True, which="major", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def progress_bar(stream: Any = sys.stderr, width: int = 30) -> Progress:
     """A one-line progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
     tty = bool(getattr(stream, "isatty", lambda: False)())
     last = [-10.0]
+    finished = [False]
 
     def show(elapsed: float, total: float, samples: int) -> None:
+        if finished[0]:
+            return
         frac = min(1.0, elapsed / total) if total else 1.0
+        finished[0] = frac >= 1.0
         rate = samples / elapsed if elapsed > 0 else 0.0
         text = (
             f"[{'#' * int(frac * width):<{width}}] {elapsed:5.1f}/{total:.0f} s  "

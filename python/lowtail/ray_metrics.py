@@ -123,6 +123,11 @@ class NodeMetricsActor:
         with self._lock:
             return window_stats({k: np.concatenate(v) for k, v in self._everything.items()})
 
+    def values(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The values kept for the run summary (for plots), merged over sources."""
+        with self._lock:
+            return {n: np.concatenate(self._everything[n]) for n in names if self._everything.get(n)}
+
     def render(self) -> str:
         return self._prom.render()
 

@@ -63,7 +63,8 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
     # the validator's tb-report reads the run under the document's names
     report = tbreport.load(str(tmp_path / "tb"))
     assert (
-        report["p999_deschedule_ms"]["tag"] == P999_DESCHEDULE_TAG and report["p999_deschedule_ms"]["n"] > 0
+        report["p999_deschedule_ms"]["tag"].endswith(P999_DESCHEDULE_TAG)
+        and report["p999_deschedule_ms"]["n"] > 0
     )
     assert {"rpc_elapsed_ms", "infer_exec_ms", "infer_exec_max_ms"} <= set(report["sl_remote"])
     assert report["samples_per_s"]["max"] > 0

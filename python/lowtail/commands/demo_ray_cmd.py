@@ -56,6 +56,7 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0: any free)")
     p.add_argument("--tb-logdir", help="keep the TensorBoard run here (default: a temporary directory)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON ('-' for stdout)")
+    p.add_argument("--plot", metavar="PNG", help="write the latency and deschedule tails as a PNG")
     p.set_defaults(func=run)
 
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         strict_leases=args.strict_leases,
         metrics_port=args.metrics_port,
         tb_logdir=args.tb_logdir,
+        plot=args.plot,
     )
     try:
         result = run_demo(opts, progress=progress_bar(sys.stderr))
@@ -131,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             title="Inference actors",
         )
     )
+    if result.plot:
+        print(f"\nTail plot: {result.plot}")
     if result.tb_run:
         print(f"\nTensorBoard run: {result.tb_run}")
     if args.json:
