@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -275,10 +276,23 @@ class InferenceActor:
         """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR), for diagnosis."""
         return dict(self._queue.snapshot().counts)
 
-    def kill_worker(self) -> int:
-        """SIGKILL the worker, as a crash would (tests and drills); the supervisor restarts it."""
+    def kill_worker(self, while_processing: bool = False, timeout_s: float = 10.0) -> int:
+        """SIGKILL the worker, as a crash would (tests and drills); the supervisor restarts it.
+
+        ``while_processing``: freeze the worker (SIGSTOP) until a request is seen PROCESSING, so the
+        kill certainly lands mid-request.
+        """
         with self._lock:
             pid = int(self._worker.pid)
+            deadline = time.monotonic() + timeout_s
+            while while_processing:
+                os.kill(pid, signal.SIGSTOP)
+                if self._queue.snapshot().counts.get("PROCESSING", 0) > 0:
+                    break
+                os.kill(pid, signal.SIGCONT)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no request was PROCESSING within {timeout_s} s")
+                time.sleep(0.001)
             self._worker.kill()
             return pid
 
