@@ -69,6 +69,10 @@ class LeaseExhausted(LeaseError):
     """Every CPU of the pool is leased to a live owner."""
 
 
+class OwnerConflict(LeaseError):
+    """An owner name already held by another live process (two actors given the same name)."""
+
+
 class LeaseStateError(LeaseError):
     """The state file exists but cannot be read as a lease table (it is left in place for a person)."""
 
@@ -362,6 +366,11 @@ class LeaseAllocator:
         with self._transaction():
             held = self._leases.get(owner)
             if held is not None:
+                if held.pid is not None and pid is not None and held.pid != pid and self._alive(held):
+                    raise OwnerConflict(
+                        f"owner {owner!r} holds CPU {held.cpu} for live pid {held.pid}; pid {pid} asked under "
+                        "the same name: owner names must be unique per node"
+                    )
                 # The same owner again (a restarted actor keeps its name): same CPU, new identity.
                 held = replace(held, pid=pid, pid_start=start, actor_id=actor_id)
                 self._leases[owner] = held
