@@ -368,8 +368,8 @@ class LeaseAllocator:
             if held is not None:
                 if held.pid is not None and pid is not None and held.pid != pid and self._alive(held):
                     raise OwnerConflict(
-                        f"owner {owner!r} holds CPU {held.cpu} for live pid {held.pid}; pid {pid} asked under "
-                        "the same name: owner names must be unique per node"
+                        f"owner {owner!r} holds CPU {held.cpu} for live pid {held.pid}; pid {pid} asked "
+                        "under the same name: owner names must be unique per node"
                     )
                 # The same owner again (a restarted actor keeps its name): same CPU, new identity.
                 held = replace(held, pid=pid, pid_start=start, actor_id=actor_id)

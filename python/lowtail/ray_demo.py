@@ -132,6 +132,9 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
         raise DemoError(f"actors={opts.actors} samplers={opts.samplers}: expected at least 1 of each")
     if opts.seconds <= 0:
         raise DemoError(f"seconds={opts.seconds}: expected a positive duration")
+    plan = node_plan()
+    usable = frozenset(os.sched_getaffinity(0))
+    policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
     work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
     own_ray = not ray.is_initialized()
     saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
@@ -146,7 +149,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
                 log_to_driver=False,
                 namespace="lowtail-demo",
             )
-        return _run(opts, work, progress, model_dir)
+        return _run(opts, plan, policy, work, progress, model_dir)
     finally:
         if own_ray and ray.is_initialized():
             ray.shutdown()
@@ -158,7 +161,14 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(opts: DemoOptions, work: Path, progress: Progress | None, model_dir: str | None) -> DemoResult:
+def _run(
+    opts: DemoOptions,
+    plan: Plan,
+    policy: LeasePolicy,
+    work: Path,
+    progress: Progress | None,
+    model_dir: str | None,
+) -> DemoResult:
     import ray
 
     from .export import window_stats

@@ -80,6 +80,11 @@ def test_demo_command_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) 
         main(["demo", "ray", "--seconds", "0"])
     assert e.value.code == 2
     assert "'0': expected a positive float" in capsys.readouterr().err
+    # one owner more than this node isolates: strict leases refuse before anything starts
+    samplers = len(node_plan().isolated & os.sched_getaffinity(0))
+    assert main(["demo", "ray", "--strict-leases", "--actors", "1", "--samplers", str(samplers)]) == 2
+    err = capsys.readouterr().err
+    assert f"{samplers + 1} owners need {samplers + 1} isolated CPUs" in err and "--strict-leases" in err
 
 
 @pytest.mark.slow

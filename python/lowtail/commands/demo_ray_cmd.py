@@ -41,7 +41,8 @@ def register(sub: Any) -> None:
     p = demo_subparsers(sub).add_parser(
         "ray",
         help="run inference actors and samplers on a local Ray for a while and summarize",
-        description=__doc__,
+        description="Start a local Ray, the node's lease allocator, inference actors and samplers; run for "
+        "N seconds and summarize throughput, latency and deschedule tails and leases; stop everything.",
     )
     p.add_argument("--seconds", type=_positive(float), default=10.0, help="how long samplers run (10)")
     p.add_argument("--actors", type=_positive(int), default=2, help="inference actors (2)")
