@@ -1,4 +1,4 @@
-"""Pinning and priority on real kernel interfaces; the unprivileged cases run as a real unprivileged process."""
+"""Pinning and priority on real kernel interfaces; unprivileged cases run as a real unprivileged process."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def run_unprivileged(code: str) -> dict[str, Any]:
 
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        preexec_fn=drop,  # noqa: PLW1509 - the child is single-threaded until exec
+        preexec_fn=drop,
         capture_output=True,
         text=True,
         timeout=60,
@@ -100,8 +100,8 @@ def test_sched_fifo_falls_back_once_where_not_permitted() -> None:
             policy = os.sched_getscheduler(0)
             fifo.leave()
         caps = next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1]
-        print(json.dumps({"cap_sys_nice": bool(int(caps, 16) >> 23 & 1), "detected": detected, "available": fifo.available,
-                          "reason": fifo.reason, "policy": policy, "other": os.SCHED_OTHER,
+        print(json.dumps({"cap_sys_nice": bool(int(caps, 16) >> 23 & 1), "detected": detected,
+                          "available": fifo.available, "reason": fifo.reason, "policy": policy, "other": os.SCHED_OTHER,
                           "nice_error": nice.error, "nice": nice.achieved}))
         """
     )
