@@ -102,7 +102,8 @@ def test_sched_fifo_falls_back_once_where_not_permitted() -> None:
         caps = next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1]
         print(json.dumps({"cap_sys_nice": bool(int(caps, 16) >> 23 & 1),
                           "detected": detected,
-                          "available": fifo.available, "reason": fifo.reason, "policy": policy, "other": os.SCHED_OTHER,
+                          "available": fifo.available, "reason": fifo.reason,
+                          "policy": policy, "other": os.SCHED_OTHER,
                           "nice_error": nice.error, "nice": nice.achieved}))
         """
     )
