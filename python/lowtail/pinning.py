@@ -15,6 +15,7 @@ import ctypes.util
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("lowtail.pinning")
 
@@ -129,3 +130,23 @@ class SchedFifo:
         self.available = False
         self.reason = f"sched_setscheduler failed at run time: {e.strerror}"
         log.warning("SCHED_FIFO disabled: %s", self.reason)
+
+
+def start_pinned(proc: Any, cpu: int) -> None:
+    """``proc.start()`` with the child born on ``cpu``; the calling thread's mask is restored.
+
+    A spawned child inherits the mask of the thread that forks it, so it is on its CPU before its first
+    instruction, including whatever multiprocessing imports before the target runs (the parent's
+    ``__main__``); the target pins itself again and verifies.
+    """
+    saved = os.sched_getaffinity(0)
+    try:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError as e:
+            raise CpuAffinityError(
+                f"cannot start a process on CPU {cpu} ({e.strerror}); allowed CPUs: {sorted(saved)}"
+            ) from None
+        proc.start()
+    finally:
+        os.sched_setaffinity(0, saved)

@@ -28,7 +28,6 @@ per call; percentiles are computed here, on the parent's CPU, never on the infer
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 
 from lowtail import cpulist, metrics, worker_main, workerstats
 from lowtail.model import find_model_xml
-from lowtail.pinning import CpuAffinityError
+from lowtail.pinning import start_pinned
 
 
 class WorkerStartFailed(RuntimeError):
@@ -108,6 +107,7 @@ class WorkerProcess:
         self, proc: Any, conn: Any, stats: workerstats.StatsSegment, cpu: int, config: WorkerConfig
     ) -> None:
         self._proc = proc
+        self._pid = int(proc.pid)
         self._conn = conn
         self._stats: workerstats.StatsSegment | None = stats
         self.cpu = cpu
@@ -137,31 +137,22 @@ class WorkerProcess:
             name=f"lowtail-worker-{config.name or cpu}",
             daemon=True,
         )
-        saved = os.sched_getaffinity(0)
         try:
-            try:
-                os.sched_setaffinity(0, {cpu})
-            except OSError as e:
-                raise CpuAffinityError(
-                    f"cannot start a worker on CPU {cpu} ({e.strerror}); this thread may use CPUs "
-                    f"{cpulist.format(saved)}"
-                ) from None
-            proc.start()
+            start_pinned(proc, cpu)
         except BaseException:
             stats.close()
             parent_conn.close()
             raise
         finally:
             child_conn.close()
-            os.sched_setaffinity(0, saved)
         return cls(proc, parent_conn, stats, cpu, config)
 
     @property
     def pid(self) -> int:
-        return int(self._proc.pid)
+        return self._pid
 
     def alive(self) -> bool:
-        return bool(self._proc.is_alive())
+        return self._stats is not None and bool(self._proc.is_alive())
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
         """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
@@ -273,11 +264,13 @@ class WorkerProcess:
             if self.alive():
                 self._proc.kill()
                 self._proc.join(2.0)
+            self._proc.join(0)
+            self.exitcode = self._proc.exitcode
             self._stats.close()
             self._stats = None
             self._conn.close()
-        self._proc.join(0)
-        self.exitcode = self._proc.exitcode
+            if self.exitcode is not None:
+                self._proc.close()  # its sentinel fd
         return self.exitcode
 
     def __enter__(self) -> WorkerProcess:

@@ -110,7 +110,7 @@ def main(
         ready["outputs"] = engine.output_names
         if config.get("probe_cpu_view", False):
             # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
-            probe = engine.core.compile_model(engine.compiled.get_runtime_model(), "CPU")
+            probe = engine.core.compile_model(str(engine.xml), "CPU")
             ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
             del probe
 
@@ -227,7 +227,7 @@ def serve(
             n = engine.check(inputs)
         except (MalformedInput, ValueError) as e:
             fifo.leave()
-            h[ws.FAILED] += fail_malformed(batch, engine, e)
+            h[ws.FAILED] += fail_malformed(batch, e)
             continue
         e0, ec0, et0 = perf(), ptime(), ttime()
         try:
@@ -247,8 +247,10 @@ def serve(
         wall = (t1 - t0) / 1e6
         cpu_ms = (c1 - c0) / 1e6
         waits = batch.queue_wait_ns
+        now = mono()
+        h[ws.HEARTBEAT] = now
         row = (
-            mono() / 1e9,
+            now / 1e9,
             wall,
             cpu_ms,
             (th1 - th0) / 1e6,
@@ -275,33 +277,11 @@ def serve(
             h[ws.FIFO] = 0
 
 
-def fail_malformed(batch: Any, engine: Any, error: Exception) -> int:
-    """Fail only the requests of ``batch`` that do not fit the model; serve the rest. Returns failures."""
-    sizes = list(batch.sizes)
-    if len(sizes) == 1:
-        batch.fail(f"malformed request: {error}")
-        return 1
-    # Several requests were merged: check each one's slice and fail the bad ones alone.
-    import numpy as np
+def fail_malformed(batch: Any, error: Exception) -> int:
+    """Fail a batch whose inputs do not fit the model; returns the number of requests failed.
 
-    bad: list[int] = []
-    good: list[tuple[int, int, int]] = []
-    start = 0
-    try:
-        inputs = batch.inputs
-    except Exception as e:
-        batch.fail(f"malformed request: {e}")
-        return len(sizes)
-    for i, size in enumerate(sizes):
-        part = {k: v[start : start + size] for k, v in inputs.items()}
-        try:
-            engine.check(part)
-            good.append((i, start, size))
-        except Exception as e:
-            batch.fail_request(i, f"malformed request: {e}")
-            bad.append(i)
-        start += size
-    if good:
-        merged = {k: np.concatenate([v[s : s + n] for _, s, n in good]) for k, v in inputs.items()}
-        batch.complete(engine.infer(merged))
-    return len(bad)
+    The queue merges only requests with the same names, dtypes and per-sample shapes, so a request that
+    does not fit the model is never in a batch with one that does: failing the batch fails it alone.
+    """
+    batch.fail(f"malformed request: {error}")
+    return len(batch.sizes)
