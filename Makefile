@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo test lint typecheck pytest clean
+.PHONY: venv demo test lint typecheck pytest clean sandbox-image
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ pytest: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
+sandbox-image:
+	scripts/sandbox-image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
