@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from lowtail.export import WindowStats
 
 # One row per handled batch, float64; the column order is the layout of the shared ring.
 CALL_FIELDS: tuple[str, ...] = (
@@ -29,16 +30,19 @@ CALL_FIELDS: tuple[str, ...] = (
     "cpu_ms",  # process CPU time over the same interval (all threads of the worker)
     "thread_cpu_ms",  # the serving thread's CPU time over the same interval
     "deschedule_ms",  # max(0, wall - process CPU): the seed's formula
-    "engine_wall_ms",  # OpenVINO infer() only
+    "engine_wall_ms",  # model execution only (the exporters' infer_exec_ms)
     "engine_cpu_ms",
     "engine_thread_cpu_ms",
     "run_delay_ms",  # growth of schedstat run_delay over the call
     "nivcsw",  # growth of involuntary context switches over the call
-    "batch",  # samples in the engine call
+    "batch",  # samples in the engine call (the exporters' batch_size)
     "slots",  # requests merged into it
     "queue_wait_ms",  # the longest publish -> claim wait among its requests
 )
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
+
+# One percentile definition for the whole package (nearest rank, with n, mean and max): the exporters'.
+Percentiles = WindowStats
 
 SLOW_ENGINE_CPU_MS = 100.0
 SLOW_TOTAL_MS = 200.0
@@ -84,28 +88,12 @@ def status_nonvoluntary_switches(path: str = "/proc/thread-self/status") -> int:
     raise ValueError(f"{path}: no nonvoluntary_ctxt_switches line")
 
 
-@dataclass(frozen=True)
-class Percentiles:
-    n: int
-    p50: float
-    p99: float
-    p999: float
-    max: float
-
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
-
-
-EMPTY = Percentiles(0, float("nan"), float("nan"), float("nan"), float("nan"))
-
-
 def percentiles(values: Iterable[float] | np.ndarray) -> Percentiles:
-    """p50/p99/p99.9/max with the sample count (a p99.9 of fewer than ~3,000 samples is anecdote)."""
-    a = np.asarray(values, dtype=np.float64)
-    if a.size == 0:
-        return EMPTY
-    p50, p99, p999 = np.percentile(a, [50.0, 99.0, 99.9])
-    return Percentiles(int(a.size), float(p50), float(p99), float(p999), float(a.max()))
+    """n, mean, p50/p99/p99.9 (nearest rank), max: one definition shared with the exporters.
+
+    A p99.9 of fewer than ~3,000 samples is an anecdote; the count travels with it.
+    """
+    return Percentiles.of(np.asarray(values, dtype=np.float64).ravel())
 
 
 def summarize(rows: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, Percentiles]:
@@ -168,5 +156,5 @@ class LatencyWindow:
         self._count = 0
 
 
-def percentiles_dict(p: Mapping[str, Percentiles]) -> dict[str, dict[str, float | int]]:
+def percentiles_dict(p: Mapping[str, Percentiles]) -> dict[str, dict[str, float]]:
     return {k: v.to_dict() for k, v in p.items()}

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
-from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 
 from lowtail.metrics import CALL_FIELDS
 from lowtail.model import example_inputs, find_model_xml
+from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from lowtail.worker import WorkerConfig, WorkerProcess, WorkerStartFailed
 from tests.runtime.conftest import write_slow_model
 
