@@ -185,3 +185,34 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
     pid = start_and_stop()
     assert not Path(f"/proc/{pid}").exists()
     assert set(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def _start_worker_then_die(desc: object, model: str, conn: object) -> None:
+    w = WorkerProcess.start(desc, CPU, model)
+    w.wait_ready(120)
+    conn.send(w.pid)  # type: ignore[attr-defined]
+    os._exit(0)  # no cleanup: as if the Ray actor were killed
+
+
+def test_worker_exits_when_its_parent_dies(small_model: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    with small_queue() as queue:
+        middle = ctx.Process(target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child))
+        middle.start()
+        assert parent.poll(120)
+        worker_pid = parent.recv()
+        middle.join(30)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+            assert time.monotonic() < deadline, "the orphaned worker kept running"
+            time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
