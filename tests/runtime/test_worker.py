@@ -149,10 +149,18 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
         w.wait_ready(120)
         with QueueClient.attach(queue.descriptor) as c:
             assert c.infer(x, timeout=30)["value"].shape == (64, 1024)
-            pending = c.start(x)
-            deadline = time.monotonic() + 10
-            while queue.snapshot().counts["PROCESSING"] == 0:  # until the worker has claimed it
-                assert time.monotonic() < deadline, "the worker never claimed the request"
+            for _ in range(20):
+                pending = c.start(x)
+                deadline = time.monotonic() + 30
+                while queue.snapshot().counts["PROCESSING"] == 0:  # until the worker has claimed it
+                    assert time.monotonic() < deadline, "the worker never claimed the request"
+                os.kill(w.pid, signal.SIGSTOP)  # frozen: what we see now is what the kill will hit
+                if queue.snapshot().counts["PROCESSING"] == 1:
+                    break
+                os.kill(w.pid, signal.SIGCONT)  # it finished before it froze (a loaded host): again
+                pending.finish(timeout=30)
+            else:
+                pytest.fail("never caught the worker with a request in PROCESSING")
             os.kill(w.pid, signal.SIGKILL)
             with pytest.raises(WorkerDied):
                 pending.finish(timeout=30)
