@@ -114,9 +114,12 @@ class Engine:
             raise MalformedInput("empty batch: expected at least one sample")
         return n
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one batch; the result arrays are views valid until the next call."""
-        n = self.check(inputs)
+    def infer(self, inputs: Mapping[str, np.ndarray], checked_batch: int = 0) -> dict[str, np.ndarray]:
+        """Run one batch; the result arrays are views valid until the next call.
+
+        ``checked_batch``: the batch size ``check`` already returned for these inputs (skips checking again).
+        """
+        n = checked_batch or self.check(inputs)
         if n > self.max_batch:
             self._grow(n)
         if n != self._bound_batch:

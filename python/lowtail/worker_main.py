@@ -231,7 +231,7 @@ def serve(
             continue
         e0, ec0, et0 = perf(), ptime(), ttime()
         try:
-            outputs = engine.infer(inputs)
+            outputs = engine.infer(inputs, n)
         except Exception as e:
             fifo.leave()
             batch.fail(f"inference failed: {type(e).__name__}: {e}")
