@@ -181,6 +181,19 @@ def find_model_xml(path: str | Path) -> Path:
     return xml
 
 
+def feature_input(xml: str | Path) -> tuple[str, int]:
+    """Name and size of an IR's single float32 ``[batch, features]`` input (what samplers send)."""
+    import openvino as ov
+
+    m = ov.Core().read_model(str(xml))
+    ps = m.inputs[0].get_partial_shape() if len(m.inputs) == 1 else None
+    if ps is None or ps.rank.is_dynamic or ps.rank.get_length() != 2 or ps[1].is_dynamic:
+        raise ModelSpecError(
+            f"{xml}: expected one [batch, features] input, found {[str(i) for i in m.inputs]}"
+        )
+    return m.inputs[0].get_any_name(), int(ps[1].get_length())
+
+
 def example_inputs(features: int, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random observations for the policy model, the shape a sampler sends."""
     rng = np.random.default_rng(seed)

@@ -15,6 +15,9 @@ Parent-side handle (stable API; the Ray inference actor uses exactly this)::
     # restart after a crash: WorkerProcess.start(...) again with the same descriptor; attaching fails
     # whatever the dead worker left in flight (WorkerDied) and serves new requests.
 
+    m = measure_pinned(cpu=5, calls=3000)   # for validation: a queue + worker on CPU 5 driven by this
+                                            # thread; PinnedMeasurement(rows, report, isolation, ready)
+
 The child (``lowtail.worker_main``) pins itself before importing numpy or OpenVINO. The handle also makes
 the child *born* pinned: ``start`` pins the calling thread to the CPU for the instant of the spawn (the
 child inherits the mask of the thread that forks it) and restores it, so even code that runs before the
@@ -28,6 +31,7 @@ per call; percentiles are computed here, on the parent's CPU, never on the infer
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -278,3 +282,70 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class PinnedMeasurement:
+    rows: Any  # numpy (calls, len(metrics.CALL_FIELDS)): one row per engine call
+    report: WorkerReport
+    isolation: IsolationReport
+    ready: dict[str, Any]
+
+
+def measure_pinned(
+    cpu: int,
+    model_dir: str | Path | None = None,
+    *,
+    client_cpu: int | None = None,
+    batch: int = 16,
+    calls: int = 3000,
+    config: WorkerConfig | None = None,
+) -> PinnedMeasurement:
+    """Serve ``calls`` batches of ``batch`` samples through a fresh queue to a worker pinned on ``cpu``.
+
+    The calling thread is the client (pinned to ``client_cpu`` for the run when given, then restored).
+    Without ``model_dir`` the default policy model is built in a temporary directory. The worker is
+    stopped and the queue unlinked before returning; the rows stay.
+    """
+    import tempfile
+
+    import numpy as np
+
+    from lowtail.model import ModelSpec, feature_input, write_model
+    from lowtail.queue import InferenceQueue, QueueClient, QueueConfig
+
+    if calls < 1 or batch < 1:
+        raise ValueError(f"calls={calls}, batch={batch}: expected both >= 1")
+    with tempfile.TemporaryDirectory(prefix="lowtail-measure-") as tmp:
+        spec = ModelSpec()
+        xml = find_model_xml(model_dir) if model_dir is not None else write_model(tmp, spec)
+        name, features = feature_input(xml)
+        payload = batch * features * 4 + 4096
+        payload += -payload % 64
+        cfg = QueueConfig(
+            lanes=1,
+            slots_per_lane=2,
+            request_bytes=payload,
+            response_bytes=payload,
+            max_batch_samples=batch,
+            min_batch_samples=1,
+        )
+        x = {name: np.random.default_rng(0).standard_normal((batch, features), dtype=np.float32)}
+        saved = os.sched_getaffinity(0)
+        with InferenceQueue.create(cfg) as queue:
+            w = WorkerProcess.start(queue.descriptor, cpu, xml, config or WorkerConfig(name="measure"))
+            try:
+                ready = w.wait_ready(120)
+                if client_cpu is not None:
+                    os.sched_setaffinity(0, {client_cpu})
+                with QueueClient.attach(queue.descriptor) as client:
+                    for _ in range(min(100, calls)):  # warm-up: page faults, first futex waits
+                        client.infer(x, timeout=30)
+                    cursor = w.calls().cursor
+                    for _ in range(calls):
+                        client.infer(x, timeout=30)
+                rows = w.calls(cursor).rows
+                return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)
+            finally:
+                os.sched_setaffinity(0, saved)
+                w.stop()

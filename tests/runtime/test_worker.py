@@ -224,3 +224,16 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Path) -> None:
+    from lowtail.worker import measure_pinned
+
+    before = os.sched_getaffinity(0)
+    client_cpu = min(before)
+    m = measure_pinned(CPU, small_model, client_cpu=client_cpu, batch=4, calls=200)
+    assert os.sched_getaffinity(0) == before
+    assert m.rows.shape == (200, len(CALL_FIELDS))
+    assert m.report.calls == 200 and m.report.percentiles["deschedule_ms"].n == 200
+    assert m.ready["affinity"] == [CPU] and m.isolation.all_on_cpu
+    assert not Path(f"/proc/{m.ready['pid']}").exists() or _state(m.ready["pid"]) == "Z"

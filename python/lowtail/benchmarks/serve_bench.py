@@ -30,7 +30,7 @@ import numpy as np
 
 from lowtail import metrics, table
 from lowtail.cli import UsageError
-from lowtail.model import ModelSpec, find_model_xml, write_model
+from lowtail.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
 from lowtail.pinning import SchedFifo, pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
 TARGET_RATIO = 0.90
@@ -337,7 +337,10 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(str(e)) from None
         else:
             model = write_model(tmp, ModelSpec())
-        name, features = _model_input(model)
+        try:
+            name, features = feature_input(model)
+        except ModelSpecError as e:
+            raise UsageError(str(e)) from None
         setup = Setup(model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus))
         print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
         print("  bare loop ...", file=sys.stderr, flush=True)
@@ -383,13 +386,3 @@ def run(args: argparse.Namespace) -> int:
                 f'<img alt="throughput and latency" src="data:image/png;base64,{img}">\n'
             )
     return 0
-
-
-def _model_input(xml: Path) -> tuple[str, int]:
-    import openvino as ov
-
-    m = ov.Core().read_model(str(xml))
-    ps = m.inputs[0].get_partial_shape() if len(m.inputs) == 1 else None
-    if ps is None or ps.rank.is_dynamic or ps.rank.get_length() != 2 or ps[1].is_dynamic:
-        raise UsageError(f"{xml}: the benchmark drives models with one float32 [batch, features] input")
-    return m.inputs[0].get_any_name(), int(ps[1].get_length())
