@@ -133,4 +133,5 @@ def test_shm_rtt_measures_the_queue_or_names_what_is_missing() -> None:
         assert "lowtail.queue is not installed" in check.reason
     else:
         assert check.status is not Status.SKIP, check.reason
-        assert check.data["per_cpu"][str(PROBE_CPU)]["n"] == 300
+        # one client CPU measured (which one of the pair is the probe's choice), every sample kept
+        assert [stats["n"] for stats in check.data["per_cpu"].values()] == [300]
