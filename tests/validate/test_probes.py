@@ -15,7 +15,7 @@ import pytest
 from lowtail.validation.check import Status, histogram_stats, tail_stats
 from lowtail.validation.probes import ProbeOptions, probe_deschedule, probe_timer
 from lowtail.validation.rttests import cyclictest_cmd, oslat_cmd, parse_cyclictest, parse_oslat, probe_rt_test
-from lowtail.validation.runtime_probes import probe_shm_rtt
+from lowtail.validation.runtime_probes import probe_numa, probe_shm_rtt
 from tests.validate.conftest import PROBE_CPU
 
 DATA = Path(__file__).parent / "data"
@@ -135,3 +135,16 @@ def test_shm_rtt_measures_the_queue_or_names_what_is_missing() -> None:
         assert check.status is not Status.SKIP, check.reason
         # one client CPU measured (which one of the pair is the probe's choice), every sample kept
         assert [stats["n"] for stats in check.data["per_cpu"].values()] == [300]
+
+
+def test_numa_probe_reads_where_a_bound_segments_pages_are() -> None:
+    check = probe_numa(ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, progress=False))
+    if importlib.util.find_spec("lowtail.queue") is None:
+        assert check.status is Status.SKIP
+        assert "lowtail.queue is not installed" in check.reason
+        return
+    # Placement is not a latency: a segment bound with mbind and pre-faulted has every page on its node.
+    assert check.status is Status.PASS, check.evidence
+    pages = check.data["pages"]
+    assert pages and all(sum(p.values()) > 0 for p in pages.values())
+    assert all(set(p) == {f"node{node}"} for node, p in pages.items())

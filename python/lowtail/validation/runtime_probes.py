@@ -14,8 +14,6 @@ import os
 import time
 from typing import Any
 
-from lowtail import cpulist
-
 from .check import Check, Status, skip
 from .probes import ProbeOptions, grade
 
@@ -115,11 +113,42 @@ def probe_inference(opts: ProbeOptions) -> Check:
 
 
 def probe_numa(opts: ProbeOptions) -> Check:
-    missing = _missing("lowtail.queue")
+    """Create the runtime's default queue segment bound to each NUMA node that has probe CPUs, and read
+    where its pages really are (move_pages with no target nodes: a report that faults nothing in)."""
+    missing = _missing("lowtail.queue", "lowtail.numa")
     if missing:
         return skip("numa", f"{missing} is not installed (the queue's NUMA helpers)", kind="probe")
     queue = importlib.import_module("lowtail.queue")
-    placement = getattr(queue, "page_nodes", None)
-    if placement is None:
-        return skip("numa", "lowtail.queue has no page_nodes() helper to read page placement", kind="probe")
-    return Check("numa", Status.SKIP, reason="not wired", kind="probe", evidence=[cpulist.format(opts.cpus)])
+    numa = importlib.import_module("lowtail.numa")
+    nodes = sorted(n for n in numa.online_nodes() if numa.node_cpus(n) & opts.cpus)
+    evidence: list[str] = []
+    per_node: dict[str, dict[str, int]] = {}
+    misplaced = 0
+    total = 0
+    for node in nodes:
+        with queue.InferenceQueue.create(queue.QueueConfig(numa_node=node)) as q:
+            pages = dict(q.placement())
+            size = q.nbytes
+        n_pages = sum(pages.values())
+        on_node = pages.get(f"node{node}", 0)
+        total += n_pages
+        misplaced += n_pages - on_node
+        per_node[str(node)] = pages
+        evidence.append(
+            f"node {node}: {size / (1 << 20):.1f} MiB queue segment bound with mbind, pre-faulted; "
+            f"pages {pages}"
+        )
+    value = f"{total - misplaced} of {total} pages on their bound node"
+    threshold = "every page of a bound segment on its node"
+    if misplaced == 0:
+        return Check("numa", Status.PASS, value, threshold, evidence, kind="probe", data={"pages": per_node})
+    return Check(
+        "numa",
+        Status.FAIL,
+        value,
+        threshold,
+        evidence,
+        reason=f"{misplaced} pages not on the node their segment is bound to (or not present)",
+        kind="probe",
+        data={"pages": per_node},
+    )
