@@ -3,6 +3,7 @@ noisy); the hog test asserts that a stall is detected, which is behaviour."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import shutil
@@ -148,3 +149,21 @@ def test_numa_probe_reads_where_a_bound_segments_pages_are() -> None:
     pages = check.data["pages"]
     assert pages and all(sum(p.values()) > 0 for p in pages.values())
     assert all(set(p) == {f"node{node}"} for node, p in pages.items())
+
+
+def test_inference_probe_measures_the_pinned_worker_or_names_what_is_missing() -> None:
+    from lowtail.validation.runtime_probes import probe_inference
+
+    check = probe_inference(
+        ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, samples=300, progress=False)
+    )
+    worker = importlib.util.find_spec("lowtail.worker")
+    if worker is None or not hasattr(importlib.import_module("lowtail.worker"), "measure_pinned"):
+        assert check.status is Status.SKIP
+        assert "lowtail.worker" in check.reason
+        return
+    assert check.status is not Status.SKIP, check.reason
+    stats = check.data["per_cpu"][str(PROBE_CPU)]
+    assert stats["n"] == 300
+    assert stats["wall_ms_p50"] <= stats["wall_ms_p999"] <= stats["wall_ms_max"]
+    assert stats["threads"] >= 1 and "isolation" in stats
