@@ -33,6 +33,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,14 +339,27 @@ def measure_pinned(
                 ready = w.wait_ready(120)
                 if client_cpu is not None:
                     os.sched_setaffinity(0, {client_cpu})
+                warm = min(100, calls)  # page faults, first futex waits
                 with QueueClient.attach(queue.descriptor) as client:
-                    for _ in range(min(100, calls)):  # warm-up: page faults, first futex waits
+                    for _ in range(warm):
                         client.infer(x, timeout=30)
-                    cursor = w.calls().cursor
+                    # One request per engine call (one client, closed loop); the worker writes a call's
+                    # row just after answering it, so wait for the row before taking the cursor.
+                    cursor = _wait_for_rows(w, warm)
                     for _ in range(calls):
                         client.infer(x, timeout=30)
+                    _wait_for_rows(w, warm + calls)
                 rows = w.calls(cursor).rows
                 return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)
             finally:
                 os.sched_setaffinity(0, saved)
                 w.stop()
+
+
+def _wait_for_rows(w: WorkerProcess, count: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (cursor := w.calls(count).cursor) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
+        time.sleep(0.001)
+    return count
