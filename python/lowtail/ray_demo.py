@@ -149,7 +149,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
                 log_to_driver=False,
                 namespace="lowtail-demo",
             )
-        return _run(opts, plan, policy, work, progress, model_dir)
+        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
     finally:
         if own_ray and ray.is_initialized():
             ray.shutdown()
@@ -163,6 +163,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
 
 def _run(
     opts: DemoOptions,
+    *,
     plan: Plan,
     policy: LeasePolicy,
     work: Path,

@@ -17,11 +17,10 @@ import numpy as np
 import openvino as ov
 import pytest
 import ray
-from lowtail.model import example_inputs, find_model_xml
-from lowtail.queue import QueueConfig, WorkerDied
-from lowtail.worker import WorkerConfig
 
 from lowtail.lease import node_plan
+from lowtail.model import example_inputs, find_model_xml
+from lowtail.queue import QueueConfig, WorkerDied
 from lowtail.ray_inference import (
     CrossNodeAttach,
     EnvSpec,
@@ -34,6 +33,7 @@ from lowtail.ray_inference import (
     stop_actor,
 )
 from lowtail.ray_lease import AllocatorConfig, get_node_allocator, stop_node_allocator
+from lowtail.worker import WorkerConfig
 from tests.ray.conftest import RayNodes
 from tests.runtime.conftest import SMALL_SPEC, write_slow_model
 
