@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from lowtail.queue import (
     QueueTimeout,
     QueueWorker,
     RequestFailed,
+    Ticket,
 )
 from tests.queue.helpers import echo
 
@@ -278,3 +280,40 @@ def test_attaching_a_vanished_queue_is_a_clear_error(server: InferenceQueue, tmp
     server.close()
     with pytest.raises(QueueError, match="does not exist on this host"):
         QueueClient.attach(desc)
+
+
+def test_two_phase_start_returns_before_the_answer_and_finish_collects_it(server: InferenceQueue) -> None:
+    with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
+        x = np.full((4, 8), 7.0, np.float32)
+        pending = c.start({"x": x})  # returns with the request published, nothing claimed yet
+        assert not pending.done()
+        assert lane_states(server, c.lane)[pending.ticket.slot] == "READY"
+        b = w.claim(1.0)
+        assert b is not None
+        b.complete(echo(b.inputs["x"]))
+        assert pending.done()
+        np.testing.assert_allclose(pending.finish(timeout=1.0)["twice"], x * 2 + 1)
+
+
+def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active() -> None:
+    cfg = QueueConfig(lanes=2, min_batch_samples=8, coalesce_us=100_000)
+    with (
+        InferenceQueue.create(cfg) as s,
+        QueueClient.attach(s.descriptor) as a,
+        QueueClient.attach(s.descriptor) as b,
+        QueueWorker.attach(s.descriptor) as w,
+    ):
+        t = b.submit({"x": np.zeros((1, 8), np.float32)})  # lane b has been active lately
+        first = w.claim(1.0)
+        assert first is not None
+        first.complete(echo(first.inputs["x"]))
+        b.wait(t, 1.0)
+        ta = a.submit({"x": np.ones((1, 8), np.float32)})
+        late: list[Ticket] = []
+        timer = threading.Timer(0.01, lambda: late.append(b.submit({"x": np.ones((8, 8), np.float32)})))
+        timer.start()
+        batch = w.claim(1.0)  # 1 sample < 8: waits (bounded) for the other active lane
+        timer.join()
+        assert batch is not None and sorted(batch.sizes) == [1, 8]
+        batch.complete(echo(batch.inputs["x"]))
+        assert a.wait(ta, 1.0)["twice"].shape == (1, 8) and b.wait(late[0], 1.0)["twice"].shape == (8, 8)
