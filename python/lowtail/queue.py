@@ -60,6 +60,7 @@ has been answered.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -270,8 +271,11 @@ class _Mapped:
         return self.base_addr + index * 8
 
     def close(self) -> None:
-        self.q.release()
-        self.mem.release()
+        # A view a caller still holds (batch inputs kept past complete()) must not keep the segment
+        # file alive: the mapping then lives until that view is collected, the name is unlinked now.
+        with contextlib.suppress(BufferError):
+            self.q.release()
+            self.mem.release()
         del self.buf
         del self._anchor
         self.seg.close()
