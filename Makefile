@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo test lint typecheck pytest clean sandbox-image
+.PHONY: venv demo test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
 
 venv: $(STAMP)
 
@@ -33,11 +33,20 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck pytest molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:
 	scripts/sandbox-image.sh
+
+# lowtail and every pinned dependency as wheels, for `pip install --no-index` on the nodes; content-hashed,
+# so the dependency wheels are rebuilt only when python/requirements.txt changes (scripts/wheelhouse.sh).
+wheelhouse: $(STAMP)
+	scripts/wheelhouse.sh
+
+# The runtime install and the manifests on a systemd container: converge, idempotence, check, verify.
+molecule-runtime: wheelhouse
+	PATH=$(abspath $(BIN)):$$PATH molecule test -s runtime
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
