@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
+.PHONY: venv demo demo-clean test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
 
 venv: $(STAMP)
 
@@ -18,10 +18,21 @@ $(STAMP): $(REQS)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e python
 	@touch $@
 
+# The main job for real on a sandbox node (scripts/demo.sh): the sandbox image and the wheelhouse (both
+# reused once built), a systemd container as the node, site.yml against it, the runtime installed from the
+# wheelhouse, a short serving demo and the node's validation inside it, a summary; nothing left running.
 demo: $(STAMP)
-	$(BIN)/lowtail topology
-	@echo
-	$(BIN)/lowtail plan
+	scripts/demo.sh
+
+# Remove the demo node if one is left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
+# the sandbox image, the wheelhouse and the demo's outputs.
+demo-clean:
+	scripts/sandbox-node.sh rm lowtail-demo-node
+	@if [ "$(ALL)" = 1 ]; then \
+	  podman image rm -f "$$(scripts/sandbox-image.sh --name)" 2>/dev/null || true; \
+	  rm -rf build/wheelhouse build/demo build/manifests; \
+	  echo "removed the sandbox image, build/wheelhouse, build/demo and build/manifests"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check python tests

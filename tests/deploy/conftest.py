@@ -48,7 +48,8 @@ def render_manifests(
                 "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
             },
             "vars": {"lowtail_k8s_output_dir": str(out_dir), **inventory_vars},
-            "children": children or {},
+            # The play runs once for the tuned nodes' group; here that is the controller itself.
+            "children": children or {"lowtail_nodes": {"hosts": {"localhost": None}}},
         }
     }
     inv = tmp / "inventory.yml"
