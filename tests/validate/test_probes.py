@@ -3,6 +3,7 @@ noisy); the hog test asserts that a stall is detected, which is behaviour."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import shutil
@@ -15,7 +16,7 @@ import pytest
 from lowtail.validation.check import Status, histogram_stats, tail_stats
 from lowtail.validation.probes import ProbeOptions, probe_deschedule, probe_timer
 from lowtail.validation.rttests import cyclictest_cmd, oslat_cmd, parse_cyclictest, parse_oslat, probe_rt_test
-from lowtail.validation.runtime_probes import probe_shm_rtt
+from lowtail.validation.runtime_probes import probe_numa, probe_shm_rtt
 from tests.validate.conftest import PROBE_CPU
 
 DATA = Path(__file__).parent / "data"
@@ -135,3 +136,34 @@ def test_shm_rtt_measures_the_queue_or_names_what_is_missing() -> None:
         assert check.status is not Status.SKIP, check.reason
         # one client CPU measured (which one of the pair is the probe's choice), every sample kept
         assert [stats["n"] for stats in check.data["per_cpu"].values()] == [300]
+
+
+def test_numa_probe_reads_where_a_bound_segments_pages_are() -> None:
+    check = probe_numa(ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, progress=False))
+    if importlib.util.find_spec("lowtail.queue") is None:
+        assert check.status is Status.SKIP
+        assert "lowtail.queue is not installed" in check.reason
+        return
+    # Placement is not a latency: a segment bound with mbind and pre-faulted has every page on its node.
+    assert check.status is Status.PASS, check.evidence
+    pages = check.data["pages"]
+    assert pages and all(sum(p.values()) > 0 for p in pages.values())
+    assert all(set(p) == {f"node{node}"} for node, p in pages.items())
+
+
+def test_inference_probe_measures_the_pinned_worker_or_names_what_is_missing() -> None:
+    from lowtail.validation.runtime_probes import probe_inference
+
+    check = probe_inference(
+        ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, samples=300, progress=False)
+    )
+    worker = importlib.util.find_spec("lowtail.worker")
+    if worker is None or not hasattr(importlib.import_module("lowtail.worker"), "measure_pinned"):
+        assert check.status is Status.SKIP
+        assert "lowtail.worker" in check.reason
+        return
+    assert check.status is not Status.SKIP, check.reason
+    stats = check.data["per_cpu"][str(PROBE_CPU)]
+    assert stats["n"] == 300
+    assert stats["wall_ms_p50"] <= stats["wall_ms_p999"] <= stats["wall_ms_max"]
+    assert stats["threads"] >= 1 and "isolation" in stats

@@ -34,6 +34,12 @@ def register(sub: Any) -> None:
     p.add_argument("--duration", type=float, metavar="S", help="seconds per rt-tests run (default 10)")
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json`); default: computed")
     p.add_argument(
+        "--housekeeping",
+        default="auto",
+        metavar="auto|N|CPULIST",
+        help="housekeeping of the computed plan, as for `lowtail plan` (ignored with --plan)",
+    )
+    p.add_argument(
         "--allow-virtual", action="store_true", help="a VM or made-up topology warns instead of failing"
     )
     p.add_argument(
@@ -91,6 +97,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
         src=src,
         plan_path=Path(args.plan) if args.plan else None,
+        housekeeping=args.housekeeping,
         only=only,
         cpus=cpus,
         samples=args.samples,

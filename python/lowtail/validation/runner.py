@@ -48,6 +48,7 @@ class Options:
     src: Sources = field(default_factory=Sources)
     topo: Topology | None = None
     plan_path: Path | None = None
+    housekeeping: str = "auto"  # for the computed plan
     only: tuple[str, ...] = ()
     cpus: frozenset[int] | None = None
     samples: int | None = None
@@ -213,7 +214,8 @@ def run(opts: Options) -> Report:
         if opts.plan_path is not None:
             plan, plan_source = load_plan(opts.plan_path), str(opts.plan_path)
         else:
-            plan, plan_source = make_plan(topo), "computed from this topology (housekeeping auto)"
+            plan = make_plan(topo, opts.housekeeping)
+            plan_source = f"computed from this topology (housekeeping {opts.housekeeping})"
     except PlanError as e:
         raise ValidationError(str(e)) from None
     cpus, how = select_cpus(topo, plan, opts.cpus)

@@ -16,8 +16,9 @@ from typing import Any
 
 from lowtail import cpulist
 
-from .check import Check, Status, skip
+from .check import Check, Status, skip, tail_stats
 from .probes import ProbeOptions, grade
+from .progress import Progress
 
 
 def _missing(*modules: str) -> str | None:
@@ -100,26 +101,123 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
     return check
 
 
+INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
+INFERENCE_BATCH = 16  # the seed's max batch
+
+
+def spread(cpus: frozenset[int], k: int) -> list[int]:
+    """Up to ``k`` CPUs evenly spread over the sorted selection (first and last included)."""
+    ordered = sorted(cpus)
+    if len(ordered) <= k:
+        return ordered
+    return (
+        sorted({ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)}) if k > 1 else ordered[:1]
+    )
+
+
 def probe_inference(opts: ProbeOptions) -> Check:
-    missing = _missing("lowtail.worker", "lowtail.model")
+    """The pinned OpenVINO worker on the generated model: per engine call, the document's deschedule
+    (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
+    missing = _missing("lowtail.worker", "lowtail.model", "lowtail.queue")
     if missing:
         return skip(
             "inference", f"{missing} is not installed (the pinned inference worker issue)", kind="probe"
         )
-    return skip(
+    worker = importlib.import_module("lowtail.worker")
+    measure = getattr(worker, "measure_pinned", None)
+    if measure is None:
+        return skip("inference", "lowtail.worker has no measure_pinned() entry point", kind="probe")
+    metrics = importlib.import_module("lowtail.metrics")
+    col = metrics.COL
+    cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
+    client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
+    calls = opts.samples  # each a batch of 16 through the queue, the worker and OpenVINO
+    per_cpu: dict[int, list[float]] = {}
+    notes: dict[int, str] = {}
+    extra: dict[int, dict[str, Any]] = {}
+    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus), enabled=opts.progress)
+    for i, cpu in enumerate(cpus):
+        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls)
+        rows = m.rows
+        per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
+        wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])
+        iso = m.isolation
+        extra[cpu] = {
+            "wall_ms_p50": wall["p50"],
+            "wall_ms_p999": wall["p999"],
+            "wall_ms_max": wall["max"],
+            "run_delay_ms_total": round(float(rows[:, col["run_delay_ms"]].sum()), 3),
+            "nonvoluntary_switches": int(rows[:, col["nivcsw"]].sum()),
+            "sched_fifo": bool(m.report.sched_fifo),
+            "threads": iso.threads,
+            "isolated": bool(iso.ok),
+            "isolation": iso.detail,
+        }
+        notes[cpu] = (
+            f"; wall p50 {extra[cpu]['wall_ms_p50']:.3f} p999 {extra[cpu]['wall_ms_p999']:.3f} ms, "
+            f"sched_fifo={extra[cpu]['sched_fifo']}, {iso.threads} threads, isolation: {iso.detail}"
+        )
+        progress.update(i + 1)
+    progress.finish()
+    check = grade(
         "inference",
-        "lowtail.worker is present but exposes no measurement entry point this validator knows "
-        "(expected lowtail.worker.measure_pinned)",
-        kind="probe",
+        per_cpu,
+        opts.limit("inference"),
+        "inference deschedule",
+        lambda cpu: (extra[cpu], notes[cpu]),
     )
+    check.evidence.insert(
+        0,
+        f"lowtail.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
+        f"through the queue from CPU {client_cpu if client_cpu is not None else 'unpinned'}; "
+        "deschedule = wall - process CPU per engine call (the document's formula)",
+    )
+    not_isolated = [c for c in cpus if not extra[c]["isolated"]]
+    if not_isolated and check.status is Status.PASS:
+        check.status = Status.WARN
+        check.reason = f"worker not isolated on CPU {cpulist.format(not_isolated)}: " + "; ".join(
+            extra[c]["isolation"] for c in not_isolated
+        )
+    return check
 
 
 def probe_numa(opts: ProbeOptions) -> Check:
-    missing = _missing("lowtail.queue")
+    """Create the runtime's default queue segment bound to each NUMA node that has probe CPUs, and read
+    where its pages really are (move_pages with no target nodes: a report that faults nothing in)."""
+    missing = _missing("lowtail.queue", "lowtail.numa")
     if missing:
         return skip("numa", f"{missing} is not installed (the queue's NUMA helpers)", kind="probe")
     queue = importlib.import_module("lowtail.queue")
-    placement = getattr(queue, "page_nodes", None)
-    if placement is None:
-        return skip("numa", "lowtail.queue has no page_nodes() helper to read page placement", kind="probe")
-    return Check("numa", Status.SKIP, reason="not wired", kind="probe", evidence=[cpulist.format(opts.cpus)])
+    numa = importlib.import_module("lowtail.numa")
+    nodes = sorted(n for n in numa.online_nodes() if numa.node_cpus(n) & opts.cpus)
+    evidence: list[str] = []
+    per_node: dict[str, dict[str, int]] = {}
+    misplaced = 0
+    total = 0
+    for node in nodes:
+        with queue.InferenceQueue.create(queue.QueueConfig(numa_node=node)) as q:
+            pages = dict(q.placement())
+            size = q.nbytes
+        n_pages = sum(pages.values())
+        on_node = pages.get(f"node{node}", 0)
+        total += n_pages
+        misplaced += n_pages - on_node
+        per_node[str(node)] = pages
+        evidence.append(
+            f"node {node}: {size / (1 << 20):.1f} MiB queue segment bound with mbind, pre-faulted; "
+            f"pages {pages}"
+        )
+    value = f"{total - misplaced} of {total} pages on their bound node"
+    threshold = "every page of a bound segment on its node"
+    if misplaced == 0:
+        return Check("numa", Status.PASS, value, threshold, evidence, kind="probe", data={"pages": per_node})
+    return Check(
+        "numa",
+        Status.FAIL,
+        value,
+        threshold,
+        evidence,
+        reason=f"{misplaced} pages not on the node their segment is bound to (or not present)",
+        kind="probe",
+        data={"pages": per_node},
+    )
