@@ -146,3 +146,45 @@ def test_compare_rejects_a_file_that_is_not_a_report(
     bad.write_text('{"checks": []}')
     assert main(["compare", str(bad), str(bad)]) == 2
     assert "not a lowtail validate report" in capsys.readouterr().err
+
+
+def test_probes_leave_no_segment_process_or_temporary_file_behind(tmp_path: Path) -> None:
+    import glob
+    import os
+    import tempfile
+
+    def leftovers() -> set[str]:
+        return set(os.listdir("/dev/shm")) | set(
+            glob.glob(os.path.join(tempfile.gettempdir(), "lowtail-rt-*"))
+        )
+
+    def children() -> set[int]:
+        me = str(os.getpid())
+        return {
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit()
+            and Path(f"/proc/{p}/stat").exists()
+            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1] == me
+        }
+
+    before, kids = leftovers(), children()
+    rc = main(
+        [
+            "validate",
+            "--only",
+            "deschedule,timer,cyclictest,shm_rtt,numa",
+            "--cpus",
+            str(PROBE_CPU),
+            "--samples",
+            "300",
+            "--duration",
+            "1",
+            "--no-progress",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    assert rc in (0, 1)
+    assert leftovers() - before == set()
+    assert children() - kids == set()

@@ -103,3 +103,24 @@ def test_a_node_where_validate_cannot_run_is_failed_with_its_error(tmp_path: Pat
     assert "missing " in out and "devices/system/cpu/online" in out
     assert "broken-c01" in (tmp_path / "fetched/fleet.txt").read_text()
     assert "ERROR" in (tmp_path / "fetched/fleet.txt").read_text()
+
+
+def test_check_mode_still_validates_and_reports(tmp_path: Path) -> None:
+    # Validation only reads and measures: a dry run that skipped it would report nothing.
+    proc = _play(tmp_path, {"epyc-a01": _node(tmp_path, "epyc-a01", "epyc9634_2s_tuned")}, "--check")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert json.loads((tmp_path / "fetched/epyc-a01.json").read_text())["summary"]["status"] == "pass"
+    assert "0 of 1 hosts failed validation" in (tmp_path / "fetched/fleet.txt").read_text()
+
+
+def test_a_misspelt_threshold_probe_is_rejected_before_anything_runs(tmp_path: Path) -> None:
+    node = {
+        **_node(tmp_path, "epyc-a01", "epyc9634_2s_tuned"),
+        "lowtail_validate_thresholds": {"deschedul": "1:2"},
+    }
+    proc = _play(tmp_path, {"epyc-a01": node})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "deschedul" in out
+    assert not (tmp_path / "epyc-a01/reports").exists()

@@ -11,13 +11,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import pickle
+import subprocess
+import sys
 import time
 from typing import Any
 
 from lowtail import cpulist
 
 from .check import Check, Status, skip, tail_stats
-from .probes import ProbeOptions, grade
+from .probes import ProbeError, ProbeOptions, grade
 from .progress import Progress
 
 
@@ -41,20 +44,6 @@ def _two_cpus(opts: ProbeOptions) -> tuple[int, int] | None:
     return None
 
 
-def _echo_worker(desc: Any, cpu: int, stop: Any) -> None:
-    """The queue's consumer for the round trip: pinned, returns its inputs as outputs."""
-    os.sched_setaffinity(0, {cpu})
-    queue = importlib.import_module("lowtail.queue")
-    worker = queue.QueueWorker.attach(desc)
-    try:
-        while not stop.is_set():
-            batch = worker.claim(timeout=0.05)
-            if batch is not None:
-                batch.complete({"out": batch.inputs["obs"]})
-    finally:
-        worker.close()
-
-
 def probe_shm_rtt(opts: ProbeOptions) -> Check:
     missing = _missing("lowtail.queue")
     if missing:
@@ -62,25 +51,29 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
     pair = _two_cpus(opts)
     if pair is None:
         return skip("shm_rtt", "needs two CPUs: the worker's and the client's", kind="probe")
-    import multiprocessing as mp
-
     import numpy as np
 
     queue = importlib.import_module("lowtail.queue")
     worker_cpu, client_cpu = pair
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
     cfg = queue.QueueConfig(lanes=2, slots_per_lane=4, request_bytes=4096, response_bytes=4096)
     samples: list[float] = []
     saved = os.sched_getaffinity(0)
     with queue.InferenceQueue.create(cfg) as server:
-        proc = ctx.Process(target=_echo_worker, args=(server.descriptor, worker_cpu, stop), daemon=True)
-        proc.start()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lowtail.validation.echo_worker", str(worker_cpu)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(pickle.dumps(server.descriptor))
+            proc.stdin.close()
+            if proc.stdout.readline().strip() != b"ready":
+                raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
             os.sched_setaffinity(0, {client_cpu})
             obs = np.zeros((1, 64), dtype=np.float32)
             with queue.QueueClient.attach(server.descriptor) as client:
-                for _ in range(200):  # warm-up: worker start, page faults, first futex waits
+                for _ in range(200):  # warm-up: page faults, first futex waits
                     client.infer({"obs": obs}, timeout=5.0)
                 for _ in range(opts.samples):
                     t0 = time.perf_counter_ns()
@@ -88,11 +81,14 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
                     samples.append((time.perf_counter_ns() - t0) / 1e6)
         finally:
             os.sched_setaffinity(0, saved)
-            stop.set()
-            proc.join(timeout=5)
-            if proc.is_alive():
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
     check = grade("shm_rtt", {client_cpu: samples}, opts.limit("shm_rtt"), "queue round trip")
     check.evidence.insert(
         0, f"client on CPU {client_cpu}, echo worker on CPU {worker_cpu}; 1 x 64 float32 request, closed loop"
