@@ -80,6 +80,7 @@ fi
 "$PYTHON" - "$OUT" "$deps" "$pkg" "$PIP_PIN" "$py_tag" <<'EOF'
 """Assemble the archive: the wheels, a frozen requirements file naming every one, and wheelhouse.json."""
 import hashlib
+import io
 import json
 import os
 import sys
@@ -105,8 +106,6 @@ if not archive.exists():
         data = ("\n".join(frozen) + "\n").encode()
         info = tarfile.TarInfo("requirements.txt")
         info.size, info.mode = len(data), 0o644
-        import io
-
         tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, archive)
 for old in out.glob("lowtail-wheelhouse-*.tar"):
