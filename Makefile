@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo demo-clean test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
+.PHONY: venv demo demo-clean demo-local test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
 
 venv: $(STAMP)
 
@@ -33,6 +33,15 @@ demo-clean:
 	  rm -rf build/wheelhouse build/demo build/manifests; \
 	  echo "removed the sandbox image, build/wheelhouse, build/demo and build/manifests"; \
 	fi
+
+# The serving demo alone, on this machine's own Ray (no sandbox node): topology, plan, lowtail demo ray.
+demo-local: $(STAMP)
+	$(BIN)/lowtail topology
+	@echo
+	$(BIN)/lowtail plan
+	@echo
+	@mkdir -p build
+	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check python tests
