@@ -29,7 +29,9 @@ def cmdline_missing(wanted: Iterable[str], cmdline: str) -> list[str]:
     try:
         words = shlex.split(cmdline)
     except ValueError as e:
-        raise AnsibleFilterError(f"lowtail_cmdline_missing: unparsable command line {cmdline!r}: {e}") from None
+        raise AnsibleFilterError(
+            f"lowtail_cmdline_missing: unparsable command line {cmdline!r}: {e}"
+        ) from None
     # Arguments after a bare "--" belong to init, not the kernel.
     if "--" in words:
         words = words[: words.index("--")]

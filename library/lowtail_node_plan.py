@@ -117,7 +117,9 @@ class PreflightError(ValueError):
 
 
 def _integer(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and _INT.match(value))):
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, str) and _INT.match(value))
+    ):
         raise PreflightError(f"{name} {value!r}: expected an integer number of microseconds")
     return int(value)
 
@@ -165,7 +167,9 @@ def check_hardware(topo: topology.Topology, expected: dict[str, Any] | None) -> 
     ]
     if wrong:
         raise PreflightError(
-            "lowtail_expected_hardware does not match this host: " + "; ".join(wrong) + f" [{topo.model_name}]"
+            "lowtail_expected_hardware does not match this host: "
+            + "; ".join(wrong)
+            + f" [{topo.model_name}]"
         )
 
 
@@ -179,7 +183,7 @@ def _kernel_release(procfs_root: Path, override: str | None) -> str:
 
 
 def kernel_facts(sysfs_root: Path, procfs_root: Path, boot_root: Path, release: str | None) -> dict[str, Any]:
-    """CONFIG_RT_GROUP_SCHED from /boot/config-RELEASE (None when the file is missing) and the cgroup version."""
+    """CONFIG_RT_GROUP_SCHED from /boot/config-RELEASE (None when missing) and the cgroup version."""
     rel = _kernel_release(procfs_root, release)
     config = boot_root / f"config-{rel}"
     rt_group: bool | None = None
@@ -294,7 +298,11 @@ def main() -> None:
             "boot_root": {"type": "path", "default": "/boot"},
             "kernel_release": {"type": "str"},
             "housekeeping": {"type": "raw", "default": "auto"},
-            "amd_pstate": {"type": "str", "default": "guided", "choices": ["guided", "active", "passive", ""]},
+            "amd_pstate": {
+                "type": "str",
+                "default": "guided",
+                "choices": ["guided", "active", "passive", ""],
+            },
             "allow_virtual": {"type": "bool", "default": False},
             "expected_hardware": {
                 "type": "dict",
