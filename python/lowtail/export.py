@@ -1,0 +1,199 @@
+"""Metrics export under the source document's names: TensorBoard scalars and Prometheus gauges.
+
+The document reads its inference tails from TensorBoard scalars ``sample_infos/sl_remote_*`` (written by
+the model dispatcher: the mean of a window and the mean of window maxima) and from a periodic
+``p999_deschedule_ms``. lowtail writes the same names, so a dashboard or ``lowtail tb-report`` built for
+the old system reads the new one, and adds the percentiles the old one lacked:
+
+    sample_infos/sl_remote_<series>_ms        window mean       (the document's "average")
+    sample_infos/sl_remote_<series>_max_ms    window maximum    (the document's "tail")
+    sample_infos/sl_remote_<series>_p50_ms / _p99_ms / _p999_ms
+    sample_infos/sl_remote_samples_per_s      throughput of the window
+    sample_infos/p999_deschedule_ms           p999 of deschedule = wall - CPU per inference call
+
+Series with a unit other than ms (``batch_size``) drop the ``_ms``. Prometheus gets one gauge per
+series, ``lowtail_sl_remote_<series>{node, source, stat}`` with stat in mean/p50/p99/p999/max/n, and
+``lowtail_p999_deschedule_ms{node, source}``, served on one port per node. Milliseconds rather than
+Prometheus's base unit (seconds) so both exports carry the document's numbers unconverted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TB_RUN = "model_dispatcher"  # the document's TensorBoard run holding the sampler-side scalars
+TB_PREFIX = "sample_infos/sl_remote_"
+P999_DESCHEDULE_TAG = "sample_infos/p999_deschedule_ms"
+SAMPLES_PER_S_TAG = TB_PREFIX + "samples_per_s"
+PROM_PREFIX = "lowtail_sl_remote_"
+STATS: tuple[str, ...] = ("mean", "p50", "p99", "p999", "max")
+
+# The series lowtail records (any other name is exported the same way): where each number comes from.
+SERIES: dict[str, str] = {
+    "infer_exec_ms": "model execution wall time per batch, in the worker",
+    "engine_cpu_ms": "process CPU time of the worker during the batch",
+    "engine_thread_cpu_ms": "CPU time of the inference thread during the batch",
+    "deschedule_ms": "wall - CPU of the inference call (the document's formula)",
+    "run_delay_ms": "growth of schedstat run_delay during the call (time runnable but not running)",
+    "queue_wait_ms": "time from the client's publish to the worker's claim",
+    "rpc_elapsed_ms": "client-side round trip of one request, submit to result",
+    "client_overhead_ms": "round trip minus queue wait and model execution",
+    "batch_size": "samples per batch the worker ran",
+}
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Summary of one window of a series; percentiles by nearest rank (never interpolated below a sample)."""
+
+    n: int
+    mean: float
+    p50: float
+    p99: float
+    p999: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> WindowStats:
+        arr = np.fromiter(values, dtype=np.float64)
+        if arr.size == 0:
+            nan = math.nan
+            return cls(0, nan, nan, nan, nan, nan)
+        q = np.quantile(arr, [0.5, 0.99, 0.999], method="inverted_cdf")
+        return cls(int(arr.size), float(arr.mean()), float(q[0]), float(q[1]), float(q[2]), float(arr.max()))
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def window_stats(series: Mapping[str, Iterable[float]]) -> dict[str, WindowStats]:
+    return {name: WindowStats.of(values) for name, values in series.items()}
+
+
+def _split_unit(series: str) -> tuple[str, str]:
+    return (series[:-3], "_ms") if series.endswith("_ms") else (series, "")
+
+
+def scalars(stats: Mapping[str, WindowStats], samples_per_s: float | None = None) -> dict[str, float]:
+    """TensorBoard tag -> value for one window (empty series are left out rather than written as NaN)."""
+    tags: dict[str, float] = {}
+    for series, s in sorted(stats.items()):
+        if s.n == 0:
+            continue
+        name, unit = _split_unit(series)
+        base = TB_PREFIX + name
+        tags[f"{base}{unit}"] = s.mean
+        tags[f"{base}_max{unit}"] = s.max
+        tags[f"{base}_p50{unit}"] = s.p50
+        tags[f"{base}_p99{unit}"] = s.p99
+        tags[f"{base}_p999{unit}"] = s.p999
+    if "deschedule_ms" in stats and stats["deschedule_ms"].n:
+        tags[P999_DESCHEDULE_TAG] = stats["deschedule_ms"].p999
+    if samples_per_s is not None:
+        tags[SAMPLES_PER_S_TAG] = samples_per_s
+    return tags
+
+
+class TensorBoardExport:
+    """Scalars into ``LOGDIR/model_dispatcher`` (tensorboardX event files)."""
+
+    def __init__(self, logdir: str | Path, run: str = TB_RUN) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.path = Path(logdir) / run
+        self._writer = SummaryWriter(logdir=str(self.path), flush_secs=5)
+        self._lock = threading.Lock()
+
+    def write(self, step: int, tags: Mapping[str, float], walltime: float | None = None) -> None:
+        with self._lock:
+            for tag, value in tags.items():
+                self._writer.add_scalar(tag, value, global_step=step, walltime=walltime)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+
+
+class PrometheusExport:
+    """Gauges per series in their own registry, optionally served over HTTP (one port per node)."""
+
+    def __init__(self, node: str, port: int | None = None, addr: str = "0.0.0.0") -> None:
+        from prometheus_client import CollectorRegistry, Gauge
+
+        self.node = node
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._gauge_cls = Gauge
+        self._gauges: dict[str, Any] = {}
+        self._p999 = Gauge(
+            "lowtail_p999_deschedule_ms",
+            "p999 of wall - CPU per inference call over the last window (ms)",
+            ["node", "source"],
+            registry=self.registry,
+        )
+        self._rate = Gauge(
+            PROM_PREFIX + "samples_per_s",
+            "samples per second over the last window",
+            ["node", "source"],
+            registry=self.registry,
+        )
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self.port: int | None = None
+        if port is not None:
+            from prometheus_client import start_http_server
+
+            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+            self.port = int(self._server.server_port)
+
+    def _gauge(self, series: str) -> Any:
+        name = PROM_PREFIX + series
+        if name not in self._gauges:
+            self._gauges[name] = self._gauge_cls(
+                name, SERIES.get(series, series), ["node", "source", "stat"], registry=self.registry
+            )
+        return self._gauges[name]
+
+    def update(
+        self, source: str, stats: Mapping[str, WindowStats], samples_per_s: float | None = None
+    ) -> None:
+        with self._lock:
+            for series, s in stats.items():
+                if s.n == 0:
+                    continue
+                gauge = self._gauge(series)
+                for stat in STATS:
+                    gauge.labels(self.node, source, stat).set(getattr(s, stat))
+                gauge.labels(self.node, source, "n").set(s.n)
+            if "deschedule_ms" in stats and stats["deschedule_ms"].n:
+                self._p999.labels(self.node, source).set(stats["deschedule_ms"].p999)
+            if samples_per_s is not None:
+                self._rate.labels(self.node, source).set(samples_per_s)
+
+    def render(self) -> str:
+        """The exposition text, as a scrape would get it."""
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry)).decode()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def default_port() -> int:
+    """The node's metrics port: ``$LOWTAIL_METRICS_PORT`` or 9464 (the OpenTelemetry exporter's default)."""
+    return int(os.environ.get("LOWTAIL_METRICS_PORT", "9464"))

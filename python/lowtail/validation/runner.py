@@ -1,0 +1,280 @@
+"""Run a validation: choose the CPUs, run the selected static checks and probes, summarise.
+
+Which CPUs the probes measure (``--cpus`` overrides):
+  * the running kernel isolates CPUs (``/sys/devices/system/cpu/isolated`` is not empty): the plan's
+    isolated CPUs, where inference workers will run; if the kernel isolated other CPUs than the plan
+    says, the ``isolation`` check fails and the probes still measure the plan's CPUs;
+  * the running kernel isolates nothing (a node not yet rebooted into its plan, or a VM): every online
+    CPU but CPU 0, which keeps the validator, the IRQs nobody moved, and the rest of the system.
+The plan's "isolated" is a wish; the kernel's isolated list is what is in effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.metadata
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lowtail import __version__, cpulist
+from lowtail.plan import Plan, PlanError, load_plan, make_plan
+from lowtail.topology import Topology
+
+from .check import Check, Limits, Status, skip, worst
+from .probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
+from .rttests import RtTestsError, probe_rt_test
+from .runtime_probes import probe_inference, probe_numa, probe_shm_rtt
+from .static import STATIC_CHECKS, Context, Sources, try_fifo
+
+PROBES: tuple[str, ...] = ("deschedule", "timer", "cyclictest", "oslat", "shm_rtt", "inference", "numa")
+ALL_CHECKS: tuple[str, ...] = (*STATIC_CHECKS, *PROBES)
+QUICK_SAMPLES = 3_000  # the least a p99.9 means anything with (FIELD-NOTES)
+QUICK_DURATION_S = 3.0
+
+
+class ValidationError(RuntimeError):
+    """The validation could not run (bad options, unreadable plan): exit status 2."""
+
+
+@dataclass(frozen=True)
+class Options:
+    src: Sources = field(default_factory=Sources)
+    topo: Topology | None = None
+    plan_path: Path | None = None
+    housekeeping: str = "auto"  # for the computed plan
+    only: tuple[str, ...] = ()
+    cpus: frozenset[int] | None = None
+    samples: int | None = None
+    quick: bool = False
+    allow_virtual: bool = False
+    limits: dict[str, Limits] = field(default_factory=dict)
+    duration_s: float | None = None
+    shm_bytes: int = 0
+    progress: bool = True
+
+
+@dataclass
+class Report:
+    host: dict[str, Any]
+    checks: list[Check]
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "checks": [c.to_dict() for c in self.checks], "summary": self.summary}
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.summary["status"] == "fail")
+
+
+def parse_only(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ALL_CHECKS]
+    if unknown or not names:
+        raise ValidationError(
+            f"--only {text!r}: unknown check(s) {', '.join(unknown) or '(none given)'}; "
+            f"expected names from: {', '.join(ALL_CHECKS)}"
+        )
+    return names
+
+
+def select_cpus(topo: Topology, plan: Plan, requested: frozenset[int] | None) -> tuple[frozenset[int], str]:
+    if requested is not None:
+        bad = requested - topo.online
+        if bad or not requested:
+            raise ValidationError(
+                f"--cpus {cpulist.format(requested) or '(empty)'}: CPUs {cpulist.format(bad) or '-'} are not "
+                f"online; online CPUs are {cpulist.format(topo.online)}"
+            )
+        return requested, "--cpus"
+    if topo.isolated:
+        return plan.isolated, "the plan's isolated CPUs (the running kernel isolates CPUs)"
+    rest = topo.online - {0}
+    if not rest:
+        return topo.online, "CPU 0 (the only online CPU)"
+    return rest, "all online CPUs but CPU 0 (the running kernel isolates none)"
+
+
+def _versions() -> dict[str, str]:
+    out = {"lowtail": __version__, "python": platform.python_version()}
+    for dist in ("numpy", "openvino", "ray", "matplotlib", "tensorboardX"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    return out
+
+
+def host_info(src: Sources, topo: Topology, plan: Plan, plan_source: str) -> dict[str, Any]:
+    def read(path: Path) -> str:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return ""
+
+    return {
+        "hostname": socket.gethostname() if src.live else f"fixture:{src.sys_root}",
+        "kernel": src.kernel_release if src.live else "",
+        "cmdline": read(src.proc_root / "cmdline"),
+        "cpu_model": topo.model_name,
+        "vendor": topo.vendor,
+        "cpus": len(topo.cpus),
+        "sockets": len(topo.sockets),
+        "numa_nodes": len(topo.numa_nodes),
+        "l3_groups": len(topo.l3_groups),
+        "threads_per_core": topo.threads_per_core,
+        "virtual": [f.code for f in topo.findings],
+        "kernel_isolated": cpulist.format(topo.isolated),
+        "kernel_nohz_full": cpulist.format(topo.nohz_full),
+        "plan": plan.to_dict(),
+        "plan_source": plan_source,
+        "versions": _versions(),
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "live": src.live,
+    }
+
+
+def _fifo_permitted() -> bool:
+    return try_fifo() is None
+
+
+def _main_cpu(topo: Topology, cpus: frozenset[int]) -> int:
+    rest = topo.online - cpus
+    return min(rest) if rest else min(topo.online)
+
+
+def _probe_runners(opts: ProbeOptions, fifo_ok: Callable[[], bool]) -> dict[str, Callable[[], Check]]:
+    return {
+        "deschedule": lambda: probe_deschedule(opts),
+        "timer": lambda: probe_timer(opts),
+        "cyclictest": lambda: probe_rt_test(
+            "cyclictest",
+            opts.cpus,
+            duration_s=opts.duration_s,
+            main_cpu=opts.main_cpu,
+            limits=opts.limit("cyclictest"),
+            fifo=fifo_ok(),
+            progress_enabled=opts.progress,
+        ),
+        "oslat": lambda: probe_rt_test(
+            "oslat",
+            opts.cpus,
+            duration_s=opts.duration_s,
+            main_cpu=opts.main_cpu,
+            limits=opts.limit("oslat"),
+            fifo=False,
+            progress_enabled=opts.progress,
+        ),
+        "shm_rtt": lambda: probe_shm_rtt(opts),
+        "inference": lambda: probe_inference(opts),
+        "numa": lambda: probe_numa(opts),
+    }
+
+
+def summarize(checks: list[Check], cpus: frozenset[int], elapsed_s: float) -> dict[str, Any]:
+    order = (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP)
+    counts = {str(s): sum(1 for c in checks if c.status is s) for s in order}
+    summary: dict[str, Any] = {
+        "status": str(worst(c.status for c in checks if c.status is not Status.SKIP) or Status.SKIP),
+        "counts": counts,
+        "failed": [c.name for c in checks if c.status is Status.FAIL],
+        "warned": [c.name for c in checks if c.status is Status.WARN],
+        "skipped": {c.name: c.reason for c in checks if c.status is Status.SKIP},
+        "probe_cpus": cpulist.format(cpus),
+        "elapsed_s": round(elapsed_s, 2),
+    }
+    for c in checks:
+        if c.name == "deschedule" and c.status is not Status.SKIP:
+            worst_cpu = str(c.data["worst_cpu"])
+            s = c.data["per_cpu"][worst_cpu]
+            summary["headline"] = {
+                "p999_deschedule_ms": c.value,
+                "cpu": int(worst_cpu),
+                "n": s["n"],
+                "max_ms": s["max"],
+                "status": str(c.status),
+            }
+    return summary
+
+
+def run(opts: Options) -> Report:
+    from lowtail.topology import TopologyError, read_topology
+
+    t0 = time.monotonic()
+    try:
+        topo = opts.topo or read_topology(opts.src.sys_root, opts.src.proc_root)
+    except (TopologyError, cpulist.CpuListError) as e:
+        raise ValidationError(str(e)) from None
+    try:
+        if opts.plan_path is not None:
+            plan, plan_source = load_plan(opts.plan_path), str(opts.plan_path)
+        else:
+            plan = make_plan(topo, opts.housekeeping)
+            plan_source = f"computed from this topology (housekeeping {opts.housekeeping})"
+    except PlanError as e:
+        raise ValidationError(str(e)) from None
+    cpus, how = select_cpus(topo, plan, opts.cpus)
+    names = opts.only or ALL_CHECKS
+    ctx = Context(
+        src=opts.src,
+        topo=topo,
+        plan=plan,
+        cpus=cpus,
+        allow_virtual=opts.allow_virtual,
+        shm_bytes=opts.shm_bytes,
+    )
+    host = host_info(opts.src, topo, plan, plan_source)
+    host["probe_cpus"] = {"cpus": cpulist.format(cpus), "chosen_as": how}
+
+    checks: list[Check] = []
+    for name in names:
+        if name in STATIC_CHECKS:
+            checks.append(STATIC_CHECKS[name](ctx))
+
+    probe_names = [n for n in names if n in PROBES]
+    if probe_names and not opts.src.live:
+        checks += [
+            skip(n, "static checks read a fixture tree; probes measure only the running machine", "probe")
+            for n in probe_names
+        ]
+    elif probe_names:
+        limits = {**DEFAULT_LIMITS, **opts.limits}
+        popts = ProbeOptions(
+            cpus=cpus,
+            samples=opts.samples or (QUICK_SAMPLES if opts.quick else 10_000),
+            duration_s=opts.duration_s or (QUICK_DURATION_S if opts.quick else 10.0),
+            main_cpu=_main_cpu(topo, cpus),
+            limits=limits,
+            progress=opts.progress,
+            proc_root=opts.src.proc_root,
+        )
+        runners = _probe_runners(popts, _fifo_permitted)
+        saved = os.sched_getaffinity(0)
+        housekeeping = topo.online - cpus
+        try:
+            # Keep the validator itself (progress, pipes) off the CPUs it measures.
+            if housekeeping:
+                os.sched_setaffinity(0, housekeeping)
+            for name in probe_names:
+                try:
+                    checks.append(runners[name]())
+                except (ProbeError, RtTestsError, OSError) as e:
+                    checks.append(
+                        Check(
+                            name,
+                            Status.FAIL,
+                            None,
+                            "",
+                            [str(e)],
+                            reason=f"probe could not run: {e}",
+                            kind="probe",
+                        )
+                    )
+        finally:
+            os.sched_setaffinity(0, saved)
+    return Report(host=host, checks=checks, summary=summarize(checks, cpus, time.monotonic() - t0))

@@ -1,0 +1,219 @@
+"""Probes that measure lowtail's own runtime parts: the shared-memory queue round trip, the pinned
+inference worker, and the NUMA placement of a bound segment.
+
+They use ``lowtail.queue`` (the queue issue) and ``lowtail.worker`` / ``lowtail.model`` (the worker
+issue), built alongside this module. When a part is not installed the probe is a skip whose reason names
+the missing module, never a pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import time
+from typing import Any
+
+from lowtail import cpulist
+
+from .check import Check, Status, skip, tail_stats
+from .probes import ProbeError, ProbeOptions, grade
+from .progress import Progress
+
+
+def _missing(*modules: str) -> str | None:
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:
+            return name
+    return None
+
+
+def _two_cpus(opts: ProbeOptions) -> tuple[int, int] | None:
+    """Worker and client CPUs: two selected CPUs, else the main (housekeeping) CPU and one selected."""
+    cpus = sorted(opts.cpus)
+    if len(cpus) >= 2:
+        return cpus[0], cpus[1]
+    if cpus and opts.main_cpu not in cpus:
+        return cpus[0], opts.main_cpu
+    return None
+
+
+def probe_shm_rtt(opts: ProbeOptions) -> Check:
+    missing = _missing("lowtail.queue")
+    if missing:
+        return skip("shm_rtt", f"{missing} is not installed (the shared-memory queue issue)", kind="probe")
+    pair = _two_cpus(opts)
+    if pair is None:
+        return skip("shm_rtt", "needs two CPUs: the worker's and the client's", kind="probe")
+    import numpy as np
+
+    queue = importlib.import_module("lowtail.queue")
+    worker_cpu, client_cpu = pair
+    cfg = queue.QueueConfig(lanes=2, slots_per_lane=4, request_bytes=4096, response_bytes=4096)
+    samples: list[float] = []
+    saved = os.sched_getaffinity(0)
+    with queue.InferenceQueue.create(cfg) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lowtail.validation.echo_worker", str(worker_cpu)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(pickle.dumps(server.descriptor))
+            proc.stdin.close()
+            if proc.stdout.readline().strip() != b"ready":
+                raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
+            os.sched_setaffinity(0, {client_cpu})
+            obs = np.zeros((1, 64), dtype=np.float32)
+            with queue.QueueClient.attach(server.descriptor) as client:
+                for _ in range(200):  # warm-up: page faults, first futex waits
+                    client.infer({"obs": obs}, timeout=5.0)
+                for _ in range(opts.samples):
+                    t0 = time.perf_counter_ns()
+                    client.infer({"obs": obs}, timeout=5.0)
+                    samples.append((time.perf_counter_ns() - t0) / 1e6)
+        finally:
+            os.sched_setaffinity(0, saved)
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+    check = grade("shm_rtt", {client_cpu: samples}, opts.limit("shm_rtt"), "queue round trip")
+    check.evidence.insert(
+        0, f"client on CPU {client_cpu}, echo worker on CPU {worker_cpu}; 1 x 64 float32 request, closed loop"
+    )
+    check.data["worker_cpu"] = worker_cpu
+    return check
+
+
+INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
+INFERENCE_BATCH = 16  # the seed's max batch
+
+
+def spread(cpus: frozenset[int], k: int) -> list[int]:
+    """Up to ``k`` CPUs evenly spread over the sorted selection (first and last included)."""
+    ordered = sorted(cpus)
+    if len(ordered) <= k:
+        return ordered
+    return (
+        sorted({ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)}) if k > 1 else ordered[:1]
+    )
+
+
+def probe_inference(opts: ProbeOptions) -> Check:
+    """The pinned OpenVINO worker on the generated model: per engine call, the document's deschedule
+    (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
+    missing = _missing("lowtail.worker", "lowtail.model", "lowtail.queue")
+    if missing:
+        return skip(
+            "inference", f"{missing} is not installed (the pinned inference worker issue)", kind="probe"
+        )
+    worker = importlib.import_module("lowtail.worker")
+    measure = getattr(worker, "measure_pinned", None)
+    if measure is None:
+        return skip("inference", "lowtail.worker has no measure_pinned() entry point", kind="probe")
+    metrics = importlib.import_module("lowtail.metrics")
+    col = metrics.COL
+    cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
+    client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
+    calls = opts.samples  # each a batch of 16 through the queue, the worker and OpenVINO
+    per_cpu: dict[int, list[float]] = {}
+    notes: dict[int, str] = {}
+    extra: dict[int, dict[str, Any]] = {}
+    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus), enabled=opts.progress)
+    for i, cpu in enumerate(cpus):
+        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls)
+        rows = m.rows
+        per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
+        wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])
+        iso = m.isolation
+        extra[cpu] = {
+            "wall_ms_p50": wall["p50"],
+            "wall_ms_p999": wall["p999"],
+            "wall_ms_max": wall["max"],
+            "run_delay_ms_total": round(float(rows[:, col["run_delay_ms"]].sum()), 3),
+            "nonvoluntary_switches": int(rows[:, col["nivcsw"]].sum()),
+            "sched_fifo": bool(m.report.sched_fifo),
+            "threads": iso.threads,
+            "isolated": bool(iso.ok),
+            "isolation": iso.detail,
+        }
+        notes[cpu] = (
+            f"; wall p50 {extra[cpu]['wall_ms_p50']:.3f} p999 {extra[cpu]['wall_ms_p999']:.3f} ms, "
+            f"sched_fifo={extra[cpu]['sched_fifo']}, {iso.threads} threads, isolation: {iso.detail}"
+        )
+        progress.update(i + 1)
+    progress.finish()
+    check = grade(
+        "inference",
+        per_cpu,
+        opts.limit("inference"),
+        "inference deschedule",
+        lambda cpu: (extra[cpu], notes[cpu]),
+    )
+    check.evidence.insert(
+        0,
+        f"lowtail.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
+        f"through the queue from CPU {client_cpu if client_cpu is not None else 'unpinned'}; "
+        "deschedule = wall - process CPU per engine call (the document's formula)",
+    )
+    not_isolated = [c for c in cpus if not extra[c]["isolated"]]
+    if not_isolated and check.status is Status.PASS:
+        check.status = Status.WARN
+        check.reason = f"worker not isolated on CPU {cpulist.format(not_isolated)}: " + "; ".join(
+            extra[c]["isolation"] for c in not_isolated
+        )
+    return check
+
+
+def probe_numa(opts: ProbeOptions) -> Check:
+    """Create the runtime's default queue segment bound to each NUMA node that has probe CPUs, and read
+    where its pages really are (move_pages with no target nodes: a report that faults nothing in)."""
+    missing = _missing("lowtail.queue", "lowtail.numa")
+    if missing:
+        return skip("numa", f"{missing} is not installed (the queue's NUMA helpers)", kind="probe")
+    queue = importlib.import_module("lowtail.queue")
+    numa = importlib.import_module("lowtail.numa")
+    nodes = sorted(n for n in numa.online_nodes() if numa.node_cpus(n) & opts.cpus)
+    evidence: list[str] = []
+    per_node: dict[str, dict[str, int]] = {}
+    misplaced = 0
+    total = 0
+    for node in nodes:
+        with queue.InferenceQueue.create(queue.QueueConfig(numa_node=node)) as q:
+            pages = dict(q.placement())
+            size = q.nbytes
+        n_pages = sum(pages.values())
+        on_node = pages.get(f"node{node}", 0)
+        total += n_pages
+        misplaced += n_pages - on_node
+        per_node[str(node)] = pages
+        evidence.append(
+            f"node {node}: {size / (1 << 20):.1f} MiB queue segment bound with mbind, pre-faulted; "
+            f"pages {pages}"
+        )
+    value = f"{total - misplaced} of {total} pages on their bound node"
+    threshold = "every page of a bound segment on its node"
+    if misplaced == 0:
+        return Check("numa", Status.PASS, value, threshold, evidence, kind="probe", data={"pages": per_node})
+    return Check(
+        "numa",
+        Status.FAIL,
+        value,
+        threshold,
+        evidence,
+        reason=f"{misplaced} pages not on the node their segment is bound to (or not present)",
+        kind="probe",
+        data={"pages": per_node},
+    )

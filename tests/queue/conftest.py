@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+from multiprocessing.context import BaseContext
+
+import pytest
+
+from lowtail import segments
+
+
+def _ours_or_dead() -> set[str]:
+    """Lowtail segments this test session could have left: owned by a dead process or by us."""
+    return {s.name for s in segments.list_segments() if s.liveness == "dead" or s.pid == os.getpid()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_segment_left_behind() -> Iterator[None]:
+    """The suite must leave no lowtail segment in /dev/shm (segments of other live processes are theirs)."""
+    before = _ours_or_dead()
+    yield
+    left = _ours_or_dead() - before
+    assert not left, f"lowtail segments left in /dev/shm after the queue tests: {sorted(left)}"
+
+
+@pytest.fixture(scope="session")
+def ctx() -> BaseContext:
+    """forkserver: children start clean (no inherited fds, so no inherited OFD lane locks) and fast."""
+    c = mp.get_context("forkserver")
+    c.set_forkserver_preload(["numpy", "lowtail.queue", "tests.queue.helpers"])
+    return c

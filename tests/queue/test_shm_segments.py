@@ -1,0 +1,146 @@
+"""Segments on disk: sweeping dead owners, `lowtail shm`, capacity on a small tmpfs, NUMA placement, futex."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lowtail import futex, numa, segments
+from lowtail.cli import main
+from lowtail.queue import InferenceQueue, NumaError, QueueConfig, ShmTooSmall
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture
+def shm_dir(tmp_path: Path) -> Path:
+    return tmp_path  # a plain directory stands in for /dev/shm where only naming and unlinking matter
+
+
+def _fake_segment(d: Path, kind: str, pid: int, ns: int | None = None) -> Path:
+    ns = segments.pid_namespace() if ns is None else ns
+    p = d / f"lowtail.{kind}.{ns}.{pid}.abcdef012345"
+    p.write_bytes(b"\0" * 4096)
+    p.chmod(0o600)
+    return p
+
+
+def test_sweep_removes_dead_owners_only(shm_dir: Path) -> None:
+    dead = _fake_segment(shm_dir, "q", _dead_pid())
+    alive = _fake_segment(shm_dir, "nd", os.getpid())
+    foreign = _fake_segment(shm_dir, "q", _dead_pid(), ns=1)  # another PID namespace: not ours to judge
+    unrelated = shm_dir / "psm_something"
+    unrelated.write_bytes(b"x")
+    removed = segments.sweep_dead(str(shm_dir))
+    assert [s.name for s in removed] == [dead.name]
+    assert not dead.exists() and alive.exists() and foreign.exists() and unrelated.exists()
+
+
+def test_creating_a_queue_sweeps_stale_segments(shm_dir: Path) -> None:
+    stale = _fake_segment(shm_dir, "q", _dead_pid())
+    with InferenceQueue.create(QueueConfig(lanes=1, slots_per_lane=1, shm_dir=str(shm_dir))):
+        assert not stale.exists()
+
+
+def test_shm_ls_and_gc_commands(shm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = _fake_segment(shm_dir, "nd", _dead_pid())
+    live = _fake_segment(shm_dir, "q", os.getpid())
+    assert main(["shm", "ls", "--dir", str(shm_dir), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_name = {s["name"]: s for s in doc["segments"]}
+    assert by_name[dead.name]["liveness"] == "dead" and by_name[live.name]["liveness"] == "alive"
+    assert by_name[live.name]["mode"] == "0o600" and by_name[live.name]["size"] == 4096
+    assert main(["shm", "ls", "--dir", str(shm_dir)]) == 0
+    assert "lowtail segments in" in capsys.readouterr().out
+    assert main(["shm", "gc", "--dir", str(shm_dir), "--dry-run", "--json"]) == 0
+    assert [s["name"] for s in json.loads(capsys.readouterr().out)["removed"]] == [dead.name]
+    assert dead.exists()
+    assert main(["shm", "gc", "--dir", str(shm_dir)]) == 0
+    assert "removed 1 segment(s)" in capsys.readouterr().out
+    assert not dead.exists() and live.exists()
+    assert main(["shm", "ls", "--dir", str(shm_dir / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")  # CI and this machine run as root
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=1777", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_too_small_shm_is_a_clear_error_at_creation(small_tmpfs: Path) -> None:
+    cfg = QueueConfig(shm_dir=str(small_tmpfs))  # 256 slots x 48 KiB: ~12 MiB in a 2 MiB tmpfs
+    with pytest.raises(
+        ShmTooSmall, match=rf"{small_tmpfs} cannot hold a \d+-byte segment \(\d+ bytes free\)"
+    ):
+        InferenceQueue.create(cfg)
+    assert os.listdir(small_tmpfs) == []  # nothing half-made left behind
+    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, shm_dir=str(small_tmpfs))) as q:
+        assert q.descriptor.path.parent == small_tmpfs  # a queue that fits is fine
+
+
+def test_queue_bound_to_node0_reports_its_pages_on_node0() -> None:
+    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, numa_node=0)) as q:
+        placement = q.placement()
+        assert placement == {"node0": q.nbytes // mmap.PAGESIZE}
+
+
+def test_binding_to_a_node_that_does_not_exist_names_it() -> None:
+    bad = max(numa.online_nodes()) + 7
+    with pytest.raises(NumaError, match=f"NUMA node {bad} is not online; online nodes: "):
+        InferenceQueue.create(QueueConfig(lanes=1, slots_per_lane=1, numa_node=bad))
+
+
+def test_page_report_does_not_fault_pages_in() -> None:
+    mm = mmap.mmap(-1, 16 * mmap.PAGESIZE)
+    assert numa.placement(mm) == {"absent": 16}
+    mm[0] = 1
+    assert numa.placement(mm) == {"absent": 15, "node0": 1}
+    mm.close()
+
+
+def test_futex_wakes_a_parked_thread_and_times_out() -> None:
+    mm = mmap.mmap(-1, mmap.PAGESIZE)
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    assert futex.futex_wait(addr, 0, 0.01) is False  # timed out
+    assert futex.futex_wait(addr, 5, 1.0) is True  # value differs: returns at once
+    woke: list[float] = []
+
+    def park() -> None:
+        t = time.monotonic()
+        futex.futex_wait(addr, 0, 5.0)
+        woke.append(time.monotonic() - t)
+
+    th = threading.Thread(target=park)
+    th.start()
+    n = 0
+    deadline = time.monotonic() + 5
+    while n == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        n = futex.futex_wake(addr)
+    th.join(5)
+    assert n == 1 and woke and woke[0] < 5.0
+    futex.full_barrier()
+    del anchor
+    mm.close()

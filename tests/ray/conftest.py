@@ -1,0 +1,52 @@
+"""One Ray instance for the whole test session: a two-node cluster on this machine.
+
+``ray.cluster_utils.Cluster`` starts two raylets with distinct node ids (~5 s), so per-node placement
+and the one-allocator-per-node rule are tested without real hosts. The driver runs on the head node.
+Token authentication (on by default for local clusters in Ray 2.60) is turned off: nothing here
+listens beyond this machine and the tests must not depend on a token file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@dataclass(frozen=True)
+class RayNodes:
+    head: str  # the driver's node id
+    other: str  # the second raylet's node id
+
+
+@pytest.fixture(scope="session")
+def ray_nodes() -> Iterator[RayNodes]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # Ray's sockets live under its temp dir (a unix socket path is limited to 107 bytes): keep it short,
+    # and remove it afterwards so the session leaves no /tmp/ray behind. RAY_TMPDIR (rather than
+    # temp_dir=) also moves the cluster-address file that Cluster writes.
+    temp_dir = tempfile.mkdtemp(prefix="lt-ray-")
+    os.environ["RAY_TMPDIR"] = temp_dir
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    cluster.add_node(num_cpus=4)
+    ray.init(address=cluster.address, log_to_driver=False, namespace="lowtail-tests")
+    cluster.wait_for_nodes()
+    head = ray.get_runtime_context().get_node_id()
+    others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head]
+    assert len(others) == 1
+    try:
+        yield RayNodes(head=head, other=others[0])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        del os.environ["RAY_TMPDIR"]

@@ -1,0 +1,128 @@
+"""The per-node allocator actor on a two-raylet cluster: placement, node-locality, reclaim, restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from lowtail.lease import LeaseExhausted
+from lowtail.ray_lease import (
+    NAMESPACE,
+    AllocatorConfig,
+    AllocatorMismatch,
+    WrongNode,
+    allocator_name,
+    get_node_allocator,
+    ping,
+    stop_node_allocator,
+)
+from tests.ray.conftest import RayNodes
+from tests.ray.plans import tiny_plan
+
+
+@pytest.fixture
+def config(tmp_path: Path, ray_nodes: RayNodes) -> Iterator[AllocatorConfig]:
+    """A small fake plan (the allocator pins nothing itself) and a private state dir; stopped after."""
+    cfg = AllocatorConfig(
+        state_dir=str(tmp_path), plan=tiny_plan("1-4").to_dict(), reclaim_interval_s=0.2, cpuset_only=False
+    )
+    yield cfg
+    for node in (ray_nodes.head, ray_nodes.other):
+        stop_node_allocator(node)
+
+
+@ray.remote(num_cpus=0)
+class Owner:
+    """A stand-in owner actor that leases for itself (the real sampler actor is tested in test_actors)."""
+
+    def take(self, allocator: Any, owner: str) -> int:
+        ctx = ray.get_runtime_context()
+        lease = ray.get(
+            allocator.acquire.remote(
+                owner, caller_node=ctx.get_node_id(), pid=os.getpid(), actor_id=ctx.get_actor_id()
+            )
+        )
+        return int(lease.cpu)
+
+
+def wait_until(predicate: Any, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_one_allocator_per_node_placed_on_its_node(ray_nodes: RayNodes, config: AllocatorConfig) -> None:
+    handles = {node: get_node_allocator(node, config) for node in (ray_nodes.head, ray_nodes.other)}
+    answers = {node: ping(h) for node, h in handles.items()}
+    assert {node: a["node_id"] for node, a in answers.items() if a} == {n: n for n in handles}
+    assert answers[ray_nodes.head]["pid"] != answers[ray_nodes.other]["pid"]  # type: ignore[index]
+    # get_if_exists: asking again finds the same actor, by name, in the lowtail namespace
+    again = get_node_allocator(ray_nodes.head, config)
+    assert ping(again) == answers[ray_nodes.head]
+    assert ray.get_actor(allocator_name(ray_nodes.head), namespace=NAMESPACE)._actor_id == again._actor_id
+
+
+def test_a_caller_from_another_node_is_refused(ray_nodes: RayNodes, config: AllocatorConfig) -> None:
+    other = get_node_allocator(ray_nodes.other, config)
+    with pytest.raises(WrongNode, match=f"caller on node {ray_nodes.head} asked the lease allocator"):
+        ray.get(other.acquire.remote("sample:x", caller_node=ray_nodes.head))
+    assert ray.get(other.leases.remote()) == []
+
+
+def test_lease_errors_cross_ray_as_their_own_class(ray_nodes: RayNodes, config: AllocatorConfig) -> None:
+    alloc = get_node_allocator(ray_nodes.head, config)
+    for i in range(4):
+        ray.get(alloc.acquire.remote(f"sample:{i}", caller_node=ray_nodes.head))
+    with pytest.raises(LeaseExhausted, match="'sample:4'"):
+        ray.get(alloc.acquire.remote("sample:4", caller_node=ray_nodes.head))
+
+
+def test_an_allocator_with_another_config_is_a_clear_error(
+    ray_nodes: RayNodes, config: AllocatorConfig
+) -> None:
+    get_node_allocator(ray_nodes.head, config)
+    with pytest.raises(AllocatorMismatch, match=r"share=1; asked for .* share=3"):
+        get_node_allocator(ray_nodes.head, AllocatorConfig(state_dir=config.state_dir, share=3))
+
+
+def test_a_killed_owner_actor_lease_is_reclaimed(ray_nodes: RayNodes, config: AllocatorConfig) -> None:
+    alloc = get_node_allocator(ray_nodes.head, config)
+    on_head = NodeAffinitySchedulingStrategy(ray_nodes.head, soft=False)
+    owners = [Owner.options(scheduling_strategy=on_head).remote() for _ in range(2)]  # type: ignore[attr-defined]
+    cpus = ray.get([o.take.remote(alloc, f"sample:h0:{i}") for i, o in enumerate(owners)])
+    assert len(set(cpus)) == 2
+    ray.kill(owners[0])
+    # the allocator's own audit thread notices (pid gone / actor DEAD) without anyone asking
+    assert wait_until(lambda: [x.owner for x in ray.get(alloc.leases.remote())] == ["sample:h0:1"])
+
+
+def test_a_restarted_allocator_rebuilds_its_table_from_the_node_state(
+    ray_nodes: RayNodes, config: AllocatorConfig
+) -> None:
+    alloc = get_node_allocator(ray_nodes.head, config)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = ray.get(alloc.acquire.remote("infer:0:0", caller_node=ray_nodes.head, pid=os.getpid()))
+        ray.get(alloc.acquire.remote("sample:h0:0", caller_node=ray_nodes.head, pid=child.pid))
+        before = ping(alloc)
+        ray.get(alloc.shutdown.remote())  # no more ticks: the dead owner must be found by the rebuild
+    finally:
+        child.kill()
+        child.wait()
+    ray.kill(alloc, no_restart=False)  # the process dies; Ray restarts the actor (max_restarts=-1)
+    assert wait_until(lambda: (p := ping(alloc, 2.0)) is not None and p["pid"] != before["pid"])  # type: ignore[index]
+    assert [(x.owner, x.cpu) for x in ray.get(alloc.leases.remote())] == [("infer:0:0", live.cpu)]
+    dropped = ray.get(alloc.dropped_on_start.remote())
+    assert [(x.owner, why) for x, why in dropped] == [("sample:h0:0", "owner is dead")]
