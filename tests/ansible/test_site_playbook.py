@@ -149,3 +149,32 @@ def test_check_mode_reports_changes_and_changes_nothing(
     assert "changed=0" not in recap.split("good-host")[1].splitlines()[0], recap
     assert not (tmp_path / "grub.d").exists()
     assert {p: p.exists() for p in owned} == before
+
+
+@pytest.mark.slow
+def test_example_inventory_passes_preflight_on_its_hardware(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    """inventory/example describes 2 x EPYC 9634 hosts: its group_vars (expected hardware included) and
+    its per-host housekeeping must pass preflight on that machine's fixture tree."""
+    root = Path(__file__).resolve().parents[2] / "inventory/example"
+    group_vars = yaml.safe_load((root / "group_vars/lowtail_nodes.yml").read_text())
+    group_vars.pop("ansible_user")
+    hosts = yaml.safe_load((root / "hosts.yml").read_text())["all"]["children"]["lowtail_nodes"]["hosts"]
+    inventory = write_inventory(
+        tmp_path,
+        machine_roots,
+        {
+            name: {
+                "machine": "epyc9634_2s",
+                **group_vars,
+                **{k: v for k, v in (spec or {}).items() if k != "ansible_host"},
+            }
+            for name, spec in hosts.items()
+        },
+    )
+    result = run_ansible(["ansible-playbook", "-i", str(inventory), "playbooks/preflight.yml", "--check"])
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    words = " ".join(out.split())  # the YAML callback may wrap the plan message
+    assert "housekeeping 0-6,84-90," in words and "housekeeping 0-13,84-97," in words, out
