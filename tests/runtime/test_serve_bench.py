@@ -25,6 +25,7 @@ def test_bench_serve_writes_table_json_and_plots(
     for r in report["results"]:
         assert r["samples"] > 0 and r["latency_ms"]["n"] > 0 and r["deschedule_ms"]["n"] > 0
         assert r["samples_per_s"] == pytest.approx(r["samples"] / r["duration_s"])
+        assert r["engine_ms_mean"] > 0 and 0 < r["worker_busy"] <= 1.05 and r["overhead_us_mean"] >= 0
     assert report["best_ratio"] == max(r["ratio_to_bare"] for r in report["results"][1:])
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<img" in (tmp_path / "s.html").read_text()

@@ -62,6 +62,9 @@ class DesignResult:
     latency_ms: metrics.Percentiles  # per call (bare) or per request, sampler side (served)
     deschedule_ms: metrics.Percentiles  # per engine call
     ratio_to_bare: float = float("nan")
+    engine_ms_mean: float = float("nan")  # infer() per call
+    overhead_us_mean: float = 0.0  # per engine call in the worker beyond infer(): claim not included
+    worker_busy: float = 1.0  # share of the window the engine core spent handling calls
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,6 +136,7 @@ def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any)
         end = perf() + int(warmup * 1e9)
         while perf() < end:
             client.infer(x, timeout=10.0)
+        start_mono = time.monotonic()
         start = perf()
         end = start + int(duration * 1e9)
         t = start
@@ -141,7 +145,10 @@ def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any)
             t1 = perf()
             lat.append(t1 - t)
             t = t1
-    conn.send({"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat})
+        end_mono = time.monotonic()
+    conn.send(
+        {"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat, "window": (start_mono, end_mono)}
+    )
     conn.close()
 
 
@@ -181,6 +188,7 @@ def run_bare(setup: Setup) -> DesignResult:
         latency_ms=metrics.percentiles(wall),
         deschedule_ms=metrics.percentiles(desched),
         ratio_to_bare=1.0,
+        engine_ms_mean=float(wall.mean()),
         note=f"infer() back to back on CPU {setup.cpu}",
     )
 
@@ -224,15 +232,12 @@ def run_served(setup: Setup, samplers: int) -> DesignResult:
                 child.close()
                 procs.append(p)
                 conns.append(parent)
-            cursor = 0
-            time.sleep(warmup)
-            cursor = worker.calls(0).cursor
             results = []
             for c in conns:
                 if not c.poll(duration + warmup + 120):
                     raise RuntimeError("a sampler did not report")
                 results.append(c.recv())
-            calls = worker.calls(cursor).rows
+            calls = worker.calls(0).rows
             for p in procs:
                 p.join(10)
         finally:
@@ -240,8 +245,14 @@ def run_served(setup: Setup, samplers: int) -> DesignResult:
     lat = np.concatenate([_ms(r["lat_ns"]) for r in results])
     elapsed = max(r["elapsed_ns"] for r in results) / 1e9
     samples = sum(r["requests"] for r in results) * batch
-    desched = calls[:, metrics.COL["deschedule_ms"]] if len(calls) else np.zeros(0)
-    mean_batch = float(calls[:, metrics.COL["batch"]].mean()) if len(calls) else float("nan")
+    # The worker's calls inside the samplers' measured windows (their warm-up excluded).
+    lo, hi = min(r["window"][0] for r in results), max(r["window"][1] for r in results)
+    col = metrics.COL
+    t_end = calls[:, col["t_end_s"]]
+    calls = calls[(t_end >= lo) & (t_end <= hi)]
+    desched = calls[:, col["deschedule_ms"]]
+    mean_batch = float(calls[:, col["batch"]].mean()) if len(calls) else float("nan")
+    wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]
     return DesignResult(
         design="served",
         samplers=samplers,
@@ -251,6 +262,9 @@ def run_served(setup: Setup, samplers: int) -> DesignResult:
         samples_per_s=samples / elapsed,
         latency_ms=metrics.percentiles(lat),
         deschedule_ms=metrics.percentiles(desched),
+        engine_ms_mean=float(engine_ms.mean()) if len(calls) else float("nan"),
+        overhead_us_mean=float((wall_ms - engine_ms).mean() * 1000) if len(calls) else float("nan"),
+        worker_busy=float(wall_ms.sum() / 1000 / (hi - lo)),
         note=f"queue + pinned worker on CPU {cpu}, samplers on CPUs {sorted(setup.sampler_cpus)}, "
         f"mean engine batch {mean_batch:.1f}",
     )
@@ -275,11 +289,14 @@ def render_table(results: list[DesignResult]) -> str:
                 *_fmt(r.latency_ms),
                 f"{r.deschedule_ms.p999:.3f}",
                 str(r.deschedule_ms.n),
+                f"{r.engine_ms_mean:.3f}",
+                f"{r.overhead_us_mean:.0f}",
+                f"{r.worker_busy:.0%}",
             ]
         )
     headers = ["design", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
     return table.render(
-        [*headers, "desched p99.9 ms", "n calls"],
+        [*headers, "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy"],
         rows,
         title=f"lowtail bench serve: batch {results[0].batch}",
     )
