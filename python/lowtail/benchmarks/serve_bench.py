@@ -467,7 +467,8 @@ def run(args: argparse.Namespace) -> int:
         f"target served >= {TARGET_RATIO:.0%} of bare at batch {args.batch}: {verdict} (best {best:.1%})"
     )
     load_after = os.getloadavg()
-    host = f"host: {os.cpu_count()} CPUs, 1-min load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    host = f"host: {os.cpu_count()} CPUs, 1-min load average {load_before[0]:.1f} before"
+    host += f", {load_after[0]:.1f} after"
     print(text)
     print(summary)
     print(host)
