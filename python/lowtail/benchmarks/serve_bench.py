@@ -45,6 +45,7 @@ class Setup:
     features: int
     duration: float
     sampler_cpus: frozenset[int]
+    fifo_scope: str = "call"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
 
     def observations(self, seed: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -86,6 +87,12 @@ def register(bench_sub: Any) -> None:
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
     p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
+    p.add_argument(
+        "--fifo-scope",
+        choices=("call", "busy"),
+        default="call",
+        help="SCHED_FIFO around each batch (the seed's toggle, default) or for whole busy periods",
+    )
     p.set_defaults(func=run)
 
 
@@ -104,6 +111,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     engine = Engine(setup.model, max_batch=setup.batch)
     x = setup.observations(0)
     duration = setup.duration
+    per_call = setup.fifo_scope == "call"
     for _ in range(20):
         engine.infer(x)
     perf, ptime = time.perf_counter_ns, time.process_time_ns
@@ -116,7 +124,8 @@ def _bare_child(setup: Setup, conn: Any) -> None:
         c0 = ptime()
         fifo.enter()
         engine.infer(x)
-        fifo.leave()
+        if per_call:
+            fifo.leave()
         t1, c1 = perf(), ptime()
         wall.append(t1 - t)
         cpu_ns.append(c1 - c0)
@@ -277,7 +286,7 @@ def run_served(setup: Setup, samplers: int) -> DesignResult:
     from lowtail.worker import WorkerConfig, WorkerProcess
 
     with InferenceQueue.create(_queue_config(setup, samplers)) as queue:
-        config = WorkerConfig(name="bench", max_batch=setup.batch)
+        config = WorkerConfig(name="bench", max_batch=setup.batch, fifo_scope=setup.fifo_scope)
         worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
         try:
             worker.wait_ready(120)
@@ -314,7 +323,7 @@ def run_ray_served(setup: Setup, samplers: int, work: Path) -> DesignResult:
         model_dir=str(setup.model),
         allocator=alloc,
         queue=_queue_config(setup, samplers),
-        worker=WorkerConfig(name="bench-ray", max_batch=setup.batch),
+        worker=WorkerConfig(name="bench-ray", max_batch=setup.batch, fifo_scope=setup.fifo_scope),
     )
     actor = start_inference_actor(spec, node)
     try:
@@ -436,7 +445,9 @@ def run(args: argparse.Namespace) -> int:
             name, features = feature_input(model)
         except ModelSpecError as e:
             raise UsageError(str(e)) from None
-        setup = Setup(model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus))
+        setup = Setup(
+            model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
+        )
         print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
         print("  bare loop ...", file=sys.stderr, flush=True)
         results = [run_bare(setup)]
@@ -467,7 +478,8 @@ def run(args: argparse.Namespace) -> int:
         f"target served >= {TARGET_RATIO:.0%} of bare at batch {args.batch}: {verdict} (best {best:.1%})"
     )
     load_after = os.getloadavg()
-    host = f"host: {os.cpu_count()} CPUs, 1-min load average {load_before[0]:.1f} before"
+    host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
+    host += f"{load_before[0]:.1f} before"
     host += f", {load_after[0]:.1f} after"
     print(text)
     print(summary)
@@ -478,6 +490,7 @@ def run(args: argparse.Namespace) -> int:
         "cpu": cpu,
         "sampler_cpus": sorted(sampler_cpus),
         "batch": args.batch,
+        "fifo_scope": args.fifo_scope,
         "duration_s": duration,
         "target_ratio": TARGET_RATIO,
         "best_ratio": best,
