@@ -410,6 +410,8 @@ def plot(results: list[DesignResult]) -> bytes:
     b.set_ylabel("ms per call / request")
     b.set_title("latency (n in the JSON)")
     b.legend()
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
