@@ -1,0 +1,388 @@
+"""``lowtail bench serve``: the bare OpenVINO loop on one pinned core against the same model served.
+
+The limit is a process pinned to one CPU calling ``infer()`` on batches of B samples back to back. The
+served design is the same model in a pinned worker (``lowtail.worker``) behind the shared-memory queue,
+driven by 1, 2 and 4 sampler processes that each submit batches of B samples and wait for the result
+(closed loop: throughput is what the design sustains; the latency is the sampler's submit-to-result
+time, which includes queueing behind the other samplers' batches).
+
+Reported per design: samples/s, sampler-side latency p50/p99/p99.9/max with n, the worker's deschedule
+p99.9 (wall - CPU per engine call) with n, and served/bare throughput. Target: at B=16 the served
+throughput is at least 90% of bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtail import metrics, table
+from lowtail.cli import UsageError
+from lowtail.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
+from lowtail.pinning import SchedFifo, pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
+
+TARGET_RATIO = 0.90
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: Path
+    cpu: int  # the engine's CPU, bare and served
+    batch: int
+    input_name: str
+    features: int
+    duration: float
+    sampler_cpus: frozenset[int]
+
+    def observations(self, seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return {self.input_name: rng.standard_normal((self.batch, self.features), dtype=np.float32)}
+
+
+@dataclass
+class DesignResult:
+    design: str
+    samplers: int
+    batch: int
+    duration_s: float
+    samples: int
+    samples_per_s: float
+    latency_ms: metrics.Percentiles  # per call (bare) or per request, sampler side (served)
+    deschedule_ms: metrics.Percentiles  # per engine call
+    ratio_to_bare: float = float("nan")
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["latency_ms"] = self.latency_ms.to_dict()
+        d["deschedule_ms"] = self.deschedule_ms.to_dict()
+        return d
+
+
+def register(bench_sub: Any) -> None:
+    p = bench_sub.add_parser("serve", help="bare OpenVINO loop vs queue + pinned worker (1, 2, 4 samplers)")
+    p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    p.add_argument("--png", metavar="FILE", help="write a plot (PNG)")
+    p.add_argument("--html", metavar="FILE", help="write a report with the table and plot (HTML)")
+    p.add_argument("--quick", action="store_true", help="2 s per design instead of 10 s")
+    p.add_argument("--duration", type=float, help="seconds per design (overrides --quick)")
+    p.add_argument("--batch", type=int, default=16, help="samples per request and per engine call")
+    p.add_argument("--samplers", default="1,2,4", help="sampler process counts to run")
+    p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
+    p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
+    p.set_defaults(func=run)
+
+
+# ---- child processes -------------------------------------------------------------------------------
+
+
+def _bare_child(setup: Setup, conn: Any) -> None:
+    from lowtail.engine import Engine
+
+    # The same treatment as the worker, so the only difference between the designs is the serving.
+    pin_thread_to_cpu(setup.cpu)
+    raise_priority(-20)
+    set_timer_slack_ns(1)
+    fifo = SchedFifo(1)
+    fifo.detect()
+    engine = Engine(setup.model, max_batch=setup.batch)
+    x = setup.observations(0)
+    duration = setup.duration
+    for _ in range(20):
+        engine.infer(x)
+    perf, ptime = time.perf_counter_ns, time.process_time_ns
+    wall: list[int] = []
+    cpu_ns: list[int] = []
+    start = perf()
+    end = start + int(duration * 1e9)
+    t = start
+    while t < end:
+        c0 = ptime()
+        fifo.enter()
+        engine.infer(x)
+        fifo.leave()
+        t1, c1 = perf(), ptime()
+        wall.append(t1 - t)
+        cpu_ns.append(c1 - c0)
+        t = t1
+    conn.send({"calls": len(wall), "elapsed_ns": t - start, "wall_ns": wall, "cpu_ns": cpu_ns})
+    conn.close()
+
+
+def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any) -> None:
+    from lowtail.queue import QueueClient
+
+    raise_priority(-20)  # in production a sampler owns an isolated core; here it shares with other work
+    x = setup.observations(seed)
+    duration = setup.duration
+    perf = time.perf_counter_ns
+    lat: list[int] = []
+    with QueueClient.attach(desc) as client:
+        end = perf() + int(warmup * 1e9)
+        while perf() < end:
+            client.infer(x, timeout=10.0)
+        start = perf()
+        end = start + int(duration * 1e9)
+        t = start
+        while t < end:
+            client.infer(x, timeout=10.0)
+            t1 = perf()
+            lat.append(t1 - t)
+            t = t1
+    conn.send({"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat})
+    conn.close()
+
+
+# ---- designs ---------------------------------------------------------------------------------------
+
+
+def _ms(ns: list[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(ns, dtype=np.float64) / 1e6
+
+
+def run_bare(setup: Setup) -> DesignResult:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_bare_child, args=(setup, child), daemon=True)
+    start_pinned(proc, setup.cpu)
+    child.close()
+    batch = setup.batch
+    try:
+        if not parent.poll(setup.duration + 120):
+            raise RuntimeError("bare loop did not report")
+        r = parent.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    wall = _ms(r["wall_ns"])
+    desched = np.maximum(0.0, wall - _ms(r["cpu_ns"]))
+    elapsed = r["elapsed_ns"] / 1e9
+    return DesignResult(
+        design="bare",
+        samplers=0,
+        batch=batch,
+        duration_s=elapsed,
+        samples=r["calls"] * batch,
+        samples_per_s=r["calls"] * batch / elapsed,
+        latency_ms=metrics.percentiles(wall),
+        deschedule_ms=metrics.percentiles(desched),
+        ratio_to_bare=1.0,
+        note=f"infer() back to back on CPU {setup.cpu}",
+    )
+
+
+def run_served(setup: Setup, samplers: int) -> DesignResult:
+    from lowtail.queue import InferenceQueue, QueueConfig
+    from lowtail.worker import WorkerConfig, WorkerProcess
+
+    ctx = multiprocessing.get_context("spawn")
+    batch, cpu, duration = setup.batch, setup.cpu, setup.duration
+    payload = batch * setup.features * 4 + 4096
+    cfg = QueueConfig(
+        lanes=max(4, samplers),
+        slots_per_lane=4,
+        request_bytes=payload,
+        response_bytes=payload,
+        max_batch_samples=batch,
+        min_batch_samples=1,
+        max_batch_slots=max(1, samplers),
+    )
+    warmup = min(1.0, duration / 4)
+    with InferenceQueue.create(cfg) as queue:
+        config = WorkerConfig(name="bench", max_batch=batch)
+        worker = WorkerProcess.start(queue.descriptor, cpu, setup.model, config)
+        try:
+            worker.wait_ready(120)
+            procs, conns = [], []
+            for i in range(samplers):
+                parent, child = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_sampler_child,
+                    args=(setup, queue.descriptor, warmup, i, child),
+                    daemon=True,
+                )
+                saved = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, setup.sampler_cpus)
+                try:
+                    p.start()
+                finally:
+                    os.sched_setaffinity(0, saved)
+                child.close()
+                procs.append(p)
+                conns.append(parent)
+            cursor = 0
+            time.sleep(warmup)
+            cursor = worker.calls(0).cursor
+            results = []
+            for c in conns:
+                if not c.poll(duration + warmup + 120):
+                    raise RuntimeError("a sampler did not report")
+                results.append(c.recv())
+            calls = worker.calls(cursor).rows
+            for p in procs:
+                p.join(10)
+        finally:
+            worker.stop()
+    lat = np.concatenate([_ms(r["lat_ns"]) for r in results])
+    elapsed = max(r["elapsed_ns"] for r in results) / 1e9
+    samples = sum(r["requests"] for r in results) * batch
+    desched = calls[:, metrics.COL["deschedule_ms"]] if len(calls) else np.zeros(0)
+    mean_batch = float(calls[:, metrics.COL["batch"]].mean()) if len(calls) else float("nan")
+    return DesignResult(
+        design="served",
+        samplers=samplers,
+        batch=batch,
+        duration_s=elapsed,
+        samples=samples,
+        samples_per_s=samples / elapsed,
+        latency_ms=metrics.percentiles(lat),
+        deschedule_ms=metrics.percentiles(desched),
+        note=f"queue + pinned worker on CPU {cpu}, samplers on CPUs {sorted(setup.sampler_cpus)}, "
+        f"mean engine batch {mean_batch:.1f}",
+    )
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+def _fmt(p: metrics.Percentiles) -> list[str]:
+    return [f"{p.p50:.3f}", f"{p.p99:.3f}", f"{p.p999:.3f}", f"{p.max:.3f}", str(p.n)]
+
+
+def render_table(results: list[DesignResult]) -> str:
+    rows = []
+    for r in results:
+        label = "bare (limit)" if r.design == "bare" else f"served x{r.samplers}"
+        rows.append(
+            [
+                label,
+                f"{r.samples_per_s:,.0f}",
+                f"{r.ratio_to_bare:.3f}",
+                *_fmt(r.latency_ms),
+                f"{r.deschedule_ms.p999:.3f}",
+                str(r.deschedule_ms.n),
+            ]
+        )
+    headers = ["design", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
+    return table.render(
+        [*headers, "desched p99.9 ms", "n calls"],
+        rows,
+        title=f"lowtail bench serve: batch {results[0].batch}",
+    )
+
+
+def plot(results: list[DesignResult]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["bare" if r.design == "bare" else f"served x{r.samplers}" for r in results]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(labels, [r.samples_per_s for r in results], color=["#555"] + ["#3a7"] * (len(results) - 1))
+    bare = results[0].samples_per_s
+    a.axhline(bare * TARGET_RATIO, color="r", ls="--", lw=1, label=f"{TARGET_RATIO:.0%} of bare")
+    a.set_ylabel("samples/s")
+    a.set_title(f"throughput, batch {results[0].batch}")
+    a.legend()
+    xs = np.arange(len(results))
+    for i, (q, name) in enumerate([("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")]):
+        b.bar(xs + (i - 1) * 0.27, [getattr(r.latency_ms, q) for r in results], 0.27, label=name)
+    b.set_xticks(xs, labels)
+    b.set_yscale("log")
+    b.set_ylabel("ms per call / request")
+    b.set_title("latency (n in the JSON)")
+    b.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch < 1:
+        raise UsageError(f"--batch {args.batch}: expected >= 1")
+    try:
+        counts = [int(x) for x in args.samplers.split(",")]
+    except ValueError:
+        raise UsageError(f"--samplers {args.samplers!r}: expected counts like 1,2,4") from None
+    if not counts or any(c < 1 or c > 64 for c in counts):
+        raise UsageError(f"--samplers {args.samplers!r}: expected counts in 1..64")
+    duration = args.duration or (2.0 if args.quick else 10.0)
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed) if args.cpu is None else args.cpu
+    if cpu not in allowed:
+        raise UsageError(f"--cpu {cpu}: expected one of the CPUs this process may use, {sorted(allowed)}")
+    sampler_cpus = (allowed - {cpu}) or allowed
+    with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
+        if args.model:
+            try:
+                model = find_model_xml(args.model)
+            except FileNotFoundError as e:
+                raise UsageError(str(e)) from None
+        else:
+            model = write_model(tmp, ModelSpec())
+        try:
+            name, features = feature_input(model)
+        except ModelSpecError as e:
+            raise UsageError(str(e)) from None
+        setup = Setup(model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus))
+        print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
+        print("  bare loop ...", file=sys.stderr, flush=True)
+        results = [run_bare(setup)]
+        for n in counts:
+            print(f"  served, {n} sampler(s) ...", file=sys.stderr, flush=True)
+            results.append(run_served(setup, n))
+    bare = results[0].samples_per_s
+    for r in results[1:]:
+        r.ratio_to_bare = r.samples_per_s / bare
+    text = render_table(results)
+    best = max(r.ratio_to_bare for r in results[1:])
+    verdict = "met" if best >= TARGET_RATIO else "NOT met"
+    summary = (
+        f"target served >= {TARGET_RATIO:.0%} of bare at batch {args.batch}: {verdict} (best {best:.1%})"
+    )
+    print(text)
+    print(summary)
+    report = {
+        "benchmark": "serve",
+        "model": str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict()),
+        "cpu": cpu,
+        "sampler_cpus": sorted(sampler_cpus),
+        "batch": args.batch,
+        "duration_s": duration,
+        "target_ratio": TARGET_RATIO,
+        "best_ratio": best,
+        "target_met": best >= TARGET_RATIO,
+        "results": [r.to_dict() for r in results],
+        "note": "served through the queue + pinned worker directly (no Ray actor in this run)",
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.png or args.html:
+        png = plot(results)
+        if args.png:
+            Path(args.png).write_bytes(png)
+        if args.html:
+            img = base64.b64encode(png).decode()
+            Path(args.html).write_text(
+                f"<!doctype html><meta charset=utf-8><title>lowtail bench serve</title>"
+                f"<h1>lowtail bench serve</h1><pre>{text}\n{summary}</pre>"
+                f'<img alt="throughput and latency" src="data:image/png;base64,{img}">\n'
+            )
+    return 0

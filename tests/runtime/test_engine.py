@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from lowtail.engine import PRECISIONS, Engine, MalformedInput, PrecisionNotApplied, check_precision
+from lowtail.model import example_inputs, find_model_xml
+
+
+def test_engine_matches_direct_openvino_at_every_batch_size(small_model: Path) -> None:
+    engine = Engine(small_model, max_batch=4)
+    direct = ov.Core().compile_model(
+        str(find_model_xml(small_model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+    )
+    for batch in (4, 1, 7, 4):  # 7 > max_batch grows the bound buffers
+        x = example_inputs(64, batch, seed=batch)
+        got = {k: v.copy() for k, v in engine.infer(x).items()}
+        ref = direct(x)
+        for name in engine.output_names:
+            assert got[name].shape[0] == batch
+            np.testing.assert_allclose(got[name], ref[name], rtol=1e-6, atol=1e-6)
+
+
+def test_engine_compiles_one_thread_no_pinning_f32(small_model: Path) -> None:
+    props = Engine(small_model).properties()
+    assert props == {
+        "INFERENCE_NUM_THREADS": "1",
+        "NUM_STREAMS": "1",
+        "ENABLE_CPU_PINNING": "False",
+        "INFERENCE_PRECISION_HINT": "f32",
+    }
+
+
+def test_precision_check_fails_loudly_when_the_compiled_precision_differs(small_model: Path) -> None:
+    # Compiled without a hint, OpenVINO picks its own precision (bf16 on CPUs with AVX-512 BF16, as here);
+    # asking the check for any other precision must raise, naming both.
+    compiled = ov.Core().compile_model(str(find_model_xml(small_model)), "CPU")
+    actual = compiled.get_property("INFERENCE_PRECISION_HINT")
+    other = next(name for name, t in PRECISIONS.items() if t != actual)
+    with pytest.raises(
+        PrecisionNotApplied, match=f"INFERENCE_PRECISION_HINT={other}.*reports {actual.get_type_name()}"
+    ):
+        check_precision(compiled, other)
+    with pytest.raises(ValueError, match="precision='f64'"):
+        Engine(small_model, precision="f64")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "needle"),
+    [
+        ({"obs": np.zeros((2, 63), np.float32)}, r"float32\[2, 63\]: expected float32\[batch, 64\]"),
+        ({"obs": np.zeros((2, 64), np.float64)}, "float64"),
+        ({"obs": np.zeros((0, 64), np.float32)}, "empty batch"),
+        ({"x": np.zeros((2, 64), np.float32)}, r"inputs \['x'\]: the model expects exactly \['obs'\]"),
+    ],
+)
+def test_malformed_inputs_are_rejected_with_what_was_expected(
+    small_model: Path, inputs: dict[str, np.ndarray], needle: str
+) -> None:
+    engine = Engine(small_model)
+    with pytest.raises(MalformedInput, match=needle):
+        engine.infer(inputs)
+    assert engine.infer(example_inputs(64, 2))["value"].shape == (2, 1)  # still serves afterwards

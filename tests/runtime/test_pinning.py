@@ -1,0 +1,136 @@
+"""Pinning and priority on real kernel interfaces; unprivileged cases run as a real unprivileged process."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+
+from lowtail.pinning import CpuAffinityError, SchedFifo, pin_thread_to_cpu, set_timer_slack_ns
+
+PR_CAPBSET_DROP = 24
+CAP_SYS_NICE = 23
+
+
+def in_thread(fn: Any) -> Any:
+    """Run fn in a fresh thread (affinity, policy and slack are per thread) and return its result."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_pin_thread_to_cpu_pins_only_the_calling_thread() -> None:
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    assert in_thread(lambda: (pin_thread_to_cpu(cpu), os.sched_getaffinity(0))[1]) == {cpu}
+    assert os.sched_getaffinity(0) == before
+
+
+def test_pinning_to_a_cpu_that_does_not_exist_names_it_and_the_allowed_ones() -> None:
+    with pytest.raises(CpuAffinityError, match=r"cannot pin to CPU 4095 .*may run on CPUs \["):
+        in_thread(lambda: pin_thread_to_cpu(4095))
+    with pytest.raises(CpuAffinityError, match="cpu=-1"):
+        pin_thread_to_cpu(-1)
+
+
+def test_timer_slack_is_set_to_one_nanosecond() -> None:
+    assert in_thread(lambda: set_timer_slack_ns(1)) == 1
+
+
+def run_unprivileged(code: str) -> dict[str, Any]:
+    """Run ``code`` (which prints one JSON line) without CAP_SYS_NICE and with RLIMIT_RTPRIO 0.
+
+    That is a Kubernetes container without SYS_NICE. As root, CAP_SYS_NICE is dropped from the bounding
+    set, so the exec'd interpreter cannot regain it (an unprivileged user could not run this venv's
+    interpreter under /root); as non-root the limits alone already forbid it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def drop() -> None:
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+        if os.getuid() == 0 and libc.prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP CAP_SYS_NICE")
+
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        preexec_fn=drop,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["stderr"] = proc.stderr
+    return result
+
+
+def test_sched_fifo_falls_back_once_where_not_permitted() -> None:
+    r = run_unprivileged(
+        """
+        import json, logging, os
+        logging.basicConfig(level=logging.INFO)
+        from lowtail.pinning import SchedFifo, raise_priority
+        nice = raise_priority(-20)
+        fifo = SchedFifo(1)
+        detected = fifo.detect()
+        for _ in range(3):          # enter/leave must be harmless no-ops now
+            fifo.enter()
+            policy = os.sched_getscheduler(0)
+            fifo.leave()
+        caps = next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1]
+        print(json.dumps({"cap_sys_nice": bool(int(caps, 16) >> 23 & 1),
+                          "detected": detected,
+                          "available": fifo.available, "reason": fifo.reason,
+                          "policy": policy, "other": os.SCHED_OTHER,
+                          "nice_error": nice.error, "nice": nice.achieved}))
+        """
+    )
+    assert r["cap_sys_nice"] is False
+    assert r["detected"] is False and r["available"] is False
+    assert "sched_setscheduler(SCHED_FIFO, 1) failed: Operation not permitted" in r["reason"]
+    assert r["policy"] == r["other"]
+    assert r["nice_error"] == "setpriority(-20) failed: Permission denied"
+    assert r["nice"] == 0
+    assert r["stderr"].count("SCHED_FIFO unavailable") == 1  # logged once, not per inference
+
+
+def test_sched_fifo_where_permitted_is_only_held_around_the_work() -> None:
+    fifo = SchedFifo(1)
+
+    def cycle() -> tuple[bool, int, int, int]:
+        os.setpriority(os.PRIO_PROCESS, 0, 5)  # a nice value that must survive the switches
+        ok = fifo.detect()
+        fifo.enter()
+        during = os.sched_getscheduler(0)
+        fifo.leave()
+        return ok, during, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+
+    ok, during, after, nice = in_thread(cycle)
+    if not ok:  # this host forbids it even to us: the fallback test above covers that path
+        assert fifo.reason.startswith("sched_setscheduler(SCHED_FIFO, 1) failed")
+        return
+    assert during == os.SCHED_FIFO
+    assert after == os.SCHED_OTHER
+    assert nice == 5

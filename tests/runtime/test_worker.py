@@ -1,0 +1,239 @@
+"""The pinned worker serving a real queue: real processes, real OpenVINO, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from lowtail.metrics import CALL_FIELDS
+from lowtail.model import example_inputs, find_model_xml
+from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
+from lowtail.worker import WorkerConfig, WorkerProcess, WorkerStartFailed
+from tests.runtime.conftest import write_slow_model
+
+CPU = max(os.sched_getaffinity(0))
+
+
+def small_queue(**kw: int) -> InferenceQueue:
+    cfg = dict(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384, min_batch_samples=1)
+    cfg.update(kw)
+    return InferenceQueue.create(QueueConfig(**cfg))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def served(small_model: Path) -> Iterator[tuple[InferenceQueue, WorkerProcess]]:
+    with small_queue() as queue:
+        w = WorkerProcess.start(
+            queue.descriptor, CPU, small_model, WorkerConfig(name="t", probe_cpu_view=True)
+        )
+        try:
+            w.wait_ready(120)
+            yield queue, w
+        finally:
+            assert w.stop() == 0
+    assert not w.alive()
+
+
+def direct_outputs(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    compiled = ov.Core().compile_model(str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return {k.get_any_name(): v for k, v in compiled(x).items()}
+
+
+def test_outputs_through_the_queue_equal_direct_openvino(
+    served: tuple[InferenceQueue, WorkerProcess], small_model: Path
+) -> None:
+    queue, _ = served
+    with QueueClient.attach(queue.descriptor) as a, QueueClient.attach(queue.descriptor) as b:
+        for batch in (1, 5, 16):
+            xa, xb = example_inputs(64, batch, seed=batch), example_inputs(64, batch, seed=100 + batch)
+            pa, pb = a.start(xa), b.start(xb)  # both in flight: may be merged into one engine call
+            got_a, got_b = pa.finish(timeout=30), pb.finish(timeout=30)
+            for x, got in ((xa, got_a), (xb, got_b)):
+                ref = direct_outputs(small_model, x)
+                assert set(got) == set(ref) == {"action", "move", "value"}
+                for name in ref:
+                    assert got[name].dtype == np.float32
+                    np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_worker_is_pinned_before_openvino_loads_and_reports_its_setup(
+    served: tuple[InferenceQueue, WorkerProcess],
+) -> None:
+    _, w = served
+    info = w.wait_ready()
+    assert info["pid"] == w.pid and w.alive()
+    assert info["preloaded_before_pin"] == []  # numpy/openvino were not imported before pinning
+    assert info["affinity"] == [CPU]
+    assert info["openvino_default_threads"] == 1  # left to itself, OpenVINO sees one CPU
+    assert info["precision"] == "f32"
+    assert info["compiled"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert info["compiled"]["INFERENCE_NUM_THREADS"] == "1"
+    assert info["compiled"]["ENABLE_CPU_PINNING"] == "False"
+    assert info["timer_slack_ns"] == 1
+    assert info["gc_frozen"] > 0
+    expected_nice = -20 if os.geteuid() == 0 else info["nice"]["achieved"]
+    assert info["nice"]["achieved"] == expected_nice
+    iso = w.isolation()
+    assert iso.all_on_cpu, iso.masks  # every thread, OpenVINO's included, may run only on CPU
+    assert iso.masks == {str(CPU): iso.threads}
+
+
+def test_per_call_metrics_and_isolation_after_serving(served: tuple[InferenceQueue, WorkerProcess]) -> None:
+    queue, w = served
+    cursor = w.calls().cursor
+    with QueueClient.attach(queue.descriptor) as c:
+        for _ in range(50):
+            c.infer(example_inputs(64, 8), timeout=30)
+    batch = w.calls(cursor)
+    assert batch.rows.shape == (50, len(CALL_FIELDS)) and batch.lost == 0
+    col = {n: i for i, n in enumerate(CALL_FIELDS)}
+    rows = batch.rows
+    assert (rows[:, col["batch"]] == 8).all() and (rows[:, col["slots"]] == 1).all()
+    assert (rows[:, col["wall_ms"]] >= rows[:, col["engine_wall_ms"]]).all()
+    assert (rows[:, col["deschedule_ms"]] >= 0).all()
+    np.testing.assert_allclose(
+        rows[:, col["deschedule_ms"]], np.maximum(0, rows[:, col["wall_ms"]] - rows[:, col["cpu_ms"]])
+    )
+    assert (rows[:, col["queue_wait_ms"]] >= 0).all() and (rows[:, col["run_delay_ms"]] >= 0).all()
+    rep = w.report(cursor)
+    assert rep.state == "serving" and rep.calls == 50
+    assert rep.percentiles["wall_ms"].n == 50
+    iso = w.isolation()
+    assert iso.engine_calls >= 50
+    # The seed's 1:1 test: only the serving thread used CPU during infer().
+    assert iso.engine_cpu_ratio == pytest.approx(1.0, abs=0.1), iso
+    assert iso.ok, iso.detail
+
+
+def test_a_malformed_request_fails_alone(served: tuple[InferenceQueue, WorkerProcess]) -> None:
+    queue, w = served
+    failed_before = w.report().failed_requests
+    with QueueClient.attach(queue.descriptor) as bad, QueueClient.attach(queue.descriptor) as good:
+        pb = bad.start({"obs": np.zeros((3, 63), np.float32)})
+        pg = good.start(example_inputs(64, 3))
+        with pytest.raises(
+            RequestFailed, match=r"malformed request: .*float32\[3, 63\]: expected float32\[batch, 64\]"
+        ):
+            pb.finish(timeout=30)
+        assert pg.finish(timeout=30)["value"].shape == (3, 1)
+        with pytest.raises(RequestFailed, match=r"the model expects exactly \['obs'\]"):
+            bad.infer({"observation": np.zeros((1, 64), np.float32)}, timeout=30)
+        assert good.infer(example_inputs(64, 2), timeout=30)["value"].shape == (2, 1)
+    assert w.alive()
+    assert w.report().failed_requests == failed_before + 2
+
+
+def test_a_worker_that_cannot_start_says_why(small_model: Path, tmp_path: Path) -> None:
+    with small_queue() as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model, WorkerConfig(precision="f64"))
+        with pytest.raises(WorkerStartFailed, match="precision='f64'"):
+            w.wait_ready(120)
+        w.stop()
+        assert not w.alive()
+    with pytest.raises(FileNotFoundError, match=r"exactly one OpenVINO \.xml"):
+        WorkerProcess.start(queue.descriptor, CPU, tmp_path)
+
+
+def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tmp_path: Path) -> None:
+    xml = write_slow_model(tmp_path / "slow")
+    x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
+    with small_queue(request_bytes=266240, response_bytes=266240, max_batch_samples=64) as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="victim", max_batch=64))
+        w.wait_ready(120)
+        with QueueClient.attach(queue.descriptor) as c:
+            assert c.infer(x, timeout=30)["value"].shape == (64, 1024)
+            for _ in range(20):
+                pending = c.start(x)
+                deadline = time.monotonic() + 30
+                while queue.snapshot().counts["PROCESSING"] == 0:  # until the worker has claimed it
+                    assert time.monotonic() < deadline, "the worker never claimed the request"
+                os.kill(w.pid, signal.SIGSTOP)  # frozen: what we see now is what the kill will hit
+                if queue.snapshot().counts["PROCESSING"] == 1:
+                    break
+                os.kill(w.pid, signal.SIGCONT)  # it finished before it froze (a loaded host): again
+                pending.finish(timeout=30)
+            else:
+                pytest.fail("never caught the worker with a request in PROCESSING")
+            os.kill(w.pid, signal.SIGKILL)
+            with pytest.raises(WorkerDied):
+                pending.finish(timeout=30)
+            w.stop()
+            assert w.exitcode == -signal.SIGKILL
+
+            w2 = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="restarted", max_batch=64))
+            try:
+                w2.wait_ready(120)
+                snap = queue.snapshot()
+                assert snap.worker_alive and snap.worker_pid == w2.pid
+                assert snap.counts["PROCESSING"] == 0
+                out = c.infer(x, timeout=30)
+                assert out["value"].shape == (64, 1024)
+            finally:
+                assert w2.stop() == 0
+
+
+def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
+    def start_and_stop() -> int:
+        with small_queue() as queue:
+            w = WorkerProcess.start(queue.descriptor, CPU, small_model)
+            w.wait_ready(120)
+            assert w.stop(timeout=10) == 0
+            assert w.stop() == 0 and not w.alive()  # idempotent
+            return w.pid
+
+    start_and_stop()  # the first spawn may start multiprocessing's resource tracker (one pipe, for good)
+    fds_before = set(os.listdir("/proc/self/fd"))
+    pid = start_and_stop()
+    assert not Path(f"/proc/{pid}").exists()
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def _start_worker_then_die(desc: object, model: str, conn: object) -> None:
+    w = WorkerProcess.start(desc, CPU, model)
+    w.wait_ready(120)
+    conn.send(w.pid)  # type: ignore[attr-defined]
+    os._exit(0)  # no cleanup: as if the Ray actor were killed
+
+
+def test_worker_exits_when_its_parent_dies(small_model: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    with small_queue() as queue:
+        middle = ctx.Process(target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child))
+        middle.start()
+        assert parent.poll(120)
+        worker_pid = parent.recv()
+        middle.join(30)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+            assert time.monotonic() < deadline, "the orphaned worker kept running"
+            time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Path) -> None:
+    from lowtail.worker import measure_pinned
+
+    before = os.sched_getaffinity(0)
+    client_cpu = min(before)
+    m = measure_pinned(CPU, small_model, client_cpu=client_cpu, batch=4, calls=200)
+    assert os.sched_getaffinity(0) == before
+    assert m.rows.shape == (200, len(CALL_FIELDS))
+    assert m.report.calls == 200 and m.report.percentiles["deschedule_ms"].n == 200
+    assert m.ready["affinity"] == [CPU] and m.isolation.all_on_cpu
+    assert not Path(f"/proc/{m.ready['pid']}").exists() or _state(m.ready["pid"]) == "Z"
