@@ -22,6 +22,9 @@ demo: $(STAMP)
 	$(BIN)/lowtail topology
 	@echo
 	$(BIN)/lowtail plan
+	@echo
+	@mkdir -p build
+	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check python tests

@@ -69,6 +69,10 @@ class LeaseExhausted(LeaseError):
     """Every CPU of the pool is leased to a live owner."""
 
 
+class OwnerConflict(LeaseError):
+    """An owner name already held by another live process (two actors given the same name)."""
+
+
 class LeaseStateError(LeaseError):
     """The state file exists but cannot be read as a lease table (it is left in place for a person)."""
 
@@ -200,6 +204,7 @@ class LeaseAllocator:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._places = _places(plan)
+        self._isolated = plan.isolated
         chosen = frozenset(plan.isolated if pool is None else pool)
         unknown = chosen - self._places.keys()
         if unknown:
@@ -361,6 +366,11 @@ class LeaseAllocator:
         with self._transaction():
             held = self._leases.get(owner)
             if held is not None:
+                if held.pid is not None and pid is not None and held.pid != pid and self._alive(held):
+                    raise OwnerConflict(
+                        f"owner {owner!r} holds CPU {held.cpu} for live pid {held.pid}; pid {pid} asked "
+                        "under the same name: owner names must be unique per node"
+                    )
                 # The same owner again (a restarted actor keeps its name): same CPU, new identity.
                 held = replace(held, pid=pid, pid_start=start, actor_id=actor_id)
                 self._leases[owner] = held
@@ -407,12 +417,14 @@ class LeaseAllocator:
                 return "same-node" if p.node == near_node else "other-node"
             return "any"
 
-        def key(cpu: int) -> tuple[int, int, int, int]:
-            # Fewest holders first (matters only with share > 1), then the placement; without a hint
-            # the L3 group with the most free CPUs, leaving room next to each lease for the samplers
-            # that will ask to be near it; then the lowest number.
+        def key(cpu: int) -> tuple[int, int, int, int, int]:
+            # Fewest holders first (matters only with share > 1), then isolated before housekeeping
+            # (matters only with a demo pool), then the placement; without a hint the L3 group with the
+            # most free CPUs, leaving room next to each lease for the samplers that will ask to be near
+            # it; then the lowest number.
             spread = -free_in_l3[self._places[cpu].l3] if near_cpu is None and near_node is None else 0
-            return (load.get(cpu, 0), _PLACEMENT_ORDER[placement(cpu)], spread, cpu)
+            isolated = 0 if cpu in self._isolated else 1
+            return (load.get(cpu, 0), isolated, _PLACEMENT_ORDER[placement(cpu)], spread, cpu)
 
         best = min(free, key=key)
         return best, placement(best)

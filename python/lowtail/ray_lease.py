@@ -75,6 +75,8 @@ def owner_alive(lease: Lease) -> bool:
 class AllocatorConfig:
     """What a node allocator is created with; ``pool``/``share`` are the demo-only overrides."""
 
+    # "{node}" in the path becomes the node id: several raylets on one host (ray.cluster_utils.Cluster
+    # in tests) then keep separate tables, as separate hosts would.
     state_dir: str = str(DEFAULT_STATE_DIR)
     plan: dict[str, Any] | None = None  # None: the node's plan (lease.node_plan)
     pool: str | None = None  # a cpulist replacing the plan's isolated CPUs (demo only)
@@ -100,7 +102,7 @@ class NodeLeaseActor:
         plan = Plan.from_dict(config.plan) if config.plan is not None else node_plan()
         self._alloc = LeaseAllocator(
             plan,
-            state_dir=config.state_dir,
+            state_dir=config.state_dir.replace("{node}", node_id),
             pool=None if config.pool is None else cpulist.parse(config.pool),
             allowed=os.sched_getaffinity(0) if config.cpuset_only else None,
             share=config.share,
@@ -225,7 +227,7 @@ def stop_node_allocator(node_id: str | None = None, *, remove_state: bool = Fals
     state_dir: str | None = None
     try:
         running: AllocatorConfig = ray.get(handle.config.remote(), timeout=10)
-        state_dir = running.state_dir
+        state_dir = running.state_dir.replace("{node}", node)
         ray.get(handle.shutdown.remote(), timeout=10)
     except (GetTimeoutError, RayActorError):
         pass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import struct
 import urllib.request
 from pathlib import Path
 
@@ -18,23 +17,7 @@ from lowtail.export import (
     scalars,
     window_stats,
 )
-
-
-def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Parse tensorboardX event files (TFRecord: length, crc, Event proto, crc) without tensorboard."""
-    from tensorboardX.proto import event_pb2
-
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        pos = 0
-        while pos < len(data):
-            (length,) = struct.unpack_from("<Q", data, pos)
-            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
-            pos += 12 + length + 4
-            for v in event.summary.value:
-                out.setdefault(v.tag, []).append((event.step, v.simple_value))
-    return out
+from lowtail.tfevents import read_scalars
 
 
 def test_window_percentiles_are_nearest_rank_with_their_count() -> None:
@@ -69,9 +52,9 @@ def test_tensorboard_event_files_carry_the_tags(tmp_path: Path) -> None:
         tb.write(step, scalars(window_stats({"deschedule_ms": [0.02 * (step + 1)]})))
     tb.close()
     assert tb.path == tmp_path / "model_dispatcher"
-    got = read_scalars(tb.path)
-    assert [step for step, _ in got[P999_DESCHEDULE_TAG]] == [0, 1, 2]
-    assert got[P999_DESCHEDULE_TAG][2][1] == pytest.approx(0.06)
+    got = read_scalars(tb.path)[P999_DESCHEDULE_TAG]
+    assert got.steps == [0, 1, 2]
+    assert got.values[2] == pytest.approx(0.06)
 
 
 def test_prometheus_serves_the_gauges_on_its_port() -> None:

@@ -24,6 +24,7 @@ from lowtail.lease import (
     LeaseError,
     LeaseExhausted,
     LeaseStateError,
+    OwnerConflict,
     owner_kind,
     pid_alive,
     process_start_time,
@@ -99,6 +100,19 @@ def test_same_owner_gets_the_same_cpu_again_with_its_new_identity(epyc: Plan) ->
     again = alloc.acquire("infer:1:0", pid=os.getpid())
     assert again.cpu == first.cpu and again.pid == os.getpid() and again.pid_start is not None
     assert len(alloc.leases()) == 2
+
+
+def test_a_live_owner_name_cannot_be_taken_by_another_process() -> None:
+    alloc = LeaseAllocator(tiny_plan())
+    child = sleeper()
+    try:
+        alloc.acquire("infer:1:0", pid=child.pid)
+        with pytest.raises(OwnerConflict, match=f"holds CPU 1 for live pid {child.pid}; pid {os.getpid()}"):
+            alloc.acquire("infer:1:0", pid=os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert alloc.acquire("infer:1:0", pid=os.getpid()).cpu == 1  # the restarted owner takes over
 
 
 def test_near_cpu_prefers_its_l3_group_then_its_numa_node_then_elsewhere() -> None:
@@ -181,6 +195,7 @@ def test_demo_pool_override_and_sharing_are_stated_in_the_audit_line() -> None:
     alloc = LeaseAllocator(plan, pool={0, 1}, share=2)
     cpus = [alloc.acquire(o).cpu for o in ("infer:0:0", "infer:0:1", "sample:0", "sample:1")]
     assert sorted(cpus) == [0, 0, 1, 1]  # spread over both before sharing
+    assert cpus[0] == 1  # the isolated CPU before the housekeeping one
     with pytest.raises(LeaseExhausted, match="x share 2"):
         alloc.acquire("other:x")
     assert "DEMO(pool=0-1 share=2)" in alloc.audit_line()

@@ -1,0 +1,255 @@
+"""Inference actors, the sampler client and sampler actors on the session's two-raylet Ray cluster.
+
+Real Ray actors, real pinned OpenVINO workers, real shared-memory queues. This machine isolates one
+CPU (plan: housekeeping 0, isolated 1), so the allocator runs with the demo override (pool 0-1, shared
+CPUs); the strict pool is tested in test_lease.py and test_ray_lease.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import pytest
+import ray
+
+from lowtail.lease import node_plan
+from lowtail.model import example_inputs, find_model_xml
+from lowtail.queue import QueueConfig, WorkerDied
+from lowtail.ray_inference import (
+    CrossNodeAttach,
+    EnvSpec,
+    InferenceClient,
+    InferenceSpec,
+    NoEndpoints,
+    SamplerSpec,
+    start_inference_actor,
+    start_sampler,
+    stop_actor,
+)
+from lowtail.ray_lease import AllocatorConfig, get_node_allocator, stop_node_allocator
+from lowtail.worker import WorkerConfig
+from tests.ray.conftest import RayNodes
+from tests.runtime.conftest import SMALL_SPEC, write_slow_model
+
+FEATURES = SMALL_SPEC.features
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lowtail.model import write_model
+
+    out = tmp_path_factory.mktemp("model")
+    write_model(out, SMALL_SPEC)
+    return out
+
+
+@pytest.fixture
+def alloc_cfg(tmp_path: Path, ray_nodes: RayNodes) -> Iterator[AllocatorConfig]:
+    plan = node_plan()
+    cfg = AllocatorConfig(
+        state_dir=str(tmp_path / "leases-{node}"),  # two raylets on one host: a table per node
+        plan=plan.to_dict(),
+        pool=None if len(plan.isolated) >= 4 else "0-1",  # the demo override on a small machine
+        share=1 if len(plan.isolated) >= 4 else 8,
+        reclaim_interval_s=0.2,
+    )
+    yield cfg
+    for node in (ray_nodes.head, ray_nodes.other):
+        stop_node_allocator(node)
+
+
+def direct(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    compiled = ov.Core().compile_model(str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return {k.get_any_name(): v for k, v in compiled(x).items()}
+
+
+def wait_until(predicate: Any, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def infer_spec(model: Path, alloc: AllocatorConfig, index: int, **kw: Any) -> InferenceSpec:
+    return InferenceSpec(hero="t", index=index, model_dir=str(model), allocator=alloc, **kw)
+
+
+def test_sampler_outputs_through_actors_and_workers_equal_direct_inference(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actors = [start_inference_actor(infer_spec(model, alloc_cfg, i), ray_nodes.head) for i in range(2)]
+    sampler = None
+    try:
+        endpoints = ray.get([a.endpoint.remote() for a in actors])
+        sampler = start_sampler(
+            SamplerSpec("eq", EnvSpec(features=FEATURES), allocator=alloc_cfg), endpoints, ray_nodes.head
+        )
+        batches = [example_inputs(FEATURES, b, seed=b) for b in (1, 3, 8, 16, 5, 2)]
+        for two_phase in (False, True):
+            got = ray.get(sampler.infer_many.remote(batches, two_phase))
+            for x, out in zip(batches, got, strict=True):
+                ref = direct(model, x)
+                assert set(out) == set(ref) == {"action", "move", "value"}
+                for name in ref:
+                    np.testing.assert_allclose(out[name], ref[name], rtol=1e-5, atol=1e-6)
+        # round robin: both actors' workers served half of the 12 requests
+        calls = [ray.get(a.report.remote())["report"]["calls"] for a in actors]
+        assert all(c >= 1 for c in calls) and sum(calls) <= 12
+        # the sampler pinned the thread that runs its methods to its leased CPU, near the first actor
+        lease = ray.get(sampler.lease.remote())
+        assert ray.get(sampler.affinity.remote()) == [lease.cpu]
+        assert lease.owner == "sample:eq" and lease.placement in ("same-l3", "same-node")
+    finally:
+        if sampler is not None:
+            stop_actor(sampler)
+        for a in actors:
+            stop_actor(a)
+
+
+def test_inference_actor_places_its_queue_and_releases_everything_on_shutdown(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actor = start_inference_actor(infer_spec(model, alloc_cfg, 0), ray_nodes.head)
+    ep = ray.get(actor.endpoint.remote())
+    status = ray.get(actor.status.remote())
+    alloc = get_node_allocator(ray_nodes.head, alloc_cfg)
+    lease = {x.owner: x for x in ray.get(alloc.leases.remote())}["infer:t:0"]
+    assert (ep.node_id, ep.cpu, ep.numa_node) == (ray_nodes.head, lease.cpu, lease.node)
+    assert ep.descriptor.config.numa_node == lease.node  # the queue is bound to the worker CPU's node
+    assert status["worker_alive"] and status["ready"]["affinity"] in ([lease.cpu], str(lease.cpu))
+    if len(os.sched_getaffinity(0)) > 1:
+        assert lease.cpu not in status["actor_affinity"]  # the actor's own threads stay off the worker's CPU
+    assert ep.descriptor.path.exists()
+    counts = ray.get(actor.queue_counts.remote())
+    assert counts["FREE"] == ep.descriptor.config.slots and counts["PROCESSING"] == 0
+    stop_actor(actor)
+    assert not ep.descriptor.path.exists()
+    assert ray.get(alloc.leases.remote()) == []
+    assert wait_until(lambda: not os.path.exists(f"/proc/{ep.worker_pid}"), 10)
+
+
+def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_are_served(
+    ray_nodes: RayNodes, tmp_path: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    slow = write_slow_model(tmp_path / "slow").parent
+    x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
+    spec = infer_spec(
+        slow,
+        alloc_cfg,
+        0,
+        queue=QueueConfig(
+            lanes=4,
+            slots_per_lane=4,
+            request_bytes=266240,
+            response_bytes=266240,
+            max_batch_samples=64,
+            min_batch_samples=1,
+        ),
+        worker=WorkerConfig(name="victim", max_batch=64),
+    )
+    actor = start_inference_actor(spec, ray_nodes.head)
+    try:
+        ep = ray.get(actor.endpoint.remote())
+        with InferenceClient([ep], node_id=ray_nodes.head, timeout_s=30) as client:
+            assert client.infer(x)["value"].shape == (64, 1024)
+            pending = client.start(x)
+            killed = ray.get(actor.kill_worker.remote(while_processing=True))
+            with pytest.raises(WorkerDied):
+                client.finish(pending)
+            assert wait_until(
+                lambda: (s := ray.get(actor.status.remote()))["restarts"] == 1 and s["worker_alive"]
+            )
+            status = ray.get(actor.status.remote())
+            assert status["worker_pid"] != killed and status["failed"] is None
+            assert client.infer(x)["value"].shape == (64, 1024)  # the same attachment, a new worker
+    finally:
+        stop_actor(actor)
+
+
+def test_a_killed_sampler_lease_is_reclaimed(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actor = start_inference_actor(infer_spec(model, alloc_cfg, 0), ray_nodes.head)
+    try:
+        ep = ray.get(actor.endpoint.remote())
+        sampler = start_sampler(SamplerSpec("doomed", allocator=alloc_cfg), [ep], ray_nodes.head)
+        alloc = get_node_allocator(ray_nodes.head, alloc_cfg)
+        owners = lambda: sorted(x.owner for x in ray.get(alloc.leases.remote()))  # noqa: E731
+        assert owners() == ["infer:t:0", "sample:doomed"]
+        ray.kill(sampler)  # no shutdown(): the process just dies
+        assert wait_until(lambda: owners() == ["infer:t:0"], 20)
+    finally:
+        stop_actor(actor)
+
+
+def test_samplers_run_sync_and_two_phase_round_robin(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actors = [start_inference_actor(infer_spec(model, alloc_cfg, i), ray_nodes.head) for i in range(2)]
+    try:
+        endpoints = ray.get([a.endpoint.remote() for a in actors])
+        sampler = start_sampler(
+            SamplerSpec("loop", EnvSpec(features=FEATURES, heroes=4, step_us=50), allocator=alloc_cfg),
+            endpoints,
+            ray_nodes.head,
+        )
+        try:
+            for mode in ("sync", "async"):
+                r = ray.get(sampler.run.remote(0.5, mode, 2))
+                assert r.steps > 0 and r.samples == 4 * r.steps and r.errors == {}
+                assert len(r.rpc_ms) == r.steps
+        finally:
+            stop_actor(sampler)
+        calls = [ray.get(a.report.remote())["report"]["calls"] for a in actors]
+        assert min(calls) > 0  # both actors served the same sampler
+    finally:
+        for a in actors:
+            stop_actor(a)
+
+
+def test_attaching_across_nodes_is_a_clear_error_not_a_hang(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actor = start_inference_actor(infer_spec(model, alloc_cfg, 0), ray_nodes.head)
+    try:
+        ep = ray.get(actor.endpoint.remote())
+        with pytest.raises(CrossNodeAttach, match=f"not on this node \\({ray_nodes.other}\\)"):
+            InferenceClient([ep], node_id=ray_nodes.other)
+        with pytest.raises(NoEndpoints):
+            InferenceClient([], node_id=ray_nodes.head)
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.RayActorError, match="CrossNodeAttach"):
+            start_sampler(SamplerSpec("far", allocator=alloc_cfg), [ep], ray_nodes.other)
+        assert time.monotonic() - t0 < 30
+        # the far sampler released the lease it took on its own node before failing
+        far_alloc = get_node_allocator(ray_nodes.other, alloc_cfg)
+        assert ray.get(far_alloc.leases.remote()) == []
+    finally:
+        stop_actor(actor)
+
+
+def test_each_node_has_its_own_allocator_and_inference_actors(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    a = start_inference_actor(infer_spec(model, alloc_cfg, 0), ray_nodes.head)
+    b = start_inference_actor(infer_spec(model, alloc_cfg, 1), ray_nodes.other)
+    try:
+        ea, eb = ray.get([a.endpoint.remote(), b.endpoint.remote()])
+        assert (ea.node_id, eb.node_id) == (ray_nodes.head, ray_nodes.other)
+        for node, owner in ((ray_nodes.head, "infer:t:0"), (ray_nodes.other, "infer:t:1")):
+            alloc = get_node_allocator(node, alloc_cfg)
+            assert [x.owner for x in ray.get(alloc.leases.remote())] == [owner]
+        # a client in the driver (head node) reaches the head's actor only
+        with InferenceClient([ea], node_id=ray_nodes.head) as c:
+            assert c.infer(example_inputs(FEATURES, 2))["value"].shape == (2, 1)
+    finally:
+        stop_actor(a)
+        stop_actor(b)
