@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo test lint typecheck pytest clean sandbox-image
+.PHONY: venv demo demo-clean demo-local test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
 
 venv: $(STAMP)
 
@@ -18,7 +18,24 @@ $(STAMP): $(REQS)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e python
 	@touch $@
 
+# The main job for real on a sandbox node (scripts/demo.sh): the sandbox image and the wheelhouse (both
+# reused once built), a systemd container as the node, site.yml against it, the runtime installed from the
+# wheelhouse, a short serving demo and the node's validation inside it, a summary; nothing left running.
 demo: $(STAMP)
+	scripts/demo.sh
+
+# Remove the demo node if one is left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
+# the sandbox image, the wheelhouse and the demo's outputs.
+demo-clean:
+	scripts/sandbox-node.sh rm lowtail-demo-node
+	@if [ "$(ALL)" = 1 ]; then \
+	  podman image rm -f "$$(scripts/sandbox-image.sh --name)" 2>/dev/null || true; \
+	  rm -rf build/wheelhouse build/demo build/manifests; \
+	  echo "removed the sandbox image, build/wheelhouse, build/demo and build/manifests"; \
+	fi
+
+# The serving demo alone, on this machine's own Ray (no sandbox node): topology, plan, lowtail demo ray.
+demo-local: $(STAMP)
 	$(BIN)/lowtail topology
 	@echo
 	$(BIN)/lowtail plan
@@ -36,11 +53,20 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck pytest molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:
 	scripts/sandbox-image.sh
+
+# lowtail and every pinned dependency as wheels, for `pip install --no-index` on the nodes; content-hashed,
+# so the dependency wheels are rebuilt only when python/requirements.txt changes (scripts/wheelhouse.sh).
+wheelhouse: $(STAMP)
+	scripts/wheelhouse.sh
+
+# The runtime install and the manifests on a systemd container: converge, idempotence, check, verify.
+molecule-runtime: wheelhouse
+	PATH=$(abspath $(BIN)):$$PATH molecule test -s runtime
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

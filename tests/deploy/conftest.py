@@ -33,8 +33,14 @@ class Rendered:
         return found
 
 
-def render_manifests(tmp: Path, inventory_vars: dict[str, Any], check: bool = False) -> Rendered:
-    """Run playbooks/k8s.yml with these inventory variables (group_vars of all, not extra vars)."""
+def render_manifests(
+    tmp: Path,
+    inventory_vars: dict[str, Any],
+    check: bool = False,
+    children: dict[str, Any] | None = None,
+) -> Rendered:
+    """Run playbooks/k8s.yml with these inventory variables (group_vars of all, not extra vars) and
+    inventory groups."""
     out_dir = Path(inventory_vars.get("lowtail_k8s_output_dir", tmp / "manifests"))
     inventory = {
         "all": {
@@ -42,6 +48,8 @@ def render_manifests(tmp: Path, inventory_vars: dict[str, Any], check: bool = Fa
                 "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
             },
             "vars": {"lowtail_k8s_output_dir": str(out_dir), **inventory_vars},
+            # The play runs once for the tuned nodes' group; here that is the controller itself.
+            "children": children or {"lowtail_nodes": {"hosts": {"localhost": None}}},
         }
     }
     inv = tmp / "inventory.yml"

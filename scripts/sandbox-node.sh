@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Start or remove a sandbox node: a systemd container from the sandbox image (scripts/sandbox-image.sh)
+# that Ansible provisions through the containers.podman.podman connection, as it would a host.
+#
+#   scripts/sandbox-node.sh start NAME [--shm-size=SIZE]   boot it (reused if it runs already) and wait for systemd
+#   scripts/sandbox-node.sh rm NAME                         stop and remove it (nothing left running)
+#
+# Never privileged: /proc/sys stays read-only (a sysctl written inside would change the host), so the
+# roles' live-apply steps are switched off by inventory variables instead. runc and low ulimits because
+# crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it (FIELD-NOTES).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "sandbox-node: $*" >&2; }
+
+cmd=${1:-}
+name=${2:-}
+[[ -n $cmd && -n $name ]] || {
+  echo "usage: $0 start|rm NAME [--shm-size=SIZE]" >&2
+  exit 2
+}
+
+case $cmd in
+start)
+  shm=${3:---shm-size=1g}
+  if [[ $(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null) == true ]]; then
+    log "reusing running container $name"
+  else
+    podman rm -f "$name" >/dev/null 2>&1 || true
+    image=$(scripts/sandbox-image.sh)
+    log "starting $name from $image"
+    podman run -d --name "$name" --hostname "$name" --runtime=runc --systemd=always \
+      --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096 "$shm" \
+      --label lowtail.sandbox=1 "$image" /sbin/init >/dev/null
+  fi
+  # systemd reports "degraded" when a unit a container cannot run failed; that is fine for a sandbox.
+  for _ in $(seq 1 60); do
+    state=$(podman exec "$name" systemctl is-system-running 2>/dev/null || true)
+    case $state in
+    running | degraded)
+      log "$name is up (systemd $state)"
+      exit 0
+      ;;
+    esac
+    sleep 1
+  done
+  log "$name: systemd did not finish booting in 60 s (state: ${state:-unknown})"
+  podman logs --tail 20 "$name" >&2 || true
+  exit 1
+  ;;
+rm)
+  if podman container exists "$name"; then
+    podman rm -f -t 10 "$name" >/dev/null
+    log "removed $name"
+  fi
+  ;;
+*)
+  echo "usage: $0 start|rm NAME [--shm-size=SIZE]" >&2
+  exit 2
+  ;;
+esac
