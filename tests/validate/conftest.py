@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,41 @@ from tests.fixtures.machines import MACHINES, write_machine
 PROBE_CPU = max(os.sched_getaffinity(0))
 
 
+# Base fixture trees, written once per session: a 168-CPU tree is thousands of files, and every
+# variant below differs from its base in a handful of them.
+_BASES: dict[str, Path] = {}
+
+
+def base_machine(name: str) -> Path:
+    if name not in _BASES:
+        root = Path(tempfile.mkdtemp(prefix=f"lowtail-fixture-{name}-"))
+        atexit.register(shutil.rmtree, root, True)
+        write_machine(root, MACHINES[name])
+        _BASES[name] = root
+    return _BASES[name]
+
+
+def _overlay(base: Path, out: Path, files: dict[str, str]) -> None:
+    """Make ``out`` read like ``base`` with ``files`` (paths relative to the root) replaced or added:
+    directories on the way to a changed file are real, everything else is a symlink into ``base``."""
+    on_path = {Path(rel).parents[i].as_posix() for rel in files for i in range(len(Path(rel).parents) - 1)}
+
+    def build(rel: str) -> None:
+        (out / rel).mkdir(parents=True, exist_ok=True)
+        src = base / rel
+        for child in src.iterdir() if src.is_dir() else ():
+            child_rel = f"{rel}/{child.name}" if rel else child.name
+            if child_rel in on_path:
+                build(child_rel)
+            elif child_rel not in files:
+                (out / child_rel).symlink_to(child)
+
+    build("")
+    for rel, text in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+
+
 def validate_fixture(
     root: Path,
     name: str,
@@ -32,20 +69,18 @@ def validate_fixture(
     kernel_config: str | None = None,
     **opts: Any,
 ) -> Report:
-    """Write MACHINES[name] with extra/changed files under root and validate it (static checks)."""
-    spec = MACHINES[name]
-    spec = replace(
-        spec,
-        proc_files={**spec.proc_files, **(proc_files or {})},
-        sys_files={**spec.sys_files, **(sys_files or {})},
-        kernel_config=spec.kernel_config if kernel_config is None else kernel_config,
-    )
-    sys_root, proc_root = write_machine(root / name, spec)
-    config = root / name / "boot/config"
+    """Validate MACHINES[name] with some procfs/sysfs files (and the kernel config) changed."""
+    files = {f"proc/{k}": v for k, v in (proc_files or {}).items()}
+    files |= {f"sys/{k}": v for k, v in (sys_files or {}).items()}
+    if kernel_config is not None:
+        files["boot/config"] = kernel_config
+    machine = root / name
+    _overlay(base_machine(name), machine, files)
+    config = machine / "boot/config"
     src = Sources(
-        sys_root=sys_root,
-        proc_root=proc_root,
-        kernel_config=config if config.exists() else None,
+        sys_root=machine / "sys",
+        proc_root=machine / "proc",
+        kernel_config=config if config.exists() and config.read_text() else None,
         kubelet_config=opts.pop("kubelet_config", root / "no-kubelet/config.yaml"),
         kubelet_state=opts.pop("kubelet_state", root / "no-kubelet/cpu_manager_state"),
     )

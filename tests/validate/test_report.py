@@ -148,27 +148,34 @@ def test_compare_rejects_a_file_that_is_not_a_report(
     assert "not a lowtail validate report" in capsys.readouterr().err
 
 
-def test_probes_leave_no_segment_process_or_temporary_file_behind(tmp_path: Path) -> None:
-    import glob
+def test_probes_leave_no_segment_process_or_temporary_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
     import tempfile
 
-    def leftovers() -> set[str]:
-        return set(os.listdir("/dev/shm")) | set(
-            glob.glob(os.path.join(tempfile.gettempdir(), "lowtail-rt-*"))
-        )
+    # Other test suites share this machine's /dev/shm and /tmp: look only at what this process makes
+    # (segment names carry the creator's pid) and give it a temporary directory of its own.
+    mine = f".{os.getpid()}."
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def segments() -> set[str]:
+        return {name for name in os.listdir("/dev/shm") if mine in name}
 
     def children() -> set[int]:
         me = str(os.getpid())
-        return {
-            int(p)
-            for p in os.listdir("/proc")
-            if p.isdigit()
-            and Path(f"/proc/{p}/stat").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1] == me
-        }
+        out = set()
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                    out.add(int(p))
+            except OSError:
+                continue  # a process that just exited
+        return out
 
-    before, kids = leftovers(), children()
+    before, kids = segments(), children()
     rc = main(
         [
             "validate",
@@ -186,5 +193,8 @@ def test_probes_leave_no_segment_process_or_temporary_file_behind(tmp_path: Path
         ]
     )
     assert rc in (0, 1)
-    assert leftovers() - before == set()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert {c["name"] for c in doc["checks"] if c["status"] != "skip"} >= {"deschedule", "timer"}
+    assert segments() - before == set()
     assert children() - kids == set()
+    assert list(scratch.iterdir()) == []

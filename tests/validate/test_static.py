@@ -10,8 +10,8 @@ from lowtail.topology import read_topology
 from lowtail.validation.check import Status
 from lowtail.validation.runner import Options, run
 from lowtail.validation.static import STATIC_CHECKS, Sources, parse_cmdline
-from tests.fixtures.machines import MACHINES, write_machine
-from tests.validate.conftest import by_name, validate_fixture
+from tests.fixtures.machines import MACHINES
+from tests.validate.conftest import base_machine, by_name, validate_fixture
 
 TUNED = "epyc9634_2s_tuned"
 TUNED_CMDLINE = MACHINES[TUNED].proc_files["cmdline"]
@@ -100,7 +100,7 @@ def test_arguments_after_a_double_dash_belong_to_init() -> None:
 
 
 def test_a_plan_file_is_what_the_node_is_checked_against(tmp_path: Path) -> None:
-    sys_root, proc_root = write_machine(tmp_path / "m", MACHINES[TUNED])
+    sys_root, proc_root = base_machine(TUNED) / "sys", base_machine(TUNED) / "proc"
     plan = make_plan(read_topology(sys_root, proc_root), "2")  # 2 cores per socket: not what was applied
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan.to_dict()))
@@ -221,3 +221,17 @@ def test_kubelet_configuration_is_checked_against_the_plan(tmp_path: Path) -> No
     assert check.status is Status.FAIL
     assert "reservedSystemCPUs is '0-1', expected '0-6,84-90'" in check.reason
     assert "crash-loops" in check.reason  # state file says static, config says none
+
+
+def test_a_plan_of_another_machine_is_refused(tmp_path: Path) -> None:
+    import pytest
+
+    from lowtail.validation.runner import ValidationError
+
+    sys_root, proc_root = base_machine(TUNED) / "sys", base_machine(TUNED) / "proc"
+    plan = make_plan(read_topology(sys_root, proc_root)).to_dict()
+    plan["isolated"] += ",168-335"  # the CPUs of a bigger machine
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    with pytest.raises(ValidationError, match="CPUs 168-335 that are not online here"):
+        run(Options(src=Sources(sys_root=sys_root, proc_root=proc_root), plan_path=plan_path, progress=False))

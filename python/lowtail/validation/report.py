@@ -39,8 +39,13 @@ def _fmt_value(c: dict[str, Any]) -> str:
 def _why(c: dict[str, Any]) -> str:
     if c.get("reason"):
         return str(c["reason"])
-    ev = c.get("evidence") or []
-    return str(ev[0]) if ev else ""
+    ev = [str(e) for e in c.get("evidence") or []]
+    worst_cpu = (c.get("data") or {}).get("worst_cpu")
+    if worst_cpu is not None:  # a probe that passed: its worst CPU's percentiles, with n and max
+        line = next((e for e in ev if e.startswith(f"cpu{worst_cpu}:")), None)
+        if line:
+            return line
+    return ev[0] if ev else ""
 
 
 def render_table(report: dict[str, Any], width: int = 90) -> str:
@@ -120,7 +125,7 @@ def render_html(report: Report) -> str:
             f"<tr><td>{esc(c['name'])}</td>"
             f"<td style='color:{color};font-weight:bold'>{c['status'].upper()}</td>"
             f"<td>{esc(_fmt_value(c))}</td><td>{esc(c.get('threshold', ''))}</td>"
-            f"<td>{esc(c.get('reason', ''))}<details><summary>evidence</summary><ul>{evidence}</ul>"
+            f"<td>{esc(_why(c))}<details><summary>evidence</summary><ul>{evidence}</ul>"
             "</details></td></tr>"
         )
     head = s.get("headline")

@@ -95,6 +95,12 @@ def select_cpus(topo: Topology, plan: Plan, requested: frozenset[int] | None) ->
             )
         return requested, "--cpus"
     if topo.isolated:
+        absent = plan.isolated - topo.online
+        if absent:
+            raise ValidationError(
+                f"the plan isolates CPUs {cpulist.format(absent)} that are not online here "
+                f"(online: {cpulist.format(topo.online)}): a plan of another machine?"
+            )
         return plan.isolated, "the plan's isolated CPUs (the running kernel isolates CPUs)"
     rest = topo.online - {0}
     if not rest:
