@@ -55,7 +55,6 @@ def ansible_env() -> dict[str, str]:
     env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
     env["ANSIBLE_NOCOLOR"] = "1"
     env["ANSIBLE_FORCE_COLOR"] = "0"
-    env["ANSIBLE_LOCAL_TEMP"] = env.get("ANSIBLE_LOCAL_TEMP", "/tmp/lowtail-ansible-local")
     return env
 
 
