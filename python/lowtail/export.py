@@ -39,13 +39,13 @@ STATS: tuple[str, ...] = ("mean", "p50", "p99", "p999", "max")
 # The series lowtail records (any other name is exported the same way): where each number comes from.
 SERIES: dict[str, str] = {
     "infer_exec_ms": "model execution wall time per batch, in the worker",
+    "infer_total_ms": "the worker's whole call: claim returned to results written back",
     "engine_cpu_ms": "process CPU time of the worker during the batch",
     "engine_thread_cpu_ms": "CPU time of the inference thread during the batch",
     "deschedule_ms": "wall - CPU of the inference call (the document's formula)",
     "run_delay_ms": "growth of schedstat run_delay during the call (time runnable but not running)",
     "queue_wait_ms": "time from the client's publish to the worker's claim",
     "rpc_elapsed_ms": "client-side round trip of one request, submit to result",
-    "client_overhead_ms": "round trip minus queue wait and model execution",
     "batch_size": "samples per batch the worker ran",
 }
 

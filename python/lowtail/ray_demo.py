@@ -70,14 +70,15 @@ def lease_policy(plan: Plan, owners: int, usable: frozenset[int], strict: bool) 
         )
     pool = (plan.isolated | plan.housekeeping) & usable
     share = math.ceil(owners / len(pool))
+    sharing = "one owner each" if share == 1 else f"up to {share} owners per CPU"
     return LeasePolicy(
         frozenset(pool),
         share,
         f"DEMO OVERRIDE: this node isolates {cpulist.format(isolated) or 'no'} CPU(s) "
         f"({len(isolated)}) but the demo has {owners} owners, so it leases from CPUs "
-        f"{cpulist.format(pool)} (housekeeping included) with up to {share} owners per CPU. "
-        "Real nodes lease isolated CPUs only, one owner each; latency "
-        "figures from shared CPUs say nothing about a tuned node.",
+        f"{cpulist.format(pool)} (housekeeping included), {sharing}. Real nodes lease isolated CPUs "
+        "only, one owner each; latency figures from housekeeping or shared CPUs say nothing about a "
+        "tuned node.",
     )
 
 

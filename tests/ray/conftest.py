@@ -1,4 +1,4 @@
-"""One Ray instance for the whole test session: a two-node cluster on this machine.
+"""One Ray instance for the test session's Ray tests: a two-node cluster on this machine.
 
 ``ray.cluster_utils.Cluster`` starts two raylets with distinct node ids (~5 s), so per-node placement
 and the one-allocator-per-node rule are tested without real hosts. The driver runs on the head node.
@@ -26,7 +26,9 @@ class RayNodes:
     other: str  # the second raylet's node id
 
 
-@pytest.fixture(scope="session")
+# Package scope: started by the first test here, stopped after the last one, so the raylets do not idle
+# through the rest of the session.
+@pytest.fixture(scope="package")
 def ray_nodes() -> Iterator[RayNodes]:
     import ray
     from ray.cluster_utils import Cluster

@@ -24,6 +24,7 @@ from lowtail.queue import QueueConfig, WorkerDied
 from lowtail.ray_inference import (
     CrossNodeAttach,
     EnvSpec,
+    InferenceActorFailed,
     InferenceClient,
     InferenceSpec,
     NoEndpoints,
@@ -172,6 +173,25 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
             assert client.infer(x)["value"].shape == (64, 1024)  # the same attachment, a new worker
     finally:
         stop_actor(actor)
+
+
+def test_a_worker_that_keeps_dying_is_given_up_with_a_clear_error(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    actor = start_inference_actor(infer_spec(model, alloc_cfg, 0, max_restarts_per_minute=1), ray_nodes.head)
+    try:
+        ray.get(actor.kill_worker.remote())
+        assert wait_until(
+            lambda: (s := ray.get(actor.status.remote()))["restarts"] == 1 and s["worker_alive"]
+        )
+        ray.get(actor.kill_worker.remote())
+        assert wait_until(lambda: ray.get(actor.status.remote())["failed"] is not None)
+        with pytest.raises(InferenceActorFailed, match=r"worker died 2 times in a minute .*not restarting"):
+            ray.get(actor.endpoint.remote())
+    finally:
+        stop_actor(actor)
+    alloc = get_node_allocator(ray_nodes.head, alloc_cfg)
+    assert ray.get(alloc.leases.remote()) == []  # shutdown still released the lease
 
 
 def test_a_killed_sampler_lease_is_reclaimed(

@@ -33,6 +33,8 @@ def test_lease_policy_uses_isolated_cpus_when_there_are_enough() -> None:
     small = lease_policy(tiny_plan("1", "0", ("0-1",)), 4, frozenset({0, 1}), strict=False)
     assert (small.pool, small.share) == (frozenset({0, 1}), 2)
     assert small.note.startswith("DEMO OVERRIDE: this node isolates 1 CPU(s) (1) but the demo has 4 owners")
+    two = lease_policy(tiny_plan("1", "0", ("0-1",)), 2, frozenset({0, 1}), strict=False)
+    assert two.share == 1 and "CPUs 0-1 (housekeeping included), one owner each." in two.note
     with pytest.raises(DemoError, match="4 owners need 4 isolated CPUs; this node's plan isolates 1 \\(1\\)"):
         lease_policy(tiny_plan("1", "0", ("0-1",)), 4, frozenset({0, 1}), strict=True)
 
