@@ -95,6 +95,7 @@ class SchedFifo:
     def __init__(self, priority: int = 1) -> None:
         self.priority = priority
         self.available = False
+        self.active = False  # SCHED_FIFO now (enter/leave are idempotent: no syscall when unchanged)
         self.reason = "not detected yet"
         self._fifo = os.sched_param(priority)
         self._other = os.sched_param(0)
@@ -113,21 +114,24 @@ class SchedFifo:
         return True
 
     def enter(self) -> None:
-        if self.available:
+        if self.available and not self.active:
             try:
                 os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
+                self.active = True
             except OSError as e:
                 self._give_up(e)
 
     def leave(self) -> None:
-        if self.available:
+        if self.active:
             try:
                 os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
+                self.active = False
             except OSError as e:
                 self._give_up(e)
 
     def _give_up(self, e: OSError) -> None:
         self.available = False
+        self.active = os.sched_getscheduler(0) == os.SCHED_FIFO
         self.reason = f"sched_setscheduler failed at run time: {e.strerror}"
         log.warning("SCHED_FIFO disabled: %s", self.reason)
 

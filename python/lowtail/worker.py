@@ -58,6 +58,7 @@ class WorkerConfig:
     nice: int = -20
     sched_fifo: bool = True  # try SCHED_FIFO around inference (falls back to nice if not permitted)
     fifo_priority: int = 1
+    fifo_scope: str = "call"  # "call": FIFO around each batch; "busy": until the queue idles a claim timeout
     slow_engine_cpu_ms: float = metrics.SLOW_ENGINE_CPU_MS
     slow_total_ms: float = metrics.SLOW_TOTAL_MS
     claim_timeout_s: float = 0.05  # bounded wait per claim: the loop checks stop/parent at least this often

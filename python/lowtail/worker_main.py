@@ -202,11 +202,16 @@ def serve(
         time.thread_time_ns,
         time.monotonic_ns,
     )
+    # "call": SCHED_FIFO around each batch (the seed's toggle). "busy": from the first batch until the
+    # queue has been empty for a whole claim timeout, so back-to-back batches are never preempted
+    # between them; the queue's idle spin is bounded (then it parks), and RT throttling still applies.
+    per_call = config.get("fifo_scope", "call") == "call"
     next_check = 0
     count = 0
     while not _stop["signalled"] and not h[ws.STOP]:
         batch = qworker.claim(timeout=claim_timeout)
         if batch is None:
+            fifo.leave()
             now = mono()
             if now >= next_check:  # idle housekeeping, at most twice a second
                 next_check = now + 500_000_000
@@ -240,7 +245,8 @@ def serve(
             continue
         e1, ec1, et1 = perf(), ptime(), ttime()
         batch.complete(outputs)
-        fifo.leave()
+        if per_call:
+            fifo.leave()
         t1, c1, th1 = perf(), ptime(), ttime()
         rd1, iv1 = counters.run_delay_ns(), counters.nivcsw()
 

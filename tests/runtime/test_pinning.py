@@ -134,3 +134,21 @@ def test_sched_fifo_where_permitted_is_only_held_around_the_work() -> None:
     assert during == os.SCHED_FIFO
     assert after == os.SCHED_OTHER
     assert nice == 5
+
+
+def test_sched_fifo_enter_and_leave_are_idempotent() -> None:
+    fifo = SchedFifo(1)
+
+    def run() -> list[tuple[bool, int]]:
+        seen = []
+        if not fifo.detect():
+            return []
+        for step in (fifo.enter, fifo.enter, fifo.leave, fifo.leave):
+            step()
+            seen.append((fifo.active, os.sched_getscheduler(0)))
+        return seen
+
+    seen = in_thread(run)
+    if seen:
+        fifo_p, other = os.SCHED_FIFO, os.SCHED_OTHER
+        assert seen == [(True, fifo_p), (True, fifo_p), (False, other), (False, other)]

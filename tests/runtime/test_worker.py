@@ -237,3 +237,27 @@ def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Pa
     assert m.report.calls == 200 and m.report.percentiles["deschedule_ms"].n == 200
     assert m.ready["affinity"] == [CPU] and m.isolation.all_on_cpu
     assert not Path(f"/proc/{m.ready['pid']}").exists() or _state(m.ready["pid"]) == "Z"
+
+
+@pytest.mark.parametrize("scope", ["call", "busy"])
+def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
+    small_model: Path, scope: str
+) -> None:
+    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=1.0)
+    with small_queue() as queue, QueueClient.attach(queue.descriptor) as c:
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model, cfg)
+        try:
+            info = w.wait_ready(120)
+            assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER  # idle: never FIFO
+            c.infer(example_inputs(64, 4), timeout=30)
+            if not info["sched_fifo"]:  # not permitted here: the worker serves on nice alone
+                assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
+                return
+            deadline = time.monotonic() + 0.5
+            policy = os.sched_getscheduler(w.pid)
+            while scope == "call" and policy != os.SCHED_OTHER and time.monotonic() < deadline:
+                policy = os.sched_getscheduler(w.pid)  # it leaves FIFO right after answering
+            # "busy" keeps FIFO until a whole claim timeout (1 s here) passes without a request.
+            assert policy == (os.SCHED_OTHER if scope == "call" else os.SCHED_FIFO)
+        finally:
+            assert w.stop() == 0

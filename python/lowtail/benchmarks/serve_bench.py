@@ -45,6 +45,7 @@ class Setup:
     features: int
     duration: float
     sampler_cpus: frozenset[int]
+    fifo_scope: str = "call"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
 
     def observations(self, seed: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -62,6 +63,9 @@ class DesignResult:
     latency_ms: metrics.Percentiles  # per call (bare) or per request, sampler side (served)
     deschedule_ms: metrics.Percentiles  # per engine call
     ratio_to_bare: float = float("nan")
+    engine_ms_mean: float = float("nan")  # infer() per call
+    overhead_us_mean: float = 0.0  # per engine call in the worker beyond infer(): claim not included
+    worker_busy: float = 1.0  # share of the window the engine core spent handling calls
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +86,13 @@ def register(bench_sub: Any) -> None:
     p.add_argument("--samplers", default="1,2,4", help="sampler process counts to run")
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
+    p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
+    p.add_argument(
+        "--fifo-scope",
+        choices=("call", "busy"),
+        default="call",
+        help="SCHED_FIFO around each batch (the seed's toggle, default) or for whole busy periods",
+    )
     p.set_defaults(func=run)
 
 
@@ -100,6 +111,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     engine = Engine(setup.model, max_batch=setup.batch)
     x = setup.observations(0)
     duration = setup.duration
+    per_call = setup.fifo_scope == "call"
     for _ in range(20):
         engine.infer(x)
     perf, ptime = time.perf_counter_ns, time.process_time_ns
@@ -112,7 +124,8 @@ def _bare_child(setup: Setup, conn: Any) -> None:
         c0 = ptime()
         fifo.enter()
         engine.infer(x)
-        fifo.leave()
+        if per_call:
+            fifo.leave()
         t1, c1 = perf(), ptime()
         wall.append(t1 - t)
         cpu_ns.append(c1 - c0)
@@ -133,6 +146,7 @@ def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any)
         end = perf() + int(warmup * 1e9)
         while perf() < end:
             client.infer(x, timeout=10.0)
+        start_mono = time.monotonic()
         start = perf()
         end = start + int(duration * 1e9)
         t = start
@@ -141,7 +155,10 @@ def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any)
             t1 = perf()
             lat.append(t1 - t)
             t = t1
-    conn.send({"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat})
+        end_mono = time.monotonic()
+    conn.send(
+        {"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat, "window": (start_mono, end_mono)}
+    )
     conn.close()
 
 
@@ -181,79 +198,162 @@ def run_bare(setup: Setup) -> DesignResult:
         latency_ms=metrics.percentiles(wall),
         deschedule_ms=metrics.percentiles(desched),
         ratio_to_bare=1.0,
+        engine_ms_mean=float(wall.mean()),
         note=f"infer() back to back on CPU {setup.cpu}",
     )
 
 
-def run_served(setup: Setup, samplers: int) -> DesignResult:
-    from lowtail.queue import InferenceQueue, QueueConfig
-    from lowtail.worker import WorkerConfig, WorkerProcess
+def _queue_config(setup: Setup, samplers: int) -> Any:
+    from lowtail.queue import QueueConfig
 
-    ctx = multiprocessing.get_context("spawn")
-    batch, cpu, duration = setup.batch, setup.cpu, setup.duration
-    payload = batch * setup.features * 4 + 4096
-    cfg = QueueConfig(
+    payload = setup.batch * setup.features * 4 + 4096
+    payload += -payload % 64
+    return QueueConfig(
         lanes=max(4, samplers),
         slots_per_lane=4,
         request_bytes=payload,
         response_bytes=payload,
-        max_batch_samples=batch,
+        max_batch_samples=setup.batch,
         min_batch_samples=1,
         max_batch_slots=max(1, samplers),
     )
-    warmup = min(1.0, duration / 4)
-    with InferenceQueue.create(cfg) as queue:
-        config = WorkerConfig(name="bench", max_batch=batch)
-        worker = WorkerProcess.start(queue.descriptor, cpu, setup.model, config)
-        try:
-            worker.wait_ready(120)
-            procs, conns = [], []
-            for i in range(samplers):
-                parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(
-                    target=_sampler_child,
-                    args=(setup, queue.descriptor, warmup, i, child),
-                    daemon=True,
-                )
-                saved = os.sched_getaffinity(0)
-                os.sched_setaffinity(0, setup.sampler_cpus)
-                try:
-                    p.start()
-                finally:
-                    os.sched_setaffinity(0, saved)
-                child.close()
-                procs.append(p)
-                conns.append(parent)
-            cursor = 0
-            time.sleep(warmup)
-            cursor = worker.calls(0).cursor
-            results = []
-            for c in conns:
-                if not c.poll(duration + warmup + 120):
-                    raise RuntimeError("a sampler did not report")
-                results.append(c.recv())
-            calls = worker.calls(cursor).rows
-            for p in procs:
-                p.join(10)
-        finally:
-            worker.stop()
+
+
+def _drive(setup: Setup, descriptor: Any, samplers: int) -> list[dict[str, Any]]:
+    """Run ``samplers`` closed-loop sampler processes against a queue; their reports."""
+    ctx = multiprocessing.get_context("spawn")
+    warmup = min(1.0, setup.duration / 4)
+    procs, conns = [], []
+    try:
+        for i in range(samplers):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_sampler_child, args=(setup, descriptor, warmup, i, child), daemon=True)
+            saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, setup.sampler_cpus)
+            try:
+                p.start()
+            finally:
+                os.sched_setaffinity(0, saved)
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        results = []
+        for c in conns:
+            if not c.poll(setup.duration + warmup + 120):
+                raise RuntimeError("a sampler did not report")
+            results.append(c.recv())
+        return results
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _served_result(
+    design: str, *, setup: Setup, samplers: int, results: list[dict[str, Any]], calls: np.ndarray, note: str
+) -> DesignResult:
     lat = np.concatenate([_ms(r["lat_ns"]) for r in results])
     elapsed = max(r["elapsed_ns"] for r in results) / 1e9
-    samples = sum(r["requests"] for r in results) * batch
-    desched = calls[:, metrics.COL["deschedule_ms"]] if len(calls) else np.zeros(0)
-    mean_batch = float(calls[:, metrics.COL["batch"]].mean()) if len(calls) else float("nan")
+    samples = sum(r["requests"] for r in results) * setup.batch
+    # The worker's calls inside the samplers' measured windows (their warm-up excluded).
+    lo, hi = min(r["window"][0] for r in results), max(r["window"][1] for r in results)
+    col = metrics.COL
+    t_end = calls[:, col["t_end_s"]]
+    calls = calls[(t_end >= lo) & (t_end <= hi)]
+    mean_batch = float(calls[:, col["batch"]].mean()) if len(calls) else float("nan")
+    wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]
     return DesignResult(
-        design="served",
+        design=design,
         samplers=samplers,
-        batch=batch,
+        batch=setup.batch,
         duration_s=elapsed,
         samples=samples,
         samples_per_s=samples / elapsed,
         latency_ms=metrics.percentiles(lat),
-        deschedule_ms=metrics.percentiles(desched),
-        note=f"queue + pinned worker on CPU {cpu}, samplers on CPUs {sorted(setup.sampler_cpus)}, "
-        f"mean engine batch {mean_batch:.1f}",
+        deschedule_ms=metrics.percentiles(calls[:, col["deschedule_ms"]]),
+        engine_ms_mean=float(engine_ms.mean()) if len(calls) else float("nan"),
+        overhead_us_mean=float((wall_ms - engine_ms).mean() * 1000) if len(calls) else float("nan"),
+        worker_busy=float(wall_ms.sum() / 1000 / (hi - lo)) if len(calls) else float("nan"),
+        note=f"{note}, samplers on CPUs {sorted(setup.sampler_cpus)}, mean engine batch {mean_batch:.1f}",
     )
+
+
+def run_served(setup: Setup, samplers: int) -> DesignResult:
+    """The queue and the pinned worker, owned by this process."""
+    from lowtail.queue import InferenceQueue
+    from lowtail.worker import WorkerConfig, WorkerProcess
+
+    with InferenceQueue.create(_queue_config(setup, samplers)) as queue:
+        config = WorkerConfig(name="bench", max_batch=setup.batch, fifo_scope=setup.fifo_scope)
+        worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
+        try:
+            worker.wait_ready(120)
+            results = _drive(setup, queue.descriptor, samplers)
+            calls = worker.calls(0).rows
+        finally:
+            worker.stop()
+    note = f"queue + pinned worker on CPU {setup.cpu}"
+    return _served_result("served", setup=setup, samplers=samplers, results=results, calls=calls, note=note)
+
+
+def run_ray_served(setup: Setup, samplers: int, work: Path) -> DesignResult:
+    """The same, hosted by the Ray inference actor: it leases the CPU, owns the queue, spawns the worker.
+
+    Samplers attach to the endpoint's queue exactly as ``InferenceClient`` does; Ray is not on the hot
+    path. The worker's side comes from the actor's ``report`` (percentiles over every call the worker
+    served, the samplers' warm-up included; the core's busy share is not reported for this design).
+    """
+    import ray
+
+    from lowtail.lease import node_plan
+    from lowtail.ray_inference import InferenceSpec, start_inference_actor, stop_actor
+    from lowtail.ray_lease import AllocatorConfig, get_node_allocator, stop_node_allocator
+    from lowtail.worker import WorkerConfig
+
+    node = ray.get_runtime_context().get_node_id()
+    # The allocator leases exactly the bench's engine CPU (a demo-style pool override), so the actor's
+    # worker lands where the bare loop ran.
+    alloc = AllocatorConfig(state_dir=str(work / "leases"), plan=node_plan().to_dict(), pool=str(setup.cpu))
+    get_node_allocator(node, alloc)
+    spec = InferenceSpec(
+        hero="bench",
+        index=samplers,
+        model_dir=str(setup.model),
+        allocator=alloc,
+        queue=_queue_config(setup, samplers),
+        worker=WorkerConfig(name="bench-ray", max_batch=setup.batch, fifo_scope=setup.fifo_scope),
+    )
+    actor = start_inference_actor(spec, node)
+    try:
+        endpoint = ray.get(actor.endpoint.remote())
+        if endpoint.cpu != setup.cpu:
+            raise RuntimeError(f"the actor leased CPU {endpoint.cpu}, expected {setup.cpu}")
+        results = _drive(setup, endpoint.descriptor, samplers)
+        worker = ray.get(actor.report.remote())["report"]
+    finally:
+        stop_actor(actor)
+        stop_node_allocator(node, remove_state=True)
+    note = f"Ray inference actor (lease, queue, worker) on CPU {setup.cpu}"
+    no_rows = np.zeros((0, len(metrics.CALL_FIELDS)))
+    r = _served_result("ray actor", setup=setup, samplers=samplers, results=results, calls=no_rows, note=note)
+    pct = worker["percentiles"]
+    r.deschedule_ms = metrics.Percentiles(**pct["deschedule_ms"])
+    r.engine_ms_mean = pct["engine_wall_ms"]["mean"]
+    r.overhead_us_mean = (pct["wall_ms"]["mean"] - pct["engine_wall_ms"]["mean"]) * 1000
+    r.worker_busy = float("nan")
+    r.note = r.note.replace("mean engine batch nan", f"mean engine batch {pct['batch']['mean']:.1f}")
+    return r
+
+
+def _start_ray(work: Path) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
 
 
 # ---- report ----------------------------------------------------------------------------------------
@@ -266,7 +366,7 @@ def _fmt(p: metrics.Percentiles) -> list[str]:
 def render_table(results: list[DesignResult]) -> str:
     rows = []
     for r in results:
-        label = "bare (limit)" if r.design == "bare" else f"served x{r.samplers}"
+        label = "bare (limit)" if r.design == "bare" else f"{r.design} x{r.samplers}"
         rows.append(
             [
                 label,
@@ -275,11 +375,14 @@ def render_table(results: list[DesignResult]) -> str:
                 *_fmt(r.latency_ms),
                 f"{r.deschedule_ms.p999:.3f}",
                 str(r.deschedule_ms.n),
+                f"{r.engine_ms_mean:.3f}",
+                f"{r.overhead_us_mean:.0f}",
+                "-" if np.isnan(r.worker_busy) else f"{r.worker_busy:.0%}",
             ]
         )
     headers = ["design", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
     return table.render(
-        [*headers, "desched p99.9 ms", "n calls"],
+        [*headers, "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy"],
         rows,
         title=f"lowtail bench serve: batch {results[0].batch}",
     )
@@ -291,7 +394,7 @@ def plot(results: list[DesignResult]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["bare" if r.design == "bare" else f"served x{r.samplers}" for r in results]
+    labels = ["bare" if r.design == "bare" else f"{r.design} x{r.samplers}" for r in results]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.bar(labels, [r.samples_per_s for r in results], color=["#555"] + ["#3a7"] * (len(results) - 1))
     bare = results[0].samples_per_s
@@ -329,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
     if cpu not in allowed:
         raise UsageError(f"--cpu {cpu}: expected one of the CPUs this process may use, {sorted(allowed)}")
     sampler_cpus = (allowed - {cpu}) or allowed
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
         if args.model:
             try:
@@ -341,13 +445,29 @@ def run(args: argparse.Namespace) -> int:
             name, features = feature_input(model)
         except ModelSpecError as e:
             raise UsageError(str(e)) from None
-        setup = Setup(model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus))
+        setup = Setup(
+            model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
+        )
         print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
         print("  bare loop ...", file=sys.stderr, flush=True)
         results = [run_bare(setup)]
         for n in counts:
             print(f"  served, {n} sampler(s) ...", file=sys.stderr, flush=True)
             results.append(run_served(setup, n))
+        if args.ray:
+            import ray
+
+            print("  starting a local Ray ...", file=sys.stderr, flush=True)
+            own = not ray.is_initialized()
+            if own:
+                _start_ray(Path(tmp))
+            try:
+                for n in counts:
+                    print(f"  Ray inference actor, {n} sampler(s) ...", file=sys.stderr, flush=True)
+                    results.append(run_ray_served(setup, n, Path(tmp)))
+            finally:
+                if own:
+                    ray.shutdown()
     bare = results[0].samples_per_s
     for r in results[1:]:
         r.ratio_to_bare = r.samples_per_s / bare
@@ -357,20 +477,28 @@ def run(args: argparse.Namespace) -> int:
     summary = (
         f"target served >= {TARGET_RATIO:.0%} of bare at batch {args.batch}: {verdict} (best {best:.1%})"
     )
+    load_after = os.getloadavg()
+    host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
+    host += f"{load_before[0]:.1f} before"
+    host += f", {load_after[0]:.1f} after"
     print(text)
     print(summary)
+    print(host)
     report = {
         "benchmark": "serve",
         "model": str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict()),
         "cpu": cpu,
         "sampler_cpus": sorted(sampler_cpus),
         "batch": args.batch,
+        "fifo_scope": args.fifo_scope,
         "duration_s": duration,
         "target_ratio": TARGET_RATIO,
         "best_ratio": best,
         "target_met": best >= TARGET_RATIO,
+        "host": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},
         "results": [r.to_dict() for r in results],
-        "note": "served through the queue + pinned worker directly (no Ray actor in this run)",
+        "note": "served: queue + pinned worker owned by the benchmark process"
+        + ("; ray actor: the same hosted by lowtail's Ray inference actor" if args.ray else ""),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -382,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
             img = base64.b64encode(png).decode()
             Path(args.html).write_text(
                 f"<!doctype html><meta charset=utf-8><title>lowtail bench serve</title>"
-                f"<h1>lowtail bench serve</h1><pre>{text}\n{summary}</pre>"
+                f"<h1>lowtail bench serve</h1><pre>{text}\n{summary}\n{host}</pre>"
                 f'<img alt="throughput and latency" src="data:image/png;base64,{img}">\n'
             )
     return 0
