@@ -95,27 +95,24 @@ end
 
 begin "site.yml on the node (preflight, kernel, tuning, kubelet, runtime, manifests)"
 extra=()
-if [[ -f site.yml ]] && grep -q 'playbooks/runtime.yml' site.yml; then
-  playbook=site.yml
+if [[ -f site.yml ]] && grep -Eq '^[^#]*import_playbook: *playbooks/runtime.yml' site.yml; then
+  playbooks=(site.yml)
 elif [[ -f site.yml ]]; then
-  # site.yml does not import the runtime stage yet: run it after whatever site.yml provisions.
-  playbook=playbooks/runtime.yml
-  if ! run_play "$OUT/site.log" -i inventory/sandbox site.yml; then
-    tail -40 "$OUT/site.log"
-    echo "demo: site.yml failed on the sandbox node (full log: $OUT/site.log)" >&2
-    exit 1
-  fi
+  # site.yml does not import the runtime stage: run it right after, in the same ansible-playbook run, so
+  # the plan preflight published (lowtail_node) is there for the runtime role.
+  playbooks=(site.yml playbooks/runtime.yml)
 else
   # No provisioning play in this checkout: the plan comes from the same code preflight uses.
-  playbook=playbooks/runtime.yml
+  playbooks=(playbooks/runtime.yml)
   echo "    (no site.yml here: only the runtime stage runs, with the plan from lowtail plan)"
   "$BIN/lowtail" plan --json | "$BIN/python" -c \
     'import json, sys; print(json.dumps({"lowtail_runtime_plan": json.load(sys.stdin)}))' >"$OUT/plan-vars.json"
   extra=(-e "@$OUT/plan-vars.json")
 fi
-if ! run_play "$OUT/runtime.log" -i inventory/sandbox "$playbook" "${extra[@]}"; then
-  tail -40 "$OUT/runtime.log"
-  echo "demo: $playbook failed on the sandbox node (full log: $OUT/runtime.log)" >&2
+echo "    ansible-playbook -i inventory/sandbox ${playbooks[*]}"
+if ! run_play "$OUT/site.log" -i inventory/sandbox "${playbooks[@]}" "${extra[@]}"; then
+  tail -40 "$OUT/site.log"
+  echo "demo: ${playbooks[*]} failed on the sandbox node (full log: $OUT/site.log)" >&2
   exit 1
 fi
 end
