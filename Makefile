@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
 
-.PHONY: venv demo demo-clean demo-local test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime
+.PHONY: venv demo demo-clean demo-local test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime \
+	ansible-lint molecule
 
 venv: $(STAMP)
 
@@ -44,8 +45,8 @@ demo-local: $(STAMP)
 	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check python tests
-	$(BIN)/ruff format --check python tests
+	$(BIN)/ruff check python tests library filter_plugins
+	$(BIN)/ruff format --check python tests library filter_plugins
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -53,7 +54,20 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest molecule-runtime
+# Ansible tools find each other (ansible-config, ansible-playbook) on PATH.
+ANSIBLE_ENV := PATH=$(CURDIR)/$(BIN):$$PATH
+
+# Roles and playbooks: ansible-lint (production profile, strict) and yamllint.
+ansible-lint: $(STAMP)
+	$(ANSIBLE_ENV) $(BIN)/ansible-lint
+	$(BIN)/yamllint -s .
+
+# The molecule scenario: two systemd containers (podman) converge site.yml; builds the sandbox image
+# on first use (about 3 minutes), then the whole sequence takes about 10 minutes.
+molecule: $(STAMP)
+	$(ANSIBLE_ENV) $(BIN)/molecule test -s default
+
+test: lint typecheck pytest ansible-lint molecule molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

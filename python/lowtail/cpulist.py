@@ -59,3 +59,21 @@ def format(cpus: Iterable[int]) -> str:  # noqa: A001 - mirrors the kernel's cpu
 def looks_like_cpulist(text: str) -> bool:
     """True for a cpulist spec rather than a bare count: the inventory rule is 'a comma or a dash'."""
     return "," in text or "-" in text
+
+
+def format_mask(cpus: Iterable[int]) -> str:
+    """Format CPUs as the kernel's hex cpumask (``7f,00000000``): 32-bit words, most significant first.
+
+    Files such as ``/sys/devices/virtual/workqueue/cpumask`` and ``/proc/irq/default_smp_affinity``
+    take this format rather than a cpulist.
+    """
+    numbers = set(cpus)
+    if any(c < 0 for c in numbers):
+        raise CpuListError(f"negative CPU number in {sorted(numbers)!r}")
+    mask = sum(1 << c for c in numbers)
+    words = [mask & 0xFFFFFFFF]
+    while mask >> 32:
+        mask >>= 32
+        words.append(mask & 0xFFFFFFFF)
+    head, *rest = reversed(words)
+    return ",".join([f"{head:x}", *(f"{w:08x}" for w in rest)])

@@ -1,0 +1,1 @@
+../../python/lowtail/kubelet_memory.py

@@ -1,0 +1,1 @@
+../../python/lowtail/topology.py

@@ -1,0 +1,65 @@
+"""Shared fixtures for the Ansible tests: the repository's modules loaded for unit tests, and a
+runner for ansible-playbook/ansible against fixture machines over a local connection."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a module file (library/ or filter_plugins/) with ``ansible.module_utils.lowtail`` pointing
+    at the lowtail package, which is what the module_utils/lowtail symlinks ship to hosts."""
+    import lowtail
+    import lowtail.cpulist
+    import lowtail.kubelet_memory
+    import lowtail.plan
+    import lowtail.topology
+
+    sys.modules.setdefault("ansible.module_utils.lowtail", lowtail)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def node_plan_module() -> ModuleType:
+    return load_module(ROOT / "library/lowtail_node_plan.py", "lowtail_node_plan")
+
+
+@pytest.fixture(scope="session")
+def irq_module() -> ModuleType:
+    return load_module(ROOT / "library/lowtail_irq_affinity.py", "lowtail_irq_affinity")
+
+
+@pytest.fixture(scope="session")
+def filters() -> ModuleType:
+    return load_module(ROOT / "filter_plugins/lowtail.py", "lowtail_filters")
+
+
+def ansible_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+    env["ANSIBLE_NOCOLOR"] = "1"
+    env["ANSIBLE_FORCE_COLOR"] = "0"
+    env["ANSIBLE_LOCAL_TEMP"] = env.get("ANSIBLE_LOCAL_TEMP", "/tmp/lowtail-ansible-local")
+    return env
+
+
+def run_ansible(args: list[str], timeout: int = 300, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
