@@ -94,22 +94,34 @@ scripts/sandbox-node.sh start "$NODE"
 end
 
 begin "site.yml on the node (preflight, kernel, tuning, kubelet, runtime, manifests)"
-if [[ -f site.yml ]] && grep -q 'playbooks/runtime.yml' site.yml; then
-  playbook=site.yml
+extra=()
+if [[ -f site.yml ]] && grep -Eq '^[^#]*import_playbook: *playbooks/runtime.yml' site.yml; then
+  playbooks=(site.yml)
+elif [[ -f site.yml ]]; then
+  # site.yml does not import the runtime stage: run it right after, in the same ansible-playbook run, so
+  # the plan preflight published (lowtail_node) is there for the runtime role.
+  playbooks=(site.yml playbooks/runtime.yml)
 else
-  # site.yml does not import the runtime stage yet: run it after whatever site.yml provisions.
-  playbook=playbooks/runtime.yml
-  [[ -f site.yml ]] && run_play "$OUT/site.log" -i inventory/sandbox site.yml
+  # No provisioning play in this checkout: the plan comes from the same code preflight uses.
+  playbooks=(playbooks/runtime.yml)
+  echo "    (no site.yml here: only the runtime stage runs, with the plan from lowtail plan)"
+  "$BIN/lowtail" plan --json | "$BIN/python" -c \
+    'import json, sys; print(json.dumps({"lowtail_runtime_plan": json.load(sys.stdin)}))' >"$OUT/plan-vars.json"
+  extra=(-e "@$OUT/plan-vars.json")
 fi
-if ! run_play "$OUT/runtime.log" -i inventory/sandbox "$playbook"; then
-  tail -40 "$OUT/runtime.log"
-  echo "demo: $playbook failed on the sandbox node (full log: $OUT/runtime.log)" >&2
+echo "    ansible-playbook -i inventory/sandbox ${playbooks[*]}"
+if ! run_play "$OUT/site.log" -i inventory/sandbox "${playbooks[@]}" "${extra[@]}"; then
+  tail -40 "$OUT/site.log"
+  echo "demo: ${playbooks[*]} failed on the sandbox node (full log: $OUT/site.log)" >&2
   exit 1
 fi
 end
 
 begin "serving demo inside the node (${SECONDS_DEMO} s)"
-lt=(podman exec -e RAY_AUTH_MODE=disabled "$NODE" /opt/lowtail/venv/bin/lowtail)
+# Ray's object store must fit the node's /dev/shm (1 GiB here), as the manifests size it for pods;
+# its default, 30% of RAM, would fall back to /tmp.
+lt=(podman exec -e RAY_AUTH_MODE=disabled -e RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES=536870912 "$NODE"
+  /opt/lowtail/venv/bin/lowtail)
 if "${lt[@]}" demo ray --help >/dev/null 2>&1; then
   serve=(demo ray --seconds "$SECONDS_DEMO" --json /tmp/lowtail-serve.json)
 elif "${lt[@]}" bench serve --help >/dev/null 2>&1; then

@@ -6,7 +6,9 @@
 #   scripts/sandbox-node.sh rm NAME                         stop and remove it (nothing left running)
 #
 # Never privileged: /proc/sys stays read-only (a sysctl written inside would change the host), so the
-# roles' live-apply steps are switched off by inventory variables instead. runc and low ulimits because
+# roles' live-apply steps are switched off by inventory variables instead. The one capability added is
+# SYS_NICE, exactly what lowtail's worker pods get (roles/lowtail_k8s): SCHED_FIFO and nice -20 for the
+# pinned worker, and mbind/move_pages, which podman's default seccomp profile allows only with it. runc and low ulimits because
 # crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it (FIELD-NOTES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ start)
     image=$(scripts/sandbox-image.sh)
     log "starting $name from $image"
     podman run -d --name "$name" --hostname "$name" --runtime=runc --systemd=always \
-      --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096 "$shm" \
+      --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096 "$shm" --cap-add=SYS_NICE \
       --label lowtail.sandbox=1 "$image" /sbin/init >/dev/null
   fi
   # systemd reports "degraded" when a unit a container cannot run failed; that is fine for a sandbox.
