@@ -25,6 +25,7 @@ from typing import Any
 
 from lowtail import __version__, cpulist
 from lowtail.plan import Plan, PlanError, load_plan, make_plan
+from lowtail.queue_errors import QueueError
 from lowtail.topology import Topology
 
 from .check import Check, Limits, Status, skip, worst
@@ -269,7 +270,9 @@ def run(opts: Options) -> Report:
             for name in probe_names:
                 try:
                     checks.append(runners[name]())
-                except (ProbeError, RtTestsError, OSError) as e:
+                except (ProbeError, RtTestsError, QueueError, OSError) as e:
+                    # One probe that cannot run (e.g. move_pages refused by a container's seccomp
+                    # profile) fails alone; the others and the report still come out.
                     checks.append(
                         Check(
                             name,
