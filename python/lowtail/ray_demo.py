@@ -48,6 +48,8 @@ class DemoOptions:
     tb_logdir: str | None = None
     plot: str | None = None  # PNG of the tails (round trip, deschedule, queue wait)
     features: int = 512
+    # A request unanswered this long counts as an error in the summary (the samplers' QueueTimeout).
+    request_timeout_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ def _run(
                 env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
                 allocator=alloc_cfg,
                 metrics=metrics_cfg,
+                timeout_s=opts.request_timeout_s,
             )
             samplers.append(start_sampler(sspec, endpoints, node))
         leases = ray.get(alloc.leases.remote())

@@ -47,7 +47,14 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
     model = tmp_path_factory.mktemp("demo-model")
     write_model(model, SMALL_SPEC)
     opts = DemoOptions(
-        seconds=2.0, actors=2, samplers=2, heroes=4, tb_logdir=str(tmp_path / "tb"), features=64
+        seconds=2.0,
+        actors=2,
+        samplers=2,
+        heroes=4,
+        tb_logdir=str(tmp_path / "tb"),
+        features=64,
+        # behaviour, not latency: a CI machine may stall a request past the demo's 2 s
+        request_timeout_s=30.0,
     )
     seen: list[tuple[float, int]] = []
     result = run_demo(opts, progress=lambda e, t, n: seen.append((e, n)), model_dir=str(model))
