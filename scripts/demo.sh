@@ -167,7 +167,7 @@ version=$(podman exec "$NODE" /opt/lowtail/venv/bin/lowtail --version)
 "$BIN/python" - "$plan" "$version" "$wheelhouse_id" "$OUT" "$validate_dir" <<'EOF'
 import json, sys
 from pathlib import Path
-from lowtail import table
+from lowtail.render import table
 
 plan, version, wid, out, vdir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
 rows = [

@@ -32,11 +32,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import cpulist
-from .plan import Plan, load_plan, make_plan
-from .topology import read_topology
+from lowtail.errors import LowtailError
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan, load_plan, make_plan
+from lowtail.node.topology import read_topology
 
-log = logging.getLogger("lowtail.lease")
+log = logging.getLogger(__name__)
 
 KINDS: tuple[str, ...] = ("infer", "sample", "other")
 DEFAULT_PLAN_PATH = Path("/etc/lowtail/plan.json")
@@ -53,7 +54,7 @@ _OWNER_RE = {
 }
 
 
-class LeaseError(RuntimeError):
+class LeaseError(LowtailError, RuntimeError):
     """Base class of every lease error."""
 
 

@@ -19,14 +19,14 @@ BIN = Path(sys.executable).parent
 
 def load_module(path: Path, name: str) -> ModuleType:
     """Import a module file (library/ or filter_plugins/) with ``ansible.module_utils.lowtail`` pointing
-    at the lowtail package, which is what the module_utils/lowtail symlinks ship to hosts."""
-    import lowtail
-    import lowtail.cpulist
-    import lowtail.kubelet_memory
-    import lowtail.plan
-    import lowtail.topology
+    at lowtail.node, which is what the module_utils/lowtail symlink ships to hosts."""
+    import lowtail.node
+    import lowtail.node.cpulist
+    import lowtail.node.kubelet_memory
+    import lowtail.node.plan
+    import lowtail.node.topology
 
-    sys.modules.setdefault("ansible.module_utils.lowtail", lowtail)
+    sys.modules.setdefault("ansible.module_utils.lowtail", lowtail.node)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "python"))
 
-from lowtail import cpulist  # noqa: E402
+from lowtail.node import cpulist  # noqa: E402
 from tests.fixtures.machines import MACHINES, write_machine  # noqa: E402
 
 N_IRQS = 24

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lowtail.kubelet_memory import MemoryReservationError, format_quantity, parse_quantity, plan_reservations
+from lowtail.node.kubelet_memory import (
+    MemoryReservationError,
+    format_quantity,
+    parse_quantity,
+    plan_reservations,
+)
 
 MI, GI = 2**20, 2**30
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtail.cli import main
+from lowtail.cli.main import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lowtail import cpulist
+from lowtail.node import cpulist
 
 cpu_sets = st.frozensets(st.integers(min_value=0, max_value=511), max_size=200)
 

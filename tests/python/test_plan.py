@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lowtail import cpulist
-from lowtail.plan import Plan, PlanError, check_invariants, make_plan
-from lowtail.topology import read_topology
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan, PlanError, check_invariants, make_plan
+from lowtail.node.topology import read_topology
 from tests.fixtures.machines import MACHINES
 
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lowtail import cpulist
-from lowtail.topology import TopologyError, read_topology
+from lowtail.node import cpulist
+from lowtail.node.topology import TopologyError, read_topology
 from tests.fixtures.machines import MACHINES, MachineSpec
 
 

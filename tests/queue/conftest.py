@@ -7,7 +7,7 @@ from multiprocessing.context import BaseContext
 
 import pytest
 
-from lowtail import segments
+from lowtail.shm import segments
 
 
 def _ours_or_dead() -> set[str]:
@@ -28,5 +28,5 @@ def no_segment_left_behind() -> Iterator[None]:
 def ctx() -> BaseContext:
     """forkserver: children start clean (no inherited fds, so no inherited OFD lane locks) and fast."""
     c = mp.get_context("forkserver")
-    c.set_forkserver_preload(["numpy", "lowtail.queue", "tests.queue.helpers"])
+    c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.queue.helpers"])
     return c

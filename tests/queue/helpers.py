@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.queue import QueueClient, QueueDescriptor, QueueWorker
+from lowtail.shm.queue import QueueClient, QueueDescriptor, QueueWorker
 
 
 def echo(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowtail import segments
-from lowtail.queue import (
+from lowtail.shm import segments
+from lowtail.shm.queue import (
     BadConfig,
     BadRequest,
     InferenceQueue,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lowtail.cli import main
+from lowtail.cli.main import main
 
 NAMES = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 
@@ -20,7 +20,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     png, page = tmp_path / "q.png", tmp_path / "q.html"
     # A subprocess: Ray is started and shut down there, never in the test session's process.
     proc = subprocess.run(
-        [sys.executable, "-m", "lowtail.cli", "bench", "queue", "--quick", "--json", str(out),
+        [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--quick", "--json", str(out),
          "--png", str(png), "--html", str(page), "--throughput-seconds", "0.3"],
         check=False, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

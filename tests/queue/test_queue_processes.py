@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker, WorkerDied
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker, WorkerDied
 from tests.queue import helpers
 
 

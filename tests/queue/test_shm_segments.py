@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from lowtail import futex, numa, segments
-from lowtail.cli import main
-from lowtail.queue import InferenceQueue, NumaError, QueueConfig, ShmTooSmall
+from lowtail.cli.main import main
+from lowtail.shm import futex, numa, segments
+from lowtail.shm.queue import InferenceQueue, NumaError, QueueConfig, ShmTooSmall
 
 
 def _dead_pid() -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lowtail import cpulist
-from lowtail.plan import Plan
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan
 
 
 def tiny_plan(isolated: str = "1-8", housekeeping: str = "0", l3: tuple[str, ...] = ("0-4", "5-8")) -> Plan:

@@ -18,10 +18,8 @@ import openvino as ov
 import pytest
 import ray
 
-from lowtail.lease import node_plan
-from lowtail.model import example_inputs, find_model_xml
-from lowtail.queue import QueueConfig, WorkerDied
-from lowtail.ray_inference import (
+from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
+from lowtail.actors.inference import (
     CrossNodeAttach,
     EnvSpec,
     InferenceActorFailed,
@@ -33,8 +31,10 @@ from lowtail.ray_inference import (
     start_sampler,
     stop_actor,
 )
-from lowtail.ray_lease import AllocatorConfig, get_node_allocator, stop_node_allocator
-from lowtail.worker import WorkerConfig
+from lowtail.lease import node_plan
+from lowtail.serve.model import example_inputs, find_model_xml
+from lowtail.serve.worker import WorkerConfig
+from lowtail.shm.queue import QueueConfig, WorkerDied
 from tests.ray.conftest import RayNodes
 from tests.runtime.conftest import SMALL_SPEC, write_slow_model
 
@@ -43,7 +43,7 @@ FEATURES = SMALL_SPEC.features
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lowtail.model import write_model
+    from lowtail.serve.model import write_model
 
     out = tmp_path_factory.mktemp("model")
     write_model(out, SMALL_SPEC)

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import ray
 
-from lowtail import tbreport
-from lowtail.cli import main
-from lowtail.export import P999_DESCHEDULE_TAG
+from lowtail.actors.allocator import NAMESPACE, allocator_name
+from lowtail.actors.demo import DemoError, DemoOptions, lease_policy, run_demo
+from lowtail.actors.metrics import hub_name
+from lowtail.cli.main import main
 from lowtail.lease import node_plan
-from lowtail.plan import Plan
-from lowtail.ray_demo import DemoError, DemoOptions, lease_policy, run_demo
-from lowtail.ray_lease import NAMESPACE, allocator_name
-from lowtail.ray_metrics import hub_name
+from lowtail.node.plan import Plan
+from lowtail.telemetry import tbreport
+from lowtail.telemetry.export import P999_DESCHEDULE_TAG
 from tests.ray.conftest import RayNodes
 from tests.ray.plans import tiny_plan
 from tests.runtime.conftest import SMALL_SPEC
@@ -42,7 +42,7 @@ def test_lease_policy_uses_isolated_cpus_when_there_are_enough() -> None:
 def test_demo_runs_measures_and_leaves_nothing_behind(
     ray_nodes: RayNodes, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from lowtail.model import write_model
+    from lowtail.serve.model import write_model
 
     model = tmp_path_factory.mktemp("demo-model")
     write_model(model, SMALL_SPEC)
@@ -111,7 +111,7 @@ def test_demo_command_end_to_end_in_its_own_process() -> None:
             [
                 sys.executable,
                 "-m",
-                "lowtail.cli",
+                "lowtail.cli.main",
                 "demo",
                 "ray",
                 "--seconds",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtail.export import (
+from lowtail.telemetry.export import (
     P999_DESCHEDULE_TAG,
     SAMPLES_PER_S_TAG,
     PrometheusExport,
@@ -17,7 +17,7 @@ from lowtail.export import (
     scalars,
     window_stats,
 )
-from lowtail.tfevents import read_scalars
+from lowtail.telemetry.tfevents import read_scalars
 
 
 def test_window_percentiles_are_nearest_rank_with_their_count() -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtail import cpulist, lease
+from lowtail import lease
 from lowtail.lease import (
     BadOwner,
     BadPlacement,
@@ -29,8 +29,9 @@ from lowtail.lease import (
     pid_alive,
     process_start_time,
 )
-from lowtail.plan import Plan, make_plan
-from lowtail.topology import read_topology
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan, make_plan
+from lowtail.node.topology import read_topology
 from tests.ray.plans import tiny_plan
 
 

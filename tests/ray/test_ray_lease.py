@@ -14,8 +14,7 @@ import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from lowtail.lease import LeaseExhausted
-from lowtail.ray_lease import (
+from lowtail.actors.allocator import (
     NAMESPACE,
     AllocatorConfig,
     AllocatorMismatch,
@@ -25,6 +24,7 @@ from lowtail.ray_lease import (
     ping,
     stop_node_allocator,
 )
+from lowtail.lease import LeaseExhausted
 from tests.ray.conftest import RayNodes
 from tests.ray.plans import tiny_plan
 

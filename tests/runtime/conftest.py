@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtail.model import ModelSpec, write_model
+from lowtail.serve.model import ModelSpec, write_model
 
 # Small enough that compiling and serving it takes milliseconds; same structure as the default model.
 SMALL_SPEC = ModelSpec(features=64, hidden=(128, 64), heads=(("action", 6), ("move", 8)), seed=7)

@@ -6,8 +6,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from lowtail.engine import PRECISIONS, Engine, MalformedInput, PrecisionNotApplied, check_precision
-from lowtail.model import example_inputs, find_model_xml
+from lowtail.serve.engine import PRECISIONS, Engine, MalformedInput, PrecisionNotApplied, check_precision
+from lowtail.serve.model import example_inputs, find_model_xml
 
 
 def test_engine_matches_direct_openvino_at_every_batch_size(small_model: Path) -> None:

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from lowtail import metrics
-from lowtail.metrics import (
+from lowtail.serve import metrics
+from lowtail.serve.metrics import (
     CALL_FIELDS,
     SLOW_INFER_FORMAT,
     LatencyWindow,
@@ -19,7 +19,7 @@ from lowtail.metrics import (
     slow_infer_args,
     status_nonvoluntary_switches,
 )
-from lowtail.workerstats import COUNT, StatsSegment, StatsSegmentError
+from lowtail.serve.stats_segment import COUNT, StatsSegment, StatsSegmentError
 
 
 def test_percentiles_carry_the_sample_count() -> None:

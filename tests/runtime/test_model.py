@@ -7,8 +7,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from lowtail.cli import main
-from lowtail.model import (
+from lowtail.cli.main import main
+from lowtail.serve.model import (
     ModelNotFound,
     ModelSpec,
     ModelSpecError,

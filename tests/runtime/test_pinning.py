@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lowtail.pinning import CpuAffinityError, SchedFifo, pin_thread_to_cpu, set_timer_slack_ns
+from lowtail.serve.pinning import CpuAffinityError, SchedFifo, pin_thread_to_cpu, set_timer_slack_ns
 
 PR_CAPBSET_DROP = 24
 CAP_SYS_NICE = 23
@@ -91,7 +91,7 @@ def test_sched_fifo_falls_back_once_where_not_permitted() -> None:
         """
         import json, logging, os
         logging.basicConfig(level=logging.INFO)
-        from lowtail.pinning import SchedFifo, raise_priority
+        from lowtail.serve.pinning import SchedFifo, raise_priority
         nice = raise_priority(-20)
         fifo = SchedFifo(1)
         detected = fifo.detect()

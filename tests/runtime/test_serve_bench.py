@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtail.cli import main
+from lowtail.cli.main import main
 
 
 def test_bench_serve_writes_table_json_and_plots(

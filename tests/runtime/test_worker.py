@@ -12,10 +12,10 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from lowtail.metrics import CALL_FIELDS
-from lowtail.model import example_inputs, find_model_xml
-from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
-from lowtail.worker import WorkerConfig, WorkerProcess, WorkerStartFailed
+from lowtail.serve.metrics import CALL_FIELDS
+from lowtail.serve.model import example_inputs, find_model_xml
+from lowtail.serve.worker import WorkerConfig, WorkerProcess, WorkerStartFailed
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.runtime.conftest import write_slow_model
 
 CPU = max(os.sched_getaffinity(0))
@@ -227,7 +227,7 @@ def _state(pid: int) -> str:
 
 
 def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Path) -> None:
-    from lowtail.worker import measure_pinned
+    from lowtail.serve.worker import measure_pinned
 
     before = os.sched_getaffinity(0)
     client_cpu = min(before)

@@ -117,7 +117,7 @@ def hog() -> Iterator[Callable[[int], subprocess.Popen[bytes]]]:
 @pytest.fixture(scope="session")
 def live_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     """One real `lowtail validate` run on this machine: JSON, HTML and the exit status."""
-    from lowtail.cli import main
+    from lowtail.cli.main import main
 
     out = tmp_path_factory.mktemp("live")
     js, html = out / "report.json", out / "report.html"

@@ -129,9 +129,9 @@ def test_cyclictest_runs_for_real_and_is_graded() -> None:
 
 def test_shm_rtt_measures_the_queue_or_names_what_is_missing() -> None:
     check = probe_shm_rtt(ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, samples=300, progress=False))
-    if importlib.util.find_spec("lowtail.queue") is None:
+    if importlib.util.find_spec("lowtail.shm.queue") is None:
         assert check.status is Status.SKIP
-        assert "lowtail.queue is not installed" in check.reason
+        assert "lowtail.shm.queue is not installed" in check.reason
     else:
         assert check.status is not Status.SKIP, check.reason
         # one client CPU measured (which one of the pair is the probe's choice), every sample kept
@@ -140,9 +140,9 @@ def test_shm_rtt_measures_the_queue_or_names_what_is_missing() -> None:
 
 def test_numa_probe_reads_where_a_bound_segments_pages_are() -> None:
     check = probe_numa(ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, progress=False))
-    if importlib.util.find_spec("lowtail.queue") is None:
+    if importlib.util.find_spec("lowtail.shm.queue") is None:
         assert check.status is Status.SKIP
-        assert "lowtail.queue is not installed" in check.reason
+        assert "lowtail.shm.queue is not installed" in check.reason
         return
     # Placement is not a latency: a segment bound with mbind and pre-faulted has every page on its node.
     assert check.status is Status.PASS, check.evidence
@@ -157,10 +157,10 @@ def test_inference_probe_measures_the_pinned_worker_or_names_what_is_missing() -
     check = probe_inference(
         ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, samples=300, progress=False)
     )
-    worker = importlib.util.find_spec("lowtail.worker")
-    if worker is None or not hasattr(importlib.import_module("lowtail.worker"), "measure_pinned"):
+    worker = importlib.util.find_spec("lowtail.serve.worker")
+    if worker is None or not hasattr(importlib.import_module("lowtail.serve.worker"), "measure_pinned"):
         assert check.status is Status.SKIP
-        assert "lowtail.worker" in check.reason
+        assert "lowtail.serve.worker" in check.reason
         return
     assert check.status is not Status.SKIP, check.reason
     stats = check.data["per_cpu"][str(PROBE_CPU)]

@@ -11,7 +11,7 @@ from subprocess import Popen
 
 import pytest
 
-from lowtail.cli import main
+from lowtail.cli.main import main
 from lowtail.validation.compare import compare, load_report, render_table
 from tests.fixtures.machines import MACHINES, write_machine
 from tests.validate.conftest import PROBE_CPU

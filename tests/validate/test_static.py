@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lowtail.plan import make_plan
-from lowtail.topology import read_topology
+from lowtail.node.plan import make_plan
+from lowtail.node.topology import read_topology
 from lowtail.validation.check import Status
 from lowtail.validation.runner import Options, run
 from lowtail.validation.static import STATIC_CHECKS, Sources, parse_cmdline

@@ -9,9 +9,9 @@ import pytest
 from tensorboardX import SummaryWriter
 from tensorboardX.proto import summary_pb2, tensor_pb2, types_pb2
 
-from lowtail.cli import main
-from lowtail.tbreport import load
-from lowtail.tfevents import EventFileError, read_scalars
+from lowtail.cli.main import main
+from lowtail.telemetry.tbreport import load
+from lowtail.telemetry.tfevents import EventFileError, read_scalars
 
 STEPS = range(3, 20211, 202)  # 103 steps over the document's step range [3, 20210]
 

@@ -24,10 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail import table
-from lowtail.cli import UsageError
-
-from .queue_transports import (
+from lowtail.benchmarks.queue_transports import (
     PRIORITIES,
     TRANSPORTS,
     Transport,
@@ -36,6 +33,8 @@ from .queue_transports import (
     restore_priority,
     throughput,
 )
+from lowtail.cli.main import UsageError
+from lowtail.render import table
 
 ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the

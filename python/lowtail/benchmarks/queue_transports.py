@@ -1,6 +1,6 @@
 """The transports ``lowtail bench queue`` compares, each a server process plus a client in the caller.
 
-- ``lowtail``: ``lowtail.queue``.
+- ``lowtail``: ``lowtail.shm.queue``.
 - ``seed_flock_poll``: the baseline, a faithful re-implementation of the seed's SharedInferenceQueue
   (its sections 3.1.5, 3.1.6 and 3.2): 256 slots with int32 states FREE/WRITING/READY/PROCESSING/
   DONE/ERROR, ``fcntl.flock`` around slot allocation and claiming, pickled request/response dicts in
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from lowtail import segments
-from lowtail.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
+from lowtail.shm import segments
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 RoundTrip = Callable[[Arrays], Arrays]

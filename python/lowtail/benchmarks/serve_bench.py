@@ -1,7 +1,7 @@
 """``lowtail bench serve``: the bare OpenVINO loop on one pinned core against the same model served.
 
 The limit is a process pinned to one CPU calling ``infer()`` on batches of B samples back to back. The
-served design is the same model in a pinned worker (``lowtail.worker``) behind the shared-memory queue,
+served design is the same model in a pinned worker (``lowtail.serve.worker``) behind the shared-memory queue,
 driven by 1, 2 and 4 sampler processes that each submit batches of B samples and wait for the result
 (closed loop: throughput is what the design sustains; the latency is the sampler's submit-to-result
 time, which includes queueing behind the other samplers' batches).
@@ -28,10 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from lowtail import metrics, table
-from lowtail.cli import UsageError
-from lowtail.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
-from lowtail.pinning import SchedFifo, pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
+from lowtail.cli.main import UsageError
+from lowtail.render import table
+from lowtail.serve import metrics
+from lowtail.serve.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
+from lowtail.serve.pinning import (
+    SchedFifo,
+    pin_thread_to_cpu,
+    raise_priority,
+    set_timer_slack_ns,
+    start_pinned,
+)
 
 TARGET_RATIO = 0.90
 
@@ -100,7 +107,7 @@ def register(bench_sub: Any) -> None:
 
 
 def _bare_child(setup: Setup, conn: Any) -> None:
-    from lowtail.engine import Engine
+    from lowtail.serve.engine import Engine
 
     # The same treatment as the worker, so the only difference between the designs is the serving.
     pin_thread_to_cpu(setup.cpu)
@@ -135,7 +142,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
 
 
 def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any) -> None:
-    from lowtail.queue import QueueClient
+    from lowtail.shm.queue import QueueClient
 
     raise_priority(-20)  # in production a sampler owns an isolated core; here it shares with other work
     x = setup.observations(seed)
@@ -204,7 +211,7 @@ def run_bare(setup: Setup) -> DesignResult:
 
 
 def _queue_config(setup: Setup, samplers: int) -> Any:
-    from lowtail.queue import QueueConfig
+    from lowtail.shm.queue import QueueConfig
 
     payload = setup.batch * setup.features * 4 + 4096
     payload += -payload % 64
@@ -282,8 +289,8 @@ def _served_result(
 
 def run_served(setup: Setup, samplers: int) -> DesignResult:
     """The queue and the pinned worker, owned by this process."""
-    from lowtail.queue import InferenceQueue
-    from lowtail.worker import WorkerConfig, WorkerProcess
+    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+    from lowtail.shm.queue import InferenceQueue
 
     with InferenceQueue.create(_queue_config(setup, samplers)) as queue:
         config = WorkerConfig(name="bench", max_batch=setup.batch, fifo_scope=setup.fifo_scope)
@@ -307,10 +314,10 @@ def run_ray_served(setup: Setup, samplers: int, work: Path) -> DesignResult:
     """
     import ray
 
+    from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
+    from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
     from lowtail.lease import node_plan
-    from lowtail.ray_inference import InferenceSpec, start_inference_actor, stop_actor
-    from lowtail.ray_lease import AllocatorConfig, get_node_allocator, stop_node_allocator
-    from lowtail.worker import WorkerConfig
+    from lowtail.serve.worker import WorkerConfig
 
     node = ray.get_runtime_context().get_node_id()
     # The allocator leases exactly the bench's engine CPU (a demo-style pool override), so the actor's

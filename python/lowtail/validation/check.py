@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from lowtail.errors import LowtailError
+
 
 class Status(StrEnum):
     PASS = "pass"
@@ -65,7 +67,7 @@ def skip(name: str, reason: str, kind: str = "static") -> Check:
     return Check(name=name, status=Status.SKIP, reason=reason, kind=kind)
 
 
-class ThresholdError(ValueError):
+class ThresholdError(LowtailError, ValueError):
     """A threshold given on the command line that is not ``PASS_MAX:WARN_MAX`` with PASS <= WARN."""
 
 

@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lowtail import table
+from lowtail.errors import LowtailError
+from lowtail.render import table
+from lowtail.validation import plots
 
-from . import plots
 
-
-class ReportFormatError(ValueError):
+class ReportFormatError(LowtailError, ValueError):
     """A file that is not a ``lowtail validate --json`` report."""
 
 

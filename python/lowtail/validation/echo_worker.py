@@ -18,7 +18,7 @@ def main() -> int:
     cpu = int(sys.argv[1])
     os.sched_setaffinity(0, {cpu})
     desc = pickle.loads(sys.stdin.buffer.read())
-    from lowtail.queue import QueueWorker
+    from lowtail.shm.queue import QueueWorker
 
     stop = False
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lowtail import cpulist
+from lowtail.errors import LowtailError
+from lowtail.node import cpulist
+from lowtail.validation.check import Check, Limits, Status, merge_ladders, tail_stats
+from lowtail.validation.progress import Progress
+from lowtail.validation.static import read_steal
 
-from .check import Check, Limits, Status, merge_ladders, tail_stats
-from .progress import Progress
-from .static import read_steal
 
-
-class ProbeError(RuntimeError):
+class ProbeError(LowtailError, RuntimeError):
     """A probe process failed or reported something unreadable."""
 
 

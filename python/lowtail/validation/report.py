@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lowtail import table
-
-from . import plots
-from .check import Check, Status
-from .runner import Report
+from lowtail.render import table
+from lowtail.validation import plots
+from lowtail.validation.check import Check, Status
+from lowtail.validation.runner import Report
 
 STATUS_COLOR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
 HEAT_METRIC = {"deschedule": "p999", "timer": "p999", "shm_rtt": "p999", "cyclictest": "max", "oslat": "max"}

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lowtail import cpulist
-
-from .check import Check, Limits, Status, histogram_stats, merge_ladders, skip
-from .progress import Progress
+from lowtail.errors import LowtailError
+from lowtail.node import cpulist
+from lowtail.validation.check import Check, Limits, Status, histogram_stats, merge_ladders, skip
+from lowtail.validation.progress import Progress
 
 HIST_US = 1000  # cyclictest histogram range in us; later samples count as overflows at the maximum
 
 
-class RtTestsError(RuntimeError):
+class RtTestsError(LowtailError, RuntimeError):
     """rt-tests ran but failed, or wrote JSON we cannot read."""
 
 

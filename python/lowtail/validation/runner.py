@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lowtail import __version__, cpulist
-from lowtail.plan import Plan, PlanError, load_plan, make_plan
-from lowtail.queue_errors import QueueError
-from lowtail.topology import Topology
-
-from .check import Check, Limits, Status, skip, worst
-from .probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
-from .rttests import RtTestsError, probe_rt_test
-from .runtime_probes import probe_inference, probe_numa, probe_shm_rtt
-from .static import STATIC_CHECKS, Context, Sources, try_fifo
+from lowtail import __version__
+from lowtail.errors import LowtailError
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
+from lowtail.node.topology import Topology
+from lowtail.shm.errors import QueueError
+from lowtail.validation.check import Check, Limits, Status, skip, worst
+from lowtail.validation.probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
+from lowtail.validation.rttests import RtTestsError, probe_rt_test
+from lowtail.validation.runtime_probes import probe_inference, probe_numa, probe_shm_rtt
+from lowtail.validation.static import STATIC_CHECKS, Context, Sources, try_fifo
 
 PROBES: tuple[str, ...] = ("deschedule", "timer", "cyclictest", "oslat", "shm_rtt", "inference", "numa")
 ALL_CHECKS: tuple[str, ...] = (*STATIC_CHECKS, *PROBES)
@@ -40,7 +41,7 @@ QUICK_SAMPLES = 3_000  # the least a p99.9 means anything with (FIELD-NOTES)
 QUICK_DURATION_S = 3.0
 
 
-class ValidationError(RuntimeError):
+class ValidationError(LowtailError, RuntimeError):
     """The validation could not run (bad options, unreadable plan): exit status 2."""
 
 
@@ -210,7 +211,7 @@ def summarize(checks: list[Check], cpus: frozenset[int], elapsed_s: float) -> di
 
 
 def run(opts: Options) -> Report:
-    from lowtail.topology import TopologyError, read_topology
+    from lowtail.node.topology import TopologyError, read_topology
 
     t0 = time.monotonic()
     try:

@@ -1,8 +1,8 @@
 """Probes that measure lowtail's own runtime parts: the shared-memory queue round trip, the pinned
 inference worker, and the NUMA placement of a bound segment.
 
-They use ``lowtail.queue`` (the queue issue) and ``lowtail.worker`` / ``lowtail.model`` (the worker
-issue), built alongside this module. When a part is not installed the probe is a skip whose reason names
+They use ``lowtail.shm.queue`` and ``lowtail.serve.worker`` / ``lowtail.serve.model``, built alongside
+this module. When a part is not installed the probe is a skip whose reason names
 the missing module, never a pass.
 """
 
@@ -17,11 +17,10 @@ import sys
 import time
 from typing import Any
 
-from lowtail import cpulist
-
-from .check import Check, Status, skip, tail_stats
-from .probes import ProbeError, ProbeOptions, grade
-from .progress import Progress
+from lowtail.node import cpulist
+from lowtail.validation.check import Check, Status, skip, tail_stats
+from lowtail.validation.probes import ProbeError, ProbeOptions, grade
+from lowtail.validation.progress import Progress
 
 
 def _missing(*modules: str) -> str | None:
@@ -45,7 +44,7 @@ def _two_cpus(opts: ProbeOptions) -> tuple[int, int] | None:
 
 
 def probe_shm_rtt(opts: ProbeOptions) -> Check:
-    missing = _missing("lowtail.queue")
+    missing = _missing("lowtail.shm.queue")
     if missing:
         return skip("shm_rtt", f"{missing} is not installed (the shared-memory queue issue)", kind="probe")
     pair = _two_cpus(opts)
@@ -53,7 +52,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
         return skip("shm_rtt", "needs two CPUs: the worker's and the client's", kind="probe")
     import numpy as np
 
-    queue = importlib.import_module("lowtail.queue")
+    queue = importlib.import_module("lowtail.shm.queue")
     worker_cpu, client_cpu = pair
     cfg = queue.QueueConfig(lanes=2, slots_per_lane=4, request_bytes=4096, response_bytes=4096)
     samples: list[float] = []
@@ -114,16 +113,16 @@ def spread(cpus: frozenset[int], k: int) -> list[int]:
 def probe_inference(opts: ProbeOptions) -> Check:
     """The pinned OpenVINO worker on the generated model: per engine call, the document's deschedule
     (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
-    missing = _missing("lowtail.worker", "lowtail.model", "lowtail.queue")
+    missing = _missing("lowtail.serve.worker", "lowtail.serve.model", "lowtail.shm.queue")
     if missing:
         return skip(
             "inference", f"{missing} is not installed (the pinned inference worker issue)", kind="probe"
         )
-    worker = importlib.import_module("lowtail.worker")
+    worker = importlib.import_module("lowtail.serve.worker")
     measure = getattr(worker, "measure_pinned", None)
     if measure is None:
-        return skip("inference", "lowtail.worker has no measure_pinned() entry point", kind="probe")
-    metrics = importlib.import_module("lowtail.metrics")
+        return skip("inference", "lowtail.serve.worker has no measure_pinned() entry point", kind="probe")
+    metrics = importlib.import_module("lowtail.serve.metrics")
     col = metrics.COL
     cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
     client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
@@ -164,7 +163,7 @@ def probe_inference(opts: ProbeOptions) -> Check:
     )
     check.evidence.insert(
         0,
-        f"lowtail.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
+        f"lowtail.serve.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
         f"through the queue from CPU {client_cpu if client_cpu is not None else 'unpinned'}; "
         "deschedule = wall - process CPU per engine call (the document's formula)",
     )
@@ -180,11 +179,11 @@ def probe_inference(opts: ProbeOptions) -> Check:
 def probe_numa(opts: ProbeOptions) -> Check:
     """Create the runtime's default queue segment bound to each NUMA node that has probe CPUs, and read
     where its pages really are (move_pages with no target nodes: a report that faults nothing in)."""
-    missing = _missing("lowtail.queue", "lowtail.numa")
+    missing = _missing("lowtail.shm.queue", "lowtail.shm.numa")
     if missing:
         return skip("numa", f"{missing} is not installed (the queue's NUMA helpers)", kind="probe")
-    queue = importlib.import_module("lowtail.queue")
-    numa = importlib.import_module("lowtail.numa")
+    queue = importlib.import_module("lowtail.shm.queue")
+    numa = importlib.import_module("lowtail.shm.numa")
     nodes = sorted(n for n in numa.online_nodes() if numa.node_cpus(n) & opts.cpus)
     evidence: list[str] = []
     per_node: dict[str, dict[str, int]] = {}

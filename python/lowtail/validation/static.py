@@ -29,11 +29,10 @@ from typing import Any
 
 import yaml
 
-from lowtail import cpulist
-from lowtail.plan import Plan
-from lowtail.topology import Topology
-
-from .check import Check, Status, skip
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan
+from lowtail.node.topology import Topology
+from lowtail.validation.check import Check, Status, skip
 
 # The kernel default (and what the document's good VMware run had): 950000 of 1000000 us.
 RT_RUNTIME_DEFAULT_SHARE = 0.95

@@ -1,1 +1,0 @@
-../../python/lowtail/kubelet_memory.py

@@ -1,1 +1,0 @@
-../../python/lowtail/plan.py

@@ -1,1 +1,0 @@
-../../python/lowtail/topology.py

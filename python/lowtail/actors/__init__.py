@@ -1,0 +1,1 @@
+"""Ray actors: the per-node lease allocator, the inference actor and its clients, metrics, the demo."""

@@ -1,0 +1,238 @@
+"""The per-node lease allocator as a Ray actor, and how owners reach it.
+
+One actor per node (FIELD-NOTES): named from the node id, ``lifetime="detached"``, created with
+``get_if_exists=True`` and placed with ``NodeAffinitySchedulingStrategy(node_id, soft=False)``, so every
+process on a node finds the same one and no node ever borrows another's. It restarts itself
+(``max_restarts=-1``) and a restarted allocator rebuilds its table from the node's state file
+(``lease.LeaseAllocator``), dropping owners that died meanwhile.
+
+Owners that are Ray actors are reclaimed when Ray says the actor is DEAD, besides when their process
+is gone. Leases are node-local: an allocator refuses a caller from another node with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from lowtail.lease import DEFAULT_STATE_DIR, Lease, LeaseAllocator, LeaseError, node_plan, pid_alive
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan
+
+NAMESPACE = "lowtail"
+log = logging.getLogger(__name__)
+
+
+class AllocatorUnavailable(LeaseError):
+    """The node's allocator actor did not answer a ping in time, or is dead."""
+
+
+class WrongNode(LeaseError):
+    """A lease asked of another node's allocator: CPUs and shared memory are node-local."""
+
+
+class AllocatorMismatch(LeaseError):
+    """The node's allocator already runs with a different pool/share than this caller asked for."""
+
+
+def allocator_name(node_id: str) -> str:
+    return f"lowtail-lease-{node_id}"
+
+
+def ray_actor_alive(actor_id: str) -> bool | None:
+    """False when Ray's GCS says the actor is DEAD; None when it cannot tell.
+
+    Uses the GCS actor table (``ray._private.state``): the public state API needs the dashboard, which
+    lowtail nodes run without (``include_dashboard=False``).
+    """
+    try:
+        from ray._private import state
+
+        info = state.actors(actor_id=actor_id)
+    except Exception:  # any failure here means "unknown", never "dead"
+        return None
+    if not info:
+        return None
+    return str(info.get("State", "")) != "DEAD"
+
+
+def owner_alive(lease: Lease) -> bool:
+    """Dead when the owner's process is gone, or when Ray says its actor is dead."""
+    if not pid_alive(lease):
+        return False
+    return lease.actor_id is None or ray_actor_alive(lease.actor_id) is not False
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """What a node allocator is created with; ``pool``/``share`` are the demo-only overrides."""
+
+    # "{node}" in the path becomes the node id: several raylets on one host (ray.cluster_utils.Cluster
+    # in tests) then keep separate tables, as separate hosts would.
+    state_dir: str = str(DEFAULT_STATE_DIR)
+    plan: dict[str, Any] | None = None  # None: the node's plan (lease.node_plan)
+    pool: str | None = None  # a cpulist replacing the plan's isolated CPUs (demo only)
+    share: int = 1  # owners per CPU (demo only)
+    audit_interval_s: float = 30.0
+    reclaim_interval_s: float = 2.0
+    # Lease only CPUs in the allocator's own affinity mask (the pod's cpuset). Off only for plans that
+    # describe another machine (tests): the allocator pins nothing itself.
+    cpuset_only: bool = True
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class NodeLeaseActor:
+    """A ``LeaseAllocator`` on its node, plus a thread that reclaims dead owners and logs the audit line."""
+
+    def __init__(self, node_id: str, config: AllocatorConfig) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        here = ray.get_runtime_context().get_node_id()
+        if here != node_id:
+            raise WrongNode(f"allocator for node {node_id} was placed on node {here}")
+        self._node_id = node_id
+        self._config = config
+        plan = Plan.from_dict(config.plan) if config.plan is not None else node_plan()
+        self._alloc = LeaseAllocator(
+            plan,
+            state_dir=config.state_dir.replace("{node}", node_id),
+            pool=None if config.pool is None else cpulist.parse(config.pool),
+            allowed=os.sched_getaffinity(0) if config.cpuset_only else None,
+            share=config.share,
+            alive=owner_alive,
+            audit_interval_s=config.audit_interval_s,
+        )
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_loop, name="lease-audit", daemon=True)
+        self._ticker.start()
+        log.info("allocator on node %s: %s", node_id, self._alloc.audit_line())
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self._config.reclaim_interval_s):
+            try:
+                self._alloc.tick()
+            except Exception:  # keep auditing whatever one tick hit
+                log.exception("lease audit tick failed")
+
+    def _check_node(self, caller_node: str | None) -> None:
+        if caller_node is not None and caller_node != self._node_id:
+            raise WrongNode(
+                f"caller on node {caller_node} asked the lease allocator of node {self._node_id}: "
+                "CPU leases are node-local; use get_node_allocator() on the caller's own node"
+            )
+
+    def ping(self) -> dict[str, Any]:
+        return {"node_id": self._node_id, "pid": os.getpid(), "pool": cpulist.format(self._alloc.pool)}
+
+    def config(self) -> AllocatorConfig:
+        return self._config
+
+    def acquire(
+        self,
+        owner: str,
+        *,
+        caller_node: str | None = None,
+        near_cpu: int | None = None,
+        near_node: int | None = None,
+        pid: int | None = None,
+        actor_id: str | None = None,
+    ) -> Lease:
+        self._check_node(caller_node)
+        return self._alloc.acquire(owner, near_cpu=near_cpu, near_node=near_node, pid=pid, actor_id=actor_id)
+
+    def release(self, owner: str, *, caller_node: str | None = None) -> Lease | None:
+        self._check_node(caller_node)
+        return self._alloc.release(owner)
+
+    def reclaim(self) -> list[Lease]:
+        return self._alloc.reclaim()
+
+    def leases(self) -> list[Lease]:
+        return self._alloc.leases()
+
+    def audit_line(self) -> str:
+        return self._alloc.audit_line()
+
+    def describe(self) -> dict[str, Any]:
+        return {"node_id": self._node_id, **self._alloc.describe()}
+
+    def dropped_on_start(self) -> list[tuple[Lease, str]]:
+        return self._alloc.dropped_on_start
+
+    def shutdown(self) -> None:
+        """Stop the audit thread; the caller then kills the actor (its table stays on the node)."""
+        self._stop.set()
+
+
+def get_node_allocator(
+    node_id: str | None = None, config: AllocatorConfig | None = None, *, timeout_s: float = 60.0
+) -> Any:
+    """The allocator actor of ``node_id`` (default: this process's node), created on first use.
+
+    Raises ``AllocatorMismatch`` when it already runs with another pool/share/state dir than ``config``,
+    and ``AllocatorUnavailable`` when it does not answer within ``timeout_s``.
+    """
+    node = node_id or ray.get_runtime_context().get_node_id()
+    cfg = config or AllocatorConfig()
+    handle = NodeLeaseActor.options(  # type: ignore[attr-defined]
+        name=allocator_name(node),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+    ).remote(node, cfg)
+    try:
+        running: AllocatorConfig = ray.get(handle.config.remote(), timeout=timeout_s)
+    except (GetTimeoutError, RayActorError) as e:
+        raise AllocatorUnavailable(
+            f"lease allocator {allocator_name(node)} did not answer within {timeout_s:.0f} s: {e}"
+        ) from None
+    mine = (cfg.state_dir, cfg.pool, cfg.share, cfg.plan)
+    theirs = (running.state_dir, running.pool, running.share, running.plan)
+    if mine != theirs:
+        raise AllocatorMismatch(
+            f"allocator {allocator_name(node)} runs with state_dir={running.state_dir} pool={running.pool} "
+            f"share={running.share}; asked for state_dir={cfg.state_dir} pool={cfg.pool} share={cfg.share}"
+            " (stop it with stop_node_allocator() first)"
+        )
+    return handle
+
+
+def ping(handle: Any, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """The allocator's ping answer, or None when it is dead or does not answer in time."""
+    try:
+        answer: dict[str, Any] = ray.get(handle.ping.remote(), timeout=timeout_s)
+    except (GetTimeoutError, RayActorError):
+        return None
+    return answer
+
+
+def stop_node_allocator(node_id: str | None = None, *, remove_state: bool = False) -> bool:
+    """Kill the node's allocator for good (tests, demo teardown). Returns whether one was running.
+
+    The state file stays unless ``remove_state``: leases of live owners outlive an allocator.
+    """
+    node = node_id or ray.get_runtime_context().get_node_id()
+    try:
+        handle: Any = ray.get_actor(allocator_name(node), namespace=NAMESPACE)
+    except ValueError:
+        return False
+    state_dir: str | None = None
+    try:
+        running: AllocatorConfig = ray.get(handle.config.remote(), timeout=10)
+        state_dir = running.state_dir.replace("{node}", node)
+        ray.get(handle.shutdown.remote(), timeout=10)
+    except (GetTimeoutError, RayActorError):
+        pass
+    ray.kill(handle, no_restart=True)
+    if remove_state and state_dir is not None:
+        for name in ("leases.json", "leases.lock"):
+            Path(state_dir, name).unlink(missing_ok=True)
+    return True

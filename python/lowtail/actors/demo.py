@@ -1,0 +1,358 @@
+"""``lowtail demo ray``: a whole node in miniature, started, measured and torn down.
+
+A local Ray, the node's lease allocator, inference actors serving a generated policy model through
+the shared-memory queue, samplers stepping a synthetic game with two-phase async calls, the metrics hub
+(Prometheus port, TensorBoard run); then a summary of throughput, round-trip and deschedule tails and
+leases by kind. Everything it starts it stops, and everything it writes lives in a temporary directory
+unless the caller names one (``--json``, ``--tb-logdir``).
+
+On a machine whose plan isolates fewer CPUs than the demo has owners (a 2-vCPU VM isolates one), the
+demo leases from all usable CPUs and lets owners share them, and says so: that is a demo override of the
+allocator (``pool``/``share``), never what a real node does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtail.errors import LowtailError
+from lowtail.lease import KINDS, node_plan
+from lowtail.node import cpulist
+from lowtail.node.plan import Plan
+from lowtail.telemetry.export import WindowStats
+
+
+class DemoError(LowtailError, RuntimeError):
+    """The demo cannot run as asked (e.g. --strict-leases on a machine with too few isolated CPUs)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    seconds: float = 10.0
+    actors: int = 2
+    samplers: int = 2
+    heroes: int = 8  # samples per environment step (the batch one request carries)
+    depth: int = 2  # games in flight per sampler (two-phase async)
+    strict_leases: bool = False  # refuse the demo override: isolated CPUs only, one owner each
+    metrics_port: int | None = 0  # 0: any free port; None: no HTTP server
+    tb_logdir: str | None = None
+    plot: str | None = None  # PNG of the tails (round trip, deschedule, queue wait)
+    features: int = 512
+    # A request unanswered this long counts as an error in the summary (the samplers' QueueTimeout).
+    request_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    pool: frozenset[int] | None
+    share: int
+    note: str
+
+
+def lease_policy(plan: Plan, owners: int, usable: frozenset[int], strict: bool) -> LeasePolicy:
+    """Isolated CPUs, one owner each, when the plan has enough; otherwise the stated demo override."""
+    isolated = plan.isolated & usable
+    if len(isolated) >= owners:
+        return LeasePolicy(None, 1, f"leasing isolated CPUs {cpulist.format(isolated)}, one owner each")
+    if strict:
+        raise DemoError(
+            f"{owners} owners need {owners} isolated CPUs; this node's plan isolates "
+            f"{cpulist.format(isolated) or 'none'} ({len(isolated)}): "
+            "run fewer actors/samplers or drop --strict-leases"
+        )
+    pool = (plan.isolated | plan.housekeeping) & usable
+    share = math.ceil(owners / len(pool))
+    sharing = "one owner each" if share == 1 else f"up to {share} owners per CPU"
+    return LeasePolicy(
+        frozenset(pool),
+        share,
+        f"DEMO OVERRIDE: this node isolates {cpulist.format(isolated) or 'no'} CPU(s) "
+        f"({len(isolated)}) but the demo has {owners} owners, so it leases from CPUs "
+        f"{cpulist.format(pool)} (housekeeping included), {sharing}. Real nodes lease isolated CPUs "
+        "only, one owner each; latency figures from housekeeping or shared CPUs say nothing about a "
+        "tuned node.",
+    )
+
+
+@dataclass
+class DemoResult:
+    options: dict[str, Any]
+    lease_note: str
+    seconds: float
+    samples: int
+    samples_per_s: float
+    requests: int
+    errors: dict[str, int]
+    rpc_ms: WindowStats
+    worker: dict[str, WindowStats]
+    leases_by_kind: dict[str, list[dict[str, Any]]]
+    samplers: list[dict[str, Any]]
+    actors: list[dict[str, Any]]
+    metrics_port: int | None
+    tb_run: str | None
+    plot: str | None = None
+    prometheus_sample: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "options": self.options,
+            "lease_note": self.lease_note,
+            "seconds": self.seconds,
+            "samples": self.samples,
+            "samples_per_s": self.samples_per_s,
+            "requests": self.requests,
+            "errors": self.errors,
+            "rpc_elapsed_ms": self.rpc_ms.to_dict(),
+            "worker": {k: v.to_dict() for k, v in self.worker.items()},
+            "leases_by_kind": self.leases_by_kind,
+            "samplers": self.samplers,
+            "actors": self.actors,
+            "metrics_port": self.metrics_port,
+            "tb_run": self.tb_run,
+            "plot": self.plot,
+            "prometheus_sample": self.prometheus_sample,
+        }
+
+
+Progress = Callable[[float, float, int], None]  # elapsed s, total s, samples so far
+
+
+def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str | None = None) -> DemoResult:
+    """Run the demo. Uses the connected Ray if there is one (tests), else starts and stops a local one."""
+    import ray
+
+    if opts.actors < 1 or opts.samplers < 1:
+        raise DemoError(f"actors={opts.actors} samplers={opts.samplers}: expected at least 1 of each")
+    if opts.seconds <= 0:
+        raise DemoError(f"seconds={opts.seconds}: expected a positive duration")
+    plan = node_plan()
+    usable = frozenset(os.sched_getaffinity(0))
+    policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
+    work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
+    own_ray = not ray.is_initialized()
+    saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
+    try:
+        if own_ray:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
+            os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+            os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
+            ray.init(
+                num_cpus=max(2, os.cpu_count() or 2),
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace="lowtail-demo",
+            )
+        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
+    finally:
+        if own_ray and ray.is_initialized():
+            ray.shutdown()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(
+    opts: DemoOptions,
+    *,
+    plan: Plan,
+    policy: LeasePolicy,
+    work: Path,
+    progress: Progress | None,
+    model_dir: str | None,
+) -> DemoResult:
+    import ray
+
+    from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
+    from lowtail.actors.inference import (
+        EnvSpec,
+        InferenceSpec,
+        SamplerSpec,
+        start_inference_actor,
+        start_sampler,
+        stop_actor,
+    )
+    from lowtail.actors.metrics import MetricsConfig, get_node_metrics, stop_node_metrics
+    from lowtail.serve.model import ModelSpec, write_model
+    from lowtail.telemetry.export import window_stats
+
+    node = ray.get_runtime_context().get_node_id()
+    plan = node_plan()
+    policy = lease_policy(
+        plan, opts.actors + opts.samplers, frozenset(os.sched_getaffinity(0)), opts.strict_leases
+    )
+    if model_dir is None:
+        model_dir = str(work / "model")
+        write_model(model_dir, ModelSpec(features=opts.features))
+    alloc_cfg = AllocatorConfig(
+        state_dir=str(work / "leases"),
+        plan=plan.to_dict(),
+        pool=None if policy.pool is None else cpulist.format(policy.pool),
+        share=policy.share,
+    )
+    tb_logdir = opts.tb_logdir or str(work / "tb")
+    metrics_cfg = MetricsConfig(port=opts.metrics_port, addr="127.0.0.1", tb_logdir=tb_logdir)
+    alloc = get_node_allocator(node, alloc_cfg)
+    hub = get_node_metrics(node, metrics_cfg)
+    actors: list[Any] = []
+    samplers: list[Any] = []
+    try:
+        for i in range(opts.actors):
+            spec = InferenceSpec(
+                hero="demo", index=i, model_dir=model_dir, allocator=alloc_cfg, metrics=metrics_cfg
+            )
+            actors.append(start_inference_actor(spec, node))
+        endpoints = ray.get([a.endpoint.remote() for a in actors])
+        for j in range(opts.samplers):
+            sspec = SamplerSpec(
+                name=f"demo-{j}",
+                env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
+                allocator=alloc_cfg,
+                metrics=metrics_cfg,
+                timeout_s=opts.request_timeout_s,
+            )
+            samplers.append(start_sampler(sspec, endpoints, node))
+        leases = ray.get(alloc.leases.remote())
+        t0 = time.monotonic()
+        refs = [s.run.remote(opts.seconds, "async", opts.depth) for s in samplers]
+        remaining = list(refs)
+        while remaining:
+            _, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=0.5)
+            if progress is not None:
+                done = sum(t["samples"] for t in ray.get(hub.totals.remote()).values())
+                progress(min(time.monotonic() - t0, opts.seconds), opts.seconds, done)
+        results = ray.get(refs)
+        actor_reports = ray.get([a.report.remote() for a in actors])
+        actor_status = ray.get([a.status.remote() for a in actors])
+        ray.get(hub.flush.remote())
+        worker = ray.get(hub.summary.remote())
+        raw = ray.get(hub.values.remote(["deschedule_ms", "queue_wait_ms", "infer_exec_ms"]))
+        prom_text: str = ray.get(hub.render.remote())
+        port = ray.get(hub.port.remote())
+    finally:
+        for s in samplers:
+            stop_actor(s)
+        for a in actors:
+            stop_actor(a)
+        stop_node_metrics(node)
+        stop_node_allocator(node, remove_state=True)
+
+    seconds = max(r.seconds for r in results)
+    samples = sum(r.samples for r in results)
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, v in r.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    rpc = [x for r in results for x in r.rpc_ms]
+    if opts.plot:
+        plot_tails(
+            {
+                "round trip (sampler)": np.asarray(rpc),
+                "model execution (worker)": raw.get("infer_exec_ms", np.zeros(0)),
+                "queue wait (worker)": raw.get("queue_wait_ms", np.zeros(0)),
+                "deschedule = wall - CPU (worker)": raw.get("deschedule_ms", np.zeros(0)),
+            },
+            opts.plot,
+            title=f"lowtail demo ray: {opts.samplers} samplers, {opts.actors} inference actors, "
+            f"{seconds:.0f} s" + (" (DEMO OVERRIDE: shared CPUs)" if policy.pool is not None else ""),
+        )
+    by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    for lease in leases:
+        by_kind[lease.kind].append({"owner": lease.owner, "cpu": lease.cpu, "placement": lease.placement})
+    return DemoResult(
+        options=dict(opts.__dict__),
+        lease_note=policy.note,
+        seconds=seconds,
+        samples=samples,
+        samples_per_s=samples / seconds if seconds else 0.0,
+        requests=len(rpc),
+        errors=errors,
+        rpc_ms=window_stats({"rpc": rpc})["rpc"],
+        worker=worker,
+        leases_by_kind=by_kind,
+        samplers=[
+            {"name": r.name, "cpu": r.cpu, "steps": r.steps, "samples": r.samples, "errors": r.errors}
+            for r in results
+        ],
+        actors=[
+            {**st, "isolation": rep.get("isolation", {}), "calls": rep.get("report", {}).get("calls")}
+            for st, rep in zip(actor_status, actor_reports, strict=True)
+        ],
+        metrics_port=port,
+        tb_run=None if opts.tb_logdir is None else str(Path(opts.tb_logdir) / "model_dispatcher"),
+        plot=opts.plot,
+        prometheus_sample=[
+            line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
+        ],
+    )
+
+
+def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
+    """Exceedance curves (fraction of calls slower than x, log-log): the tail is the right-hand end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, values in series.items():
+        v = np.sort(values[values > 0])
+        if v.size == 0:
+            continue
+        frac = 1.0 - np.arange(v.size) / v.size
+        p999 = float(np.quantile(v, 0.999, method="inverted_cdf"))
+        ax.step(
+            v, frac, where="post", label=f"{label}: n={values.size}, p999 {p999:.3f} ms, max {v[-1]:.3f} ms"
+        )
+    for q in (1e-2, 1e-3):
+        ax.axhline(q, color="grey", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("milliseconds")
+    ax.set_ylabel("fraction of calls slower")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(True, which="major", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def progress_bar(stream: Any = sys.stderr, width: int = 30) -> Progress:
+    """A one-line progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    last = [-10.0]
+    finished = [False]
+
+    def show(elapsed: float, total: float, samples: int) -> None:
+        if finished[0]:
+            return
+        frac = min(1.0, elapsed / total) if total else 1.0
+        finished[0] = frac >= 1.0
+        rate = samples / elapsed if elapsed > 0 else 0.0
+        text = (
+            f"[{'#' * int(frac * width):<{width}}] {elapsed:5.1f}/{total:.0f} s  "
+            f"samples {samples}  ({rate:,.0f}/s)"
+        )
+        if tty:
+            stream.write("\r" + text + ("\n" if frac >= 1.0 else ""))
+            stream.flush()
+        elif elapsed - last[0] >= 5.0 or frac >= 1.0:
+            last[0] = elapsed
+            stream.write(text + "\n")
+            stream.flush()
+
+    return show

@@ -1,0 +1,613 @@
+"""Ray inference actors, the sampler-side client, and an example sampler actor.
+
+The seed's isolated design (section 3.1), with its gaps closed:
+
+- ``InferenceActor`` leases ``infer:<hero>:<actor>`` from its node's allocator, creates the queue bound
+  to the leased CPU's NUMA node (the seed left page placement to first touch), spawns the pinned worker
+  (``lowtail.serve.worker``), keeps its own threads off the worker's CPU (the seed's "release the main
+  thread"), and publishes an ``Endpoint`` that carries its node id. A supervisor thread restarts a dead
+  worker on the same queue: requests the dead worker held fail with ``WorkerDied``, later ones are served.
+  ``shutdown()`` stops the worker, unlinks the queue and releases the lease.
+- ``InferenceClient`` attaches once to the queues of several inference actors **on its own node** and
+  spreads calls over them round robin, synchronously (``infer``) or in two phases (``start`` then
+  ``finish``, the seed's ``infer_batch_async_start/finish``). An endpoint on another node is refused
+  before anything is attached: shared memory does not cross nodes, and waiting on it would hang.
+- ``SamplerActor`` leases a ``sample:`` CPU near its inference actors, pins the thread that runs its
+  environment and client to it, and steps a synthetic environment with the policy's actions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import ray
+
+from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
+from lowtail.actors.metrics import MetricsConfig, get_node_metrics
+from lowtail.errors import LowtailError
+from lowtail.lease import Lease
+
+log = logging.getLogger(__name__)
+
+
+class CrossNodeAttach(LowtailError, RuntimeError):
+    """A client asked to use an inference actor on another node (shared memory is node-local)."""
+
+
+class NoEndpoints(LowtailError, ValueError):
+    """A client was given no inference actors to talk to."""
+
+
+class InferenceActorFailed(LowtailError, RuntimeError):
+    """The inference actor could not start or keep its worker."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a sampler needs to reach one inference actor: published by the actor, small and picklable."""
+
+    actor: str
+    owner: str  # the lease owner, infer:<hero>:<index>
+    node_id: str
+    cpu: int
+    numa_node: int
+    descriptor: Any  # lowtail.shm.queue.QueueDescriptor
+    worker_pid: int
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """One inference actor: which model, which queue and worker settings, which allocator."""
+
+    hero: str
+    index: int
+    model_dir: str
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    metrics: MetricsConfig | None = None  # None: no metrics hub
+    queue: Any = None  # lowtail.shm.queue.QueueConfig (its numa_node is set from the lease)
+    worker: Any = None  # lowtail.serve.worker.WorkerConfig
+    ready_timeout_s: float = 120.0
+    supervise_interval_s: float = 0.05
+    metrics_interval_s: float = 1.0
+    max_restarts_per_minute: int = 10
+
+    @property
+    def owner(self) -> str:
+        return f"infer:{self.hero}:{self.index}"
+
+    @property
+    def actor_name(self) -> str:
+        return f"lowtail-infer-{self.hero}-{self.index}"
+
+
+def keep_threads_off(cpu: int) -> frozenset[int]:
+    """Move every thread of this process off ``cpu`` (if it may run elsewhere); returns the new mask.
+
+    Ray's gRPC threads exist before any actor code runs; ``sched_setaffinity(0)`` moves only the calling
+    thread, so every task id is set (section 4.5's level two, applied to all threads).
+    """
+    allowed = frozenset(os.sched_getaffinity(0)) - {cpu}
+    if not allowed:
+        return frozenset(os.sched_getaffinity(0))
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that just exited
+            os.sched_setaffinity(int(tid), allowed)
+    return allowed
+
+
+def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-call worker rows (``lowtail.serve.metrics.CALL_FIELDS``) as the exported series."""
+    from lowtail.serve.metrics import COL
+
+    pick = {
+        "infer_exec_ms": "engine_wall_ms",
+        "infer_total_ms": "wall_ms",
+        "engine_cpu_ms": "engine_cpu_ms",
+        "engine_thread_cpu_ms": "engine_thread_cpu_ms",
+        "deschedule_ms": "deschedule_ms",
+        "run_delay_ms": "run_delay_ms",
+        "queue_wait_ms": "queue_wait_ms",
+        "batch_size": "batch",
+    }
+    return {name: rows[:, COL[col]].astype(np.float64) for name, col in pick.items()}
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class InferenceActor:
+    def __init__(self, spec: InferenceSpec) -> None:
+        from lowtail.serve.worker import WorkerConfig
+        from lowtail.shm.queue import InferenceQueue, QueueConfig
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        ctx = ray.get_runtime_context()
+        self._spec = spec
+        self._node = ctx.get_node_id()
+        self._alloc = get_node_allocator(self._node, spec.allocator)
+        self._lease: Lease = ray.get(
+            self._alloc.acquire.remote(
+                spec.owner, caller_node=self._node, pid=os.getpid(), actor_id=ctx.get_actor_id()
+            )
+        )
+        self._lock = threading.Lock()
+        self._queue: Any = None
+        self._worker: Any = None
+        self._restarts: list[float] = []
+        self._failed: str | None = None
+        self._cursor = 0
+        self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
+        try:
+            qcfg = replace(spec.queue or QueueConfig(), numa_node=self._lease.node)
+            self._queue = InferenceQueue.create(qcfg)
+            self._worker_cfg = spec.worker or WorkerConfig(name=f"{spec.hero}.{spec.index}")
+            self._start_worker()
+            keep_threads_off(self._lease.cpu)
+        except BaseException:
+            self._teardown()
+            raise
+        self._stop = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+        self._supervisor.start()
+
+    # --- worker lifecycle (control plane) --------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        from lowtail.serve.worker import WorkerProcess
+
+        worker = WorkerProcess.start(
+            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg
+        )
+        try:
+            worker.wait_ready(self._spec.ready_timeout_s)
+        except BaseException:
+            worker.stop()
+            raise
+        self._worker = worker
+        self._cursor = 0
+        log.info("%s: worker pid %d serving on CPU %d", self._spec.owner, worker.pid, self._lease.cpu)
+
+    def _supervise(self) -> None:
+        last_push = time.monotonic()
+        while not self._stop.wait(self._spec.supervise_interval_s):
+            with self._lock:
+                if self._worker is not None and not self._worker.alive() and self._failed is None:
+                    self._restart_locked()
+                if (
+                    self._metrics is not None
+                    and time.monotonic() - last_push >= self._spec.metrics_interval_s
+                ):
+                    last_push = time.monotonic()
+                    self._push_metrics_locked()
+
+    def _restart_locked(self) -> None:
+        old = self._worker
+        code = old.stop(timeout=0.5)
+        self._push_metrics_locked()
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 60.0] + [now]
+        if len(self._restarts) > self._spec.max_restarts_per_minute:
+            self._failed = (
+                f"worker died {len(self._restarts)} times in a minute (last exit code {code}); not restarting"
+            )
+            log.error("%s: %s", self._spec.owner, self._failed)
+            return
+        log.warning("%s: worker pid %d died (exit code %s); restarting", self._spec.owner, old.pid, code)
+        try:
+            self._start_worker()
+        except Exception as e:
+            self._failed = f"worker restart failed: {e}"
+            log.error("%s: %s", self._spec.owner, self._failed)
+
+    def _push_metrics_locked(self) -> None:
+        if self._metrics is None or self._worker is None:
+            return
+        try:
+            batch = self._worker.calls(since=self._cursor)
+        except RuntimeError:
+            return  # stopped
+        self._cursor = batch.cursor
+        if batch.rows.shape[0]:
+            self._metrics.push.remote(self._spec.owner, worker_series(batch.rows))
+
+    def _teardown(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+        ray.get(self._alloc.release.remote(self._spec.owner, caller_node=self._node))
+
+    # --- the actor's methods ---------------------------------------------------------------------------
+
+    def endpoint(self) -> Endpoint:
+        with self._lock:
+            if self._failed is not None:
+                raise InferenceActorFailed(f"{self._spec.owner}: {self._failed}")
+            return Endpoint(
+                actor=self._spec.actor_name,
+                owner=self._spec.owner,
+                node_id=self._node,
+                cpu=self._lease.cpu,
+                numa_node=self._lease.node,
+                descriptor=self._queue.descriptor,
+                worker_pid=self._worker.pid,
+            )
+
+    def ping(self) -> dict[str, Any]:
+        return {"owner": self._spec.owner, "node_id": self._node, "pid": os.getpid()}
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            w = self._worker
+            return {
+                "owner": self._spec.owner,
+                "cpu": self._lease.cpu,
+                "numa_node": self._lease.node,
+                "worker_pid": None if w is None else w.pid,
+                "worker_alive": w is not None and w.alive(),
+                "restarts": len(self._restarts),
+                "failed": self._failed,
+                "actor_affinity": sorted(os.sched_getaffinity(0)),
+                "ready": None if w is None else w.ready_info,
+            }
+
+    def report(self) -> dict[str, Any]:
+        """The current worker's report (percentiles per field since it started) and its isolation check."""
+        with self._lock:
+            if self._worker is None:
+                return {}
+            self._push_metrics_locked()
+            return {
+                "report": self._worker.report().to_dict(),
+                "isolation": self._worker.isolation().to_dict(),
+                "restarts": len(self._restarts),
+            }
+
+    def queue_counts(self) -> dict[str, int]:
+        """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR), for diagnosis."""
+        return dict(self._queue.snapshot().counts)
+
+    def kill_worker(self, while_processing: bool = False, timeout_s: float = 10.0) -> int:
+        """SIGKILL the worker, as a crash would (tests and drills); the supervisor restarts it.
+
+        ``while_processing``: freeze the worker (SIGSTOP) until a request is seen PROCESSING, so the
+        kill certainly lands mid-request.
+        """
+        with self._lock:
+            pid = int(self._worker.pid)
+            deadline = time.monotonic() + timeout_s
+            while while_processing:
+                os.kill(pid, signal.SIGSTOP)
+                if self._queue.snapshot().counts.get("PROCESSING", 0) > 0:
+                    break
+                os.kill(pid, signal.SIGCONT)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no request was PROCESSING within {timeout_s} s")
+                time.sleep(0.001)
+            self._worker.kill()
+            return pid
+
+    def shutdown(self) -> None:
+        """Stop the worker, unlink the queue, release the lease. Call before ``ray.kill``."""
+        self._stop.set()
+        self._supervisor.join(timeout=5)
+        with self._lock:
+            self._push_metrics_locked()
+            self._teardown()
+
+
+def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
+    """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = node_id or ray.get_runtime_context().get_node_id()
+    handle = InferenceActor.options(  # type: ignore[attr-defined]
+        name=spec.actor_name,
+        namespace="lowtail",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+    ).remote(spec)
+    ray.get(handle.ping.remote())  # surfaces a failed __init__ here, with its cause
+    return handle
+
+
+def stop_actor(handle: Any, timeout_s: float = 30.0) -> None:
+    """Graceful shutdown (releases what the actor holds), then kill the actor process."""
+    with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        ray.get(handle.shutdown.remote(), timeout=timeout_s)
+    ray.kill(handle, no_restart=True)
+
+
+# --- the sampler side -----------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingInference:
+    """Phase one's handle: finish it (phase two) to get the outputs."""
+
+    target: int
+    pending: Any  # lowtail.shm.queue.Pending
+    t0_ns: int
+    samples: int
+
+
+class InferenceClient:
+    """Round robin over the inference actors of this node, sync or two-phase.
+
+    Records each request's round trip (``rpc_elapsed_ms``) for the metrics export; ``take_window()``
+    hands them over and starts a new window.
+    """
+
+    def __init__(
+        self, endpoints: Sequence[Endpoint], *, node_id: str | None = None, timeout_s: float = 2.0
+    ) -> None:
+        from lowtail.shm.queue import QueueClient
+
+        if not endpoints:
+            raise NoEndpoints("no inference endpoints: expected at least one Endpoint on this node")
+        here = node_id or ray.get_runtime_context().get_node_id()
+        remote = [ep for ep in endpoints if ep.node_id != here]
+        if remote:
+            names = ", ".join(f"{ep.actor} (node {ep.node_id})" for ep in remote)
+            raise CrossNodeAttach(
+                f"inference endpoints {names} are not on this node ({here}): shared-memory queues are "
+                "node-local; place samplers with their inference actors (NodeAffinitySchedulingStrategy) "
+                "and pass only the endpoints of their own node"
+            )
+        self.endpoints = tuple(endpoints)
+        self.timeout_s = timeout_s
+        self._clients: list[Any] = []
+        try:
+            for ep in self.endpoints:
+                self._clients.append(QueueClient.attach(ep.descriptor))
+        except BaseException:
+            self.close()
+            raise
+        self._order = itertools.cycle(range(len(self._clients)))
+        self._rpc_ms: list[float] = []
+        self._samples = 0
+        self.requests = 0
+        self.total_samples = 0
+
+    @classmethod
+    def from_actors(cls, handles: Sequence[Any], **kwargs: Any) -> InferenceClient:
+        return cls(ray.get([h.endpoint.remote() for h in handles]), **kwargs)
+
+    def _next_target(self) -> int:
+        return next(self._order)
+
+    def _record(self, t0_ns: int, samples: int) -> None:
+        self._rpc_ms.append((time.perf_counter_ns() - t0_ns) / 1e6)
+        self._samples += samples
+        self.requests += 1
+        self.total_samples += samples
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Synchronous: the next actor in turn serves this batch."""
+        i = self._next_target()
+        samples = len(next(iter(inputs.values())))
+        t0 = time.perf_counter_ns()
+        out: dict[str, np.ndarray] = self._clients[i].infer(dict(inputs), timeout=self.timeout_s)
+        self._record(t0, samples)
+        return out
+
+    def start(self, inputs: Mapping[str, np.ndarray]) -> PendingInference:
+        """Phase one: publish the batch to the next actor in turn and return at once."""
+        i = self._next_target()
+        t0 = time.perf_counter_ns()
+        pending = self._clients[i].start(dict(inputs))
+        return PendingInference(i, pending, t0, len(next(iter(inputs.values()))))
+
+    def finish(self, p: PendingInference, timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """Phase two: wait for that batch's outputs."""
+        out: dict[str, np.ndarray] = p.pending.finish(
+            timeout=self.timeout_s if timeout_s is None else timeout_s
+        )
+        self._record(p.t0_ns, p.samples)
+        return out
+
+    def take_window(self) -> tuple[list[float], int]:
+        """Round trips (ms) and samples since the last call."""
+        rpc, self._rpc_ms = self._rpc_ms, []
+        samples, self._samples = self._samples, 0
+        return rpc, samples
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients = []
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A synthetic MOBA environment: ``heroes`` observations of ``features`` per step."""
+
+    features: int = 512
+    heroes: int = 8
+    step_us: int = 200  # CPU time one environment step burns (the game simulation)
+    seed: int = 0
+
+
+class SyntheticEnv:
+    """Deterministic stand-in for a game: the next observation depends on the chosen actions."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self._rng = np.random.default_rng(spec.seed)
+        self.obs = self._rng.standard_normal((spec.heroes, spec.features), dtype=np.float32)
+        self.steps = 0
+
+    def step(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        deadline = time.thread_time_ns() + self.spec.step_us * 1000
+        heads = [v for k, v in sorted(outputs.items()) if v.ndim == 2 and v.shape[1] > 1]
+        actions = np.stack([h.argmax(axis=1) for h in heads], axis=1) if heads else np.zeros((1, 1))
+        drift = np.resize(actions.astype(np.float32), self.obs.shape) / 16.0
+        noise = self._rng.standard_normal(self.obs.shape, dtype=np.float32)
+        while time.thread_time_ns() < deadline:  # the simulation's own CPU work
+            noise = np.tanh(noise)
+        self.obs = (0.9 * self.obs + 0.1 * drift + 0.05 * noise).astype(np.float32)
+        self.steps += 1
+        return self.obs
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str
+    env: EnvSpec = field(default_factory=EnvSpec)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    metrics: MetricsConfig | None = None
+    pin: bool = True
+    timeout_s: float = 2.0
+
+
+@dataclass
+class SamplerResult:
+    name: str
+    cpu: int
+    mode: str
+    seconds: float
+    steps: int
+    samples: int
+    errors: dict[str, int] = field(default_factory=dict)
+    rpc_ms: list[float] = field(default_factory=list)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class SamplerActor:
+    def __init__(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
+        ctx = ray.get_runtime_context()
+        self._spec = spec
+        self._node = ctx.get_node_id()
+        self._owner = f"sample:{spec.name}"
+        self._alloc = get_node_allocator(self._node, spec.allocator)
+        near = endpoints[0].cpu if endpoints else None
+        self._lease: Lease = ray.get(
+            self._alloc.acquire.remote(
+                self._owner,
+                caller_node=self._node,
+                near_cpu=near,
+                pid=os.getpid(),
+                actor_id=ctx.get_actor_id(),
+            )
+        )
+        try:
+            if spec.pin:
+                # Ray runs a (non-threaded) actor's methods on the process's main thread, this one.
+                os.sched_setaffinity(0, {self._lease.cpu})
+            self._client = InferenceClient(endpoints, node_id=self._node, timeout_s=spec.timeout_s)
+        except BaseException:
+            ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
+            raise
+        self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
+        self._env = SyntheticEnv(spec.env)
+
+    def lease(self) -> Lease:
+        return self._lease
+
+    def affinity(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._client.infer(inputs)
+
+    def infer_many(
+        self, batches: list[dict[str, np.ndarray]], two_phase: bool
+    ) -> list[dict[str, np.ndarray]]:
+        """Serve several batches at once: all started, then all finished (two-phase) or one by one."""
+        if not two_phase:
+            return [self._client.infer(b) for b in batches]
+        pending = [self._client.start(b) for b in batches]
+        return [self._client.finish(p) for p in pending]
+
+    def run(
+        self, seconds: float, mode: str = "async", depth: int = 2, push_interval_s: float = 1.0
+    ) -> SamplerResult:
+        """Step the environment for ``seconds``: ``sync`` (infer, step) or ``async`` (two-phase with
+        ``depth`` games in flight, their requests spread round robin over the inference actors)."""
+        from lowtail.shm.queue import QueueError
+
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode {mode!r}: expected 'sync' or 'async'")
+        envs = [self._env] + [
+            SyntheticEnv(replace(self._spec.env, seed=self._spec.env.seed + k)) for k in range(1, depth)
+        ]
+        if mode == "sync":
+            envs = envs[:1]
+        result = SamplerResult(self._spec.name, self._lease.cpu, mode, 0.0, 0, 0)
+        t_end = time.monotonic() + seconds
+        t0 = time.monotonic()
+        last_push = t0
+        pending: list[PendingInference | None] = [None] * len(envs)
+        while time.monotonic() < t_end:
+            for k, env in enumerate(envs):
+                try:
+                    if mode == "sync":
+                        out = self._client.infer({"obs": env.obs})
+                    else:
+                        p = pending[k]
+                        if p is None:
+                            pending[k] = self._client.start({"obs": env.obs})
+                            continue
+                        out = self._client.finish(p)
+                        pending[k] = None
+                except QueueError as e:
+                    # a restarted worker fails what it held: count it, keep sampling
+                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
+                    pending[k] = None
+                    continue
+                env.step(out)
+                result.steps += 1
+                result.samples += env.spec.heroes
+                if mode == "async":
+                    pending[k] = self._client.start({"obs": env.obs})
+            if time.monotonic() - last_push >= push_interval_s:
+                last_push = time.monotonic()
+                self._push(result)
+        for k, p in enumerate(pending):
+            if p is not None:
+                try:
+                    envs[k].step(self._client.finish(p))
+                    result.steps += 1
+                    result.samples += envs[k].spec.heroes
+                except QueueError as e:
+                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
+        result.seconds = time.monotonic() - t0
+        self._push(result)
+        return result
+
+    def _push(self, result: SamplerResult) -> None:
+        rpc, samples = self._client.take_window()
+        result.rpc_ms.extend(rpc)
+        if self._metrics is not None:
+            self._metrics.push.remote(self._owner, {"rpc_elapsed_ms": rpc}, samples)
+
+    def shutdown(self) -> None:
+        self._client.close()
+        ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
+
+
+def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str | None = None) -> Any:
+    """Create a sampler actor next to its inference actors (their node, unless told otherwise)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = node_id or (endpoints[0].node_id if endpoints else ray.get_runtime_context().get_node_id())
+    handle = SamplerActor.options(  # type: ignore[attr-defined]
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    ).remote(spec, list(endpoints))
+    ray.get(handle.lease.remote())
+    return handle

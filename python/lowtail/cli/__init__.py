@@ -1,0 +1,1 @@
+"""The ``lowtail`` command: thin parsing and rendering over the library."""

@@ -1,0 +1,33 @@
+"""``lowtail compare BEFORE.json AFTER.json``: two validation reports side by side, headline first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from lowtail.cli.main import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("compare", help="compare two `lowtail validate --json` reports (before/after)")
+    p.add_argument("before", metavar="BEFORE.json")
+    p.add_argument("after", metavar="AFTER.json")
+    p.add_argument("--html", metavar="FILE", help="write an HTML page with the table and plots")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from lowtail.validation.compare import ReportFormatError, compare, load_report, render_html, render_table
+
+    try:
+        before, after = load_report(args.before), load_report(args.after)
+    except ReportFormatError as e:
+        raise UsageError(str(e)) from None
+    cmp = compare(before, after)
+    print(json.dumps(cmp, indent=2) if args.json else render_table(cmp))
+    if args.html:
+        Path(args.html).write_text(render_html(before, after, cmp))
+    return 0

@@ -1,0 +1,148 @@
+"""``lowtail demo ray``: local Ray, lease allocator, inference actors and samplers, for N seconds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from lowtail.cli.main import UsageError
+from lowtail.render import table
+
+
+def demo_subparsers(sub: Any) -> Any:
+    """The ``demo`` command's subcommands, created by whichever demo module registers first."""
+    parser = sub.choices.get("demo")
+    if parser is None:
+        parser = sub.add_parser("demo", help="self-contained demonstrations (see lowtail demo -h)")
+        parser.set_defaults(func=lambda args: parser.print_help() or 2)
+    if not hasattr(parser, "lowtail_demos"):
+        parser.lowtail_demos = parser.add_subparsers(dest="demo", metavar="DEMO")
+    return parser.lowtail_demos
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}") from None
+        if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}")
+        return value
+
+    return parse
+
+
+def register(sub: Any) -> None:
+    p = demo_subparsers(sub).add_parser(
+        "ray",
+        help="run inference actors and samplers on a local Ray for a while and summarize",
+        description="Start a local Ray, the node's lease allocator, inference actors and samplers; run for "
+        "N seconds and summarize throughput, latency and deschedule tails and leases; stop everything.",
+    )
+    p.add_argument("--seconds", type=_positive(float), default=10.0, help="how long samplers run (10)")
+    p.add_argument("--actors", type=_positive(int), default=2, help="inference actors (2)")
+    p.add_argument("--samplers", type=_positive(int), default=2, help="sampler actors (2)")
+    p.add_argument("--heroes", type=_positive(int), default=8, help="samples per request (8)")
+    p.add_argument("--depth", type=_positive(int), default=2, help="requests in flight per sampler (2)")
+    p.add_argument(
+        "--strict-leases",
+        action="store_true",
+        help="lease isolated CPUs only, one owner each, as a real node does (fails on a small machine)",
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0: any free)")
+    p.add_argument("--tb-logdir", help="keep the TensorBoard run here (default: a temporary directory)")
+    p.add_argument("--json", metavar="FILE", help="also write the summary as JSON ('-' for stdout)")
+    p.add_argument("--plot", metavar="PNG", help="write the latency and deschedule tails as a PNG")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowtail.actors.demo import DemoError, DemoOptions, progress_bar, run_demo
+
+    opts = DemoOptions(
+        seconds=args.seconds,
+        actors=args.actors,
+        samplers=args.samplers,
+        heroes=args.heroes,
+        depth=args.depth,
+        strict_leases=args.strict_leases,
+        metrics_port=args.metrics_port,
+        tb_logdir=args.tb_logdir,
+        plot=args.plot,
+    )
+    try:
+        result = run_demo(opts, progress=progress_bar(sys.stderr))
+    except DemoError as e:
+        raise UsageError(str(e)) from None
+    if args.json == "-":
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(result.lease_note)
+    print()
+    rpc = result.rpc_ms
+    print(
+        table.render(
+            ["samples", "seconds", "samples/s", "requests", "errors"],
+            [
+                [
+                    result.samples,
+                    f"{result.seconds:.1f}",
+                    f"{result.samples_per_s:,.0f}",
+                    result.requests,
+                    ", ".join(f"{k}={v}" for k, v in result.errors.items()) or "0",
+                ]
+            ],
+            title=f"Throughput ({args.samplers} samplers, {args.actors} inference actors)",
+        )
+    )
+    print()
+    rows = [["round trip (sampler)", rpc.n, *_ms(rpc.p50, rpc.p99, rpc.p999, rpc.max)]]
+    for series, label in (
+        ("infer_exec_ms", "model execution (worker)"),
+        ("queue_wait_ms", "queue wait (worker)"),
+        ("deschedule_ms", "deschedule = wall - CPU"),
+        ("run_delay_ms", "run_delay growth"),
+    ):
+        s = result.worker.get(series)
+        if s is not None:
+            rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
+    print(table.render(["ms", "n", "p50", "p99", "p999", "max"], rows, title="Latency and deschedule tails"))
+    print()
+    print(
+        table.render(
+            ["kind", "leases", "owner -> cpu (placement)"],
+            [
+                [k, len(v), ", ".join(f"{x['owner']}->{x['cpu']} ({x['placement']})" for x in v) or "-"]
+                for k, v in result.leases_by_kind.items()
+            ],
+            title="Leases by kind",
+        )
+    )
+    print()
+    print(
+        table.render(
+            ["actor", "cpu", "worker restarts", "isolation"],
+            [
+                [a["owner"], a["cpu"], a["restarts"], a.get("isolation", {}).get("detail", "-")]
+                for a in result.actors
+            ],
+            title="Inference actors",
+        )
+    )
+    if result.plot:
+        print(f"\nTail plot: {result.plot}")
+    if result.tb_run:
+        print(f"\nTensorBoard run: {result.tb_run}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        print(f"JSON summary: {args.json}")
+    return 0
+
+
+def _ms(*values: float) -> list[str]:
+    return ["-" if math.isnan(v) else f"{v:.3f}" for v in values]

@@ -1,0 +1,58 @@
+"""``lowtail shm ls`` and ``lowtail shm gc``: lowtail's shared-memory segments and their owners."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from lowtail.cli.main import UsageError
+from lowtail.render import table
+from lowtail.shm import segments
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("shm", help="list lowtail shared-memory segments, remove those of dead owners")
+    shm_sub = p.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
+    ls = shm_sub.add_parser("ls", help="segments with owner pid, liveness, size and mode")
+    gc = shm_sub.add_parser("gc", help="unlink segments whose owner process is dead")
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    for q in (ls, gc):
+        q.add_argument("--dir", default=segments.SHM_DIR, help="shared-memory directory (default /dev/shm)")
+        q.add_argument("--json", action="store_true", help="print one JSON object")
+    ls.set_defaults(func=run_ls)
+    gc.set_defaults(func=run_gc)
+
+
+def _check_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        raise UsageError(f"--dir {path!r} is not a directory; expected a tmpfs such as /dev/shm")
+
+
+def _rows(infos: list[segments.SegmentInfo]) -> list[list[object]]:
+    return [[s.name, s.kind, s.pid, s.liveness, s.size, s.mode] for s in infos]
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    _check_dir(args.dir)
+    infos = segments.list_segments(args.dir)
+    if args.json:
+        print(json.dumps({"dir": args.dir, "segments": [s.to_dict() for s in infos]}, indent=2))
+        return 0
+    headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]
+    print(table.render(headers, _rows(infos), title=f"lowtail segments in {args.dir}: {len(infos)}"))
+    return 0
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    _check_dir(args.dir)
+    removed = segments.sweep_dead(args.dir, dry_run=args.dry_run)
+    if args.json:
+        doc = {"dir": args.dir, "dry_run": args.dry_run, "removed": [s.to_dict() for s in removed]}
+        print(json.dumps(doc, indent=2))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]
+    print(table.render(headers, _rows(removed), title=f"{verb} {len(removed)} segment(s) of dead owners"))
+    return 0

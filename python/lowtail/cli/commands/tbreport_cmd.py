@@ -1,0 +1,44 @@
+"""``lowtail tb-report LOGDIR [LOGDIR2]``: the document's Task-A metrics from TensorBoard logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from lowtail.cli.main import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "tb-report",
+        help="Task-A metrics (learner wait share, samples/s, inference tails) from TensorBoard event files",
+    )
+    p.add_argument("logdir", metavar="LOGDIR")
+    p.add_argument("logdir2", metavar="LOGDIR2", nargs="?", help="a second run to compare (after)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(func=run_tbreport)
+
+
+def run_tbreport(args: argparse.Namespace) -> int:
+    from lowtail.telemetry import tbreport
+    from lowtail.telemetry.tfevents import EventFileError
+
+    try:
+        first = tbreport.load(args.logdir)
+        second = tbreport.load(args.logdir2) if args.logdir2 else None
+    except (EventFileError, OSError) as e:
+        raise UsageError(str(e)) from None
+    if second is None:
+        print(json.dumps(first, indent=2) if args.json else tbreport.render(first))
+        return 0
+    cmp = tbreport.compare(first, second)
+    if args.json:
+        print(json.dumps({"before": first, "after": second, "compare": cmp}, indent=2))
+    else:
+        print(tbreport.render(first))
+        print()
+        print(tbreport.render(second))
+        print()
+        print(tbreport.render_compare(cmp))
+    return 0

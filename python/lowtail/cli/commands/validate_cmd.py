@@ -1,0 +1,132 @@
+"""``lowtail validate``: static checks and latency probes; exit 0 (no fail), 1 (a check failed), 2 (could
+not run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lowtail.cli.commands.topology_cmd import add_root_args
+from lowtail.cli.main import UsageError
+from lowtail.node import cpulist
+from lowtail.validation.check import Limits, ThresholdError
+from lowtail.validation.probes import DEFAULT_LIMITS
+from lowtail.validation.runner import ALL_CHECKS, Options, ValidationError, parse_only, run
+from lowtail.validation.static import Sources
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="prove a node fit: static checks and latency probes (exit 0 ok, 1 a check failed, 2 cannot run)",
+        description="Checks: " + ", ".join(ALL_CHECKS),
+    )
+    add_root_args(p)
+    p.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': stdout, no table)")
+    p.add_argument("--html", metavar="FILE", help="write the HTML report with plots to FILE")
+    p.add_argument("--quick", action="store_true", help="3,000 samples per CPU and 3 s rt-tests runs")
+    p.add_argument("--only", metavar="NAME[,NAME...]", help="run only these checks")
+    p.add_argument("--cpus", metavar="CPULIST", help="CPUs to probe (default: see README)")
+    p.add_argument("--samples", type=int, metavar="N", help="samples per CPU (default 10000)")
+    p.add_argument("--duration", type=float, metavar="S", help="seconds per rt-tests run (default 10)")
+    p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json`); default: computed")
+    p.add_argument(
+        "--housekeeping",
+        default="auto",
+        metavar="auto|N|CPULIST",
+        help="housekeeping of the computed plan, as for `lowtail plan` (ignored with --plan)",
+    )
+    p.add_argument(
+        "--allow-virtual", action="store_true", help="a VM or made-up topology warns instead of failing"
+    )
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="PROBE=PASS:WARN",
+        help="limits in ms, e.g. deschedule=0.1:1 (probes: " + ", ".join(DEFAULT_LIMITS) + ")",
+    )
+    p.add_argument("--kernel-config", metavar="FILE", help="kernel config (default /boot/config-$(uname -r))")
+    p.add_argument("--shm-path", default="/dev/shm", metavar="DIR", help="shared memory mount to size")
+    p.add_argument(
+        "--shm-bytes", type=int, default=0, metavar="N", help="bytes the runtime needs in /dev/shm"
+    )
+    p.add_argument("--kubelet-config", default="/var/lib/kubelet/config.yaml", metavar="FILE")
+    p.add_argument("--kubelet-state", default="/var/lib/kubelet/cpu_manager_state", metavar="FILE")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run_validate)
+
+
+def _limits(items: list[str]) -> dict[str, Limits]:
+    out = {}
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not sep or name not in DEFAULT_LIMITS:
+            raise UsageError(
+                f"--threshold {item!r}: expected PROBE=PASS:WARN in ms, PROBE one of "
+                f"{', '.join(DEFAULT_LIMITS)}"
+            )
+        try:
+            out[name] = Limits.parse(spec)
+        except ThresholdError as e:
+            raise UsageError(f"--threshold {name}: {e}") from None
+    return out
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    try:
+        cpus = cpulist.parse(args.cpus) if args.cpus is not None else None
+        only = parse_only(args.only) if args.only else ()
+    except (cpulist.CpuListError, ValidationError) as e:
+        raise UsageError(str(e)) from None
+    if args.samples is not None and args.samples < 1:
+        raise UsageError(f"--samples {args.samples}: expected a positive count (10000 gives a solid p99.9)")
+    if args.duration is not None and args.duration < 1:
+        raise UsageError(f"--duration {args.duration}: expected at least 1 second")
+    src = Sources(
+        sys_root=Path(args.sysfs_root),
+        proc_root=Path(args.procfs_root),
+        kernel_config=Path(args.kernel_config) if args.kernel_config else None,
+        shm_path=Path(args.shm_path),
+        kubelet_config=Path(args.kubelet_config),
+        kubelet_state=Path(args.kubelet_state),
+    )
+    return Options(
+        src=src,
+        plan_path=Path(args.plan) if args.plan else None,
+        housekeeping=args.housekeeping,
+        only=only,
+        cpus=cpus,
+        samples=args.samples,
+        quick=args.quick,
+        allow_virtual=args.allow_virtual,
+        limits=_limits(args.threshold),
+        duration_s=args.duration,
+        shm_bytes=args.shm_bytes,
+        progress=not args.no_progress,
+    )
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    try:
+        report = run(opts)
+    except ValidationError as e:
+        raise UsageError(str(e)) from None
+    from lowtail.validation.report import render_html, render_table
+
+    doc = report.to_dict()
+    if args.json == "-":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_table(doc))
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+            print(f"JSON report: {args.json}")
+    if args.html:
+        Path(args.html).write_text(render_html(report))
+        print(f"HTML report: {args.html}", file=sys.stderr if args.json == "-" else sys.stdout)
+    return 1 if report.failed else 0

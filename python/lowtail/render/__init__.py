@@ -1,0 +1,1 @@
+"""Presentation shared by commands and reports: terminal tables."""

@@ -1,0 +1,137 @@
+"""One OpenVINO model compiled for one pinned core, with input tensors bound once.
+
+Compiled with ``INFERENCE_NUM_THREADS=1`` (one core per worker), ``ENABLE_CPU_PINNING=False`` (the worker
+pins itself; OpenVINO's own pinning would fight the lease) and an explicit ``INFERENCE_PRECISION_HINT``:
+on a CPU with AVX-512 BF16 the default is bf16, which would silently change the outputs. The precision is
+read back after compiling and a mismatch is an error, not a warning.
+
+Input tensors wrap preallocated numpy buffers and are set on the request once per batch size; a call
+copies the observations into the buffer (a ~32 kB memcpy at batch 16) and runs ``infer()`` in the
+calling thread. Field notes: pre-bound tensors + ``infer()`` were ~25% faster than a dict per call.
+Outputs are views into OpenVINO's buffers, overwritten by the next call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from lowtail.errors import LowtailError
+from lowtail.serve.model import find_model_xml
+
+PRECISIONS = {"f32": ov.Type.f32, "bf16": ov.Type.bf16, "f16": ov.Type.f16}
+
+
+class PrecisionNotApplied(LowtailError, RuntimeError):
+    """OpenVINO compiled the model at a different precision than the one asked for."""
+
+
+class MalformedInput(LowtailError, ValueError):
+    """A request's inputs do not match the model (name, dtype or shape)."""
+
+
+def compile_config(precision: str, threads: int = 1) -> dict[str, Any]:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: expected one of {sorted(PRECISIONS)}")
+    return {
+        "INFERENCE_NUM_THREADS": threads,
+        "NUM_STREAMS": 1,
+        "ENABLE_CPU_PINNING": False,
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": precision,
+    }
+
+
+def check_precision(compiled: Any, precision: str) -> None:
+    """Raise PrecisionNotApplied unless ``compiled`` really runs at ``precision``."""
+    got = compiled.get_property("INFERENCE_PRECISION_HINT")
+    if got != PRECISIONS[precision]:
+        raise PrecisionNotApplied(
+            f"asked OpenVINO for INFERENCE_PRECISION_HINT={precision}, "
+            f"the compiled model reports {got.get_type_name()}"
+        )
+
+
+class Engine:
+    def __init__(self, model_path: str | Path, precision: str = "f32", max_batch: int = 16) -> None:
+        self.xml = find_model_xml(model_path)
+        self.core = ov.Core()
+        self.config = compile_config(precision)
+        self.compiled = self.core.compile_model(self.core.read_model(str(self.xml)), "CPU", self.config)
+        check_precision(self.compiled, precision)
+        self.precision = precision
+        self.request = self.compiled.create_infer_request()
+        # name -> (dtype, per-sample shape); the batch axis must be the first and dynamic or 1.
+        self.inputs: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+        for port in self.compiled.inputs:
+            ps = port.get_partial_shape()
+            if ps.rank.is_dynamic or any(d.is_dynamic for d in list(ps)[1:]):
+                raise MalformedInput(
+                    f"{self.xml}: input {port.get_any_name()} {ps}: only the batch axis may be dynamic"
+                )
+            self.inputs[port.get_any_name()] = (
+                np.dtype(port.get_element_type().to_dtype()),
+                tuple(d.get_length() for d in list(ps)[1:]),
+            )
+        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        self._buffers: dict[str, np.ndarray] = {}
+        self._tensors: dict[int, list[tuple[str, ov.Tensor]]] = {}
+        self._bound_batch = -1
+        self._grow(max_batch)
+
+    def properties(self) -> dict[str, str]:
+        names = ("INFERENCE_NUM_THREADS", "NUM_STREAMS", "ENABLE_CPU_PINNING", "INFERENCE_PRECISION_HINT")
+        props = {n: self.compiled.get_property(n) for n in names}
+        return {n: v.get_type_name() if isinstance(v, ov.Type) else str(v) for n, v in props.items()}
+
+    def _grow(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self._buffers = {
+            name: np.zeros((max_batch, *shape), dtype=dtype) for name, (dtype, shape) in self.inputs.items()
+        }
+        self._tensors.clear()
+        self._bound_batch = -1
+
+    def check(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """The batch size of ``inputs``, or MalformedInput naming what is wrong."""
+        if set(inputs) != set(self.inputs):
+            raise MalformedInput(f"inputs {sorted(inputs)}: the model expects exactly {sorted(self.inputs)}")
+        n = -1
+        for name, (dtype, shape) in self.inputs.items():
+            a = inputs[name]
+            if a.dtype != dtype or a.ndim != len(shape) + 1 or tuple(a.shape[1:]) != shape:
+                raise MalformedInput(
+                    f"input {name!r} is {a.dtype}{list(a.shape)}: "
+                    f"expected {dtype}[batch, {', '.join(map(str, shape))}]"
+                )
+            if n not in (-1, a.shape[0]):
+                raise MalformedInput(f"input {name!r} has batch {a.shape[0]}, other inputs have {n}")
+            n = a.shape[0]
+        if n < 1:
+            raise MalformedInput("empty batch: expected at least one sample")
+        return n
+
+    def infer(self, inputs: Mapping[str, np.ndarray], checked_batch: int = 0) -> dict[str, np.ndarray]:
+        """Run one batch; the result arrays are views valid until the next call.
+
+        ``checked_batch``: the batch size ``check`` already returned for these inputs (skips checking again).
+        """
+        n = checked_batch or self.check(inputs)
+        if n > self.max_batch:
+            self._grow(n)
+        if n != self._bound_batch:
+            tensors = self._tensors.get(n)
+            if tensors is None:
+                tensors = [(k, ov.Tensor(b[:n], shared_memory=True)) for k, b in self._buffers.items()]
+                self._tensors[n] = tensors
+            for name, t in tensors:
+                self.request.set_tensor(name, t)
+            self._bound_batch = n
+        for name, buf in self._buffers.items():
+            np.copyto(buf[:n], inputs[name])
+        self.request.infer()
+        return {name: self.request.get_tensor(name).data for name in self.output_names}

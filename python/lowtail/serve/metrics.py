@@ -1,0 +1,160 @@
+"""Per-call inference metrics, the ``slow_infer`` line and windowed percentiles.
+
+Per call the worker records wall time, process CPU time and thread CPU time, and the seed's
+deschedule = max(0, wall - process CPU) (section 1.3): time the call was runnable or waiting but not
+running. The kernel's own view is recorded next to it: the growth of ``run_delay`` (ns spent runnable
+but waiting for a CPU, /proc/thread-self/schedstat field 2) and of involuntary context switches. When
+the cause is CPU contention deschedule ~ run_delay growth; preemption by a hypervisor is counted as CPU
+time by the guest and shows in neither (pair it with steal time).
+
+The hot path only reads clocks and counters and stores one row; percentiles are computed with numpy at
+report time over a fixed-size ring (``CallRing`` in ``lowtail.serve.stats_segment`` for the worker,
+``LatencyWindow`` here for anyone else).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lowtail.telemetry.export import WindowStats
+
+# One row per handled batch, float64; the column order is the layout of the shared ring.
+CALL_FIELDS: tuple[str, ...] = (
+    "t_end_s",  # CLOCK_MONOTONIC at the end of the call
+    "wall_ms",  # claim returned -> results written back
+    "cpu_ms",  # process CPU time over the same interval (all threads of the worker)
+    "thread_cpu_ms",  # the serving thread's CPU time over the same interval
+    "deschedule_ms",  # max(0, wall - process CPU): the seed's formula
+    "engine_wall_ms",  # model execution only (the exporters' infer_exec_ms)
+    "engine_cpu_ms",
+    "engine_thread_cpu_ms",
+    "run_delay_ms",  # growth of schedstat run_delay over the call
+    "nivcsw",  # growth of involuntary context switches over the call
+    "batch",  # samples in the engine call (the exporters' batch_size)
+    "slots",  # requests merged into it
+    "queue_wait_ms",  # the longest publish -> claim wait among its requests
+)
+COL = {name: i for i, name in enumerate(CALL_FIELDS)}
+
+# One percentile definition for the whole package (nearest rank, with n, mean and max): the exporters'.
+Percentiles = WindowStats
+
+SLOW_ENGINE_CPU_MS = 100.0
+SLOW_TOTAL_MS = 200.0
+
+# The seed's format (section 3.1.4), with the kernel's counters appended after its fields.
+SLOW_INFER_FORMAT = (
+    "slow_infer hero=%s cpu=%d slots=%d total_batch=%d "
+    "engine_cpu_ms=%.1f engine_thread_cpu_ms=%.1f engine_wait_ms=%.1f "
+    "wall_ms=%.1f deschedule_ms=%.1f "
+    "sched_fifo=%s affinity=process_isolated threads=%d run_delay_ms=%.1f nivcsw=%d"
+)
+
+
+class ThreadCounters:
+    """The calling thread's scheduler counters, cheap enough for every call.
+
+    The schedstat file stays open and is re-read with pread (seq_file regenerates it at offset 0);
+    open it in the thread it describes, since /proc/thread-self resolves at open time. Involuntary
+    switches come from getrusage(RUSAGE_THREAD), the same counter (task->nivcsw) that
+    /proc/thread-self/status prints as nonvoluntary_ctxt_switches, without formatting ~1.5 kB of text.
+    """
+
+    def __init__(self) -> None:
+        self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+
+    def run_delay_ns(self) -> int:
+        return int(os.pread(self._fd, 96, 0).split()[1])
+
+    @staticmethod
+    def nivcsw() -> int:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def status_nonvoluntary_switches(path: str = "/proc/thread-self/status") -> int:
+    """nonvoluntary_ctxt_switches from a status file (the slow, textual source of ``nivcsw``)."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise ValueError(f"{path}: no nonvoluntary_ctxt_switches line")
+
+
+def percentiles(values: Iterable[float] | np.ndarray) -> Percentiles:
+    """n, mean, p50/p99/p99.9 (nearest rank), max: one definition shared with the exporters.
+
+    A p99.9 of fewer than ~3,000 samples is an anecdote; the count travels with it.
+    """
+    return Percentiles.of(np.asarray(values, dtype=np.float64).ravel())
+
+
+def summarize(rows: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, Percentiles]:
+    """Percentiles per field of call rows shaped (n, len(CALL_FIELDS))."""
+    names = fields or [f for f in CALL_FIELDS if f != "t_end_s"]
+    return {f: percentiles(rows[:, COL[f]]) for f in names}
+
+
+def slow_infer_args(
+    hero: str, cpu: int, row: Sequence[float], sched_fifo: bool, threads: int
+) -> tuple[Any, ...]:
+    """Arguments for ``log.warning(SLOW_INFER_FORMAT, *args)`` from one call row."""
+    r = row
+    return (
+        hero,
+        cpu,
+        int(r[COL["slots"]]),
+        int(r[COL["batch"]]),
+        r[COL["engine_cpu_ms"]],
+        r[COL["engine_thread_cpu_ms"]],
+        r[COL["queue_wait_ms"]],
+        r[COL["wall_ms"]],
+        r[COL["deschedule_ms"]],
+        sched_fifo,
+        threads,
+        r[COL["run_delay_ms"]],
+        int(r[COL["nivcsw"]]),
+    )
+
+
+def is_slow(row: Sequence[float], engine_cpu_ms: float, total_ms: float) -> bool:
+    return row[COL["engine_cpu_ms"]] > engine_cpu_ms or row[COL["wall_ms"]] > total_ms
+
+
+class LatencyWindow:
+    """The last ``capacity`` values of one quantity; percentiles on demand (for clients and probes)."""
+
+    def __init__(self, capacity: int = 30_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity}: expected >= 1")
+        self._buf = np.zeros(capacity, dtype=np.float64)
+        self._count = 0
+
+    def add(self, value: float) -> None:
+        self._buf[self._count % self._buf.size] = value
+        self._count += 1
+
+    @property
+    def count(self) -> int:
+        """Values added since creation or the last ``clear`` (may exceed the capacity)."""
+        return self._count
+
+    def values(self) -> np.ndarray:
+        return self._buf[: min(self._count, self._buf.size)].copy()
+
+    def percentiles(self) -> Percentiles:
+        return percentiles(self.values())
+
+    def clear(self) -> None:
+        self._count = 0
+
+
+def percentiles_dict(p: Mapping[str, Percentiles]) -> dict[str, dict[str, float]]:
+    return {k: v.to_dict() for k, v in p.items()}

@@ -1,0 +1,158 @@
+"""Pin a thread to one CPU and raise its scheduling priority, with detection and logged fallbacks.
+
+Standard library only: the worker calls this before importing numpy or OpenVINO, because threads those
+libraries create inherit the mask of the thread that creates them, and OpenVINO sizes its thread pool
+from the affinity mask it sees at its first compile (shared/FIELD-NOTES.md).
+
+Everything here acts on the calling thread (Linux keeps affinity, nice and scheduling policy per thread)
+and is inherited by threads created afterwards, which is why the worker does it first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from lowtail.errors import LowtailError
+
+log = logging.getLogger(__name__)
+
+PR_SET_TIMERSLACK = 29
+PR_GET_TIMERSLACK = 30
+
+
+class CpuAffinityError(LowtailError, RuntimeError):
+    """The thread could not be pinned to the CPU it was leased (offline, outside the cpuset, ...)."""
+
+
+def pin_thread_to_cpu(cpu: int) -> None:
+    """Pin the calling thread to ``cpu`` and check that the kernel kept exactly that mask."""
+    if not isinstance(cpu, int) or cpu < 0:
+        raise CpuAffinityError(f"cpu={cpu!r}: expected a CPU number >= 0")
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError as e:
+        allowed = sorted(os.sched_getaffinity(0))
+        raise CpuAffinityError(
+            f"cannot pin to CPU {cpu} ({e.strerror}); this thread may run on CPUs {allowed}"
+        ) from None
+    actual = os.sched_getaffinity(0)
+    if actual != {cpu}:
+        raise CpuAffinityError(f"asked for CPU {cpu}, the kernel kept {sorted(actual)}")
+
+
+@dataclass(frozen=True)
+class NiceResult:
+    requested: int
+    achieved: int
+    error: str | None
+
+
+def raise_priority(nice: int = -20) -> NiceResult:
+    """Set the calling thread's nice value; where not permitted keep the current one and say why."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # who=0: the calling thread on Linux
+        error = None
+    except OSError as e:
+        error = f"setpriority({nice}) failed: {e.strerror}"
+        log.warning(
+            "nice %d not permitted (%s); staying at nice %d",
+            nice,
+            e.strerror,
+            os.getpriority(os.PRIO_PROCESS, 0),
+        )
+    return NiceResult(requested=nice, achieved=os.getpriority(os.PRIO_PROCESS, 0), error=error)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def set_timer_slack_ns(ns: int = 1) -> int:
+    """Set the calling thread's timer slack (default 50 us) and return the value read back.
+
+    With the default slack a 0.5 ms sleep or futex timeout really lasts ~0.57 ms.
+    """
+    libc = _libc()
+    if libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        log.warning("PR_SET_TIMERSLACK %d ns failed: %s", ns, os.strerror(err))
+    return int(libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0))
+
+
+class SchedFifo:
+    """SCHED_FIFO around each inference, SCHED_OTHER in between, only where the kernel permits it.
+
+    ``detect()`` tries once (FIFO then straight back to OTHER). Where it fails (no CAP_SYS_NICE,
+    RLIMIT_RTPRIO 0, a cgroup without an RT budget) the fallback is logged once and ``enter``/``leave``
+    do nothing: a worker never fails because of its priority. A later failure (for example the RT budget
+    removed at run time) disables it with one more log line. Switching back to SCHED_OTHER keeps the
+    nice value, so the nice -20 fallback still holds between inferences.
+    """
+
+    def __init__(self, priority: int = 1) -> None:
+        self.priority = priority
+        self.available = False
+        self.active = False  # SCHED_FIFO now (enter/leave are idempotent: no syscall when unchanged)
+        self.reason = "not detected yet"
+        self._fifo = os.sched_param(priority)
+        self._other = os.sched_param(0)
+
+    def detect(self) -> bool:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
+            os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
+        except OSError as e:
+            self.available = False
+            self.reason = f"sched_setscheduler(SCHED_FIFO, {self.priority}) failed: {e.strerror}"
+            log.warning("SCHED_FIFO unavailable, using nice only: %s", self.reason)
+            return False
+        self.available = True
+        self.reason = "permitted"
+        return True
+
+    def enter(self) -> None:
+        if self.available and not self.active:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
+                self.active = True
+            except OSError as e:
+                self._give_up(e)
+
+    def leave(self) -> None:
+        if self.active:
+            try:
+                os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
+                self.active = False
+            except OSError as e:
+                self._give_up(e)
+
+    def _give_up(self, e: OSError) -> None:
+        self.available = False
+        self.active = os.sched_getscheduler(0) == os.SCHED_FIFO
+        self.reason = f"sched_setscheduler failed at run time: {e.strerror}"
+        log.warning("SCHED_FIFO disabled: %s", self.reason)
+
+
+def start_pinned(proc: Any, cpu: int) -> None:
+    """``proc.start()`` with the child born on ``cpu``; the calling thread's mask is restored.
+
+    A spawned child inherits the mask of the thread that forks it, so it is on its CPU before its first
+    instruction, including whatever multiprocessing imports before the target runs (the parent's
+    ``__main__``); the target pins itself again and verifies.
+    """
+    saved = os.sched_getaffinity(0)
+    try:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError as e:
+            raise CpuAffinityError(
+                f"cannot start a process on CPU {cpu} ({e.strerror}); allowed CPUs: {sorted(saved)}"
+            ) from None
+        proc.start()
+    finally:
+        os.sched_setaffinity(0, saved)

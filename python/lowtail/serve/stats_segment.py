@@ -1,0 +1,128 @@
+"""The worker's stats segment: a control block and a ring of per-call rows shared with its parent.
+
+An anonymous ``memfd`` (nothing in /dev/shm to leak or sweep) created by the parent, inherited by the
+spawned worker and mapped by both. The worker writes rows and counters on its own core; the parent reads
+them and computes percentiles on its own CPU, so reporting costs the inference core nothing.
+
+Layout (little-endian; every word has exactly one writer):
+
+    offset  size  field             writer   meaning
+    0       8     magic             parent   b"LTWSTAT1"
+    8       8     capacity          parent   rows in the ring
+    16      8     ncols             parent   len(metrics.CALL_FIELDS)
+    24      8     stop_requested    parent   1: finish the current batch and exit
+    64      8     count             worker   rows written so far; row k lives at k % capacity
+    72      8     worker_pid        worker
+    80      8     state             worker   0 starting, 1 serving, 2 stopped, 3 failed
+    88      8     heartbeat_ns      worker   CLOCK_MONOTONIC at the last loop turn that checked in
+    96      8     threads           worker   threads in the worker process (refreshed when idle)
+    104     8     samples           worker   samples served
+    112     8     failed_requests   worker   requests failed by the worker (malformed, engine error)
+    120     8     slow_calls        worker   calls that logged slow_infer
+    128     8     engine_cpu_ns     worker   sum of process CPU time inside infer()
+    136     8     engine_thread_ns  worker   sum of the serving thread's CPU time inside infer()
+    144     8     sched_fifo        worker   1 while SCHED_FIFO is in use around inference
+    4096    8*capacity*ncols  rows  worker   float64 rows, see metrics.CALL_FIELDS
+
+The parent's word sits on its own cache line. Publication of a row is "write the row, then store
+count + 1" (x86-64 keeps stores in order); the reader keeps only rows that cannot have been
+overwritten while it copied them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from lowtail.errors import LowtailError
+from lowtail.serve.metrics import CALL_FIELDS
+
+MAGIC = int.from_bytes(b"LTWSTAT1", "little")
+HEADER_BYTES = 4096
+
+CAPACITY, NCOLS, STOP = 1, 2, 3
+COUNT, PID, STATE, HEARTBEAT, THREADS, SAMPLES, FAILED, SLOW, ENGINE_CPU, ENGINE_THREAD, FIFO = range(8, 19)
+STARTING, SERVING, STOPPED, FAILED_STATE = 0, 1, 2, 3
+STATE_NAMES = {STARTING: "starting", SERVING: "serving", STOPPED: "stopped", FAILED_STATE: "failed"}
+
+
+class StatsSegmentError(LowtailError, RuntimeError):
+    """The stats segment is not one this version wrote (wrong magic or shape)."""
+
+
+@dataclass(frozen=True)
+class CallBatch:
+    """Rows read since a cursor: ``rows`` (n, ncols), the next cursor, and rows lost to overwrite."""
+
+    rows: np.ndarray
+    cursor: int
+    lost: int
+
+
+class StatsSegment:
+    def __init__(self, fd: int, owner: bool) -> None:
+        self.fd = fd
+        self.owner = owner
+        size = os.fstat(fd).st_size
+        self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.header = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=self._mm)
+        if int(self.header[0]) != MAGIC or int(self.header[NCOLS]) != len(CALL_FIELDS):
+            self._unmap()
+            raise StatsSegmentError(f"fd {fd}: not a lowtail worker stats segment of this version")
+        cap = int(self.header[CAPACITY])
+        self.rows = np.ndarray(
+            (cap, len(CALL_FIELDS)), dtype=np.float64, buffer=self._mm, offset=HEADER_BYTES
+        )
+
+    @classmethod
+    def create(cls, capacity: int = 65536) -> StatsSegment:
+        if capacity < 16:
+            raise ValueError(f"capacity={capacity}: expected >= 16 rows")
+        fd = os.memfd_create("lowtail-worker-stats", os.MFD_CLOEXEC)
+        size = HEADER_BYTES + 8 * capacity * len(CALL_FIELDS)
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+            head = np.ndarray((4,), dtype=np.int64, buffer=mm)
+            head[:] = (MAGIC, capacity, len(CALL_FIELDS), 0)
+            del head
+        return cls(fd, owner=True)
+
+    @classmethod
+    def attach(cls, fd: int) -> StatsSegment:
+        return cls(fd, owner=False)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.rows.shape[0])
+
+    def word(self, index: int) -> int:
+        return int(self.header[index])
+
+    def read_calls(self, since: int = 0) -> CallBatch:
+        """Rows written at or after cursor ``since`` that are still intact (copies)."""
+        cap = self.capacity
+        c1 = int(self.header[COUNT])
+        start = max(since, c1 - cap)
+        idx = np.arange(start, c1) % cap
+        rows = self.rows[idx].copy()
+        c2 = int(self.header[COUNT])
+        # A row k may be overwritten once the writer starts row k + cap, i.e. once count >= k + cap.
+        first_safe = max(start, c2 - cap + 1)
+        rows = rows[first_safe - start :]
+        return CallBatch(rows=rows, cursor=c1, lost=first_safe - since if first_safe > since else 0)
+
+    def _unmap(self) -> None:
+        for name in ("header", "rows"):
+            if hasattr(self, name):
+                delattr(self, name)
+        self._mm.close()
+
+    def close(self) -> None:
+        if self._mm.closed:
+            return
+        self._unmap()
+        if self.owner:
+            os.close(self.fd)

@@ -1,0 +1,370 @@
+"""The pinned OpenVINO inference worker: a spawned process serving one queue from one leased CPU.
+
+Parent-side handle (stable API; the Ray inference actor uses exactly this)::
+
+    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+
+    w = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", config=WorkerConfig(name="hero3"))
+    info = w.wait_ready(timeout=60)      # dict: pid, affinity, nice, sched_fifo, precision, threads, ...
+                                         # raises WorkerStartFailed with the child's error
+    w.pid, w.cpu, w.alive()
+    batch = w.calls(since=cursor)        # CallBatch(rows, cursor, lost): per-call rows (metrics.CALL_FIELDS)
+    rep = w.report(since=cursor)         # WorkerReport: percentiles per field, counters, state
+    iso = w.isolation()                  # IsolationReport: threads, masks, the 1:1 CPU test
+    w.stop(timeout=5)                    # ask, then SIGTERM, then SIGKILL; frees the stats segment
+    # restart after a crash: WorkerProcess.start(...) again with the same descriptor; attaching fails
+    # whatever the dead worker left in flight (WorkerDied) and serves new requests.
+
+    m = measure_pinned(cpu=5, calls=3000)   # for validation: a queue + worker on CPU 5 driven by this
+                                            # thread; PinnedMeasurement(rows, report, isolation, ready)
+
+The child (``lowtail.serve.worker_child``) pins itself before importing numpy or OpenVINO. The handle
+also makes the child *born* pinned: ``start`` pins the calling thread to the CPU for the instant of the
+spawn (the child inherits the mask of the thread that forks it) and restores it, so even code that runs
+before the entry function (multiprocessing re-imports the parent's ``__main__`` module in a spawned
+child) is on the leased CPU. The calling thread's mask is restored whatever happens.
+
+Metrics travel through a memfd shared with the child (``lowtail.serve.stats_segment``): the worker
+writes one row per call; percentiles are computed here, on the parent's CPU, never on the inference core.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lowtail.errors import LowtailError
+from lowtail.node import cpulist
+from lowtail.serve import metrics
+from lowtail.serve import stats_segment as workerstats
+from lowtail.serve import worker_child as worker_main
+from lowtail.serve.model import find_model_xml
+from lowtail.serve.pinning import start_pinned
+
+
+class WorkerStartFailed(LowtailError, RuntimeError):
+    """The worker exited or reported an error before it was ready to serve."""
+
+
+class WorkerStartTimeout(LowtailError, TimeoutError):
+    """The worker did not report ready in time (it is still running; stop it)."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    name: str = ""  # the seed's "hero" label in slow_infer lines
+    precision: str = "f32"
+    nice: int = -20
+    sched_fifo: bool = True  # try SCHED_FIFO around inference (falls back to nice if not permitted)
+    fifo_priority: int = 1
+    fifo_scope: str = "call"  # "call": FIFO around each batch; "busy": until the queue idles a claim timeout
+    slow_engine_cpu_ms: float = metrics.SLOW_ENGINE_CPU_MS
+    slow_total_ms: float = metrics.SLOW_TOTAL_MS
+    claim_timeout_s: float = 0.05  # bounded wait per claim: the loop checks stop/parent at least this often
+    max_batch: int = 16  # initial size of the bound input buffers (grows if a batch is larger)
+    ring_capacity: int = 65536  # per-call rows kept for percentiles
+    probe_cpu_view: bool = False  # also report how many threads OpenVINO would pick by itself
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    pid: int
+    cpu: int
+    threads: int
+    masks: dict[str, int]  # cpulist -> threads with that mask
+    all_on_cpu: bool  # every thread of the worker may run only on its CPU
+    serving_thread_share: float  # the serving thread's share of the process's CPU time
+    engine_cpu_ratio: float  # process CPU / thread CPU inside infer(): ~1.0 when isolated (seed 3.1.7)
+    engine_calls: int
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    state: str
+    calls: int
+    lost: int
+    samples: int
+    failed_requests: int
+    slow_calls: int
+    sched_fifo: bool
+    threads: int
+    percentiles: dict[str, metrics.Percentiles] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["percentiles"] = metrics.percentiles_dict(self.percentiles)
+        return d
+
+
+# A process whose engine calls show more than this much process CPU per unit of thread CPU had other
+# threads running during inference: not isolated.
+ISOLATION_RATIO_LIMIT = 1.10
+
+
+class WorkerProcess:
+    def __init__(
+        self, proc: Any, conn: Any, stats: workerstats.StatsSegment, cpu: int, config: WorkerConfig
+    ) -> None:
+        self._proc = proc
+        self._pid = int(proc.pid)
+        self._conn = conn
+        self._stats: workerstats.StatsSegment | None = stats
+        self.cpu = cpu
+        self.config = config
+        self.ready_info: dict[str, Any] | None = None
+        self.exitcode: int | None = None
+
+    @classmethod
+    def start(
+        cls, descriptor: Any, cpu: int, model_dir: str | Path, config: WorkerConfig | None = None
+    ) -> WorkerProcess:
+        config = config or WorkerConfig()
+        xml = find_model_xml(model_dir)
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        stats = workerstats.StatsSegment.create(config.ring_capacity)
+        proc = ctx.Process(
+            target=worker_main.main,
+            kwargs={
+                "cpu": cpu,
+                "model_path": str(xml),
+                "descriptor": pickle.dumps(descriptor),
+                "stats_fd": worker_main.InheritedFd(stats.fd),
+                "conn": child_conn,
+                "config": asdict(config),
+            },
+            name=f"lowtail-worker-{config.name or cpu}",
+            daemon=True,
+        )
+        try:
+            start_pinned(proc, cpu)
+        except BaseException:
+            stats.close()
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
+        return cls(proc, parent_conn, stats, cpu, config)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def alive(self) -> bool:
+        return self._stats is not None and bool(self._proc.is_alive())
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
+        if self.ready_info is not None:
+            return self.ready_info
+        try:
+            got = self._conn.poll(timeout)
+            msg = self._conn.recv() if got else None
+        except (EOFError, OSError):
+            msg = None
+            got = True
+        if msg is None:
+            if not got and self.alive():
+                raise WorkerStartTimeout(
+                    f"worker pid {self.pid} on CPU {self.cpu}: not ready after {timeout} s"
+                )
+            self._proc.join(5)
+            raise WorkerStartFailed(
+                f"worker pid {self.pid} on CPU {self.cpu} exited with code {self._proc.exitcode} before ready"
+            )
+        if "failed" in msg:
+            self._proc.join(5)
+            raise WorkerStartFailed(f"worker on CPU {self.cpu} failed to start: {msg['failed']}")
+        info: dict[str, Any] = dict(msg)
+        self.ready_info = info
+        return info
+
+    def _segment(self) -> workerstats.StatsSegment:
+        if self._stats is None:
+            raise RuntimeError(f"worker pid {self.pid} was stopped; its stats are gone")
+        return self._stats
+
+    def calls(self, since: int = 0) -> workerstats.CallBatch:
+        """Per-call rows written since cursor ``since`` (pass back ``.cursor`` for the next window)."""
+        return self._segment().read_calls(since)
+
+    def report(self, since: int = 0) -> WorkerReport:
+        s = self._segment()
+        batch = s.read_calls(since)
+        return WorkerReport(
+            state=workerstats.STATE_NAMES.get(s.word(workerstats.STATE), "unknown"),
+            calls=int(batch.rows.shape[0]),
+            lost=batch.lost,
+            samples=s.word(workerstats.SAMPLES),
+            failed_requests=s.word(workerstats.FAILED),
+            slow_calls=s.word(workerstats.SLOW),
+            sched_fifo=bool(s.word(workerstats.FIFO)),
+            threads=s.word(workerstats.THREADS),
+            percentiles=metrics.summarize(batch.rows),
+        )
+
+    def isolation(self) -> IsolationReport:
+        """The worker's threads, their CPU masks and the seed's 1:1 test (process CPU ~ thread CPU)."""
+        s = self._segment()
+        masks: dict[str, int] = {}
+        cpu_ticks: dict[int, int] = {}
+        task_dir = Path(f"/proc/{self.pid}/task")
+        for t in task_dir.iterdir():
+            try:
+                status = (t / "status").read_text()
+                stat = (t / "stat").read_text()
+            except OSError:
+                continue  # a thread that just exited
+            for line in status.splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    mask = line.split(":", 1)[1].strip()
+                    masks[mask] = masks.get(mask, 0) + 1
+            fields = stat.rsplit(")", 1)[1].split()
+            cpu_ticks[int(t.name)] = int(fields[11]) + int(fields[12])  # utime + stime
+        total = sum(cpu_ticks.values())
+        share = cpu_ticks.get(self.pid, 0) / total if total else 1.0
+        engine_thread = s.word(workerstats.ENGINE_THREAD)
+        ratio = s.word(workerstats.ENGINE_CPU) / engine_thread if engine_thread else float("nan")
+        all_on_cpu = all(cpulist.parse(m) == {self.cpu} for m in masks)
+        ratio_ok = not engine_thread or ratio <= ISOLATION_RATIO_LIMIT
+        problems = []
+        if not all_on_cpu:
+            problems.append(f"thread masks {masks}, expected all {self.cpu}")
+        if not ratio_ok:
+            problems.append(
+                f"process/thread CPU in infer() = {ratio:.2f}, expected <= {ISOLATION_RATIO_LIMIT}"
+            )
+        return IsolationReport(
+            pid=self.pid,
+            cpu=self.cpu,
+            threads=len(cpu_ticks),
+            masks=masks,
+            all_on_cpu=all_on_cpu,
+            serving_thread_share=share,
+            engine_cpu_ratio=ratio,
+            engine_calls=s.word(workerstats.COUNT),
+            ok=all_on_cpu and ratio_ok,
+            detail="; ".join(problems) or "isolated",
+        )
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (for tests and for a hung worker)."""
+        self._proc.kill()
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """Ask the worker to finish its batch and exit; SIGTERM, then SIGKILL if it does not. Idempotent."""
+        if self._stats is not None:
+            if self.alive():
+                self._stats.header[workerstats.STOP] = 1
+                self._proc.join(timeout)
+            if self.alive():
+                self._proc.terminate()
+                self._proc.join(2.0)
+            if self.alive():
+                self._proc.kill()
+                self._proc.join(2.0)
+            self._proc.join(0)
+            self.exitcode = self._proc.exitcode
+            self._stats.close()
+            self._stats = None
+            self._conn.close()
+            if self.exitcode is not None:
+                self._proc.close()  # its sentinel fd
+        return self.exitcode
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class PinnedMeasurement:
+    rows: Any  # numpy (calls, len(metrics.CALL_FIELDS)): one row per engine call
+    report: WorkerReport
+    isolation: IsolationReport
+    ready: dict[str, Any]
+
+
+def measure_pinned(
+    cpu: int,
+    model_dir: str | Path | None = None,
+    *,
+    client_cpu: int | None = None,
+    batch: int = 16,
+    calls: int = 3000,
+    config: WorkerConfig | None = None,
+) -> PinnedMeasurement:
+    """Serve ``calls`` batches of ``batch`` samples through a fresh queue to a worker pinned on ``cpu``.
+
+    The calling thread is the client (pinned to ``client_cpu`` for the run when given, then restored).
+    Without ``model_dir`` the default policy model is built in a temporary directory. The worker is
+    stopped and the queue unlinked before returning; the rows stay.
+    """
+    import tempfile
+
+    import numpy as np
+
+    from lowtail.serve.model import ModelSpec, feature_input, write_model
+    from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
+
+    if calls < 1 or batch < 1:
+        raise ValueError(f"calls={calls}, batch={batch}: expected both >= 1")
+    with tempfile.TemporaryDirectory(prefix="lowtail-measure-") as tmp:
+        spec = ModelSpec()
+        xml = find_model_xml(model_dir) if model_dir is not None else write_model(tmp, spec)
+        name, features = feature_input(xml)
+        payload = batch * features * 4 + 4096
+        payload += -payload % 64
+        cfg = QueueConfig(
+            lanes=1,
+            slots_per_lane=2,
+            request_bytes=payload,
+            response_bytes=payload,
+            max_batch_samples=batch,
+            min_batch_samples=1,
+        )
+        x = {name: np.random.default_rng(0).standard_normal((batch, features), dtype=np.float32)}
+        saved = os.sched_getaffinity(0)
+        with InferenceQueue.create(cfg) as queue:
+            w = WorkerProcess.start(queue.descriptor, cpu, xml, config or WorkerConfig(name="measure"))
+            try:
+                ready = w.wait_ready(120)
+                if client_cpu is not None:
+                    os.sched_setaffinity(0, {client_cpu})
+                warm = min(100, calls)  # page faults, first futex waits
+                with QueueClient.attach(queue.descriptor) as client:
+                    for _ in range(warm):
+                        client.infer(x, timeout=30)
+                    # One request per engine call (one client, closed loop); the worker writes a call's
+                    # row just after answering it, so wait for the row before taking the cursor.
+                    cursor = _wait_for_rows(w, warm)
+                    for _ in range(calls):
+                        client.infer(x, timeout=30)
+                    _wait_for_rows(w, warm + calls)
+                rows = w.calls(cursor).rows
+                return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)
+            finally:
+                os.sched_setaffinity(0, saved)
+                w.stop()
+
+
+def _wait_for_rows(w: WorkerProcess, count: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (cursor := w.calls(count).cursor) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
+        time.sleep(0.001)
+    return count

@@ -1,0 +1,293 @@
+"""Entry point of the pinned inference worker process (the child side of ``lowtail.serve.worker``).
+
+Only the standard library is imported at module level, on purpose: the worker pins itself to its leased
+CPU before numpy or OpenVINO are imported, so every thread they create inherits the one-CPU mask and
+OpenVINO sizes its pool from it. Everything that needs numpy is imported inside ``main`` after pinning,
+and the queue descriptor arrives as pickled bytes for the same reason (unpickling it imports numpy).
+
+Order of work (seed section 3.1.4, plus what it lacked):
+ 1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
+ 2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
+ 3. attach to the queue as its single consumer, freeze the GC, report ready to the parent;
+ 4. serve: claim -> infer -> complete/fail, with SCHED_FIFO only around the work and per-call metrics.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any
+
+from lowtail.serve import pinning
+
+log = logging.getLogger(__name__)
+
+_stop = {"signalled": False}
+
+
+class InheritedFd:
+    """An fd handed to the spawned child through multiprocessing's own fd passing.
+
+    ``DupFd`` must be called while the Process object is being pickled (that is when the spawning Popen
+    can register the fd to be kept open in the child), hence the ``__reduce__``.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup: Any) -> InheritedFd:
+    return InheritedFd(int(dup.detach()))
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _stop["signalled"] = True
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def main(
+    *,
+    cpu: int,
+    model_path: str,
+    descriptor: bytes,
+    stats_fd: InheritedFd,
+    conn: Connection,
+    config: dict[str, Any],
+) -> None:
+    logging.basicConfig(
+        level=config.get("log_level", "INFO"),
+        format="%(asctime)s %(levelname)s lowtail.serve.worker["
+        + str(config.get("name", ""))
+        + " pid %(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu}
+    try:
+        # 1. Before any heavy import.
+        ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
+        pinning.pin_thread_to_cpu(cpu)
+        ready["affinity"] = sorted(os.sched_getaffinity(0))
+        nice = pinning.raise_priority(int(config.get("nice", -20)))
+        ready["nice"] = {"requested": nice.requested, "achieved": nice.achieved, "error": nice.error}
+        ready["timer_slack_ns"] = pinning.set_timer_slack_ns(1)
+        fifo = pinning.SchedFifo(int(config.get("fifo_priority", 1)))
+        if config.get("sched_fifo", True):
+            fifo.detect()
+        else:
+            fifo.reason = "disabled by configuration"
+        ready["sched_fifo"] = fifo.available
+        ready["sched_fifo_reason"] = fifo.reason
+
+        # 2. Heavy imports, now pinned.
+        import pickle
+
+        from lowtail.serve.engine import Engine
+        from lowtail.serve.stats_segment import StatsSegment
+
+        stats = StatsSegment.attach(stats_fd.fd)
+        engine = Engine(
+            model_path,
+            precision=str(config.get("precision", "f32")),
+            max_batch=int(config.get("max_batch", 16)),
+        )
+        ready["precision"] = engine.precision
+        ready["compiled"] = engine.properties()
+        ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
+        ready["outputs"] = engine.output_names
+        if config.get("probe_cpu_view", False):
+            # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
+            probe = engine.core.compile_model(str(engine.xml), "CPU")
+            ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
+            del probe
+
+        # 3. Attach and report.
+        from lowtail.shm.queue import QueueWorker
+
+        qworker = QueueWorker.attach(pickle.loads(descriptor))
+    except BaseException as e:
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        log.error("worker failed to start: %s", detail)
+        conn.send({"failed": detail, **ready})
+        conn.close()
+        sys.exit(1)
+
+    gc.collect()
+    gc.freeze()  # everything built so far stays out of every later collection
+    ready["gc_frozen"] = gc.get_freeze_count()
+    ready["threads"] = thread_count()
+    from lowtail.serve.stats_segment import PID
+
+    stats.header[PID] = os.getpid()
+    code = 0
+    try:
+        serve(
+            qworker=qworker,
+            engine=engine,
+            stats=stats,
+            fifo=fifo,
+            cpu=cpu,
+            config=config,
+            conn=conn,
+            ready=ready,
+        )
+    except BaseException:
+        log.exception("worker loop failed")
+        code = 1
+    finally:
+        qworker.close()
+        from lowtail.serve.stats_segment import FAILED_STATE, STATE, STOPPED
+
+        stats.header[STATE] = FAILED_STATE if code else STOPPED
+        stats.close()
+    sys.exit(code)
+
+
+def serve(
+    *,
+    qworker: Any,
+    engine: Any,
+    stats: Any,
+    fifo: pinning.SchedFifo,
+    cpu: int,
+    config: dict[str, Any],
+    conn: Connection,
+    ready: dict[str, Any],
+) -> None:
+    """The serving loop. Hot path first, idle housekeeping after it."""
+    from lowtail.serve import metrics as m
+    from lowtail.serve import stats_segment as ws
+    from lowtail.serve.engine import MalformedInput
+
+    hero = str(config.get("name", ""))
+    claim_timeout = float(config.get("claim_timeout_s", 0.05))
+    slow_cpu_ms = float(config.get("slow_engine_cpu_ms", m.SLOW_ENGINE_CPU_MS))
+    slow_total_ms = float(config.get("slow_total_ms", m.SLOW_TOTAL_MS))
+    counters = m.ThreadCounters()
+    h = stats.header
+    rows = stats.rows
+    cap = rows.shape[0]
+    ppid = os.getppid()
+    threads = int(ready["threads"])
+    h[ws.THREADS] = threads
+    h[ws.FIFO] = int(fifo.available)
+    h[ws.HEARTBEAT] = time.monotonic_ns()
+    h[ws.STATE] = ws.SERVING
+    conn.send({"ready": True, **ready})
+    conn.close()
+    log.info(
+        "serving on CPU %d: precision=%s sched_fifo=%s nice=%d threads=%d",
+        cpu,
+        engine.precision,
+        fifo.available,
+        ready["nice"]["achieved"],
+        threads,
+    )
+    perf, ptime, ttime, mono = (
+        time.perf_counter_ns,
+        time.process_time_ns,
+        time.thread_time_ns,
+        time.monotonic_ns,
+    )
+    # "call": SCHED_FIFO around each batch (the seed's toggle). "busy": from the first batch until the
+    # queue has been empty for a whole claim timeout, so back-to-back batches are never preempted
+    # between them; the queue's idle spin is bounded (then it parks), and RT throttling still applies.
+    per_call = config.get("fifo_scope", "call") == "call"
+    next_check = 0
+    count = 0
+    while not _stop["signalled"] and not h[ws.STOP]:
+        batch = qworker.claim(timeout=claim_timeout)
+        if batch is None:
+            fifo.leave()
+            now = mono()
+            if now >= next_check:  # idle housekeeping, at most twice a second
+                next_check = now + 500_000_000
+                h[ws.HEARTBEAT] = now
+                threads = thread_count()
+                h[ws.THREADS] = threads
+                if os.getppid() != ppid:
+                    log.warning("parent %d is gone; exiting", ppid)
+                    return
+            continue
+
+        # ---- hot path ----
+        t0, c0, th0 = perf(), ptime(), ttime()
+        rd0, iv0 = counters.run_delay_ns(), counters.nivcsw()
+        fifo.enter()
+        try:
+            inputs = batch.inputs
+            n = engine.check(inputs)
+        except (MalformedInput, ValueError) as e:
+            fifo.leave()
+            h[ws.FAILED] += fail_malformed(batch, e)
+            continue
+        e0, ec0, et0 = perf(), ptime(), ttime()
+        try:
+            outputs = engine.infer(inputs, n)
+        except Exception as e:
+            fifo.leave()
+            batch.fail(f"inference failed: {type(e).__name__}: {e}")
+            h[ws.FAILED] += len(batch.sizes)
+            log.error("inference failed for %d requests: %s", len(batch.sizes), e)
+            continue
+        e1, ec1, et1 = perf(), ptime(), ttime()
+        batch.complete(outputs)
+        if per_call:
+            fifo.leave()
+        t1, c1, th1 = perf(), ptime(), ttime()
+        rd1, iv1 = counters.run_delay_ns(), counters.nivcsw()
+
+        wall = (t1 - t0) / 1e6
+        cpu_ms = (c1 - c0) / 1e6
+        waits = batch.queue_wait_ns
+        now = mono()
+        h[ws.HEARTBEAT] = now
+        row = (
+            now / 1e9,
+            wall,
+            cpu_ms,
+            (th1 - th0) / 1e6,
+            max(0.0, wall - cpu_ms),
+            (e1 - e0) / 1e6,
+            (ec1 - ec0) / 1e6,
+            (et1 - et0) / 1e6,
+            (rd1 - rd0) / 1e6,
+            iv1 - iv0,
+            n,
+            len(batch.sizes),
+            max(waits) / 1e6 if len(waits) else 0.0,
+        )
+        rows[count % cap] = row
+        count += 1
+        h[ws.COUNT] = count
+        h[ws.SAMPLES] += n
+        h[ws.ENGINE_CPU] += ec1 - ec0
+        h[ws.ENGINE_THREAD] += et1 - et0
+        if m.is_slow(row, slow_cpu_ms, slow_total_ms):
+            h[ws.SLOW] += 1
+            log.warning(m.SLOW_INFER_FORMAT, *m.slow_infer_args(hero, cpu, row, fifo.available, threads))
+        if not fifo.available and h[ws.FIFO]:
+            h[ws.FIFO] = 0
+
+
+def fail_malformed(batch: Any, error: Exception) -> int:
+    """Fail a batch whose inputs do not fit the model; returns the number of requests failed.
+
+    The queue merges only requests with the same names, dtypes and per-sample shapes, so a request that
+    does not fit the model is never in a batch with one that does: failing the batch fails it alone.
+    """
+    batch.fail(f"malformed request: {error}")
+    return len(batch.sizes)

@@ -1,0 +1,390 @@
+"""Named numpy arrays in shared memory: the payload format of queue slots, and ndarray slots.
+
+A *payload* is a dict of named arrays sharing a leading batch dimension, written into a byte region as
+
+    offset 0   u32  header length H
+    offset 4   u32  flags (bit 0: the arrays live in an ndarray slot named in the header)
+    offset 8   H    header: pickle of (slot_name_or_None, ((name, dtype.str, shape), ...))
+    align64(8+H)    the arrays, each C-contiguous and 64-byte aligned, in header order
+
+The header is the only pickled part; it is cached on both sides by its bytes, so a steady stream of
+same-shaped requests pickles and unpickles nothing.
+
+An *ndarray slot* (the seed's SharedNdarraySlot) is a segment of its own holding the arrays of a
+payload too large for a queue slot; its *bundle* (segment name, directory, layout) is small and
+picklable, and both sides map the same pages, so neither side copies more than the writer's one copy
+in. Slots are pooled by the process that created them and reused across requests.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowtail.shm import numa
+from lowtail.shm.errors import BadRequest
+from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment
+
+ALIGN = 64
+FLAG_EXTERNAL = 1
+_PREFIX = struct.Struct("<II")
+NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+Spec = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class Plan:
+    """Everything about one payload shape, computed once: spec, batch, header bytes, inline layout.
+
+    Plans are interned (one object per distinct shape), so the hot paths compare them by identity.
+    """
+
+    __slots__ = (
+        "_rows",
+        "batch",
+        "ext_bytes",
+        "inline_end",
+        "inline_layout",
+        "merge_key",
+        "prefix_header",
+        "spec",
+    )
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.batch = spec[0][2][0]
+        h = header(None, spec)
+        self.prefix_header: np.ndarray[Any, Any] = np.frombuffer(_PREFIX.pack(len(h), 0) + h, np.uint8)
+        self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
+        self.ext_bytes = layout(spec, 0)[1]
+        self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
+        self._rows: dict[int, Plan] = {}
+
+    def with_batch(self, n: int) -> Plan:
+        """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""
+        if n == self.batch:
+            return self
+        hit = self._rows.get(n)
+        if hit is None:
+            hit = plan_for(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
+            self._rows[n] = hit
+        return hit
+
+
+_plans: dict[Spec, Plan] = {}
+_fast_plans: dict[tuple[tuple[Any, ...], ...], Plan] = {}
+
+
+def plan_for(spec: Spec) -> Plan:
+    hit = _plans.get(spec)
+    if hit is None:
+        hit = Plan(spec)
+        _bounded_put(_plans, spec, hit)
+    return hit
+
+
+def plan_of(arrays: Mapping[str, Any]) -> Plan:
+    """The (validated) plan of a payload; a shape seen before costs one dict lookup."""
+    try:
+        key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
+        hit = _fast_plans.get(key)
+    except (AttributeError, TypeError):
+        hit, key = None, ()
+    if hit is None:
+        spec, _ = describe(arrays)
+        hit = plan_for(spec)
+        if key:
+            _bounded_put(_fast_plans, key, hit)
+    return hit
+
+
+def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
+    """Validate a payload and return its spec and batch size.
+
+    Raises BadRequest naming the offending array: not a mapping of numpy arrays, a non-numeric dtype,
+    no leading dimension, or batch dimensions that disagree.
+    """
+    if not isinstance(arrays, Mapping) or not arrays:
+        raise BadRequest(f"a payload is a non-empty dict of named numpy arrays, got {type(arrays).__name__}")
+    spec: list[tuple[str, str, tuple[int, ...]]] = []
+    batch: int | None = None
+    first = ""
+    for name, arr in arrays.items():
+        if not isinstance(arr, np.ndarray):
+            raise BadRequest(f"input {name!r} is a {type(arr).__name__}, expected a numpy array")
+        if arr.dtype.kind not in NUMERIC_KINDS or arr.dtype.hasobject:
+            raise BadRequest(
+                f"input {name!r} has dtype {arr.dtype} (kind {arr.dtype.kind!r}); expected a numeric dtype "
+                f"(bool, int, uint, float, complex)"
+            )
+        if arr.ndim == 0:
+            raise BadRequest(f"input {name!r} is a scalar; expected a leading batch dimension")
+        if batch is None:
+            batch, first = arr.shape[0], name
+        elif arr.shape[0] != batch:
+            sizes = ", ".join(f"{k}={getattr(v, 'shape', ('-',))[:1]}" for k, v in arrays.items())
+            raise BadRequest(
+                f"batch dimension disagrees: {name!r} has {arr.shape[0]} rows but {first!r} has {batch} "
+                f"({sizes})"
+            )
+        spec.append((str(name), arr.dtype.str, tuple(int(d) for d in arr.shape)))
+    assert batch is not None
+    if batch < 1:
+        raise BadRequest(f"batch dimension is {batch}; expected at least 1 row")
+    return tuple(spec), batch
+
+
+_layout_cache: dict[tuple[Spec, int], tuple[tuple[ArrayLayout, ...], int]] = {}
+_header_cache: dict[tuple[str | None, Spec], bytes] = {}
+_decode_cache: dict[bytes, tuple[str | None, Spec]] = {}
+_CACHE_MAX = 4096
+
+
+def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()  # shapes that vary without bound must not grow memory without bound
+    cache[key] = value
+
+
+def layout(spec: Spec, base: int) -> tuple[tuple[ArrayLayout, ...], int]:
+    """Offsets of each array from ``base`` (64-aligned) and the end offset."""
+    key = (spec, base)
+    hit = _layout_cache.get(key)
+    if hit is not None:
+        return hit
+    off = align(base)
+    out: list[ArrayLayout] = []
+    for name, dstr, shape in spec:
+        dt = np.dtype(dstr)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        out.append(ArrayLayout(name, dt, shape, off, nbytes))
+        off = align(off + nbytes)
+    result = (tuple(out), off)
+    _bounded_put(_layout_cache, key, result)
+    return result
+
+
+def header(ext_name: str | None, spec: Spec) -> bytes:
+    key = (ext_name, spec)
+    hit = _header_cache.get(key)
+    if hit is None:
+        hit = pickle.dumps((ext_name, spec), protocol=pickle.HIGHEST_PROTOCOL)
+        _bounded_put(_header_cache, key, hit)
+    return hit
+
+
+def inline_nbytes(spec: Spec, ext_name: str | None = None) -> int:
+    """Bytes a payload takes in a slot region (the arrays included unless they go to an ndarray slot)."""
+    base = 8 + len(header(ext_name, spec))
+    if ext_name is not None:
+        return base
+    return layout(spec, base)[1]
+
+
+def external_nbytes(spec: Spec) -> int:
+    return layout(spec, 0)[1]
+
+
+def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec: Spec) -> int:
+    """Write the prefix and header at ``off`` of the uint8 array ``buf``; returns the data base offset."""
+    h = header(ext_name, spec)
+    _PREFIX.pack_into(buf, off, len(h), FLAG_EXTERNAL if ext_name is not None else 0)  # type: ignore[arg-type]
+    buf[off + 8 : off + 8 + len(h)] = np.frombuffer(h, np.uint8)
+    return 8 + len(h)
+
+
+def read_header(buf: np.ndarray[Any, Any], off: int, limit: int) -> tuple[str | None, Spec, int]:
+    """Parse a payload's header; returns (ndarray slot name or None, spec, header end relative to off)."""
+    hlen, _flags = _PREFIX.unpack_from(buf, off)  # type: ignore[arg-type]
+    if hlen <= 0 or 8 + hlen > limit:
+        raise BadRequest(f"corrupt payload header: length {hlen} in a {limit}-byte region")
+    raw = bytes(buf[off + 8 : off + 8 + hlen])
+    hit = _decode_cache.get(raw)
+    if hit is None:
+        try:
+            ext, spec = pickle.loads(raw)
+        except Exception as e:
+            raise BadRequest(f"corrupt payload header ({e})") from None
+        hit = (ext, spec)
+        _bounded_put(_decode_cache, raw, hit)
+    return hit[0], hit[1], 8 + hlen
+
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+_header_plans: dict[bytes, tuple[str | None, Plan]] = {}
+
+
+def read_plan(mem: memoryview, words: memoryview, off: int, limit: int) -> tuple[str | None, Plan, bytes]:
+    """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
+
+    Returns (ndarray slot name or None, plan, raw header bytes).
+    """
+    hlen = words[off >> 3] & 0xFFFFFFFF  # the u32 length of the prefix, read with its flags word
+    if hlen <= 0 or 8 + hlen > limit:
+        raise BadRequest(f"corrupt payload header: length {hlen} in a {limit}-byte region")
+    raw = mem[off + 8 : off + 8 + hlen].tobytes()
+    hit = _header_plans.get(raw)
+    if hit is None:
+        try:
+            ext, spec = pickle.loads(raw)
+            batch = spec[0][2][0]
+            ok = batch >= 1 and all(len(shape) > 0 and shape[0] == batch for _, _, shape in spec)
+        except Exception as e:
+            raise BadRequest(f"corrupt payload header ({e})") from None
+        if not ok:
+            raise BadRequest(f"batch dimension disagrees across inputs: {spec}")
+        hit = (ext, plan_for(spec))
+        _bounded_put(_header_plans, raw, hit)
+    return hit[0], hit[1], raw
+
+
+def views(buf: np.ndarray[Any, Any], arrays: tuple[ArrayLayout, ...], base: int) -> Arrays:
+    """Zero-copy numpy views of the arrays laid out from ``base`` in ``buf``."""
+    out: Arrays = {}
+    for a in arrays:
+        start = base + a.offset
+        out[a.name] = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    return out
+
+
+def copy_in(dst: dict[str, np.ndarray[Any, Any]], src: Mapping[str, np.ndarray[Any, Any]]) -> None:
+    for name, view in dst.items():
+        np.copyto(view, src[name], casting="no")
+
+
+class NdarraySlot:
+    """A segment holding one payload's arrays: the seed's SharedNdarraySlot, with a pooled lifetime."""
+
+    def __init__(self, seg: Segment, shm_dir: str) -> None:
+        self.segment = seg
+        self.shm_dir = shm_dir
+        self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
+        self.capacity = seg.size
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    @classmethod
+    def create(
+        cls, nbytes: int, shm_dir: str = SHM_DIR, mode: int = 0o600, numa_node: int | None = None
+    ) -> NdarraySlot:
+        def place(mm: Any) -> None:
+            if numa_node is not None:
+                numa.bind(mm, numa_node)
+
+        return cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
+
+    @classmethod
+    def attach(cls, name: str, shm_dir: str = SHM_DIR) -> NdarraySlot:
+        return cls(attach_segment(name, shm_dir), shm_dir)
+
+    @classmethod
+    def from_arrays(
+        cls, arrays: Mapping[str, np.ndarray[Any, Any]], shm_dir: str = SHM_DIR, mode: int = 0o600
+    ) -> tuple[NdarraySlot, dict[str, Any]]:
+        """Create a slot holding a copy of ``arrays``; returns it and its picklable bundle."""
+        spec, _ = describe(arrays)
+        slot = cls.create(external_nbytes(spec), shm_dir, mode)
+        return slot, slot.write(arrays, spec)
+
+    def write(self, arrays: Mapping[str, np.ndarray[Any, Any]], spec: Spec) -> dict[str, Any]:
+        lay, end = layout(spec, 0)
+        if end > self.capacity:
+            raise BadRequest(f"payload of {end} B does not fit ndarray slot {self.name} ({self.capacity} B)")
+        copy_in(views(self.buf, lay, 0), arrays)
+        return {"name": self.name, "shm_dir": self.shm_dir, "spec": spec}
+
+    def arrays(self, spec: Spec) -> dict[str, np.ndarray[Any, Any]]:
+        lay, end = layout(spec, 0)
+        if end > self.capacity:
+            raise BadRequest(f"layout of {end} bytes exceeds ndarray slot {self.name} ({self.capacity} B)")
+        return views(self.buf, lay, 0)
+
+    @classmethod
+    def open_bundle(cls, bundle: Mapping[str, Any]) -> tuple[NdarraySlot, dict[str, np.ndarray[Any, Any]]]:
+        """Attach a bundle made by ``from_arrays``/``write``: zero-copy views of the same pages."""
+        slot = cls.attach(bundle["name"], bundle["shm_dir"])
+        return slot, slot.arrays(bundle["spec"])
+
+    def close(self) -> None:
+        del self.buf
+        self.segment.close()
+
+
+class NdarraySlotPool:
+    """Ndarray slots created by this process, reused by size (power-of-two capacities, at least 64 KiB)."""
+
+    def __init__(self, shm_dir: str = SHM_DIR, mode: int = 0o600, numa_node: int | None = None) -> None:
+        self.shm_dir = shm_dir
+        self.mode = mode
+        self.numa_node = numa_node
+        self._free: list[NdarraySlot] = []
+        self._all: list[NdarraySlot] = []
+
+    def acquire(self, nbytes: int) -> NdarraySlot:
+        best: NdarraySlot | None = None
+        for s in self._free:
+            if s.capacity >= nbytes and (best is None or s.capacity < best.capacity):
+                best = s
+        if best is not None:
+            self._free.remove(best)
+            return best
+        cap = max(1 << 16, 1 << (max(nbytes, 1) - 1).bit_length())
+        slot = NdarraySlot.create(cap, self.shm_dir, self.mode, self.numa_node)
+        self._all.append(slot)
+        return slot
+
+    def release(self, slot: NdarraySlot) -> None:
+        self._free.append(slot)
+
+    def close(self) -> None:
+        for s in self._all:
+            s.close()
+        self._all.clear()
+        self._free.clear()
+
+
+class AttachedSlots:
+    """Ndarray slots of another process, attached once by name and kept (bounded) for reuse."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self._slots: dict[tuple[str, str], NdarraySlot] = {}
+        self._limit = limit
+
+    def get(self, name: str, shm_dir: str) -> NdarraySlot:
+        key = (name, shm_dir)
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= self._limit:
+                old_key = next(iter(self._slots))
+                self._slots.pop(old_key).close()
+            slot = NdarraySlot.attach(name, shm_dir)
+            self._slots[key] = slot
+        return slot
+
+    def close(self) -> None:
+        for s in self._slots.values():
+            s.close()
+        self._slots.clear()

@@ -1,0 +1,1177 @@
+"""The shared-memory inference queue: samplers (clients) -> one pinned worker -> back, without locks.
+
+Roles: the *server* (``InferenceQueue.create``, e.g. the Ray inference actor) owns the segment; each
+*client* (``QueueClient.attach``, a sampler) registers once and owns one *lane* of slots; one *worker*
+(``QueueWorker.attach``, the pinned OpenVINO process) claims requests in batches and answers them.
+
+Layout of the control segment ``lowtail.q.<pidns>.<pid>.<token>`` (little-endian; every field is an
+aligned u64 unless noted; L = lanes, S = slots per lane, g = lane * S + slot)::
+
+  offset                     size   field              single writer
+  -- header (page 0) --------------------------------------------------------------------------
+  0                          8      magic "LOWTAILQ"   creator, before anyone attaches
+  8                          4+4    version, lanes     creator
+  16                         4+4    slots/lane, request bytes   creator
+  24                         4+4    response bytes, numa node (+1, 0 = none)   creator
+  32                         8      creator pid        creator
+  64                         8      worker pid (0 none) worker (attach / close)
+  72                         8      worker epoch       worker (+1 per attach)
+  128                        8      worker_sleep       worker writes 1 to park, 0 on waking; a client
+                                                       writes 0 to wake it (the one shared-writer word:
+                                                       both stores are idempotent, a stray one costs a
+                                                       spurious wake-up). Low 32 bits are the futex.
+  192 + 8*l                  8      doorbell[l]        client of lane l: requests published so far
+  -- lane table at 4096, LANE_BYTES = align64(128 + 8*S) per lane ---------------------------------
+  +0                         8      gen                client of the lane (+1 per registration)
+  +8                         8      owner pid          client of the lane
+  +16                        8      client_parked      client of the lane (1 while in futex_wait)
+  +64                        8      tail               worker: requests of this lane taken
+  +72                        8      resp_count         worker: +1 per answer; low 32 bits: futex
+  +128 + 8*k                 8      ring[k]            client: slot of its request number k (mod S)
+  -- slot table at align64(4096 + L*LANE_BYTES), 128 bytes per slot g ---------------------------
+  +0   req_seq   +8 req_len   +16 req_state (FREE/WRITING/READY)   +24 submit_ns    client
+  +64  resp_seq  +72 claim_seq  +80 resp_len  +88 resp_status  +96 claim_ns  +104 done_ns   worker
+  -- request regions at align4096(...), request_bytes each, then response regions -------------
+  payloads in the ``lowtail.shm.payload`` format; a payload that does not fit goes to an ndarray slot.
+
+Publication: the writer fills the payload and the other words, then stores one sequence word last
+(the doorbell for a request, resp_seq for an answer). This relies on x86-64 TSO: aligned 8-byte
+stores are atomic and are never reordered with earlier stores, and loads are never reordered with
+earlier loads, so a reader that sees the new sequence number sees everything written before it.
+CPython writes a memoryview item of format "Q" with one 8-byte ``memcpy``, which compilers emit as
+a single ``mov``. On another architecture this module refuses to run.
+
+Slot states (the seed's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
+PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
+until the client has read it and wrote FREE).
+
+Waiting: each side spins (bounded) on the word it waits for, then parks on a futex after setting
+its parked word, a full barrier, and a re-check; the other side publishes, executes a full
+barrier, and makes the wake-up system call only when it sees the parked word set (see
+``lowtail.shm.futex``). Every park has a timeout, which is also when a client checks worker liveness.
+
+Liveness: the worker holds an OFD write lock on byte 0 of the segment file, a client on byte
+1 + lane (``lowtail.shm.ofd_lock``); the kernel releases them when the holder dies, so a killed client's
+lane is free at once, and a client finds a dead worker at its next park timeout. A new client of a
+lane bumps its gen; the worker skips the payload of an answer whose lane gen changed since the
+claim (the fence), and the new client does not reuse a slot until the dead client's request in it
+has been answered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtail.shm import numa, ofd_lock
+from lowtail.shm import payload as ndslot
+from lowtail.shm.errors import (
+    BadConfig,
+    BadRequest,
+    LaneBusy,
+    LaneUnavailable,
+    NumaError,
+    PayloadTooLarge,
+    QueueError,
+    QueueTimeout,
+    RequestFailed,
+    SegmentNotFound,
+    ShmTooSmall,
+    WorkerDied,
+)
+from lowtail.shm.futex import full_barrier, futex_wait, futex_wake, is_supported_platform
+from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Plan, Spec
+from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, sweep_dead
+
+__all__ = [
+    "BadConfig",
+    "BadRequest",
+    "Batch",
+    "InferenceQueue",
+    "LaneBusy",
+    "LaneUnavailable",
+    "NdarraySlot",
+    "NumaError",
+    "PayloadTooLarge",
+    "Pending",
+    "QueueClient",
+    "QueueConfig",
+    "QueueDescriptor",
+    "QueueError",
+    "QueueSnapshot",
+    "QueueTimeout",
+    "QueueWorker",
+    "RequestFailed",
+    "SegmentNotFound",
+    "ShmTooSmall",
+    "Ticket",
+    "WorkerDied",
+]
+
+MAGIC = int.from_bytes(b"LOWTAILQ", "little")
+VERSION = 1
+PAGE = 4096
+MAX_LANES = 256  # OFD lock bytes 1..256; doorbells fit page 0 with room to spare
+
+H_MAGIC, H_GEOM0, H_GEOM1, H_GEOM2, H_CREATOR = 0, 8, 16, 24, 32
+H_WORKER_PID, H_WORKER_EPOCH, H_WORKER_SLEEP, H_DOORBELLS = 64, 72, 128, 192
+LANE_BASE = PAGE
+L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
+SLOT_BYTES = 128
+S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS = 0, 8, 16, 24
+S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
+
+FREE, WRITING, READY = 0, 1, 2
+STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
+ST_OK, ST_FAILED, ST_BAD_REQUEST, ST_TOO_LARGE, ST_WORKER_DIED, ST_CLIENT_GONE = 0, 1, 2, 3, 4, 5
+_STATUS_ERRORS: dict[int, type[QueueError]] = {
+    ST_FAILED: RequestFailed,
+    ST_BAD_REQUEST: BadRequest,
+    ST_TOO_LARGE: PayloadTooLarge,
+    ST_WORKER_DIED: WorkerDied,
+    ST_CLIENT_GONE: RequestFailed,
+}
+PURE_SPIN_NS = 20_000  # a client spins without system calls this long, then yields while spinning
+PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
+WORKER_PARK_SLICE_S = 0.25
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Geometry and behaviour of a queue; validated at construction (``BadConfig`` names the field)."""
+
+    lanes: int = 16
+    slots_per_lane: int = 16
+    request_bytes: int = 16384
+    response_bytes: int = 32768
+    numa_node: int | None = None
+    max_batch_slots: int = 16
+    max_batch_samples: int = 16
+    min_batch_samples: int = 8
+    # Under load the worker waits up to this long for more samples when a batch is below
+    # min_batch_samples and another lane is active; a lone client never waits for it.
+    coalesce_us: int = 200
+    mode: int = 0o600
+    shm_dir: str = SHM_DIR
+    max_ndslot_bytes: int = 256 << 20  # a payload above this (or 0 to disable) raises PayloadTooLarge
+    client_spin_us: int = 200  # spin this long for an answer before parking
+    worker_idle_us: int = 2000  # the worker spins this long after its last request before parking
+
+    def __post_init__(self) -> None:
+        def check(name: str, ok: bool, expected: str) -> None:
+            if not ok:
+                raise BadConfig(f"QueueConfig.{name}={getattr(self, name)!r}: expected {expected}")
+
+        check("lanes", 1 <= self.lanes <= MAX_LANES, f"1..{MAX_LANES}")
+        check("slots_per_lane", 1 <= self.slots_per_lane <= 4096, "1..4096")
+        for name in ("request_bytes", "response_bytes"):
+            v = getattr(self, name)
+            check(name, v >= 256 and v % 64 == 0 and v < 1 << 31, "a multiple of 64 in 256..2^31")
+        check("numa_node", self.numa_node is None or self.numa_node >= 0, "None or a node number >= 0")
+        check("max_batch_slots", self.max_batch_slots >= 1, ">= 1")
+        check("max_batch_samples", self.max_batch_samples >= 1, ">= 1")
+        check(
+            "min_batch_samples",
+            1 <= self.min_batch_samples <= self.max_batch_samples,
+            f"1..max_batch_samples ({self.max_batch_samples})",
+        )
+        check("coalesce_us", 0 <= self.coalesce_us <= 100_000, "0..100000 (a bounded window)")
+        check("mode", 0 <= self.mode <= 0o777, "permission bits such as 0o600")
+        check("max_ndslot_bytes", self.max_ndslot_bytes >= 0, ">= 0 (0 disables ndarray slots)")
+        check("client_spin_us", 0 <= self.client_spin_us <= 1_000_000, "0..1000000")
+        check("worker_idle_us", 0 <= self.worker_idle_us <= 10_000_000, "0..10000000")
+
+    @property
+    def slots(self) -> int:
+        return self.lanes * self.slots_per_lane
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    lanes: int
+    spl: int
+    req_bytes: int
+    resp_bytes: int
+    lane_bytes: int
+    slot_base: int
+    req_base: int
+    resp_base: int
+    total: int
+
+    @classmethod
+    def of(cls, lanes: int, spl: int, req_bytes: int, resp_bytes: int) -> _Geometry:
+        lane_bytes = _align(L_RING + 8 * spl, 64)
+        slot_base = _align(LANE_BASE + lanes * lane_bytes, 64)
+        req_base = _align(slot_base + lanes * spl * SLOT_BYTES, PAGE)
+        resp_base = req_base + lanes * spl * req_bytes
+        total = _align(resp_base + lanes * spl * resp_bytes, PAGE)
+        return cls(lanes, spl, req_bytes, resp_bytes, lane_bytes, slot_base, req_base, resp_base, total)
+
+    def lane(self, lane: int, field_off: int) -> int:
+        """u64 index of a lane field."""
+        return (LANE_BASE + lane * self.lane_bytes + field_off) >> 3
+
+    def slot(self, g: int, field_off: int) -> int:
+        return (self.slot_base + g * SLOT_BYTES + field_off) >> 3
+
+    def req_off(self, g: int) -> int:
+        return self.req_base + g * self.req_bytes
+
+    def resp_off(self, g: int) -> int:
+        return self.resp_base + g * self.resp_bytes
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class QueueDescriptor:
+    """What a client or worker needs to attach: small and picklable (crosses Ray and spawn)."""
+
+    name: str
+    config: QueueConfig
+    hostname: str
+    boot_id: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.config.shm_dir) / self.name
+
+
+class _Mapped:
+    """A segment mapped with the u64 word view and byte view every role uses."""
+
+    def __init__(self, seg: Segment, geo: _Geometry) -> None:
+        self.seg = seg
+        self.geo = geo
+        self.mem = memoryview(seg.mm)
+        self.q = self.mem.cast("Q")
+        self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
+        self._anchor = np.frombuffer(seg.mm, np.uint64)
+        self.base_addr = int(self._anchor.ctypes.data)
+
+    def addr(self, index: int) -> int:
+        """Address of the u64 word at ``index`` (its low 32 bits are the futex word)."""
+        return self.base_addr + index * 8
+
+    def close(self) -> None:
+        # A view a caller still holds (batch inputs kept past complete()) must not keep the segment
+        # file alive: the mapping then lives until that view is collected, the name is unlinked now.
+        with contextlib.suppress(BufferError):
+            self.q.release()
+            self.mem.release()
+        del self.buf
+        del self._anchor
+        self.seg.close()
+
+
+def _attach(desc: QueueDescriptor) -> _Mapped:
+    if not is_supported_platform():
+        raise QueueError("the queue's publication protocol assumes x86-64 (TSO) store ordering on Linux")
+    local_boot = _boot_id()
+    if desc.boot_id and local_boot and desc.boot_id != local_boot:
+        raise SegmentNotFound(
+            f"queue {desc.name} lives on host {desc.hostname} (boot {desc.boot_id[:8]}), this is "
+            f"{socket.gethostname()} (boot {local_boot[:8]}): shared memory is node-local, use an "
+            f"inference endpoint on this node"
+        )
+    seg = attach_segment(desc.name, desc.config.shm_dir)
+    cfg = desc.config
+    geo = _Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
+    m = _Mapped(seg, geo)
+    if m.q[H_MAGIC >> 3] != MAGIC or seg.size < geo.total:
+        m.close()
+        raise SegmentNotFound(f"{desc.path} is not a lowtail queue of this geometry (magic or size mismatch)")
+    return m
+
+
+def _write_message(m: _Mapped, g: int, message: str) -> int:
+    raw = message.encode("utf-8", "replace")[: m.geo.resp_bytes]
+    off = m.geo.resp_off(g)
+    m.buf[off : off + len(raw)] = np.frombuffer(raw, np.uint8)
+    return len(raw)
+
+
+def _read_message(m: _Mapped, g: int, n: int) -> str:
+    off = m.geo.resp_off(g)
+    n = max(0, min(n, m.geo.resp_bytes))
+    return bytes(m.buf[off : off + n]).decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------------------------------
+# Server: owns the segment
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaneSnapshot:
+    lane: int
+    owner_pid: int
+    alive: bool
+    gen: int
+    states: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    name: str
+    worker_pid: int
+    worker_alive: bool
+    lanes: tuple[LaneSnapshot, ...]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class InferenceQueue:
+    """The queue's owner: creates, sizes, binds and pre-faults the segment; ``close`` unlinks it."""
+
+    def __init__(self, desc: QueueDescriptor, mapped: _Mapped) -> None:
+        self.descriptor = desc
+        self._m = mapped
+
+    @classmethod
+    def create(cls, config: QueueConfig | None = None) -> InferenceQueue:
+        cfg = config or QueueConfig()
+        if not is_supported_platform():
+            raise QueueError("the queue's publication protocol assumes x86-64 (TSO) store ordering on Linux")
+        sweep_dead(cfg.shm_dir)  # stale segments of dead owners, before we add ours
+        geo = _Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
+        if cfg.numa_node is not None:
+            numa.node_cpus(cfg.numa_node)  # a clear NumaError for an unknown node, before any allocation
+
+        def place(mm: Any) -> None:
+            if cfg.numa_node is not None:
+                numa.bind(mm, cfg.numa_node)
+
+        seg = create_segment("q", geo.total, cfg.shm_dir, cfg.mode, place)
+        try:
+            numa.prefault(seg.mm, cfg.numa_node)
+            m = _Mapped(seg, geo)
+        except BaseException:
+            seg.close()
+            raise
+        q = m.q
+        q[H_GEOM0 >> 3] = VERSION | (cfg.lanes << 32)
+        q[H_GEOM1 >> 3] = cfg.slots_per_lane | (cfg.request_bytes << 32)
+        q[H_GEOM2 >> 3] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
+        q[H_CREATOR >> 3] = os.getpid()
+        q[H_MAGIC >> 3] = MAGIC  # last: an attacher checks it
+        desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), _boot_id())
+        return cls(desc, m)
+
+    def __enter__(self) -> InferenceQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._m.seg.closed:
+            self._m.close()
+
+    @property
+    def nbytes(self) -> int:
+        return self._m.geo.total
+
+    def placement(self) -> dict[str, int]:
+        """Pages of the segment per NUMA node (move_pages with no target nodes)."""
+        return numa.placement(self._m.seg.mm)
+
+    def snapshot(self) -> QueueSnapshot:
+        m, geo, q = self._m, self._m.geo, self._m.q
+        fd = m.seg.fd
+        lanes: list[LaneSnapshot] = []
+        counts = dict.fromkeys(STATE_NAMES, 0)
+        for lane in range(geo.lanes):
+            states: list[str] = []
+            for s in range(geo.spl):
+                g = lane * geo.spl + s
+                st = _slot_state(q, geo, g)
+                counts[st] += 1
+                states.append(st)
+            lanes.append(
+                LaneSnapshot(
+                    lane,
+                    int(q[geo.lane(lane, L_PID)]),
+                    ofd_lock.held(fd, 1 + lane),
+                    int(q[geo.lane(lane, L_GEN)]),
+                    tuple(states),
+                )
+            )
+        return QueueSnapshot(
+            self.descriptor.name, int(q[H_WORKER_PID >> 3]), ofd_lock.held(fd, 0), tuple(lanes), counts
+        )
+
+
+def _slot_state(q: memoryview, geo: _Geometry, g: int) -> str:
+    req_state = q[geo.slot(g, S_REQ_STATE)]
+    req, claim, resp = q[geo.slot(g, S_REQ_SEQ)], q[geo.slot(g, S_CLAIM_SEQ)], q[geo.slot(g, S_RESP_SEQ)]
+    if req_state == WRITING:
+        return "WRITING"
+    if resp == req and req_state == READY:
+        return "DONE" if q[geo.slot(g, S_RESP_STATUS)] == ST_OK else "ERROR"
+    if req_state == FREE and resp == req:
+        return "FREE"
+    if claim == req:
+        return "PROCESSING"
+    return "READY"
+
+
+# --------------------------------------------------------------------------------------------------
+# Client: one lane, the hot path of a sampler
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ticket:
+    """A submitted request; ``QueueClient.wait`` turns it into outputs once."""
+
+    slot: int
+    seq: int
+    batch: int
+    submit_ns: int
+    consumed: bool = False
+
+
+class Pending:
+    """The seed's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
+
+    def __init__(self, client: QueueClient, ticket: Ticket) -> None:
+        self.client = client
+        self.ticket = ticket
+
+    def done(self) -> bool:
+        """True when the answer is there (``finish`` then returns without waiting)."""
+        return self.client.ready(self.ticket)
+
+    def finish(self, timeout: float = 1.0) -> Arrays:
+        return self.client.wait(self.ticket, timeout)
+
+
+class QueueClient:
+    """A sampler's end of the queue: one lane, up to ``slots_per_lane`` requests in flight.
+
+    Not thread-safe: one client per thread (a sampler loop); a process may hold several. Attach
+    after ``fork``/``spawn``, never before: a forked child would share the lane's lifetime lock.
+    """
+
+    def __init__(self, desc: QueueDescriptor, m: _Mapped, lane: int, spin_us: int) -> None:
+        self.descriptor = desc
+        self.lane = lane
+        self._m = m
+        cfg, geo = desc.config, m.geo
+        self._cfg = cfg
+        self._spin_ns = spin_us * 1000
+        q = m.q
+        self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
+        q[geo.lane(lane, L_GEN)] = self._gen
+        q[geo.lane(lane, L_PID)] = os.getpid()
+        q[geo.lane(lane, L_PARKED)] = 0
+        self._g0 = lane * geo.spl
+        self._head = int(q[H_DOORBELLS // 8 + lane])
+        self._doorbell_i = H_DOORBELLS // 8 + lane
+        self._ring_i = geo.lane(lane, L_RING)
+        self._parked_i = geo.lane(lane, L_PARKED)
+        self._count_i = geo.lane(lane, L_RESP_COUNT)
+        self._free: list[int] = []
+        self._quarantined: list[int] = []  # in flight for a dead predecessor: usable once answered
+        for s in range(geo.spl):
+            g = self._g0 + s
+            if q[geo.slot(g, S_REQ_SEQ)] == q[geo.slot(g, S_RESP_SEQ)]:
+                q[geo.slot(g, S_REQ_STATE)] = FREE
+                self._free.append(s)
+            else:
+                self._quarantined.append(s)
+        self._free.reverse()  # pop() hands out slot 0 first
+        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_req: dict[int, NdarraySlot] = {}
+        self._attached = AttachedSlots()
+        self._req_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._resp_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._timing = (0, 0, 0, 0)
+        self._closed = False
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, spin_us: int | None = None) -> QueueClient:
+        """Map the queue and take a free lane (the only step that may contend: OFD byte locks)."""
+        m = _attach(desc)
+        try:
+            for lane in range(m.geo.lanes):
+                if ofd_lock.try_lock(m.seg.fd, 1 + lane):
+                    return cls(desc, m, lane, desc.config.client_spin_us if spin_us is None else spin_us)
+        except BaseException:
+            m.close()
+            raise
+        m.close()
+        raise LaneUnavailable(
+            f"all {desc.config.lanes} lanes of queue {desc.name} are held by live clients; "
+            f"create the queue with more lanes"
+        )
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def generation(self) -> int:
+        return self._gen
+
+    @property
+    def last_timing(self) -> dict[str, int]:
+        """Of the last answer taken: time queued before the claim, claim to answer, and round trip (ns)."""
+        submit, claim, done, end = self._timing
+        return {"queue_wait_ns": claim - submit, "infer_ns": done - claim, "round_trip_ns": end - submit}
+
+    def close(self) -> None:
+        """Give the lane back; requests still in flight are abandoned (their answers are dropped)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._req_views.clear()
+        self._resp_views.clear()
+        self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
+        self._attached.close()
+        self._pool.close()
+        self._m.close()  # closing the fd drops the lane lock
+
+    def _take_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if self._quarantined:
+            q, geo = self._m.q, self._m.geo
+            for s in list(self._quarantined):
+                if q[geo.slot(self._g0 + s, S_REQ_SEQ)] == q[geo.slot(self._g0 + s, S_RESP_SEQ)]:
+                    self._quarantined.remove(s)
+                    q[geo.slot(self._g0 + s, S_REQ_STATE)] = FREE
+                    return s
+        raise LaneBusy(
+            f"all {self._m.geo.spl} slots of lane {self.lane} have requests in flight; "
+            f"wait() for one before submitting more"
+        )
+
+    def _write_external(self, s: int, g: int, plan: Plan, arrays: Mapping[str, Any]) -> int:
+        """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
+        self._req_views.pop(g, None)  # the header written below replaces any cached inline one
+        nd = self._nd_req.pop(s, None)
+        if nd is not None and nd.capacity < plan.ext_bytes:
+            self._pool.release(nd)
+            nd = None
+        if nd is None:
+            nd = self._pool.acquire(plan.ext_bytes)
+        self._nd_req[s] = nd
+        nd.write(arrays, plan.spec)
+        return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
+
+    def _check_size(self, plan: Plan) -> None:
+        geo = self._m.geo
+        limit = self._cfg.max_ndslot_bytes
+        if plan.ext_bytes > limit:
+            raise PayloadTooLarge(
+                f"request of {plan.ext_bytes} bytes ({_spec_text(plan.spec)}) exceeds the "
+                f"{geo.req_bytes}-byte slot and the ndarray-slot limit of {limit} bytes"
+            )
+        if ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.req_bytes:
+            raise PayloadTooLarge(
+                f"the header of {_spec_text(plan.spec)} alone exceeds the {geo.req_bytes}-byte slot"
+            )
+
+    # -- hot path: submit, wait --------------------------------------------------------------------
+
+    def submit(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Ticket:
+        """Write the request into a slot of this lane and publish it; returns at once."""
+        if self._closed:
+            raise QueueError("submit on a closed QueueClient")
+        plan = ndslot.plan_of(arrays)
+        m = self._m
+        geo, q = m.geo, m.q
+        inline = plan.inline_end <= geo.req_bytes
+        if not inline:
+            self._check_size(plan)
+        s = self._free.pop() if self._free else self._take_slot()
+        g = self._g0 + s
+        si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+        q[si + 2] = WRITING
+        try:
+            if inline:
+                cached = self._req_views.get(g)
+                if cached is None or cached[0] is not plan:
+                    off = geo.req_off(g)
+                    m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header
+                    cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
+                    self._req_views[g] = cached
+                    nd = self._nd_req.pop(s, None)
+                    if nd is not None:
+                        self._pool.release(nd)
+                for name, view in cached[1].items():
+                    np.copyto(view, arrays[name], casting="no")
+                nbytes = plan.inline_end
+            else:
+                nbytes = self._write_external(s, g, plan, arrays)
+        except BaseException:
+            q[si + 2] = FREE
+            self._free.append(s)
+            raise
+        seq = q[si] + 1
+        now = time.monotonic_ns()
+        q[si + 1] = nbytes
+        q[si + 3] = now
+        q[si] = seq
+        q[si + 2] = READY
+        head = self._head
+        q[self._ring_i + head % geo.spl] = s
+        self._head = head + 1
+        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
+        if q[H_WORKER_SLEEP >> 3]:
+            q[H_WORKER_SLEEP >> 3] = 0
+            futex_wake(m.addr(H_WORKER_SLEEP >> 3))
+        return Ticket(s, seq, plan.batch, now)
+
+    def ready(self, ticket: Ticket) -> bool:
+        g = self._g0 + ticket.slot
+        return bool(self._m.q[self._m.geo.slot(g, S_RESP_SEQ)] == ticket.seq)
+
+    def wait(self, ticket: Ticket, timeout: float = 1.0) -> Arrays:
+        """Outputs of ``ticket`` (copies owned by the caller). Raises QueueTimeout, WorkerDied, ..."""
+        if ticket.consumed:
+            raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
+        m = self._m
+        q = m.q
+        g = self._g0 + ticket.slot
+        si = (m.geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+        seq = ticket.seq
+        if q[si + 8] != seq:
+            clock = time.monotonic_ns
+            now = clock()
+            spin_end = now + self._spin_ns
+            yield_from = now + PURE_SPIN_NS
+            while q[si + 8] != seq:
+                now = clock()
+                if now > yield_from:
+                    # Past a typical round trip: let other runnable tasks on this CPU (other samplers)
+                    # go first. sched_yield returns at once when nobody else is runnable.
+                    if now > spin_end:
+                        self._park(si + 8, seq, timeout)
+                        break
+                    os.sched_yield()
+        return self._take_answer(ticket, g, si)
+
+    def _park(self, resp_i: int, seq: int, timeout: float) -> None:
+        m = self._m
+        q = m.q
+        clock = time.monotonic_ns
+        start = clock()
+        deadline = start + int(timeout * 1e9)
+        parked_i, count_i = self._parked_i, self._count_i
+        while True:
+            expected = q[count_i]
+            q[parked_i] = 1
+            full_barrier()  # order the parked store before the re-check below (Dekker)
+            if q[resp_i] == seq:
+                q[parked_i] = 0
+                return
+            now = clock()
+            if q[H_WORKER_PID >> 3] != 0 and not ofd_lock.held(m.seg.fd, 0):
+                q[parked_i] = 0
+                if q[resp_i] == seq:
+                    return
+                raise WorkerDied(
+                    f"the worker (pid {q[H_WORKER_PID >> 3]}) of queue {self.descriptor.name} died; "
+                    f"request seq {seq} in lane {self.lane} was not answered"
+                )
+            if now >= deadline:
+                q[parked_i] = 0
+                raise QueueTimeout(
+                    f"no answer within {(now - start) / 1e9:.3f} s for request seq {seq} in lane {self.lane} "
+                    f"of queue {self.descriptor.name} (the request stays in flight; wait again or close)"
+                )
+            futex_wait(m.addr(count_i), expected, min((deadline - now) / 1e9, PARK_SLICE_S))
+            q[parked_i] = 0
+            if q[resp_i] == seq:
+                return
+
+    def _take_answer(self, ticket: Ticket, g: int, si: int) -> Arrays:
+        m = self._m
+        geo, q, buf = m.geo, m.q, m.buf
+        status = q[si + 11]
+        self._timing = (ticket.submit_ns, q[si + 12], q[si + 13], time.monotonic_ns())
+        try:
+            if status != ST_OK:
+                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + 10]))
+            off = geo.resp_off(g)
+            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
+            if ext is not None:
+                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+            else:
+                cached = self._resp_views.get(g)
+                if cached is not None and cached[0] == raw:
+                    views = cached[1]
+                else:
+                    if plan.inline_end > geo.resp_bytes:
+                        raise RequestFailed(
+                            f"corrupt answer: {plan.inline_end}-byte layout in a {geo.resp_bytes} B slot"
+                        )
+                    views = ndslot.views(buf, plan.inline_layout, off)
+                    self._resp_views[g] = (raw, views)
+            return {k: v.copy() for k, v in views.items()}
+        finally:
+            ticket.consumed = True
+            q[si + 2] = FREE
+            self._free.append(ticket.slot)
+
+    def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout: float = 1.0) -> Arrays:
+        return self.wait(self.submit(arrays), timeout)
+
+    def start(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Pending:
+        return Pending(self, self.submit(arrays))
+
+
+def _spec_text(spec: Spec) -> str:
+    return ", ".join(f"{name}: {np.dtype(d).name}{list(shape)}" for name, d, shape in spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker: the single consumer
+# --------------------------------------------------------------------------------------------------
+
+
+class _Item:
+    """One claimed request (worker-private)."""
+
+    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "plan", "seq", "si", "submit_ns")
+
+    def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
+        self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
+    ) -> None:
+        self.lane = lane
+        self.g = g
+        self.si = si
+        self.seq = seq
+        self.gen = gen
+        self.submit_ns = submit_ns
+        self.claim_ns = claim_ns
+        self.plan: Plan | None = None
+        self.inputs: Arrays | None = None
+        self.done = False
+
+
+class Batch:
+    """Requests claimed together: merged inputs, and per-request completion."""
+
+    def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
+        self._worker = worker
+        self._items = items
+        self.sizes = [it.plan.batch for it in items if it.plan is not None]
+        self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
+        parts = [it.inputs for it in items if it.inputs is not None]
+        if len(parts) == 1:
+            self.inputs: Arrays = parts[0]  # zero-copy views of the request slot (or ndarray slot)
+        else:
+            self.inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def lanes(self) -> list[int]:
+        return [it.lane for it in self._items]
+
+    def complete(self, outputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        """Split ``outputs`` (leading dimension = total samples) per request and answer each.
+
+        The input views are invalid afterwards: a client may reuse its slot as soon as it is answered.
+        """
+        total = self.total
+        try:
+            plan = ndslot.plan_of(outputs)
+        except BadRequest as e:
+            self.fail(f"worker outputs: {e}")
+            raise
+        if plan.batch != total:
+            got = ", ".join(f"{name}={shape}" for name, _, shape in plan.spec)
+            msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
+            self.fail(msg)
+            raise BadRequest(msg)
+        worker = self._worker
+        if len(self._items) == 1:
+            it = self._items[0]
+            if not it.done:
+                worker._answer(it, ST_OK, outputs, plan, "")
+        else:
+            off = 0
+            for it in self._items:
+                assert it.plan is not None
+                n = it.plan.batch
+                if not it.done:
+                    part = {k: v[off : off + n] for k, v in outputs.items()}
+                    worker._answer(it, ST_OK, part, plan.with_batch(n), "")
+                off += n
+        worker._wake_parked(self._items)
+
+    def fail(self, message: str) -> None:
+        for it in self._items:
+            if not it.done:
+                self._worker._answer(it, ST_FAILED, None, None, message)
+        self._worker._wake_parked(self._items)
+
+    def fail_request(self, i: int, message: str) -> None:
+        it = self._items[i]
+        if not it.done:
+            self._worker._answer(it, ST_FAILED, None, None, message)
+            self._worker._wake_parked([it])
+
+
+class QueueWorker:
+    """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
+
+    def __init__(self, desc: QueueDescriptor, m: _Mapped, idle_us: int) -> None:
+        self.descriptor = desc
+        self._m = m
+        cfg, geo, q = desc.config, m.geo, m.q
+        self._cfg = cfg
+        self._idle_ns = idle_us * 1000
+        prev = int(q[H_WORKER_PID >> 3])
+        q[H_WORKER_PID >> 3] = os.getpid()
+        q[H_WORKER_EPOCH >> 3] = q[H_WORKER_EPOCH >> 3] + 1
+        q[H_WORKER_SLEEP >> 3] = 0
+        self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
+        # u64 indices of each lane's fields, computed once for the hot path
+        self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
+        self._gen_i = [geo.lane(lane, L_GEN) for lane in range(geo.lanes)]
+        self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
+        self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
+        self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._db_i = H_DOORBELLS >> 3
+        self._doorbells = q[self._db_i : self._db_i + geo.lanes]
+        self._drained = b""
+        self._unpack = struct.Struct(f"<{geo.lanes}Q").unpack
+        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_resp: dict[int, NdarraySlot] = {}
+        self._attached = AttachedSlots()
+        self._in_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._out_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._carry: list[_Item] = []
+        self._outstanding: dict[int, _Item] = {}
+        self._last_work_ns = time.monotonic_ns()
+        self._lane_seen_ns = [0] * geo.lanes
+        self._active: list[int] = []
+        self._rr = 0
+        self._closed = False
+        self.restarted_failed = self._fail_orphans(prev)
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
+        m = _attach(desc)
+        if not ofd_lock.try_lock(m.seg.fd, 0):
+            pid = m.q[H_WORKER_PID >> 3]
+            m.close()
+            raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
+        return cls(desc, m, desc.config.worker_idle_us if idle_us is None else idle_us)
+
+    def __enter__(self) -> QueueWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fail_orphans(self, prev_pid: int) -> int:
+        """Answer WorkerDied for every request a previous worker left PROCESSING."""
+        m = self._m
+        geo, q = m.geo, m.q
+        orphans: list[_Item] = []
+        for g in range(geo.lanes * geo.spl):
+            si = geo.slot(g, 0)
+            req = q[si]
+            if q[si + 9] == req and q[si + 8] != req:
+                lane = g // geo.spl
+                it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
+                msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
+                self._answer(it, ST_WORKER_DIED, None, None, msg)
+                orphans.append(it)
+        self._wake_parked(orphans)
+        return len(orphans)
+
+    def close(self) -> None:
+        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._carry + [it for it in self._outstanding.values() if not it.done]
+        for it in pending:
+            if not it.done:
+                self._answer(it, ST_FAILED, None, None, "worker closed before answering")
+        self._wake_parked(pending)
+        self._carry.clear()
+        self._outstanding.clear()
+        self._in_views.clear()
+        self._out_views.clear()
+        self._doorbells.release()
+        self._m.q[H_WORKER_PID >> 3] = 0
+        self._attached.close()
+        self._pool.close()
+        self._m.close()
+
+    def reclaimable_lanes(self) -> list[int]:
+        """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
+        m = self._m
+        return [
+            lane
+            for lane in range(m.geo.lanes)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+        ]
+
+    # -- hot path: claim, answer -------------------------------------------------------------------
+
+    def claim(self, timeout: float = 0.05) -> Batch | None:
+        """The next batch, or None after ``timeout`` seconds without a request."""
+        if self._closed:
+            raise QueueError("claim on a closed QueueWorker")
+        if self._carry:
+            carried, self._carry = self._carry, []
+            return self._batch(carried)
+        m = self._m
+        q = m.q
+        clock = time.monotonic_ns
+        now = clock()
+        deadline = now + int(timeout * 1e9)
+        sleep_i = H_WORKER_SLEEP >> 3
+        items: list[_Item] = []
+        doorbells, poll = self._doorbells, self._poll
+        while True:
+            if doorbells.tobytes() != self._drained:
+                poll(items)
+                if items:
+                    return self._coalesce(items)
+            now = clock()
+            if now >= deadline:
+                return None
+            if now - self._last_work_ns < self._idle_ns:
+                continue
+            q[sleep_i] = 1
+            full_barrier()  # order the sleep store before the doorbell re-check (Dekker)
+            poll(items)
+            if items:
+                q[sleep_i] = 0
+                return self._coalesce(items)
+            futex_wait(m.addr(sleep_i), 1, min((deadline - now) / 1e9, WORKER_PARK_SLICE_S))
+            q[sleep_i] = 0
+
+    def _poll(self, items: list[_Item]) -> None:
+        """Take published requests, round-robin over lanes, within the batch limits."""
+        raw = self._doorbells.tobytes()
+        if raw == self._drained:
+            return  # nothing new in any lane: one 8*L-byte compare instead of L word reads
+        m = self._m
+        q, geo = m.q, m.geo
+        tails = self._tails
+        heads = self._unpack(raw)
+        lanes = geo.lanes
+        cfg = self._cfg
+        max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
+        samples = sum(it.plan.batch for it in items if it.plan is not None)
+        spl = geo.spl
+        slot0 = geo.slot_base >> 3
+        full = False
+        now = time.monotonic_ns()
+        start = self._rr
+        # Lanes with work, in round-robin order from self._rr. Only lanes ever used are scanned; a lane
+        # used for the first time shows up as a change no known lane explains, which triggers a rescan.
+        pending = [lane for lane in self._active if heads[lane] != tails[lane]]
+        if not pending:
+            self._active = [lane for lane in range(lanes) if heads[lane]]
+            pending = [lane for lane in self._active if heads[lane] != tails[lane]]
+        if len(pending) > 1:
+            pending.sort(key=lambda lane: (lane - start) % lanes)
+        for lane in pending:
+            head = heads[lane]
+            tail = tails[lane]
+            self._lane_seen_ns[lane] = now
+            ring = self._ring_i[lane]
+            gen = q[self._gen_i[lane]]
+            while tail < head:
+                if len(items) >= max_slots:
+                    full = True
+                    break
+                s = q[ring + tail % spl]
+                if s >= spl:
+                    tail += 1  # never written by a well-behaved client; skip rather than crash
+                    continue
+                g = lane * spl + s
+                si = slot0 + g * (SLOT_BYTES >> 3)
+                it = _Item(lane, g, si, q[si], gen, q[si + 3], now)
+                self._decode(it)
+                plan = it.plan
+                if plan is not None and items and samples + plan.batch > max_samples:
+                    full = True
+                    break  # leave it for the next batch
+                tail += 1
+                q[si + 9] = it.seq  # claim_seq: PROCESSING
+                q[si + 12] = now
+                if plan is None:
+                    continue  # a bad request, answered already
+                items.append(it)
+                samples += plan.batch
+            tails[lane] = tail
+            q[self._tail_i[lane]] = tail
+            if full or samples >= max_samples:
+                full = True
+                self._rr = (lane + 1) % lanes
+                break
+        self._drained = b"" if full else raw
+
+    def _decode(self, it: _Item) -> None:
+        m = self._m
+        geo, buf = m.geo, m.buf
+        g = it.g
+        off = geo.req_off(g)
+        try:
+            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
+            if ext is not None:
+                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+            else:
+                cached = self._in_views.get(g)
+                if cached is not None and cached[0] == raw:
+                    views = cached[1]
+                else:
+                    if plan.inline_end > geo.req_bytes:
+                        raise BadRequest(
+                            f"request layout of {plan.inline_end} B exceeds the {geo.req_bytes} B slot"
+                        )
+                    views = ndslot.views(buf, plan.inline_layout, off)
+                    self._in_views[g] = (raw, views)
+        except (QueueError, ValueError, TypeError, IndexError) as e:
+            bad = isinstance(e, (BadRequest, ValueError, TypeError, IndexError))
+            m.q[it.si + 9] = it.seq
+            self._answer(it, ST_BAD_REQUEST if bad else ST_FAILED, None, None, str(e))
+            self._wake_parked([it])
+            return
+        it.plan, it.inputs = plan, views
+
+    def _coalesce(self, items: list[_Item]) -> Batch:
+        cfg = self._cfg
+        if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
+            samples = sum(it.plan.batch for it in items if it.plan is not None)
+            if samples < cfg.min_batch_samples:
+                now = time.monotonic_ns()
+                in_batch = {it.lane for it in items}
+                recent = now - 50_000_000
+                # Wait only when another lane was active lately: a lone client is never held.
+                if any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns)):
+                    end = now + cfg.coalesce_us * 1000
+                    while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
+                        self._poll(items)
+                        if sum(it.plan.batch for it in items if it.plan is not None) >= cfg.min_batch_samples:
+                            break
+        self._last_work_ns = time.monotonic_ns()
+        return self._batch(items)
+
+    def _batch(self, items: list[_Item]) -> Batch:
+        if len(items) > 1:
+            key = items[0].plan.merge_key if items[0].plan is not None else ()
+            same = [it for it in items if it.plan is not None and it.plan.merge_key == key]
+            if len(same) != len(items):
+                self._carry.extend(it for it in items if it not in same)  # a batch of their own next
+            items = same
+        for it in items:
+            self._outstanding[it.g] = it
+        return Batch(self, items)
+
+    def _answer(
+        self,
+        it: _Item,
+        status: int,
+        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
+        plan: Plan | None,
+        message: str,
+    ) -> None:
+        m = self._m
+        q, geo = m.q, m.geo
+        g, si = it.g, it.si
+        n = 0
+        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
+            status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
+        elif status == ST_OK and arrays is not None and plan is not None:
+            try:
+                if plan.inline_end <= geo.resp_bytes:
+                    cached = self._out_views.get(g)
+                    if cached is None or cached[0] is not plan:
+                        off = geo.resp_off(g)
+                        m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header
+                        cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
+                        self._out_views[g] = cached
+                    for name, view in cached[1].items():
+                        np.copyto(view, arrays[name], casting="no")
+                    n = plan.inline_end
+                else:
+                    n = self._answer_external(g, plan, arrays)
+            except QueueError as e:
+                status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
+        if status != ST_OK:
+            self._out_views.pop(g, None)
+            n = _write_message(m, g, message)
+        q[si + 10] = n
+        q[si + 11] = status
+        q[si + 13] = time.monotonic_ns()
+        q[si + 8] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
+        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        it.done = True
+        self._outstanding.pop(g, None)
+
+    def _answer_external(self, g: int, plan: Plan, arrays: Mapping[str, np.ndarray[Any, Any]]) -> int:
+        geo = self._m.geo
+        need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
+        if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:
+            raise PayloadTooLarge(
+                f"answer of {need} bytes ({_spec_text(plan.spec)}) exceeds the {geo.resp_bytes}-byte "
+                f"slot and the ndarray-slot limit of {limit} bytes"
+            )
+        self._out_views.pop(g, None)
+        nd = self._nd_resp.get(g)
+        if nd is None or nd.capacity < need:
+            if nd is not None:
+                self._pool.release(nd)
+            nd = self._pool.acquire(need)
+            self._nd_resp[g] = nd
+        nd.write(arrays, plan.spec)
+        return ndslot.write_header(self._m.buf, geo.resp_off(g), nd.name, plan.spec)
+
+    def _wake_parked(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        m = self._m
+        q = m.q
+        full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        if len(items) == 1:
+            lane = items[0].lane
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))
+            return
+        for lane in {it.lane for it in items}:
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))
