@@ -31,7 +31,7 @@ from lowtail.serve.config import WorkerConfig
 if TYPE_CHECKING:  # numpy and OpenVINO load only after pinning (module docstring)
     from lowtail.serve.engine import Engine
     from lowtail.serve.stats_segment import StatsSegment
-    from lowtail.shm.queue import Batch, QueueWorker
+    from lowtail.shm.queue import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def serve(
 
         # ---- hot path: every perf() pair below is one column of the breakdown ----
         t0 = perf()
-        claim_ns = mono() - claimed_ns(batch)
+        claim_ns = mono() - batch.claimed_ns
         sampled = count % every == 0
         th0 = ttime()
         c0 = ptime() if sampled else 0
@@ -325,15 +325,6 @@ def serve(
         if not fifo.available and h[ws.FIFO]:
             h[ws.FIFO] = 0
         record_ns = perf() - t1 - read_ns
-
-
-def claimed_ns(batch: Batch) -> int:
-    """CLOCK_MONOTONIC when the poll took the batch's earliest request.
-
-    Read from the queue's per-request items: the Batch API has no public claim time yet (shm/ belongs to
-    the queue issue); one attribute read per request.
-    """
-    return min(it.claim_ns for it in batch._items)
 
 
 def fail_malformed(batch: Any, error: Exception) -> int:

@@ -846,6 +846,8 @@ class Batch:
         self._items = items
         self.sizes = [it.plan.batch for it in items if it.plan is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
+        # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
+        self.claimed_ns = min([it.claim_ns for it in items], default=0)
         parts = [it.inputs for it in items if it.inputs is not None]
         if len(parts) == 1:
             self.inputs: Arrays = parts[0]  # zero-copy views of the request slot (or ndarray slot)
