@@ -19,15 +19,14 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
 ) -> None:
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--model", str(small_model), "--duration", "0.5", "--samplers", "2"]
-    # One traffic sampler: until the queue's new-lane fix (issue 11) lands, a second lane can starve.
-    argv += ["--traffic", "1x2", "--breakdown"]
+    argv += ["--traffic", "3x2", "--breakdown"]
     code = main(
         [*argv, "--json", str(out), "--png", str(tmp_path / "s.png"), "--html", str(tmp_path / "s.html")]
     )
     report = json.loads(out.read_text())
     assert code == 0, report["verdicts"]
     designs = [(r["label"], r["samplers"], r["batch"]) for r in report["results"]]
-    assert designs == [("bare (limit)", 0, 16), ("served x2", 2, 16), ("traffic 1x2", 1, 2)]
+    assert designs == [("bare (limit)", 0, 16), ("served x2", 2, 16), ("traffic 3x2", 3, 2)]
     for r in report["results"]:
         assert not r["error"]
         assert r["samples"] > 0 and r["latency_ms"]["n"] > 0 and r["deschedule_ms"]["n"] > 0
@@ -46,7 +45,7 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
-    assert "served x2" in text and "traffic 1x2" in text and "worker cost per engine call" in text
+    assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
 
 
 def write_static_batch_model(out: Path, features: int = 8) -> Path:
