@@ -587,13 +587,13 @@ def plot(results: list[DesignResult]) -> bytes:
     return buf.getvalue()
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None  # strict JSON has no NaN
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
 
 
@@ -742,7 +742,7 @@ def _finish(
     host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
     host += f"{load_before[0]:.1f} before, {load_after[0]:.1f} after"
     if args.json:
-        Path(args.json).write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(json_safe(report), indent=2) + "\n")
     if not results:
         return
     text = render_table(results)
