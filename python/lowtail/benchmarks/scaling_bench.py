@@ -242,10 +242,17 @@ def run_lanes(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         _write_json(args.json, report)
-    print(render_lanes(rows))
+    return _show(args, rows, render_lanes, plot_lanes, load)
+
+
+def _show(
+    args: argparse.Namespace, rows: list[dict[str, Any]], render: Any, plot: Any, load: tuple[float, ...]
+) -> int:
+    """Print the table and the host line, write the plot; exit 1 when a configuration failed."""
+    print(render(rows))
     print(_host_line(load))
     if args.png:
-        Path(args.png).write_bytes(plot_lanes(rows))
+        Path(args.png).write_bytes(plot(rows))
     return 1 if any(r["error"] for r in rows) else 0
 
 
@@ -402,11 +409,7 @@ def run_ndslot(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         _write_json(args.json, report)
-    print(render_ndslot(rows))
-    print(_host_line(load))
-    if args.png:
-        Path(args.png).write_bytes(plot_ndslot(rows))
-    return 1 if any(r["error"] for r in rows) else 0
+    return _show(args, rows, render_ndslot, plot_ndslot, load)
 
 
 def render_ndslot(rows: list[dict[str, Any]]) -> str:

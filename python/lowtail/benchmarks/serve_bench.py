@@ -535,12 +535,12 @@ def render_breakdown(results: list[DesignResult]) -> str:
             continue
         rows.append(
             [r.label, str(r.breakdown_us["overhead_us"].n)]
-            + [f"{r.breakdown_us[k].mean:.1f}/{r.breakdown_us[k].p99:.0f}" for k in BREAKDOWN]
+            + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in BREAKDOWN)]
             + [_f(r.worker_rss_mib, ".0f"), _f(r.queue_mib, ".2f")]
         )
     headers = ["design", "n calls", *[k.removesuffix("_us") for k in BREAKDOWN], "RSS MiB", "queue MiB"]
     return table.render(
-        headers, rows, title="worker cost per engine call beyond infer(), us mean/p99 (metrics.CALL_FIELDS)"
+        headers, rows, title="worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
     )
 
 
