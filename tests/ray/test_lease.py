@@ -185,7 +185,7 @@ def test_release_frees_the_cpu() -> None:
 def test_allowed_cpus_narrow_the_pool_and_an_empty_pool_is_an_error() -> None:
     alloc = LeaseAllocator(tiny_plan("1-8"), allowed={0, 1, 2, 3})
     assert alloc.pool == {1, 2, 3} and alloc.excluded == {4, 5, 6, 7, 8}
-    with pytest.raises(LeaseExhausted, match="empty lease pool: isolated 1-8"):
+    with pytest.raises(LeaseExhausted, match="plan's isolated CPUs 1-8 and the CPUs allowed here 0 "):
         LeaseAllocator(tiny_plan("1-8"), allowed={0})
 
 

@@ -23,7 +23,15 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from lowtail.lease import DEFAULT_STATE_DIR, Lease, LeaseAllocator, LeaseError, node_plan, pid_alive
+from lowtail.lease import (
+    DEFAULT_STATE_DIR,
+    Lease,
+    LeaseAllocator,
+    LeaseError,
+    cgroup_cpuset,
+    locate_plan,
+    pid_alive,
+)
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 
@@ -83,9 +91,41 @@ class AllocatorConfig:
     share: int = 1  # owners per CPU (demo only)
     audit_interval_s: float = 30.0
     reclaim_interval_s: float = 2.0
-    # Lease only CPUs in the allocator's own affinity mask (the pod's cpuset). Off only for plans that
-    # describe another machine (tests): the allocator pins nothing itself.
+    # Lease only CPUs in the allocator's cgroup cpuset (the pod's cpuset, the host's otherwise): never its
+    # affinity mask, which lowtail-ray.service narrows to the housekeeping CPUs (CPUAffinity=), while the
+    # pinned worker may still move onto any CPU of the cpuset. Off only for plans that describe another
+    # machine (tests): the allocator pins nothing itself.
     cpuset_only: bool = True
+
+
+def build_allocator(
+    node_id: str, config: AllocatorConfig, *, proc_root: str = "/proc/self", fs_root: str = "/"
+) -> LeaseAllocator:
+    """The allocator a ``NodeLeaseActor`` on ``node_id`` runs: its plan, and its pool cut to the cgroup's
+    cpuset (not this process's affinity mask). The roots point at a pod-like fixture tree in tests."""
+    if config.plan is not None:
+        plan, plan_source = Plan.from_dict(config.plan), "plan given in AllocatorConfig"
+    else:
+        plan, plan_source = locate_plan()
+    allowed: frozenset[int] | None = None
+    source = "no cpuset restriction"
+    if config.cpuset_only:
+        cpuset = cgroup_cpuset(proc_root, fs_root)
+        if cpuset is None:
+            log.warning("no cgroup cpuset visible: leasing from the whole plan (%s)", plan_source)
+        else:
+            allowed, source = cpuset.cpus, f"cgroup cpuset {cpuset.source}"
+    log.info("node %s: plan from %s; allowed CPUs from %s", node_id, plan_source, source)
+    return LeaseAllocator(
+        plan,
+        state_dir=config.state_dir.replace("{node}", node_id),
+        pool=None if config.pool is None else cpulist.parse(config.pool),
+        allowed=allowed,
+        allowed_source=f"{source}; plan from {plan_source}",
+        share=config.share,
+        alive=owner_alive,
+        audit_interval_s=config.audit_interval_s,
+    )
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -99,16 +139,7 @@ class NodeLeaseActor:
             raise WrongNode(f"allocator for node {node_id} was placed on node {here}")
         self._node_id = node_id
         self._config = config
-        plan = Plan.from_dict(config.plan) if config.plan is not None else node_plan()
-        self._alloc = LeaseAllocator(
-            plan,
-            state_dir=config.state_dir.replace("{node}", node_id),
-            pool=None if config.pool is None else cpulist.parse(config.pool),
-            allowed=os.sched_getaffinity(0) if config.cpuset_only else None,
-            share=config.share,
-            alive=owner_alive,
-            audit_interval_s=config.audit_interval_s,
-        )
+        self._alloc = build_allocator(node_id, config)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="lease-audit", daemon=True)
         self._ticker.start()
