@@ -391,7 +391,10 @@ class LeaseAllocator:
                 # pids from another boot mean nothing; a persistent state dir survives reboots.
                 log.warning("lease state %s is from another boot: starting with an empty table", path)
                 return {}
-            return {d["owner"]: Lease.from_dict(d) for d in data["leases"]}
+            leases = [Lease.from_dict(d) for d in data["leases"]]
+            for lease in leases:
+                owner_kind(lease.owner)  # a bogus owner is refused here, not a KeyError in an audit later
+            return {lease.owner: lease for lease in leases}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LeaseStateError(
                 f"lease state {path} is malformed ({e!r}); move it away to start empty"
@@ -414,7 +417,7 @@ class LeaseAllocator:
                 json.dump(data, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, 0o600)  # like its lock: owners' pids and actor ids are the node's business
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -6,21 +6,25 @@ process on a node finds the same one and no node ever borrows another's. It rest
 (``max_restarts=-1``) and a restarted allocator rebuilds its table from the node's state file
 (``lease.LeaseAllocator``), dropping owners that died meanwhile.
 
-Owners that are Ray actors are reclaimed when Ray says the actor is DEAD, besides when their process
-is gone. Leases are node-local: an allocator refuses a caller from another node with a clear error.
+An owner is reclaimed when its process is gone (pid and start time, ``lease.pid_alive``): owners are
+processes on this node and a Ray actor is its own worker process, which Ray ends when the actor dies,
+so no per-lease query of Ray's GCS is needed (its public state API needs the dashboard, which lowtail
+nodes run without). Leases are node-local: an allocator refuses a caller from another node with a
+clear error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from lowtail.lease import (
@@ -43,6 +47,10 @@ class AllocatorUnavailable(LeaseError):
     """The node's allocator actor did not answer a ping in time, or is dead."""
 
 
+class AllocatorStartFailed(LeaseError):
+    """The node's allocator raised in its constructor; the message carries that error."""
+
+
 class WrongNode(LeaseError):
     """A lease asked of another node's allocator: CPUs and shared memory are node-local."""
 
@@ -53,30 +61,6 @@ class AllocatorMismatch(LeaseError):
 
 def allocator_name(node_id: str) -> str:
     return f"lowtail-lease-{node_id}"
-
-
-def ray_actor_alive(actor_id: str) -> bool | None:
-    """False when Ray's GCS says the actor is DEAD; None when it cannot tell.
-
-    Uses the GCS actor table (``ray._private.state``): the public state API needs the dashboard, which
-    lowtail nodes run without (``include_dashboard=False``).
-    """
-    try:
-        from ray._private import state
-
-        info = state.actors(actor_id=actor_id)
-    except Exception:  # any failure here means "unknown", never "dead"
-        return None
-    if not info:
-        return None
-    return str(info.get("State", "")) != "DEAD"
-
-
-def owner_alive(lease: Lease) -> bool:
-    """Dead when the owner's process is gone, or when Ray says its actor is dead."""
-    if not pid_alive(lease):
-        return False
-    return lease.actor_id is None or ray_actor_alive(lease.actor_id) is not False
 
 
 @dataclass(frozen=True)
@@ -123,7 +107,7 @@ def build_allocator(
         allowed=allowed,
         allowed_source=f"{source}; plan from {plan_source}",
         share=config.share,
-        alive=owner_alive,
+        alive=pid_alive,
         audit_interval_s=config.audit_interval_s,
     )
 
@@ -221,9 +205,20 @@ def get_node_allocator(
     ).remote(node, cfg)
     try:
         running: AllocatorConfig = ray.get(handle.config.remote(), timeout=timeout_s)
-    except (GetTimeoutError, RayActorError) as e:
+    except GetTimeoutError:
         raise AllocatorUnavailable(
-            f"lease allocator {allocator_name(node)} did not answer within {timeout_s:.0f} s: {e}"
+            f"lease allocator {allocator_name(node)} did not answer within {timeout_s:.0f} s "
+            "(is the node overloaded, or its raylet gone?)"
+        ) from None
+    except ActorUnschedulableError as e:
+        raise AllocatorUnavailable(
+            f"lease allocator {allocator_name(node)} cannot be placed on node {node}: {e}"
+        ) from None
+    except RayActorError as e:
+        # The constructor's own exception (PoolMismatch, PlanNotFound, ...) is in the message: say that,
+        # not "no answer".
+        raise AllocatorStartFailed(
+            f"lease allocator {allocator_name(node)} failed to start: {creation_error(e)}"
         ) from None
     mine = (cfg.state_dir, cfg.pool, cfg.share, cfg.plan)
     theirs = (running.state_dir, running.pool, running.share, running.plan)
@@ -234,6 +229,13 @@ def get_node_allocator(
             " (stop it with stop_node_allocator() first)"
         )
     return handle
+
+
+def creation_error(e: BaseException) -> str:
+    """The exception line of an actor's failed constructor (Ray wraps it in a colored traceback)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
+    return lines[-1] if lines else text
 
 
 def ping(handle: Any, timeout_s: float = 5.0) -> dict[str, Any] | None:
