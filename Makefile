@@ -25,10 +25,10 @@ $(STAMP): $(REQS)
 demo: $(STAMP)
 	scripts/demo.sh
 
-# Remove the demo node if one is left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
+# Remove the demo's two nodes if they are left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
 # the sandbox image, the wheelhouse and the demo's outputs.
 demo-clean:
-	scripts/sandbox-node.sh rm lowtail-demo-node
+	scripts/sandbox-node.sh rm lowtail-demo-worker lowtail-demo-head
 	@if [ "$(ALL)" = 1 ]; then \
 	  podman image rm -f "$$(scripts/sandbox-image.sh --name)" 2>/dev/null || true; \
 	  rm -rf build/wheelhouse build/demo build/manifests; \
