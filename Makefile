@@ -41,9 +41,10 @@ $(STAMP): $(REQS)
 	$(PIP) --no-deps -e python
 	@touch $@
 
-# The main job for real on a sandbox node (scripts/demo.sh): the sandbox image and the wheelhouse (both
-# reused once built), a systemd container as the node, site.yml against it, the runtime installed from the
-# wheelhouse, a short serving demo and the node's validation inside it, a summary; nothing left running.
+# The main job for real on a two-node sandbox (scripts/demo.sh): the sandbox image and the wheelhouse (both
+# reused once built), two systemd containers as the nodes, one site.yml run against both, the runtime
+# installed from the wheelhouse and Ray started by its unit on each, the fleet validation, the serving demo
+# with a worker SIGKILL and the loss of the worker node, a summary; nothing left running.
 demo: system-deps $(STAMP)
 	scripts/demo.sh
 
