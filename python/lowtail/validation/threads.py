@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,15 @@ def thread_allowed(proc_root: Path, pid: int, tid: int) -> frozenset[int] | None
 class Sampler:
     """Charges run time to (thread, CPU) for the CPUs watched, from successive snapshots."""
 
-    def __init__(self, proc_root: Path, cpus: frozenset[int], interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        proc_root: Path,
+        cpus: frozenset[int],
+        interval_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.proc_root = proc_root
+        self._clock = clock
         self.cpus = cpus
         self.interval_s = interval_s
         self.charged: dict[tuple[int, int], int] = defaultdict(int)  # (tid, cpu) -> ns
@@ -120,7 +127,7 @@ class Sampler:
     def tick(self) -> None:
         now = snapshot(self.proc_root)
         self.samples += 1
-        self._t1 = time.monotonic()
+        self._t1 = self._clock()
         if self._last is None:
             self._t0 = self._t1
         else:
