@@ -295,3 +295,42 @@ def test_a_child_started_with_narrower_affinity_than_its_cpuset_fails() -> None:
     assert narrow.status is Status.FAIL, narrow
     assert narrow.data["allowed"] == str(max(cpus)) and "OCI runtime" in narrow.evidence[-1]
     assert own.status is Status.PASS, own
+
+
+def test_compare_shows_the_new_checks_before_and_after_a_fix(tmp_path: Path) -> None:
+    """A pod with a quota it was throttled by and an inherited affinity, then the same pod fixed."""
+    from lowtail.cli.main import main
+    from lowtail.validation.compare import compare, load_report, render_table
+    from tests.fixtures.machines import MACHINES, write_machine
+
+    reports = {}
+    for name, quota, allowed in (("before", "400000 100000", "0-1"), ("after", "max 100000", "4-7")):
+        root = tmp_path / name
+        stat = (
+            "nr_throttled 9\nthrottled_usec 45000" if name == "before" else "nr_throttled 0\nthrottled_usec 0"
+        )
+        sys_root, proc_root = write_machine(root, MACHINES["epyc_1s_nps1"])
+        v2_node(root, quota=quota, stat=stat, allowed=allowed)
+        (root / "proc/self").symlink_to("4242")
+        reports[name] = root / f"{name}.json"
+        main(
+            [
+                "validate",
+                "--sysfs-root",
+                str(sys_root),
+                "--procfs-root",
+                str(proc_root),
+                "--only",
+                "cfs_throttle,affinity",
+                "--cpus",
+                "4-7",
+                "--no-progress",
+                "--json",
+                str(reports[name]),
+            ]
+        )
+    cmp = compare(load_report(reports["before"]), load_report(reports["after"]))
+    rows = {r["name"]: (r["before"]["status"], r["after"]["status"]) for r in cmp["checks"]}
+    assert rows == {"affinity": ("fail", "pass"), "cfs_throttle": ("fail", "pass")}
+    table = render_table(cmp)
+    assert "cfs_throttle" in table and "9 throttled, 45.000 ms" in table

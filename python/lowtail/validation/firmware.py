@@ -147,8 +147,16 @@ def _boost(cpu_root: Path, cpus: frozenset[int]) -> str:
 
 
 def check_firmware(
-    sys_root: Path, topo: Topology, plan: Plan, cpus: frozenset[int], expected: Mapping[str, Any]
+    sys_root: Path,
+    topo: Topology,
+    plan: Plan,
+    cpus: frozenset[int],
+    expected: Mapping[str, Any],
+    *,
+    cmdline: str = "",
 ) -> Check:
+    """Fail on BIOS settings that differ from what the plan assumes; warn when the P-state mode is only
+    missing because the node has not booted with the plan's arguments yet (kernel_args reports that)."""
     name = "firmware"
     cpu_root = sys_root / "devices/system/cpu"
     facts = hardware_facts(topo)
@@ -169,11 +177,17 @@ def check_firmware(
         if want is not None and facts[key] != want:
             problems.append(f"{key} is {facts[key]!r}, expected {want!r} (check {HARDWARE_HINTS[key]})")
     wanted_mode = next((a.partition("=")[2] for a in plan.kernel_args if a.startswith("amd_pstate=")), None)
+    pending = ""
     if wanted_mode and topo.vendor == "AuthenticAMD" and pstate != wanted_mode:
-        problems.append(
-            f"amd_pstate is {pstate or 'not loaded'} ({driver or 'no cpufreq driver'}), the plan asks "
-            f"{wanted_mode}: the BIOS may have CPPC off"
-        )
+        have = f"amd_pstate is {pstate or 'not loaded'} ({driver or 'no cpufreq driver'})"
+        if f"amd_pstate={wanted_mode}" in cmdline.split():
+            # Booted with it and still not in effect: the firmware offers no CPPC (BIOS "CPPC" setting).
+            problems.append(
+                f"{have} although the kernel booted with amd_pstate={wanted_mode}: CPPC is off in the BIOS"
+            )
+        else:
+            pending = f"{have}; the plan asks amd_pstate={wanted_mode}, not on this boot's command line yet"
+        evidence.append(f"amd_pstate: plan {wanted_mode}, in effect {pstate or '-'}")
     threshold = "SMT/NPS/sockets/L3 as lowtail_expected_hardware; amd_pstate mode as the plan's kernel args"
     if expected:
         evidence.append(f"expected: {dict(expected)}")
@@ -188,6 +202,8 @@ def check_firmware(
             "; ".join(problems),
             data=data,
         )
+    if pending:
+        return Check(name, Status.WARN, "P-state mode pending", threshold, evidence, pending, data=data)
     value = "as expected" if expected or wanted_mode else "nothing expected (no lowtail_expected_hardware)"
     return Check(name, Status.PASS, value, threshold, evidence, data=data)
 

@@ -648,6 +648,11 @@ STATIC_CHECKS: dict[str, Callable[[Context], Check]] = {
     ),
     "cstates": lambda ctx: check_cstates(ctx.src.sys_root, ctx.cpus),
     "firmware": lambda ctx: check_firmware(
-        ctx.src.sys_root, ctx.topo, ctx.plan, ctx.cpus, ctx.expected_hardware
+        ctx.src.sys_root,
+        ctx.topo,
+        ctx.plan,
+        ctx.cpus,
+        ctx.expected_hardware,
+        cmdline=_read(ctx.src.proc_root / "cmdline") or "",
     ),
 }
