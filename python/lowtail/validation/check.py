@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from lowtail.errors import LowtailError
+from lowtail.telemetry.percentiles import rank as _rank
 
 
 class Status(StrEnum):
@@ -119,11 +120,6 @@ LADDER: tuple[float, ...] = (
     0.9999,
     1.0,
 )
-
-
-def _rank(n: int, q: float) -> int:
-    """Nearest-rank index: the smallest sample with at least q of the samples at or below it."""
-    return min(n - 1, max(0, math.ceil(q * n) - 1))
 
 
 def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str, Any]:
