@@ -61,7 +61,6 @@ CALL_FIELDS: tuple[str, ...] = (
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 
 
-
 # The seed's format (section 3.1.4), with the kernel's counters appended after its fields.
 SLOW_INFER_FORMAT = (
     "slow_infer hero=%s cpu=%d slots=%d total_batch=%d "
