@@ -36,6 +36,8 @@ from lowtail.benchmarks.queue_transports import (
 )
 from lowtail.cli.main import UsageError
 from lowtail.render import table
+from lowtail.render.progress import Progress
+from lowtail.telemetry.percentiles import quantiles
 
 ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the
@@ -64,6 +66,7 @@ def register(sub: Any) -> None:
         "queue", help="the shared-memory queue vs the seed's flock+poll queue, pipes, TCP, Ray"
     )
     p.add_argument("--quick", action="store_true", help="a smoke run with few round trips (CI)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here")
     p.add_argument("--png", metavar="FILE", help="write the latency plot (PNG) here")
     p.add_argument("--html", metavar="FILE", help="write an HTML report (plot and tables) here")
@@ -96,7 +99,7 @@ def register(sub: Any) -> None:
 
 
 def percentiles(samples_us: np.ndarray[Any, Any]) -> dict[str, float | int]:
-    p50, p99, p999 = np.percentile(samples_us, [50, 99, 99.9])
+    p50, p99, p999 = quantiles(samples_us, [0.5, 0.99, 0.999])
     return {
         "n": int(samples_us.size),
         "p50_us": round(float(p50), 2),
@@ -124,7 +127,7 @@ def _sched_counters() -> tuple[int, int]:
 
 
 def measure(
-    t: Transport, n: int, warmup: int, progress: str
+    t: Transport, n: int, warmup: int, progress: Progress
 ) -> tuple[np.ndarray[Any, Any], dict[str, float]]:
     rng = np.random.default_rng(1)
     obs = rng.standard_normal((16, 512)).astype(np.float32)
@@ -143,8 +146,8 @@ def measure(
         t.round_trip({"obs": obs})
         samples[i] = clock() - t0
         if (i + 1) % step == 0:
-            print(f"\r{progress} {i + 1}/{n}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            progress.update(i + 1, f"{i + 1}/{n}")
+    progress.finish()
     delay1, invol1 = _sched_counters()
     sched = {
         "client_run_delay_ms": round((delay1 - delay0) / 1e6, 3),
@@ -400,7 +403,8 @@ def run(args: argparse.Namespace) -> int:
                 t.start()  # before pinning: servers (and Ray's daemons) must not inherit the client's CPU
                 prepare(client_cpu, prio)
                 label = f"[{i + 1}/{len(names)}] {name}: round trips"
-                samples[name], sched = measure(t, n, WARMUP[mode], label)
+                bar = Progress(label, n, enabled=not args.no_progress)
+                samples[name], sched = measure(t, n, WARMUP[mode], bar)
             finally:
                 t.stop()
             report["transports"][name] = {**percentiles(samples[name]), **sched}
