@@ -92,7 +92,7 @@ from lowtail.shm.errors import (
     WorkerDied,
 )
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake, is_supported_platform
-from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Plan, Spec
+from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout, Spec
 from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name, sweep_dead
 
 __all__ = [
@@ -575,7 +575,7 @@ class QueueClient:
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
-        self._req_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._req_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._resp_views: dict[int, tuple[bytes, Arrays]] = {}
         self._timing = (0, 0, 0, 0)
         self._closed = False
@@ -666,7 +666,7 @@ class QueueClient:
         if ticket.slot in self._inflight:
             self._inflight[ticket.slot] = None
 
-    def _write_external(self, s: int, g: int, plan: Plan, arrays: Mapping[str, Any]) -> int:
+    def _write_external(self, s: int, g: int, plan: PayloadLayout, arrays: Mapping[str, Any]) -> int:
         """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
         self._req_views.pop(g, None)  # the header written below replaces any cached inline one
         nd = self._nd_req.pop(s, None)
@@ -679,7 +679,7 @@ class QueueClient:
         nd.write(arrays, plan.spec)
         return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
 
-    def _check_size(self, plan: Plan) -> None:
+    def _check_size(self, plan: PayloadLayout) -> None:
         geo = self._m.geo
         limit = self._cfg.max_ndslot_bytes
         if plan.ext_bytes > limit:
@@ -885,7 +885,7 @@ class _Item:
         self.gen = gen
         self.submit_ns = submit_ns
         self.claim_ns = claim_ns
-        self.plan: Plan | None = None
+        self.plan: PayloadLayout | None = None
         self.inputs: Arrays | None = None
         self.done = False
 
@@ -990,7 +990,7 @@ class QueueWorker:
         self._nd_resp: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
         self._in_views: dict[int, tuple[bytes, Arrays]] = {}
-        self._out_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
@@ -1265,7 +1265,7 @@ class QueueWorker:
         it: _Item,
         status: int,
         arrays: Mapping[str, np.ndarray[Any, Any]] | None,
-        plan: Plan | None,
+        plan: PayloadLayout | None,
         message: str,
     ) -> None:
         m = self._m
@@ -1302,7 +1302,9 @@ class QueueWorker:
         it.done = True
         self._outstanding.pop(g, None)
 
-    def _answer_external(self, g: int, plan: Plan, arrays: Mapping[str, np.ndarray[Any, Any]]) -> int:
+    def _answer_external(
+        self, g: int, plan: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
+    ) -> int:
         geo = self._m.geo
         need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
         if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:
