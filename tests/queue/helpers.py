@@ -215,3 +215,27 @@ def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed
     finally:
         del q
         m.close()
+
+
+def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
+    """Serve ``y = x`` and SIGKILL ourselves when ``QueueWorker.<func>`` reaches ``line_no``."""
+    import sys
+
+    from lowtail.shm import queue as queue_mod
+
+    code = getattr(queue_mod.QueueWorker, func).__code__
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is code:
+            if event == "line" and frame.f_lineno == line_no:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return tracer
+        return None
+
+    with QueueWorker.attach(desc) as w:
+        sys.settrace(tracer)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            b = w.claim(timeout=0.05)
+            if b is not None:
+                b.complete({"y": b.inputs["x"]})

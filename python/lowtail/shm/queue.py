@@ -621,9 +621,10 @@ class QueueClient:
         self._req_views.clear()
         self._resp_views.clear()
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
+        ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
         self._attached.close()
         self._pool.close()
-        self._m.close()  # closing the fd drops the lane lock
+        self._m.close()
 
     def _published_slots(self) -> set[int]:
         """Slots the worker may still take: ring positions [tail, doorbell) of this lane.
@@ -1050,6 +1051,9 @@ class QueueWorker:
         self._out_views.clear()
         self._doorbells.release()
         self._m.q[H_WORKER_PID >> 3] = 0
+        # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
+        # complete()) keeps the open file description, and with it the lock, alive after close(fd).
+        ofd_lock.unlock(self._m.seg.fd, 0)
         self._attached.close()
         self._pool.close()
         self._m.close()
