@@ -132,6 +132,16 @@ L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
 SLOT_BYTES = 128
 S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS = 0, 8, 16, 24
 S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
+# The same fields as u64 word indices from a slot's first word ``si``: the hot paths read
+# ``q[si + W_RESP_SEQ]``, never a bare number.
+W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (
+    S_REQ_SEQ >> 3,
+    S_REQ_LEN >> 3,
+    S_REQ_STATE >> 3,
+    S_SUBMIT_NS >> 3,
+)
+W_RESP_SEQ, W_CLAIM_SEQ, W_RESP_LEN = S_RESP_SEQ >> 3, S_CLAIM_SEQ >> 3, S_RESP_LEN >> 3
+W_RESP_STATUS, W_CLAIM_NS, W_DONE_NS = S_RESP_STATUS >> 3, S_CLAIM_NS >> 3, S_DONE_NS >> 3
 
 FREE, WRITING, READY = 0, 1, 2
 STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
@@ -708,7 +718,7 @@ class QueueClient:
         s = self._free.pop() if self._free else self._take_slot()
         g = self._g0 + s
         si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-        q[si + 2] = WRITING
+        q[si + W_REQ_STATE] = WRITING
         try:
             if inline:
                 cached = self._req_views.get(g)
@@ -727,15 +737,15 @@ class QueueClient:
             else:
                 nbytes = self._write_external(s, g, plan, arrays)
         except BaseException:
-            q[si + 2] = FREE
+            q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        seq = q[si] + 1
+        seq = q[si + W_REQ_SEQ] + 1
         now = time.monotonic_ns()
-        q[si + 1] = nbytes
-        q[si + 3] = now
-        q[si] = seq
-        q[si + 2] = READY
+        q[si + W_REQ_LEN] = nbytes
+        q[si + W_SUBMIT_NS] = now
+        q[si + W_REQ_SEQ] = seq
+        q[si + W_REQ_STATE] = READY
         head = self._head
         q[self._ring_i + head % geo.spl] = s
         self._head = head + 1
@@ -761,12 +771,12 @@ class QueueClient:
         g = self._g0 + ticket.slot
         si = (m.geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
         seq = ticket.seq
-        if q[si + 8] != seq:
+        if q[si + W_RESP_SEQ] != seq:
             clock = time.monotonic_ns
             now = clock()
             spin_end = now + self._spin_ns
             yield_from = now + PURE_SPIN_NS
-            while q[si + 8] != seq:
+            while q[si + W_RESP_SEQ] != seq:
                 now = clock()
                 if now > yield_from:
                     # Past a typical round trip: let other runnable tasks on this CPU (other samplers)
@@ -780,7 +790,7 @@ class QueueClient:
     def _park(self, ticket: Ticket, si: int, timeout: float) -> None:
         m = self._m
         q = m.q
-        seq, resp_i = ticket.seq, si + S_RESP_SEQ // 8
+        seq, resp_i = ticket.seq, si + W_RESP_SEQ
         clock = time.monotonic_ns
         start = clock()
         deadline = _deadline_ns(start, timeout)
@@ -798,7 +808,7 @@ class QueueClient:
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
                 dead_worker = int(q[H_WORKER_PID >> 3])
-                if q[si + S_CLAIM_SEQ // 8] == seq:
+                if q[si + W_CLAIM_SEQ] == seq:
                     q[parked_i] = 0
                     if q[resp_i] == seq:
                         return
@@ -828,11 +838,11 @@ class QueueClient:
     def _take_answer(self, ticket: Ticket, g: int, si: int) -> Arrays:
         m = self._m
         geo, q, buf = m.geo, m.q, m.buf
-        status = q[si + 11]
-        self._timing = (ticket.submit_ns, q[si + 12], q[si + 13], time.monotonic_ns())
+        status = q[si + W_RESP_STATUS]
+        self._timing = (ticket.submit_ns, q[si + W_CLAIM_NS], q[si + W_DONE_NS], time.monotonic_ns())
         try:
             if status != ST_OK:
-                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + 10]))
+                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + W_RESP_LEN]))
             off = geo.resp_off(g)
             ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
             if ext is not None:
@@ -851,7 +861,7 @@ class QueueClient:
             return {k: v.copy() for k, v in views.items()}
         finally:
             ticket.consumed = True
-            q[si + 2] = FREE
+            q[si + W_REQ_STATE] = FREE
             self._inflight.pop(ticket.slot, None)
             self._free.append(ticket.slot)
 
@@ -1025,8 +1035,8 @@ class QueueWorker:
         orphans: list[_Item] = []
         for g in range(geo.lanes * geo.spl):
             si = geo.slot(g, 0)
-            req = q[si]
-            if q[si + 9] == req and q[si + 8] != req:
+            req = q[si + W_REQ_SEQ]
+            if q[si + W_CLAIM_SEQ] == req and q[si + W_RESP_SEQ] != req:
                 lane = g // geo.spl
                 it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
                 msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
@@ -1166,13 +1176,13 @@ class QueueWorker:
             return None
         g = lane * geo.spl + s
         si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-        seq = q[si + S_REQ_SEQ // 8]
-        if q[si + S_CLAIM_SEQ // 8] == seq or q[si + S_RESP_SEQ // 8] == seq:
+        seq = q[si + W_REQ_SEQ]
+        if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
             q[self._tail_i[lane]] = tail + 1
             return None  # claimed (by us or a dead predecessor) or answered: never twice
-        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + S_SUBMIT_NS // 8], now)
-        q[si + S_CLAIM_NS // 8] = now
-        q[si + S_CLAIM_SEQ // 8] = seq  # PROCESSING
+        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
+        q[si + W_CLAIM_NS] = now
+        q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         q[self._tail_i[lane]] = tail + 1
         self._lane_seen_ns[lane] = now
         self._decode(it)
@@ -1192,11 +1202,11 @@ class QueueWorker:
         for s in range(geo.spl):
             g = lane * geo.spl + s
             si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-            seq = q[si + S_REQ_SEQ // 8]
+            seq = q[si + W_REQ_SEQ]
             # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
-            if seq != q[si + S_RESP_SEQ // 8] and seq != q[si + S_CLAIM_SEQ // 8]:
-                it = _Item(lane, g, si, seq, gen, q[si + S_SUBMIT_NS // 8], time.monotonic_ns())
-                q[si + S_CLAIM_SEQ // 8] = seq
+            if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
+                it = _Item(lane, g, si, seq, gen, q[si + W_SUBMIT_NS], time.monotonic_ns())
+                q[si + W_CLAIM_SEQ] = seq
                 self._answer(it, ST_BAD_REQUEST, None, None, f"lane {lane} fenced: {why}")
                 failed.append(it)
         self._tails[lane] = head
@@ -1297,10 +1307,10 @@ class QueueWorker:
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
-        q[si + 10] = n
-        q[si + 11] = status
-        q[si + 13] = time.monotonic_ns()
-        q[si + 8] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
         ci = self._count_i[it.lane]
         q[ci] = (q[ci] + 1) & 0xFFFFFFFF
         it.done = True
