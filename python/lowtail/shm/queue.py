@@ -60,6 +60,7 @@ has been answered.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -724,7 +725,7 @@ class QueueClient:
                 cached = self._req_views.get(g)
                 off = geo.req_off(g)
                 # Written every time (~0.3 us): a header another process overwrote heals at once.
-                m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header
+                m.mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes
                 if cached is None or cached[0] is not plan:
                     cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
                     self._req_views[g] = cached
@@ -1006,6 +1007,7 @@ class QueueWorker:
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
+        self._lane_ids = range(geo.lanes)
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
         self._active: list[int] = []
         self._rr = 0
@@ -1132,8 +1134,10 @@ class QueueWorker:
         samples = sum(it.plan.batch for it in items if it.plan is not None)
         now = time.monotonic_ns()
         start = self._rr
-        pending = [lane for lane in range(start, lanes) if heads[lane] != tails[lane]]
-        pending += [lane for lane in range(start) if heads[lane] != tails[lane]]
+        pending = [lane for lane, h, t in zip(self._lane_ids, heads, tails, strict=True) if h != t]
+        if start and len(pending) > 1:  # round robin: from the lane after the one served last
+            cut = bisect.bisect_left(pending, start)
+            pending = pending[cut:] + pending[:cut]
         full = False
         while pending and not full:
             again: list[int] = []
@@ -1293,7 +1297,7 @@ class QueueWorker:
                 if plan.inline_end <= geo.resp_bytes:
                     cached = self._out_views.get(g)
                     off = geo.resp_off(g)
-                    m.buf[off : off + len(plan.prefix_header)] = plan.prefix_header  # heals, as above
+                    m.mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes  # heals, as above
                     if cached is None or cached[0] is not plan:
                         cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
                         self._out_views[g] = cached
