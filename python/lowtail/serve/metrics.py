@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.telemetry.export import WindowStats
+# Re-exported ("as" form, for mypy): the worker's reports and the serve benchmark name it metrics.Percentiles.
+from lowtail.telemetry.percentiles import Percentiles as Percentiles  # noqa: PLC0414
 
 # One row per handled batch, float64; the column order is the layout of the shared ring.
 CALL_FIELDS: tuple[str, ...] = (
@@ -58,9 +59,6 @@ CALL_FIELDS: tuple[str, ...] = (
     "overhead_us",  # the sum of the six above: the worker's cost per call beyond infer()
 )
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
-
-# One percentile definition for the whole package (nearest rank, with n, mean and max): the exporters'.
-Percentiles = WindowStats
 
 
 # The seed's format (section 3.1.4), with the kernel's counters appended after its fields.
