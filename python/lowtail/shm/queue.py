@@ -61,6 +61,8 @@ has been answered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import struct
@@ -91,7 +93,7 @@ from lowtail.shm.errors import (
 )
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake, is_supported_platform
 from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Plan, Spec
-from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, sweep_dead
+from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name, sweep_dead
 
 __all__ = [
     "BadConfig",
@@ -244,9 +246,16 @@ def _boot_id() -> str:
         return ""
 
 
+DESCRIPTOR_VERSION = 1
+
+
 @dataclass(frozen=True)
 class QueueDescriptor:
-    """What a client or worker needs to attach: small and picklable (crosses Ray and spawn)."""
+    """What a client or worker needs to attach: small plain data.
+
+    It crosses processes as ``to_bytes`` (versioned JSON, checked field by field by ``from_bytes``),
+    never as a pickle: the receiver of a pickle runs whatever the sender chose.
+    """
 
     name: str
     config: QueueConfig
@@ -256,6 +265,45 @@ class QueueDescriptor:
     @property
     def path(self) -> Path:
         return Path(self.config.shm_dir) / self.name
+
+    def to_bytes(self) -> bytes:
+        doc = {"version": DESCRIPTOR_VERSION, "name": self.name, "hostname": self.hostname,
+               "boot_id": self.boot_id, "config": asdict(self.config)}  # fmt: skip
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> QueueDescriptor:
+        """The descriptor ``to_bytes`` made; ``BadConfig`` names any field that is not what it wrote."""
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadConfig(f"queue descriptor: not JSON ({e})") from None
+        want = {"version", "name", "hostname", "boot_id", "config"}
+        if not isinstance(doc, dict) or set(doc) != want:
+            got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise BadConfig(f"queue descriptor: keys {got}, expected {sorted(want)}")
+        if doc["version"] != DESCRIPTOR_VERSION:
+            raise BadConfig(f"queue descriptor version {doc['version']!r}, expected {DESCRIPTOR_VERSION}")
+        for key in ("name", "hostname", "boot_id"):
+            if not isinstance(doc[key], str):
+                raise BadConfig(f"queue descriptor {key}={doc[key]!r}: expected a string")
+        parts = parse_name(doc["name"])
+        if parts is None or parts.kind != "q":
+            raise BadConfig(f"queue descriptor name {doc['name']!r}: expected a lowtail.q.* segment name")
+        cfg = doc["config"]
+        fields = {f.name for f in dataclasses.fields(QueueConfig)}
+        if not isinstance(cfg, dict) or set(cfg) != fields:
+            got = sorted(cfg) if isinstance(cfg, dict) else cfg
+            raise BadConfig(f"queue descriptor config keys {got!r}, expected {sorted(fields)}")
+        for key, value in cfg.items():
+            ok = (
+                isinstance(value, str)
+                if key == "shm_dir"
+                else type(value) is int or (key == "numa_node" and value is None)
+            )
+            if not ok:
+                raise BadConfig(f"queue descriptor config {key}={value!r}: wrong type")
+        return cls(doc["name"], QueueConfig(**cfg), doc["hostname"], doc["boot_id"])
 
 
 class _Mapped:
@@ -295,7 +343,7 @@ def _attach(desc: QueueDescriptor) -> _Mapped:
             f"{socket.gethostname()} (boot {local_boot[:8]}): shared memory is node-local, use an "
             f"inference endpoint on this node"
         )
-    seg = attach_segment(desc.name, desc.config.shm_dir)
+    seg = attach_segment(desc.name, desc.config.shm_dir, desc.config.mode)
     cfg = desc.config
     geo = _Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
     m = _Mapped(seg, geo)
@@ -397,6 +445,8 @@ class InferenceQueue:
     def close(self) -> None:
         if not self._m.seg.closed:
             self._m.close()
+            # ndarray slots of a killed worker or client outlive their pool: the queue's end is theirs
+            sweep_dead(self.descriptor.config.shm_dir)
 
     @property
     def nbytes(self) -> int:
@@ -785,7 +835,7 @@ class QueueClient:
             off = geo.resp_off(g)
             ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
             if ext is not None:
-                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+                views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(plan.spec)
             else:
                 cached = self._resp_views.get(g)
                 if cached is not None and cached[0] == raw:
@@ -947,6 +997,7 @@ class QueueWorker:
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
         self._active: list[int] = []
         self._rr = 0
         self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
@@ -1174,7 +1225,11 @@ class QueueWorker:
         try:
             ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
-                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+                if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
+                    self._attached.drop_lane(it.lane)
+                    self._lane_gen[it.lane] = it.gen
+                slot = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode, it.lane)
+                views = slot.arrays(plan.spec)
             else:
                 cached = self._in_views.get(g)
                 if cached is not None and cached[0] == raw:
