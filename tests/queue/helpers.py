@@ -161,17 +161,8 @@ def hammer_client(desc: QueueDescriptor, cid: int, start_s: float, sizes: list[i
     out.put((cid, answered, errored, mismatched, len(sizes) - answered - errored))
 
 
-def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> None:
-    """Attach a client, then SIGKILL ourselves when ``QueueClient.<func>`` reaches ``line_no``."""
-    import sys
-
-    from lowtail.shm import queue as queue_mod
-
-    code = getattr(queue_mod.QueueClient, func).__code__
-    c = QueueClient.attach(desc)
-    ready.put(c.lane)
-    ready.close()
-    ready.join_thread()  # flushed before we may kill ourselves
+def _killer(code: Any, line_no: int) -> Any:
+    """A ``sys.settrace`` tracer that SIGKILLs this process when ``code`` reaches ``line_no``."""
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if frame.f_code is code:
@@ -180,7 +171,20 @@ def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> N
             return tracer
         return None
 
-    sys.settrace(tracer)
+    return tracer
+
+
+def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> None:
+    """Attach a client, then SIGKILL ourselves when ``QueueClient.<func>`` reaches ``line_no``."""
+    import sys
+
+    from lowtail.shm import queue as queue_mod
+
+    c = QueueClient.attach(desc)
+    ready.put(c.lane)
+    ready.close()
+    ready.join_thread()  # flushed before we may kill ourselves
+    sys.settrace(_killer(getattr(queue_mod.QueueClient, func).__code__, line_no))
     c.submit({"x": np.ones((1, 8), np.uint8)})
     sys.settrace(None)
     time.sleep(60)  # the line was never reached (a branch not taken): the parent kills us
@@ -215,3 +219,18 @@ def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed
     finally:
         del q
         m.close()
+
+
+def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
+    """Serve ``y = x`` and SIGKILL ourselves when ``QueueWorker.<func>`` reaches ``line_no``."""
+    import sys
+
+    from lowtail.shm import queue as queue_mod
+
+    with QueueWorker.attach(desc) as w:
+        sys.settrace(_killer(getattr(queue_mod.QueueWorker, func).__code__, line_no))
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            b = w.claim(timeout=0.05)
+            if b is not None:
+                b.complete({"y": b.inputs["x"]})

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from lowtail.shm import payload
-from lowtail.shm.errors import BadRequest, LaneBusy
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
+from lowtail.shm.errors import BadRequest, LaneBusy, WorkerDied
+from lowtail.shm.queue import S_CLAIM_SEQ, InferenceQueue, QueueClient, QueueConfig, QueueWorker
 from tests.queue import helpers
 
 REQ = 16384
@@ -91,16 +91,9 @@ def test_hammer_eight_staggered_clients_every_answer_is_its_own(
     assert s.snapshot().counts["PROCESSING"] == 0
 
 
-def _submit_lines() -> list[int]:
-    """Every source line of ``QueueClient.submit`` with an instruction: a kill point before each store."""
-    code = QueueClient.submit.__code__
-    lines = {i.positions.lineno for i in dis.get_instructions(code) if i.positions and i.positions.lineno}
-    return sorted(lines - {code.co_firstlineno})
-
-
 def test_a_client_killed_at_each_line_of_submit_loses_no_slot(ctx: BaseContext) -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096)
-    lines = _submit_lines()
+    lines = _lines(QueueClient.submit)  # a kill point before each store of the protocol
     assert len(lines) > 20
     with InferenceQueue.create(cfg) as s, QueueWorker.attach(s.descriptor) as w:
         for line in lines:
@@ -131,6 +124,48 @@ def test_a_client_killed_at_each_line_of_submit_loses_no_slot(ctx: BaseContext) 
                     assert bytes(c.wait(t, timeout=1.0)["y"]) == bytes(x), f"killed at line {line}"
                 assert w.claim(timeout=0.05) is None, f"killed at line {line}: a request came back"
             assert stale <= 1, f"killed at line {line}: the dead client's request ran {stale} times"
+
+
+def _lines(func: Any) -> list[int]:
+    code = func.__code__
+    lines = {i.positions.lineno for i in dis.get_instructions(code) if i.positions and i.positions.lineno}
+    return sorted(lines - {code.co_firstlineno})
+
+
+@pytest.mark.parametrize("func", ["_take", "_answer"])
+def test_a_worker_killed_at_each_line_of_claim_or_answer_answers_at_most_once(
+    ctx: BaseContext, func: str
+) -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096)
+    with InferenceQueue.create(cfg) as s, QueueClient.attach(s.descriptor) as c:
+        for line in _lines(getattr(QueueWorker, func)):
+            x = helpers.tagged(9, line, 64, np.random.default_rng(line))
+            t = c.submit({"x": x})
+            p = ctx.Process(target=helpers.worker_dies_at_line, args=(s.descriptor, func, line))  # type: ignore[attr-defined]
+            p.start()
+            p.join(10)  # dead at the line, or (a line not reached) it answered and we stop it
+            _stop(p)
+            claimed_by_dead = s._m.q[s._m.geo.slot(t.slot, S_CLAIM_SEQ)] == t.seq
+            with QueueWorker.attach(s.descriptor) as w2:
+                runs = 0
+                while (b := w2.claim(timeout=0.05)) is not None:
+                    runs += len(b)
+                    b.complete({"y": b.inputs["x"]})
+                if claimed_by_dead:
+                    assert runs == 0, f"{func} line {line}: a claimed request ran again"
+                else:
+                    assert runs == 1, f"{func} line {line}: an unclaimed request was not served"
+                try:
+                    assert bytes(c.wait(t, timeout=5.0)["y"]) == bytes(x), f"{func} line {line}"
+                except WorkerDied:
+                    assert claimed_by_dead, f"{func} line {line}: WorkerDied for a request never claimed"
+                for k in range(2):  # both slots are usable: nothing was lost
+                    xk = helpers.tagged(9, 1000 + k, 64, np.random.default_rng(k))
+                    tk = c.submit({"x": xk})
+                    b = w2.claim(timeout=1.0)
+                    assert b is not None
+                    b.complete({"y": b.inputs["x"]})
+                    assert bytes(c.wait(tk, timeout=5.0)["y"]) == bytes(xk)
 
 
 @pytest.mark.parametrize("field", ["header", "doorbell", "ring", "slot", "payload"])

@@ -528,3 +528,17 @@ def test_attach_refuses_a_segment_with_group_or_other_bits(shared_dir: Path) -> 
         s._m.seg.path.chmod(0o666)
         with pytest.raises(SegmentNotFound, match="mode 0o666 has bits 0o66"):
             QueueClient.attach(s.descriptor)
+
+
+def test_a_closed_worker_frees_its_lock_even_while_a_batch_view_is_held() -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=2)
+    with InferenceQueue.create(cfg) as s, QueueClient.attach(s.descriptor) as c:
+        w = QueueWorker.attach(s.descriptor)
+        c.submit(_x(1.0))
+        b = w.claim(timeout=1.0)
+        assert b is not None
+        kept = b.inputs["x"]  # a zero-copy view of the segment, alive past close()
+        w.close()
+        with QueueWorker.attach(s.descriptor) as w2:  # a restart must not find the lock held
+            assert w2.restarted_failed == 0
+        del kept, b

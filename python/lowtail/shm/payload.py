@@ -69,7 +69,7 @@ class ArrayLayout:
     nbytes: int
 
 
-class Plan:
+class PayloadLayout:
     """Everything about one payload shape, computed once: spec, batch, header bytes, inline layout.
 
     Plans are interned (one object per distinct shape), so the hot paths compare them by identity.
@@ -94,9 +94,9 @@ class Plan:
         self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
         self.ext_bytes = layout(spec, 0)[1]
         self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
-        self._rows: dict[int, Plan] = {}
+        self._rows: dict[int, PayloadLayout] = {}
 
-    def with_batch(self, n: int) -> Plan:
+    def with_batch(self, n: int) -> PayloadLayout:
         """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""
         if n == self.batch:
             return self
@@ -107,19 +107,19 @@ class Plan:
         return hit
 
 
-_plans: dict[Spec, Plan] = {}
-_fast_plans: dict[tuple[tuple[Any, ...], ...], Plan] = {}
+_plans: dict[Spec, PayloadLayout] = {}
+_fast_plans: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
 
 
-def plan_for(spec: Spec) -> Plan:
+def plan_for(spec: Spec) -> PayloadLayout:
     hit = _plans.get(spec)
     if hit is None:
-        hit = Plan(spec)
+        hit = PayloadLayout(spec)
         _bounded_put(_plans, spec, hit)
     return hit
 
 
-def plan_of(arrays: Mapping[str, Any]) -> Plan:
+def plan_of(arrays: Mapping[str, Any]) -> PayloadLayout:
     """The (validated) plan of a payload; a shape seen before costs one dict lookup."""
     try:
         key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
@@ -314,10 +314,12 @@ def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-_header_plans: dict[bytes, tuple[str | None, Plan]] = {}
+_header_plans: dict[bytes, tuple[str | None, PayloadLayout]] = {}
 
 
-def read_plan(mem: memoryview, words: memoryview, off: int, limit: int) -> tuple[str | None, Plan, bytes]:
+def read_plan(
+    mem: memoryview, words: memoryview, off: int, limit: int
+) -> tuple[str | None, PayloadLayout, bytes]:
     """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
 
     Returns (ndarray slot name or None, plan, raw prefix and header bytes).
