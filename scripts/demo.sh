@@ -105,7 +105,7 @@ else
   # No provisioning play in this checkout: the plan comes from the same code preflight uses.
   playbooks=(playbooks/runtime.yml)
   echo "    (no site.yml here: only the runtime stage runs, with the plan from lowtail plan)"
-  "$BIN/lowtail" plan --json | "$BIN/python" -c \
+  "$BIN/lowtail" plan --json - | "$BIN/python" -c \
     'import json, sys; print(json.dumps({"lowtail_runtime_plan": json.load(sys.stdin)}))' >"$OUT/plan-vars.json"
   extra=(-e "@$OUT/plan-vars.json")
 fi

@@ -34,6 +34,7 @@ from lowtail.benchmarks.queue_transports import (
     throughput,
 )
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_html, add_json, add_plot, json_to_stdout, write_json
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.telemetry.percentiles import quantiles
@@ -66,15 +67,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a smoke run with few round trips (CI)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--json", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--png", metavar="FILE", help="write the latency plot (PNG) here")
-    p.add_argument("--html", metavar="FILE", help="write an HTML report (plot and tables) here")
+    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --samples (old names: aliases).
+    add_json(p, "the report")
+    add_plot(p, "the latency distributions", old="--png", dest="png")
+    add_html(p)
     p.add_argument(
         "--transports",
         default=",".join(ORDER),
         help=f"comma-separated subset of {','.join(ORDER)} (default: all)",
     )
-    p.add_argument("--n", type=int, help="round trips per transport (default: per-transport, see the README)")
+    p.add_argument(
+        "--samples",
+        "--n",
+        dest="n",
+        type=int,
+        help="round trips per transport (default: per transport, fewer with --quick)",
+    )
     p.add_argument(
         "--clients", type=int, default=4, help="concurrent clients for the throughput run (default 4)"
     )
@@ -286,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not names:
         raise UsageError(f"--transports {args.transports!r}: unknown {unknown}; expected a subset of {ORDER}")
     if args.n is not None and args.n < 10:
-        raise UsageError(f"--n {args.n}: expected at least 10 round trips")
+        raise UsageError(f"--samples {args.n}: expected at least 10 round trips")
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
     client_cpu, worker_cpu = _cpus()
@@ -353,9 +361,9 @@ def run(args: argparse.Namespace) -> int:
         restore_priority(saved_nice)
         os.sched_setaffinity(0, saved)
     report["targets"] = targets(report["transports"])
-    print(render_tables(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if not json_to_stdout(args):
+        print(render_tables(report))
+    write_json(args.json, report)
     if args.png or args.html:
         png = plot(samples, report)
         if args.png:

@@ -19,7 +19,6 @@ import io
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +28,17 @@ from typing import Any
 import numpy as np
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import (
+    add_html,
+    add_json,
+    add_no_progress,
+    add_plot,
+    json_to_stdout,
+    positive,
+    write_json,
+)
 from lowtail.render import table
+from lowtail.render.progress import Progress
 from lowtail.serve import metrics
 from lowtail.serve.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
 from lowtail.serve.pinning import (
@@ -84,11 +93,19 @@ class DesignResult:
 
 def register(bench_sub: Any) -> None:
     p = bench_sub.add_parser("serve", help="bare OpenVINO loop vs queue + pinned worker (1, 2, 4 samplers)")
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
-    p.add_argument("--png", metavar="FILE", help="write a plot (PNG)")
-    p.add_argument("--html", metavar="FILE", help="write a report with the table and plot (HTML)")
+    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    add_json(p, "the full report")
+    add_plot(p, "throughput and latency per design", old="--png", dest="png")
+    add_html(p)
     p.add_argument("--quick", action="store_true", help="2 s per design instead of 10 s")
-    p.add_argument("--duration", type=float, help="seconds per design (overrides --quick)")
+    p.add_argument(
+        "--seconds",
+        "--duration",
+        dest="duration",
+        type=positive(float),
+        help="seconds per design (default 10, 2 with --quick)",
+    )
+    add_no_progress(p)
     p.add_argument("--batch", type=int, default=16, help="samples per request and per engine call")
     p.add_argument("--samplers", default="1,2,4", help="sampler process counts to run")
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
@@ -457,26 +474,28 @@ def run(args: argparse.Namespace) -> int:
         setup = Setup(
             model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
         )
-        print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
-        print("  bare loop ...", file=sys.stderr, flush=True)
+        designs = 1 + len(counts) * (2 if args.ray else 1)
+        bar = Progress(f"bench serve ({duration:g} s per design)", designs, enabled=not args.no_progress)
+        bar.update(0, "bare loop")
         results = [run_bare(setup)]
         for n in counts:
-            print(f"  served, {n} sampler(s) ...", file=sys.stderr, flush=True)
+            bar.update(len(results), f"served, {n} sampler(s)")
             results.append(run_served(setup, n))
         if args.ray:
             import ray
 
-            print("  starting a local Ray ...", file=sys.stderr, flush=True)
+            bar.update(len(results), "starting a local Ray")
             own = not ray.is_initialized()
             if own:
                 _start_ray(Path(tmp))
             try:
                 for n in counts:
-                    print(f"  Ray inference actor, {n} sampler(s) ...", file=sys.stderr, flush=True)
+                    bar.update(len(results), f"Ray inference actor, {n} sampler(s)")
                     results.append(run_ray_served(setup, n, Path(tmp)))
             finally:
                 if own:
                     ray.shutdown()
+        bar.finish()
     bare = results[0].samples_per_s
     for r in results[1:]:
         r.ratio_to_bare = r.samples_per_s / bare
@@ -490,9 +509,10 @@ def run(args: argparse.Namespace) -> int:
     host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
     host += f"{load_before[0]:.1f} before"
     host += f", {load_after[0]:.1f} after"
-    print(text)
-    print(summary)
-    print(host)
+    if not json_to_stdout(args):
+        print(text)
+        print(summary)
+        print(host)
     report = {
         "benchmark": "serve",
         "model": str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict()),
@@ -509,8 +529,7 @@ def run(args: argparse.Namespace) -> int:
         "note": "served: queue + pinned worker owned by the benchmark process"
         + ("; ray actor: the same hosted by lowtail's Ray inference actor" if args.ray else ""),
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     if args.png or args.html:
         png = plot(results)
         if args.png:
