@@ -11,10 +11,7 @@ an HTML report with the plot and the tables (``--html``).
 from __future__ import annotations
 
 import argparse
-import base64
-import html
 import io
-import json
 import os
 import platform
 import sys
@@ -351,14 +348,12 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
 
 
 def write_html(path: str, report: dict[str, Any], png: bytes) -> None:
-    img = base64.b64encode(png).decode("ascii")
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>lowtail bench queue</title>
-<style>body{{font-family:sans-serif;margin:2em}}pre{{background:#f6f6f6;padding:1em}}</style></head><body>
-<h1>lowtail bench queue</h1>
-<pre>{html.escape(render_tables(report))}</pre>
-<img alt="latency distributions" src="data:image/png;base64,{img}" style="max-width:100%">
-<h2>JSON</h2><pre>{html.escape(json.dumps(report, indent=2))}</pre></body></html>"""
-    Path(path).write_text(doc)
+    from lowtail.render import html
+
+    section = html.Section(
+        "Results", text=render_tables(report), images=[html.Image("latency distributions", png)]
+    )
+    Path(path).write_text(html.report("lowtail bench queue", [section], data=report))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,6 @@ other rows are kept and the JSON is always written.
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import json
 import math
@@ -774,9 +773,11 @@ def _finish(
         if args.png:
             Path(args.png).write_bytes(png)
         if args.html:
-            img = base64.b64encode(png).decode()
-            Path(args.html).write_text(
-                f"<!doctype html><meta charset=utf-8><title>lowtail bench serve</title>"
-                f"<h1>lowtail bench serve</h1><pre>{text}\n" + "\n".join(lines) + f"\n{host}</pre>"
-                f'<img alt="throughput, latency and worker cost" src="data:image/png;base64,{img}">\n'
+            from lowtail.render import html
+
+            section = html.Section(
+                "Results",
+                text=text + "\n" + "\n".join(lines) + f"\n{host}",
+                images=[html.Image("throughput, latency and worker cost", png)],
             )
+            Path(args.html).write_text(html.report("lowtail bench serve", [section], data=json_safe(report)))
