@@ -356,13 +356,12 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
 
 
 def _worker_rss_mib(pid: int) -> float:
+    import psutil
+
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return float("nan")
 
 
 def _served_result(
