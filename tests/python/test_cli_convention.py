@@ -27,10 +27,16 @@ def _loaded(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentPars
     return parser
 
 
+def _bench_names(parser: argparse.ArgumentParser) -> list[str]:
+    bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    return list(next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
 def all_parsers() -> Iterator[argparse.ArgumentParser]:
+    """Every parser and subparser, each benchmark's real one included (not its placeholder)."""
     parser = build_parser()
-    for bench in ("lowtail bench queue", "lowtail bench serve"):
-        _loaded(parser, bench)
+    for name in _bench_names(parser):
+        _loaded(parser, f"lowtail bench {name}")
     stack = [parser]
     while stack:
         p = stack.pop()
