@@ -81,6 +81,11 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         main(["validate", "--help"])
     out = capsys.readouterr().out
     assert "(default: /dev/shm)" in out and "(default: auto)" in out
+    with pytest.raises(SystemExit):
+        main(["demo", "ray", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0)" in out  # a zero default is shown (0 == False must not hide it)
+    assert "(default: False)" not in out  # an off switch says nothing by showing it
 
 
 def test_unwritable_json_path_fails_before_any_probe_runs(

@@ -34,7 +34,9 @@ class HelpFormatter(argparse.HelpFormatter):
         if (
             "%(default)" in text
             or "default" in text.lower()
-            or default in (None, False, argparse.SUPPRESS)
+            or default is None
+            or default is False  # a store_true flag: "(default: False)" says nothing
+            or default == argparse.SUPPRESS
             or not action.option_strings
         ):
             return text

@@ -29,11 +29,11 @@ def register(sub: Any) -> None:
         description="Start a local Ray, the node's lease allocator, inference actors and samplers; run for "
         "N seconds and summarize throughput, latency and deschedule tails and leases; stop everything.",
     )
-    p.add_argument("--seconds", type=positive(float), default=10.0, help="how long samplers run (10)")
-    p.add_argument("--actors", type=positive(int), default=2, help="inference actors (2)")
-    p.add_argument("--samplers", type=positive(int), default=2, help="sampler actors (2)")
-    p.add_argument("--heroes", type=positive(int), default=8, help="samples per request (8)")
-    p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler (2)")
+    p.add_argument("--seconds", type=positive(float), default=10.0, help="how long samplers run")
+    p.add_argument("--actors", type=positive(int), default=2, help="inference actors")
+    p.add_argument("--samplers", type=positive(int), default=2, help="sampler actors")
+    p.add_argument("--heroes", type=positive(int), default=8, help="samples per request")
+    p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler")
     p.add_argument(
         "--strict-leases",
         action="store_true",
