@@ -27,8 +27,8 @@ from typing import Any
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 from lowtail.node.topology import Topology
+from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, graded, skip
-from lowtail.validation.progress import Progress
 
 # Exit latency of the deepest idle state an isolated CPU may enter, in us: C1/haltpoll wake in ~1 us;
 # EPYC's C2 (ACPI C2, 400 us on Zen 2/3 per acpi_idle) is what tuned and the Node Tuning Operator keep off

@@ -29,12 +29,12 @@ from lowtail.lease import Lease, boot_id
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
 from lowtail.node.topology import Topology
+from lowtail.render.progress import Progress
 from lowtail.shm.errors import QueueError
 from lowtail.validation.cgroup import Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
 from lowtail.validation.check import Check, Limits, Status, skip, worst
 from lowtail.validation.firmware import HWLAT_LIMITS, probe_hwlat
 from lowtail.validation.probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
-from lowtail.validation.progress import Progress
 from lowtail.validation.rttests import RtTestsError, probe_rt_test
 from lowtail.validation.runtime_probes import probe_inference, probe_numa, probe_shm_rtt
 from lowtail.validation.static import STATIC_CHECKS, Context, Sources, try_fifo
