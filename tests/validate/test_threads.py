@@ -149,8 +149,10 @@ def test_a_real_hog_on_a_leased_cpu_is_caught_by_the_validator(
         state = _state(tmp_path, PROBE_CPU, owner.pid)
         intruder = hog(PROBE_CPU)
         out = tmp_path / "r.json"
+        html = tmp_path / "r.html"
         r = _validate(
-            "--only", "leased_threads", "--duration", "1", "--lease-state", str(state), "--json", str(out)
+            *("--only", "leased_threads", "--duration", "1", "--lease-state", str(state)),
+            *("--json", str(out), "--html", str(html)),
         )
     finally:
         owner.kill()
@@ -161,6 +163,9 @@ def test_a_real_hog_on_a_leased_cpu_is_caught_by_the_validator(
     top = check["data"]["leased_cpus"][str(PROBE_CPU)]["top"]
     # The hog is among the top offenders (other engineers' processes share this machine's CPUs too).
     assert intruder.pid in [t["pid"] for t in top], top
+    page = html.read_text()  # the offenders' bar chart, embedded as a PNG
+    assert "leased_threads: other threads on leased CPUs (fail" in page
+    assert "data:image/png;base64,iVBORw0KGgo" in page
 
 
 def test_the_actor_option_points_the_cgroup_checks_at_the_lease_owner(tmp_path: Path) -> None:
