@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.lease import KINDS, node_plan
+from lowtail.lease import KINDS, node_plan, usable_cpus
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 from lowtail.telemetry.export import WindowStats
@@ -139,7 +139,7 @@ def run_demo(
     if opts.seconds <= 0:
         raise DemoError(f"seconds={opts.seconds}: expected a positive duration")
     plan = node_plan()
-    usable = frozenset(os.sched_getaffinity(0))
+    usable = usable_cpus()  # the cgroup's cpuset: under lowtail-ray.service the mask is housekeeping
     policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
     work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
     own_ray = not ray.is_initialized()
@@ -193,9 +193,7 @@ def _run(
 
     node = ray.get_runtime_context().get_node_id()
     plan = node_plan()
-    policy = lease_policy(
-        plan, opts.actors + opts.samplers, frozenset(os.sched_getaffinity(0)), opts.strict_leases
-    )
+    policy = lease_policy(plan, opts.actors + opts.samplers, usable_cpus(), opts.strict_leases)
     if model_dir is None:
         model_dir = str(work / "model")
         write_model(model_dir, ModelSpec(features=opts.features))
