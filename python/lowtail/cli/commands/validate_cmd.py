@@ -137,6 +137,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(str(e)) from None
     if args.samples is not None and args.samples < 1:
         raise UsageError(f"--samples {args.samples}: expected a positive count (10000 gives a solid p99.9)")
+    if args.pid is not None and args.pid < 1:
+        raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
         raise UsageError(f"--seconds {args.duration}: expected at least 1 second")
     src = Sources(
