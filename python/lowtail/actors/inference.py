@@ -35,7 +35,7 @@ import ray
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
 from lowtail.actors.metrics import MetricsConfig, get_node_metrics
 from lowtail.errors import LowtailError
-from lowtail.lease import Lease
+from lowtail.lease import Lease, process_start_time
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +331,34 @@ class InferenceActor:
             self._teardown()
 
 
+ISOLATED_RESOURCE = "lowtail_isolated_cpu"  # declared by lowtail-ray.service (--resources) per node
+
+
+class NodeLacksResource(LowtailError, RuntimeError):
+    """The target node does not declare the resource a lease holder must request (it would never start)."""
+
+
+def lease_resources(allocator: AllocatorConfig, node_id: str) -> dict[str, Any]:
+    """Ray options for an actor that holds a CPU lease: the CPU it pins, as Ray's scheduler sees it.
+
+    One ``CPU`` and one ``lowtail_isolated_cpu`` per lease (``1/share`` of each with the demo's shared
+    CPUs), so Ray places no other work on a leased core and its available resources show the leases.
+    A node that does not declare the resource is refused here, not left pending forever.
+    """
+    amount = 1.0 / allocator.share
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node["NodeID"] == node_id and node["Alive"]:
+            declared = node["Resources"].get(ISOLATED_RESOURCE, 0.0)
+            if declared < amount:
+                raise NodeLacksResource(
+                    f"node {node_id} declares {ISOLATED_RESOURCE}={declared}, a lease needs {amount:g}: "
+                    f"start Ray with --resources='{{\"{ISOLATED_RESOURCE}\": N}}' (N = isolated CPUs; "
+                    "lowtail-ray.service and the lowtail_k8s RayCluster do)"
+                )
+            break
+    return {"num_cpus": amount, "resources": {ISOLATED_RESOURCE: amount}}
+
+
 def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
     """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -339,6 +367,7 @@ def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> An
     handle = InferenceActor.options(  # type: ignore[attr-defined]
         name=spec.actor_name,
         max_restarts=spec.max_actor_restarts,
+        **lease_resources(spec.allocator, node),
         namespace=ACTOR_NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
     ).remote(spec)
@@ -376,11 +405,27 @@ class _Target:
     broken: str | None = None  # why the attachment was given up
     retry_at: float = 0.0  # monotonic time of the next re-resolve attempt
     backoff_s: float = 0.0
+    owner: tuple[int, int | None] = (0, None)  # the queue's creator (the actor): pid, start time
+
+
+def queue_owner(ep: Endpoint) -> tuple[int, int | None]:
+    """The process that created ``ep``'s queue (its inference actor) and its start time."""
+    from lowtail.shm.segments import parse_name
+
+    parts = parse_name(ep.descriptor.path.name)
+    pid = 0 if parts is None else parts.pid
+    return pid, process_start_time(pid) if pid else None
+
+
+class RequestLost(LowtailError, RuntimeError):
+    """A request's queue lost its inference actor: no worker will ever answer it (the actor restarts
+    with a new queue, which the client re-resolves)."""
 
 
 # Errors after which an attachment is given up and the endpoint re-resolved: the worker (or the actor
 # and its queue) is gone. A timeout is not one of them: the request stays in flight.
-_LOST = ("WorkerDied", "SegmentNotFound", "LaneBusy")
+_LOST = ("WorkerDied", "SegmentNotFound", "LaneBusy", "RequestLost")
+ORPHAN_CHECK_S = 0.25
 
 
 class InferenceClient:
@@ -444,6 +489,12 @@ class InferenceClient:
 
         t.client = QueueClient.attach(ep.descriptor)
         t.endpoint, t.broken, t.backoff_s, t.in_flight = ep, None, 0.0, 0
+        t.owner = queue_owner(ep)
+
+    def _orphaned(self, t: _Target) -> bool:
+        """The queue's creator is gone: its worker exits too and no new one will attach."""
+        pid, start = t.owner
+        return bool(pid) and (start is None or process_start_time(pid) != start)
 
     def _lose(self, t: _Target, error: BaseException) -> None:
         """Give up ``t``'s attachment (now, or when its last request in flight is finished)."""
@@ -519,17 +570,33 @@ class InferenceClient:
         return PendingInference(i, pending, t0, len(next(iter(inputs.values()))))
 
     def finish(self, p: PendingInference, timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """Phase two: wait for that batch's outputs."""
+        """Phase two: wait for that batch's outputs.
+
+        A request the dead worker had claimed fails (``WorkerDied``); one not yet claimed waits for the
+        restarted worker, unless the queue's inference actor is gone (``RequestLost``, checked every
+        ``ORPHAN_CHECK_S`` of waiting: past a normal round trip, so never on the hot path).
+        """
         from lowtail.shm.queue import QueueError, QueueTimeout
 
         t = self._targets[p.target]
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         try:
-            out: dict[str, np.ndarray] = p.pending.finish(
-                timeout=self.timeout_s if timeout_s is None else timeout_s
-            )
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    out: dict[str, np.ndarray] = p.pending.finish(timeout=max(0.0, min(left, ORPHAN_CHECK_S)))
+                    break
+                except QueueTimeout:
+                    if self._orphaned(t):
+                        raise RequestLost(
+                            f"{t.endpoint.actor}: its actor (pid {t.owner[0]}) is gone with its queue "
+                            f"{t.endpoint.descriptor.name}; this request will not be answered"
+                        ) from None
+                    if left <= ORPHAN_CHECK_S:
+                        raise  # still in flight: the caller may wait again
         except QueueTimeout:
-            raise  # still in flight: the caller may wait again
-        except QueueError as e:
+            raise
+        except (QueueError, RequestLost) as e:
             t.in_flight -= 1
             if type(e).__name__ in _LOST or t.broken is not None:
                 self._lose(t, e)
@@ -648,7 +715,9 @@ class SamplerActor:
         )
         try:
             if spec.pin:
-                # Ray runs a (non-threaded) actor's methods on the process's main thread, this one.
+                # Ray's own threads of this process off the leased CPU, then the thread that runs the
+                # actor's methods (the main thread, for a non-threaded actor) onto it.
+                keep_threads_off(self._lease.cpu)
                 os.sched_setaffinity(0, {self._lease.cpu})
             self._client = InferenceClient(endpoints, node_id=self._node, timeout_s=spec.timeout_s)
         except BaseException:
@@ -713,7 +782,7 @@ class SamplerActor:
                     result.waits += 1
                     time.sleep(max(0.0, min(e.retry_in_s, t_end - time.monotonic())))
                     continue
-                except QueueError as e:
+                except (QueueError, RequestLost) as e:
                     # A restarted worker or actor fails what it held: count it, keep sampling.
                     down_since = down_since or time.monotonic()
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
@@ -736,7 +805,7 @@ class SamplerActor:
                     envs[k].step(self._client.finish(p))
                     result.steps += 1
                     result.samples += envs[k].spec.heroes
-                except QueueError as e:
+                except (QueueError, RequestLost) as e:
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
         result.seconds = time.monotonic() - t0
         result.reattached = self._client.reattached
@@ -760,7 +829,8 @@ def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str
 
     node = node_id or (endpoints[0].node_id if endpoints else ray.get_runtime_context().get_node_id())
     handle = SamplerActor.options(  # type: ignore[attr-defined]
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+        **lease_resources(spec.allocator, node),
     ).remote(spec, list(endpoints))
     ray.get(handle.lease.remote())
     return handle
