@@ -40,10 +40,17 @@ RECOVERY_BOUND_S = 8.0  # generous: a worker restart takes ~1.6 s here, an actor
 
 
 def freeze_and_count(actor: Any, states: tuple[str, ...]) -> tuple[int, int]:
-    """SIGSTOP the actor's worker, let the samplers settle on their requests; (worker pid, requests in
-    ``states``)."""
+    """SIGSTOP the actor's worker while it processes a batch, let the samplers settle on their requests;
+    returns (worker pid, requests in ``states``). Retried until the stop lands mid-batch."""
     pid = int(ray.get(actor.status.remote())["worker_pid"])
-    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if ray.get(actor.queue_counts.remote())["PROCESSING"] > 0:
+            break
+        os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, "the worker never stopped mid-batch"
+        time.sleep(0.003)
     time.sleep(0.5)  # every sampler is now parked on requests the frozen worker holds
     counts = ray.get(actor.queue_counts.remote())
     return pid, sum(int(counts[s]) for s in states)

@@ -14,6 +14,22 @@ The seed's isolated design (section 3.1), with its gaps closed:
   before anything is attached: shared memory does not cross nodes, and waiting on it would hang.
 - ``SamplerActor`` leases a ``sample:`` CPU near its inference actors, pins the thread that runs its
   environment and client to it, and steps a synthetic environment with the policy's actions.
+
+Production paths:
+
+- Restarts: a killed worker fails only the requests it had claimed (``WorkerDied``; unclaimed ones are
+  served by the restarted worker); a killed inference actor is restarted by Ray (``max_actor_restarts``)
+  with a new queue, and every request left on the old one fails (``WorkerDied`` or ``RequestLost``).
+  Clients then re-resolve the named actor's endpoint by themselves, backing off while it is down
+  (``EndpointDown`` carries the wait); samplers sleep that long, never spin.
+- Ray's accounting: every lease holder (inference actor, sampler) requests the CPU it pins as one
+  ``CPU`` and one ``lowtail_isolated_cpu`` (``1/share`` with the demo's shared CPUs), so Ray schedules
+  nothing else onto leased cores; the allocator and metrics hub request none. Both kinds of actor move
+  Ray's threads in their process off the leased CPU; Ray's daemons are kept off by the unit's
+  ``CPUAffinity=`` (hosts) or the pod's housekeeping CPU (lowtail_k8s), not here.
+- Placement: samplers and inference actors are placed with ``NodeAffinitySchedulingStrategy(node,
+  soft=False)`` on the node whose inference actors they use (``start_sampler`` takes the endpoints'
+  node); a client refuses endpoints of another node (``CrossNodeAttach``).
 """
 
 from __future__ import annotations
@@ -105,6 +121,19 @@ class InferenceSpec:
         return f"lowtail-infer-{self.hero}-{self.index}"
 
 
+# A sampler's normal request, 8 heroes x 512 float32 features (16,384 B) plus its 64-byte header, goes
+# inline in the slot; the queue's own default (16 KiB) would send every such request through an
+# ndarray slot. Room is left for a small second input.
+DEFAULT_REQUEST_BYTES = 20480
+
+
+def default_queue_config() -> Any:
+    """The queue an inference actor creates unless ``InferenceSpec.queue`` says otherwise."""
+    from lowtail.shm.queue import QueueConfig
+
+    return QueueConfig(request_bytes=DEFAULT_REQUEST_BYTES)
+
+
 def keep_threads_off(cpu: int) -> frozenset[int]:
     """Move every thread of this process off ``cpu`` (if it may run elsewhere); returns the new mask.
 
@@ -141,7 +170,7 @@ def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
 class InferenceActor:
     def __init__(self, spec: InferenceSpec) -> None:
         from lowtail.serve.worker import WorkerConfig
-        from lowtail.shm.queue import InferenceQueue, QueueConfig
+        from lowtail.shm.queue import InferenceQueue
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         ctx = ray.get_runtime_context()
@@ -167,7 +196,7 @@ class InferenceActor:
         self._cursor = 0
         self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
         try:
-            qcfg = replace(spec.queue or QueueConfig(), numa_node=self._lease.node)
+            qcfg = replace(spec.queue or default_queue_config(), numa_node=self._lease.node)
             self._queue = InferenceQueue.create(qcfg)
             self._worker_cfg = spec.worker or WorkerConfig(name=f"{spec.hero}.{spec.index}")
             self._start_worker()
@@ -359,6 +388,25 @@ def lease_resources(allocator: AllocatorConfig, node_id: str) -> dict[str, Any]:
     return {"num_cpus": amount, "resources": {ISOLATED_RESOURCE: amount}}
 
 
+START_TIMEOUT_S = 120.0  # to be scheduled and constructed, besides the worker's own ready timeout
+
+
+def await_started(handle: Any, method: Any, what: str, node: str, timeout_s: float) -> None:
+    """Wait for a new actor's first answer: a failed constructor raises here with its cause, and an actor
+    Ray cannot place (its node's CPU or lowtail_isolated_cpu all taken) is killed and reported instead
+    of left pending forever."""
+    try:
+        ray.get(method.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(handle, no_restart=True)
+        everything: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+        free = {k: v for k, v in everything.items() if k in ("CPU", ISOLATED_RESOURCE)}
+        raise InferenceActorFailed(
+            f"{what} on node {node} did not start within {timeout_s:.0f} s; Ray's free resources "
+            f"(cluster) {free}: is every CPU or {ISOLATED_RESOURCE} of the node leased?"
+        ) from None
+
+
 def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
     """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -371,7 +419,7 @@ def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> An
         namespace=ACTOR_NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
     ).remote(spec)
-    ray.get(handle.ping.remote())  # surfaces a failed __init__ here, with its cause
+    await_started(handle, handle.ping, spec.actor_name, node, START_TIMEOUT_S + spec.ready_timeout_s)
     return handle
 
 
@@ -832,5 +880,5 @@ def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
         **lease_resources(spec.allocator, node),
     ).remote(spec, list(endpoints))
-    ray.get(handle.lease.remote())
+    await_started(handle, handle.lease, f"sampler {spec.name}", node, START_TIMEOUT_S)
     return handle
