@@ -41,16 +41,17 @@ $(STAMP): $(REQS)
 	$(PIP) --no-deps -e python
 	@touch $@
 
-# The main job for real on a sandbox node (scripts/demo.sh): the sandbox image and the wheelhouse (both
-# reused once built), a systemd container as the node, site.yml against it, the runtime installed from the
-# wheelhouse, a short serving demo and the node's validation inside it, a summary; nothing left running.
+# The main job for real on a two-node sandbox (scripts/demo.sh): the sandbox image and the wheelhouse (both
+# reused once built), two systemd containers as the nodes, one site.yml run against both, the runtime
+# installed from the wheelhouse and Ray started by its unit on each, the fleet validation, the serving demo
+# with a worker SIGKILL and the loss of the worker node, a summary; nothing left running.
 demo: system-deps $(STAMP)
 	scripts/demo.sh
 
-# Remove the demo node if one is left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
+# Remove the demo's two nodes if they are left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
 # the sandbox image, the wheelhouse and the demo's outputs.
 demo-clean:
-	scripts/sandbox-node.sh rm lowtail-demo-node
+	scripts/sandbox-node.sh rm lowtail-demo-worker lowtail-demo-head
 	@if [ "$(ALL)" = 1 ]; then \
 	  podman image rm -f "$$(scripts/sandbox-image.sh --name)" 2>/dev/null || true; \
 	  rm -rf build/wheelhouse build/demo build/manifests; \
