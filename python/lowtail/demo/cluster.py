@@ -236,6 +236,7 @@ class NodeRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "rpc_ms_values": [round(x, 4) for x in self.rpc_ms],  # for the plot (a few thousand at most)
             "host": self.host,
             "samples": self.samples,
             "requests": self.requests,
@@ -367,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kill-file", help="node-loss handshake: written when the worker node may be killed")
     ap.add_argument("--no-faults", action="store_true", help="serve only: no worker kill, no node loss")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--plot", help="write a PNG of every node's round-trip tail, per phase, here")
     a = ap.parse_args(argv)
     if a.nodes < 1 or a.samplers < 1 or a.seconds <= 0:
         ap.error(f"--nodes {a.nodes} --samplers {a.samplers} --seconds {a.seconds}: expected >= 1, >= 1, > 0")
@@ -381,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults=not a.no_faults,
     )
     report = run(opts, lambda m: print(f"    {m}", flush=True))
+    if a.plot:
+        plot(report, a.plot)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1
@@ -547,3 +551,20 @@ def _show(title: str, runs: Sequence[NodeRun], report: dict[str, Any], key: str)
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Exceedance curves of the samplers' round trips, one per node and phase (lowtail demo ray's plot)."""
+    import numpy as np
+
+    from lowtail.actors.demo import plot_tails
+
+    series = {
+        f"{phase}: {n['host']}": np.asarray(n["rpc_ms_values"], dtype=np.float64)
+        for phase, data in report["phases"].items()
+        if isinstance(data, dict) and "nodes" in data
+        for n in data["nodes"]
+    }
+    shared = report.get("cpus_shared_between_nodes")
+    note = f" (both nodes on CPUs {shared} of one machine)" if shared else ""
+    plot_tails(series, path, title=f"lowtail two-node demo: sampler round trips{note}")
