@@ -50,6 +50,9 @@ class Options:
     features: int = 512
     request_timeout_s: float = 2.0
     kill_file: str | None = None  # node-loss handshake; None skips the node-loss phase
+    # How long to wait for the cluster: a unit whose raylet gave up on its slow-starting agents is
+    # restarted by systemd (Restart=on-failure), which on a loaded machine takes a few tries.
+    cluster_wait_s: float = 300.0
     faults: bool = True  # the worker-kill (and, with kill_file, node-loss) phases
     node_loss_timeout_s: float = 60.0
 
@@ -125,6 +128,27 @@ def _on(node_id: str, fn: Callable[..., Any], *args: Any, timeout_s: float = 120
     return ray.get(ref, timeout=timeout_s)
 
 
+def connect(opts: Options, say: Say) -> None:
+    """Join the cluster the units started, waiting (bounded) for its head to answer."""
+    import ray
+
+    deadline = time.monotonic() + opts.cluster_wait_s
+    while True:
+        try:
+            ray.init(
+                address=opts.address, _node_ip_address=opts.node_ip, namespace=NAMESPACE, log_to_driver=False
+            )
+            return
+        except ConnectionError as e:
+            if time.monotonic() > deadline:
+                raise ClusterDemoError(
+                    f"no Ray head at {opts.address} after {opts.cluster_wait_s:.0f} s ({e}): is "
+                    "lowtail-ray.service active on the head (journalctl -u lowtail-ray)?"
+                ) from None
+            say(f"waiting for the Ray head at {opts.address} ({type(e).__name__})")
+            time.sleep(5.0)
+
+
 def live_nodes(want: int, timeout_s: float, say: Say) -> list[dict[str, Any]]:
 
     deadline = time.monotonic() + timeout_s
@@ -138,7 +162,7 @@ def live_nodes(want: int, timeout_s: float, say: Say) -> list[dict[str, Any]]:
                 "is lowtail-ray.service running on every node (systemctl status lowtail-ray)?"
             )
         say(f"waiting for {want} live nodes ({len(alive)} so far)")
-        time.sleep(1.0)
+        time.sleep(2.0)
 
 
 def set_up(opts: Options, say: Say) -> list[Node]:
@@ -158,7 +182,7 @@ def set_up(opts: Options, say: Say) -> list[Node]:
 
     head_id = ray.get_runtime_context().get_node_id()
     nodes: list[Node] = []
-    for info in live_nodes(opts.nodes, 60.0, say):
+    for info in live_nodes(opts.nodes, opts.cluster_wait_s, say):
         nid = info["NodeID"]
         facts = _on(nid, _node_facts)
         plan = Plan.from_dict(facts["plan"])
@@ -394,7 +418,7 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # matches the sandbox units (inventory/sandbox)
-    ray.init(address=opts.address, _node_ip_address=opts.node_ip, namespace=NAMESPACE, log_to_driver=False)
+    connect(opts, say)
     nodes: list[Node] = []
     report: dict[str, Any] = {"options": opts.__dict__, "phases": {}, "checks": {}}
     try:
