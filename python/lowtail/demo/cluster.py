@@ -513,7 +513,8 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
 
             # Phase 4: the caller kills the worker node when the kill file appears.
             if opts.kill_file and len(nodes) > 1:
-                report["phases"]["node_loss"] = node_loss(nodes, victim, opts, say, report)
+                timeline = node_loss(nodes, victim, opts, say, report)
+                report["phases"]["node_loss"].update(timeline)  # next to its per-node figures
     finally:
         tear_down(nodes)
         ray.shutdown()
