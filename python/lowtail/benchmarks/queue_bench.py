@@ -28,6 +28,7 @@ from lowtail.benchmarks.queue_transports import (
     PRIORITIES,
     TRANSPORTS,
     Transport,
+    fairness,
     lowtail_config,
     prepare,
     restore_priority,
@@ -80,6 +81,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--throughput-seconds", type=float, help="duration of each throughput run (default 3, quick 0.5)"
+    )
+    p.add_argument(
+        "--fairness-clients",
+        type=int,
+        default=8,
+        help="saturating clients for the fairness figure (default 8; 0 skips it)",
     )
     p.add_argument(
         "--priority",
@@ -147,6 +154,38 @@ def measure(
         "client_involuntary_switches": invol1 - invol0,
     }
     return samples / 1000.0, sched
+
+
+FAIRNESS_DEPTH = 2  # requests each fairness client keeps in flight: every lane always has one ready
+
+
+def fairness_report(per_client: list[tuple[np.ndarray[Any, Any], int]], seconds: float) -> dict[str, Any]:
+    """Queue wait (submit to claim) of a ready request while the other lanes are served."""
+    waits = [w / 1000.0 for w, _ in per_client]
+    every = np.concatenate([w for w in waits if w.size]) if any(w.size for w in waits) else np.zeros(0)
+    clients = [
+        {
+            "client": i,
+            "answered": int(w.size),
+            "unanswered": unanswered,
+            **({"wait_p50_us": round(float(np.percentile(w, 50)), 1),
+                "wait_p999_us": round(float(np.percentile(w, 99.9)), 1),
+                "wait_max_us": round(float(w.max()), 1)} if w.size else {}),
+        }
+        for i, (w, (_, unanswered)) in enumerate(zip(waits, per_client, strict=True))
+    ]  # fmt: skip
+    out: dict[str, Any] = {
+        "clients": len(per_client),
+        "depth": FAIRNESS_DEPTH,
+        "seconds": seconds,
+        "per_client": clients,
+        "starved_clients": sum(1 for c in clients if c["answered"] == 0),
+    }
+    if every.size:
+        out.update(percentiles(every))
+        counts = [c["answered"] for c in clients]
+        out["min_over_max_answered"] = round(min(counts) / max(counts), 3) if max(counts) else 0.0
+    return out
 
 
 def targets(res: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -220,6 +259,24 @@ def render_tables(report: dict[str, Any]) -> str:
         parts.append(
             table.render(["transport", "clients", "requests/s", "vs lowtail"], trows, title="throughput")
         )
+    fair = report.get("fairness")
+    if fair:
+        frows = [
+            [c["client"], c["answered"], c["unanswered"], c.get("wait_p50_us", "-"),
+             c.get("wait_p999_us", "-"), c.get("wait_max_us", "-")]
+            for c in fair["per_client"]
+        ]  # fmt: skip
+        lost = sum(c["unanswered"] for c in fair["per_client"])
+        frows.append(["all", fair.get("n", 0), lost, fair.get("p50_us", "-"), fair.get("p999_us", "-"),
+                      fair.get("max_us", "-")])  # fmt: skip
+        parts.append(
+            table.render(
+                ["client", "answered", "unanswered", "wait p50 us", "wait p99.9 us", "wait max us"],
+                frows,
+                title=f"fairness: queue wait of a ready request, {fair['clients']} saturating clients x "
+                f"{fair['depth']} in flight, {fair['seconds']} s (starved: {fair['starved_clients']})",
+            )
+        )
     trows = [
         [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", _verdict(t["met"])]
         for t in report["targets"]
@@ -239,7 +296,9 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fair = report.get("fairness")
+    fig, axes = plt.subplots(1, 3 if fair else 2, figsize=(19 if fair else 13, 5))
+    ax1, ax2 = axes[0], axes[1]
     for name in ORDER:
         xs = samples.get(name)
         if xs is None:
@@ -259,6 +318,20 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
     ax2.set_ylabel("round trip (µs); whiskers p1-p99")
     ax2.set_title("per transport")
     ax2.grid(True, axis="y", which="both", alpha=0.3)
+    if fair:
+        ax3 = axes[2]
+        rows = fair["per_client"]
+        lanes = [c["client"] for c in rows]
+        ax3.bar(lanes, [c.get("wait_p999_us", 0.0) for c in rows], label="p99.9", color="tab:red")
+        ax3.bar(lanes, [c.get("wait_p50_us", 0.0) for c in rows], label="p50", color="tab:blue")
+        for c in rows:
+            ax3.annotate(f"n={c['answered']}", (c["client"], c.get("wait_p999_us", 0.0)), ha="center",
+                         va="bottom", fontsize=7)  # fmt: skip
+        ax3.set_xlabel("client (lane)")
+        ax3.set_ylabel("queue wait of a ready request (µs)")
+        ax3.set_title(f"fairness: {fair['clients']} saturating clients")
+        ax3.legend(fontsize=8)
+        ax3.grid(True, axis="y", alpha=0.3)
     w = report["workload"]
     fig.suptitle(f"lowtail bench queue: {w['request']} -> {w['response']}, client CPU {w['client_cpu']}, "
                  f"worker CPU {w['worker_cpu']}")  # fmt: skip
@@ -287,6 +360,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--transports {args.transports!r}: unknown {unknown}; expected a subset of {ORDER}")
     if args.n is not None and args.n < 10:
         raise UsageError(f"--n {args.n}: expected at least 10 round trips")
+    if args.fairness_clients < 0:
+        raise UsageError(f"--fairness-clients {args.fairness_clients}: expected 0 (skip) or more")
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
     client_cpu, worker_cpu = _cpus()
@@ -349,6 +424,12 @@ def run(args: argparse.Namespace) -> int:
                     "seconds": seconds,
                     "requests_per_s": round(rps, 1),
                 }
+        if "lowtail" in names and args.fairness_clients > 0:
+            print(f"fairness: {args.fairness_clients} saturating clients for {seconds} s", file=sys.stderr)
+            per_client = fairness(
+                args.fairness_clients, FAIRNESS_DEPTH, seconds, worker_cpu, client_cpu, prio
+            )
+            report["fairness"] = fairness_report(per_client, seconds)
     finally:
         restore_priority(saved_nice)
         os.sched_setaffinity(0, saved)

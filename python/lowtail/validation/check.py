@@ -185,3 +185,30 @@ def merge_ladders(per_cpu: Mapping[Any, dict[str, Any]]) -> list[list[float]]:
     if not ladders:
         return []
     return [[q, max(lad[i][1] for lad in ladders)] for i, q in enumerate(LADDER)]
+
+
+def graded(
+    name: str,
+    value: float,
+    limits: Limits,
+    *,
+    unit: str,
+    what: str,
+    evidence: list[str],
+    why: str,
+    kind: str = "static",
+    data: dict[str, Any] | None = None,
+) -> Check:
+    """A check graded on one number; ``why`` becomes the reason only when it did not pass."""
+    status = limits.grade(value)
+    return Check(
+        name,
+        status,
+        value,
+        f"{limits.describe(unit)} {what}",
+        evidence,
+        "" if status is Status.PASS else why,
+        kind=kind,
+        unit=unit,
+        data=data or {},
+    )
