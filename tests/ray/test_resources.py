@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
@@ -65,3 +66,37 @@ def test_while_leases_are_held_rays_available_cpu_and_isolated_cpu_reflect_them(
         for a in reversed(actors):
             stop_actor(a)
     assert settles_at((base_cpu, base_iso)), available()  # given back with the leases
+
+
+@ray.remote(num_cpus=0)
+class Hog:
+    """Holds every lowtail_isolated_cpu of its node, as leases of other owners would."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_a_lease_holder_ray_cannot_place_is_reported_and_removed_not_left_pending(
+    ray_nodes: RayNodes, alloc_cfg: AllocatorConfig
+) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from lowtail.actors.inference import InferenceActorFailed
+
+    base = available()
+    hog = Hog.options(  # type: ignore[attr-defined]
+        resources={ISOLATED_RESOURCE: 4},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_nodes.other, soft=False),
+    ).remote()
+    try:
+        assert ray.get(hog.ready.remote(), timeout=60)
+        spec = SamplerSpec("starved", EnvSpec(features=SMALL_SPEC.features), allocator=alloc_cfg)
+        t0 = time.monotonic()
+        with pytest.raises(
+            InferenceActorFailed, match=r"sampler starved on node .* did not start within 5 s"
+        ):
+            start_sampler(spec, [], ray_nodes.other, start_timeout_s=5)
+        assert time.monotonic() - t0 < 60
+    finally:
+        ray.kill(hog)
+    assert settles_at(base), available()  # the pending sampler was removed with its request

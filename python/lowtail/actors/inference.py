@@ -871,7 +871,12 @@ class SamplerActor:
         ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
 
 
-def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str | None = None) -> Any:
+def start_sampler(
+    spec: SamplerSpec,
+    endpoints: Sequence[Endpoint],
+    node_id: str | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Any:
     """Create a sampler actor next to its inference actors (their node, unless told otherwise)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -880,5 +885,5 @@ def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
         **lease_resources(spec.allocator, node),
     ).remote(spec, list(endpoints))
-    await_started(handle, handle.lease, f"sampler {spec.name}", node, START_TIMEOUT_S)
+    await_started(handle, handle.lease, f"sampler {spec.name}", node, start_timeout_s)
     return handle
