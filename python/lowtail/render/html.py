@@ -51,7 +51,8 @@ def environment() -> jinja2.Environment:
 
 
 def render(template: str, **context: Any) -> str:
-    return environment().get_template(template).render(**context)
+    """``template`` rendered with ``context``; every page's footer names the lowtail version."""
+    return environment().get_template(template).render(footer=f"lowtail {__version__}", **context)
 
 
 def report(title: str, sections: list[Section], summary: list[str] | None = None, data: Any = None) -> str:
@@ -62,5 +63,4 @@ def report(title: str, sections: list[Section], summary: list[str] | None = None
         summary=summary or [],
         sections=sections,
         data=data,
-        footer=f"lowtail {__version__}",
     )

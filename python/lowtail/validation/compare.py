@@ -7,15 +7,13 @@ times lower after.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 from typing import Any
 
 from lowtail.errors import LowtailError
-from lowtail.render import table
-from lowtail.validation import plots
+from lowtail.render import html, table
+from lowtail.validation import plots, report
 
 
 class ReportFormatError(LowtailError, ValueError):
@@ -96,18 +94,31 @@ def _v(x: Any, unit: str) -> str:
     return f"{x} {unit}".strip()
 
 
-def render_table(cmp: dict[str, Any]) -> str:
-    out = []
+HEADERS = ["check", "before", "value", "after", "value", "before/after"]
+# Statuses as validate colours them; "absent" is a check only one of the two reports has.
+STATUS_COLOR = {**report.STATUS_COLOR, "absent": report.STATUS_COLOR["skip"]}
+
+
+def _headline(cmp: dict[str, Any]) -> str:
     h = cmp["headline"]
-    if h:
-        out.append(
-            f"headline p999 deschedule: {h['before']['p999_deschedule_ms']:.4g} ms (n={h['before']['n']}, "
-            f"max {h['before']['max_ms']:.4g} ms) -> {h['after']['p999_deschedule_ms']:.4g} ms "
-            f"(n={h['after']['n']}, max {h['after']['max_ms']:.4g} ms): {_fmt_ratio(h['ratio'])} lower"
-        )
-    else:
-        out.append("headline p999 deschedule: not measured in both reports")
-    out.append("")
+    if not h:
+        return "headline p999 deschedule: not measured in both reports"
+    return (
+        f"headline p999 deschedule: {h['before']['p999_deschedule_ms']:.4g} ms (n={h['before']['n']}, "
+        f"max {h['before']['max_ms']:.4g} ms) -> {h['after']['p999_deschedule_ms']:.4g} ms "
+        f"(n={h['after']['n']}, max {h['after']['max_ms']:.4g} ms): {_fmt_ratio(h['ratio'])} lower"
+    )
+
+
+def _title(cmp: dict[str, Any]) -> str:
+    return (
+        f"before: {cmp['before']['host']} ({cmp['before']['status']})   "
+        f"after: {cmp['after']['host']} ({cmp['after']['status']})"
+    )
+
+
+def render_table(cmp: dict[str, Any]) -> str:
+    out = [_headline(cmp), ""]
     rows = [
         [
             r["name"],
@@ -119,13 +130,7 @@ def render_table(cmp: dict[str, Any]) -> str:
         ]
         for r in cmp["checks"]
     ]
-    title = (
-        f"before: {cmp['before']['host']} ({cmp['before']['status']})   "
-        f"after: {cmp['after']['host']} ({cmp['after']['status']})"
-    )
-    out.append(
-        table.render(["check", "before", "value", "after", "value", "before/after"], rows, title=title)
-    )
+    out.append(table.render(HEADERS, rows, title=_title(cmp)))
     return "\n".join(out)
 
 
@@ -162,14 +167,25 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
 
 
 def render_html(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) -> str:
-    esc = html.escape
-    imgs = "".join(
-        f'<figure><img alt="{esc(t)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        f"<figcaption>{esc(t)}</figcaption></figure>"
-        for t, png in figures(before, after, cmp)
-    )
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>lowtail compare</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:2em}img{max-width:100%}</style></head><body>"
-        f"<h1>lowtail compare</h1><pre>{esc(render_table(cmp))}</pre>{imgs}</body></html>\n"
+    """The self-contained page (``compare.html.j2``): headline, every check before and after, the plots."""
+    rows = [
+        {
+            "name": r["name"],
+            "before_status": r["before"]["status"],
+            "before_value": _v(r["before"]["value"], r["unit"]),
+            "after_status": r["after"]["status"],
+            "after_value": _v(r["after"]["value"], r["unit"]),
+            "ratio": _fmt_ratio(r["ratio"]),
+        }
+        for r in cmp["checks"]
+    ]
+    return html.render(
+        "compare.html.j2",
+        title="lowtail compare",
+        headline=_headline(cmp),
+        caption=_title(cmp),
+        headers=HEADERS,
+        rows=rows,
+        colors=STATUS_COLOR,
+        images=[html.Image(alt, png) for alt, png in figures(before, after, cmp)],
     )

@@ -6,14 +6,12 @@ Ansible and opened anywhere.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lowtail.render import table
+from lowtail.render import html, table
 from lowtail.validation import plots
 from lowtail.validation.check import Check, Status
 from lowtail.validation.runner import Report
@@ -82,14 +80,6 @@ def write_json(report: Report, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
 
 
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode()
-    alt = html.escape(alt)
-    return (
-        f'<figure><img alt="{alt}" src="data:image/png;base64,{data}"><figcaption>{alt}</figcaption></figure>'
-    )
-
-
 def _limits(c: Check) -> tuple[float, float] | None:
     lim = c.data.get("limits_ms")
     return (float(lim[0]), float(lim[1])) if lim else None
@@ -116,58 +106,33 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
 
 
 def render_html(report: Report) -> str:
+    """The self-contained page (``validate.html.j2``): verdict, headline, checks, plots, host."""
     d = report.to_dict()
-    s, h = d["summary"], d["host"]
-    esc = html.escape
-    rows = []
-    for c in d["checks"]:
-        color = STATUS_COLOR[c["status"]]
-        evidence = "".join(f"<li>{esc(str(e))}</li>" for e in c.get("evidence", []))
-        rows.append(
-            f"<tr><td>{esc(c['name'])}</td>"
-            f"<td style='color:{color};font-weight:bold'>{c['status'].upper()}</td>"
-            f"<td>{esc(_fmt_value(c))}</td><td>{esc(c.get('threshold', ''))}</td>"
-            f"<td>{esc(_why(c))}<details><summary>evidence</summary><ul>{evidence}</ul>"
-            "</details></td></tr>"
-        )
-    head = s.get("headline")
-    headline = (
-        f"<p class=head>p999 deschedule <b>{head['p999_deschedule_ms']:.4f} ms</b> on CPU {head['cpu']} "
-        f"(n={head['n']}, max {head['max_ms']:.3f} ms). Source document: 400-470 ms on VMware with "
-        "sched_rt_runtime_us=500000; 0.02 ms at 950000.</p>"
-        if head
-        else ""
+    checks = [
+        {
+            "name": c["name"],
+            "status": c["status"],
+            "value": _fmt_value(c),
+            "threshold": c.get("threshold", ""),
+            "why": _why(c),
+            "evidence": [str(e) for e in c.get("evidence") or []],
+        }
+        for c in d["checks"]
+    ]
+    # The plan is long and already in the JSON; nested values print as JSON.
+    host = {k: v for k, v in d["host"].items() if k != "plan"}
+    host_rows = [(k, json.dumps(v) if isinstance(v, dict | list) else str(v)) for k, v in host.items()]
+    return html.render(
+        "validate.html.j2",
+        colors=STATUS_COLOR,
+        summary=d["summary"],
+        headline=d["summary"].get("headline"),
+        hostname=str(d["host"].get("hostname")),
+        probe_cpus=str(d["summary"].get("probe_cpus")),
+        host_rows=host_rows,
+        checks=checks,
+        images=[html.Image(alt, png) for alt, png in figures(report.checks)],
     )
-    host_rows = "".join(
-        f"<tr><th>{esc(k)}</th><td>{esc(json.dumps(v) if isinstance(v, dict | list) else str(v))}</td></tr>"
-        for k, v in h.items()
-        if k != "plan"
-    )
-    imgs = "".join(_img(png, title) for title, png in figures(report.checks))
-    color = STATUS_COLOR.get(s["status"], "#000")
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>lowtail validate: {esc(str(h.get("hostname")))}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; }}
-table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
-td, th {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }}
-td {{ font-size: 13px; }}
-.status {{ font-size: 1.6em; color: {color}; font-weight: bold; }}
-figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
-</style></head><body>
-<h1>lowtail validate: {esc(str(h.get("hostname")))}</h1>
-<p class=status>{s["status"].upper()}</p>
-<p>{", ".join(f"{n} {k}" for k, n in s["counts"].items())}; probe CPUs {esc(str(s.get("probe_cpus")))}</p>
-{headline}
-<h2>Checks</h2>
-<table><tr><th>check</th><th>status</th><th>value</th><th>threshold</th><th>why</th></tr>
-{"".join(rows)}</table>
-<h2>Plots</h2>
-{imgs or "<p>no probe ran</p>"}
-<h2>Host</h2>
-<table>{host_rows}</table>
-</body></html>
-"""
 
 
 def write_html(report: Report, path: str | Path) -> None:

@@ -1,0 +1,89 @@
+"""The validate and compare HTML pages render through the shared Jinja2 templates, autoescaped."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jinja2
+import pytest
+
+from lowtail.render import html
+from lowtail.validation import compare, report
+from lowtail.validation.check import Check, Status
+from lowtail.validation.runner import Report, summarize
+
+SCRIPT = "<script>alert(1)</script>"
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+def _report(hostname: str, evidence: list[str]) -> Report:
+    checks = [
+        Check("rt_budget", Status.FAIL, 500000, "950000", evidence, reason="sched_rt_runtime_us=500000"),
+        Check("thp", Status.PASS, "never", "never", ["/sys/kernel/mm/transparent_hugepage/enabled: never"]),
+        Check("steal", Status.SKIP, reason="no steal counter", kind="probe"),
+    ]
+    host = {"hostname": hostname, "kernel": "6.1.0", "versions": {"lowtail": "0"}, "plan": {"omitted": True}}
+    return Report(host=host, checks=checks, summary=summarize(checks, frozenset({1}), 0.5))
+
+
+def test_evidence_with_markup_is_escaped_in_the_validate_page() -> None:
+    page = report.render_html(_report(f"node{SCRIPT}", [f"grub says {SCRIPT}", "second line"]))
+    assert SCRIPT not in page
+    assert f"<li>grub says {ESCAPED}</li>" in page
+    assert f"<title>lowtail validate: node{ESCAPED}</title>" in page
+
+
+def test_validate_page_keeps_status_colours_checks_and_host() -> None:
+    page = report.render_html(_report("node-a", ["e1", "e2"]))
+    assert page.startswith("<!doctype html>")
+    fail, passed = report.STATUS_COLOR["fail"], report.STATUS_COLOR["pass"]
+    assert f".status {{ font-size: 1.6em; color: {fail};" in page  # the verdict in the failing colour
+    assert '<p class="status">FAIL</p>' in page and "1 pass, 0 warn, 1 fail, 1 skip; probe CPUs 1" in page
+    assert f'<td>rt_budget</td><td style="color:{fail};font-weight:bold">FAIL</td>' in page
+    assert f'<td>thp</td><td style="color:{passed};font-weight:bold">PASS</td>' in page
+    assert "<td>sched_rt_runtime_us=500000<details>" in page  # the why: a failure's reason
+    assert "<li>e1</li><li>e2</li>" in page
+    assert "<p>no probe ran</p>" in page  # no probe ran, so no plots
+    assert "<tr><th>kernel</th><td>6.1.0</td></tr>" in page
+    assert "<tr><th>versions</th><td>{&#34;lowtail&#34;: &#34;0&#34;}</td></tr>" in page
+    assert "omitted" not in page  # the plan is in the JSON, not the page
+    assert "p999 deschedule" not in page  # no headline without a deschedule probe
+
+
+def test_validate_page_puts_the_headline_against_the_source_documents_figure() -> None:
+    r = _report("node-a", [])
+    head = {"p999_deschedule_ms": 0.02, "cpu": 3, "n": 1000, "max_ms": 0.05, "status": "pass"}
+    r.summary["headline"] = head
+    page = report.render_html(r)
+    assert (
+        '<p class="head">p999 deschedule <b>0.0200 ms</b> on CPU 3 (n=1000, max 0.050 ms). '
+        "Source document: 400-470 ms on VMware with sched_rt_runtime_us=500000; 0.02 ms at 950000.</p>"
+    ) in page
+
+
+def _doc(hostname: str, status: str, value: float, extra: list[dict[str, Any]]) -> dict[str, Any]:
+    checks = [{"name": "timer", "kind": "probe", "status": status, "value": value, "unit": "ms"}, *extra]
+    return {"host": {"hostname": hostname}, "checks": checks, "summary": {"status": status}}
+
+
+def test_compare_page_escapes_hosts_and_colours_each_side() -> None:
+    before = _doc(f"vm{SCRIPT}", "fail", 2.0, [{"name": "thp", "status": "warn", "value": "madvise"}])
+    after = _doc("metal", "pass", 0.5, [])
+    cmp = compare.compare(before, after)
+    page = compare.render_html(before, after, cmp)
+    assert SCRIPT not in page and f"before: vm{ESCAPED} (fail)" in page
+    assert '<p class="head">headline p999 deschedule: not measured in both reports</p>' in page
+    fail, passed, absent = (compare.STATUS_COLOR[s] for s in ("fail", "pass", "absent"))
+    assert re.search(
+        rf'<td>timer</td><td style="color:{fail};font-weight:bold">FAIL</td><td>2 ms</td>'
+        rf'<td style="color:{passed};font-weight:bold">PASS</td><td>0.5 ms</td><td>x 4</td>',
+        page,
+    )
+    assert f'<td style="color:{absent};font-weight:bold">ABSENT</td>' in page  # thp is only in before
+    assert page.count("<img ") == 1  # the probe ratio bars; no deschedule ladders to compare
+
+
+def test_a_missing_template_field_is_an_error_not_an_empty_cell() -> None:
+    with pytest.raises(jinja2.UndefinedError, match="headline"):
+        html.render("compare.html.j2", title="t")
