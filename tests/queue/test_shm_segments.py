@@ -144,3 +144,55 @@ def test_futex_wakes_a_parked_thread_and_times_out() -> None:
     futex.full_barrier()
     del anchor
     mm.close()
+
+
+def test_an_unreaped_zombie_still_owns_its_segments(shm_dir: Path) -> None:
+    p = subprocess.Popen(["true"])
+    # Wait for it to exit without reaping it (WNOWAIT): until its parent reaps it the pid is not reusable.
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+    assert segments.process_alive(p.pid)
+    zombie = _fake_segment(shm_dir, "q", p.pid)
+    assert segments.sweep_dead(str(shm_dir)) == [] and zombie.exists()
+    p.wait()
+    assert not segments.process_alive(p.pid)
+
+
+def test_a_thread_id_is_not_a_live_owner() -> None:
+    # kill(tid, 0) succeeds for a thread; a segment name carries a process id, so a pid reused as some
+    # process's thread id must not keep a dead owner's segments alive.
+    stop = threading.Event()
+    tid: list[int] = []
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), stop.wait(10)))
+    t.start()
+    try:
+        while not tid:
+            time.sleep(0.001)
+        os.kill(tid[0], 0)  # the old check's view: "exists"
+        assert not segments.process_alive(tid[0])
+    finally:
+        stop.set()
+        t.join()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another uid")
+def test_another_users_process_is_alive_to_an_unprivileged_caller() -> None:
+    # As nobody, kill(1, 0) fails with EPERM: the process exists but is not ours, so it is alive. A forked
+    # child drops to nobody in-process (nobody cannot exec this venv's interpreter under /root).
+    dead = _dead_pid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe and never returns
+        code = 1
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(w, f"{segments.process_alive(1)} {segments.process_alive(dead)}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert out.split() == ["True", "False"]

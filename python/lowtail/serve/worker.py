@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.serve import metrics
@@ -64,6 +66,10 @@ class WorkerStartFailed(LowtailError, RuntimeError):
 
 class WorkerStartTimeout(LowtailError, TimeoutError):
     """The worker did not report ready in time (it is still running; stop it)."""
+
+
+class WorkerExited(LowtailError, ProcessLookupError):
+    """The worker process is gone, so its threads cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -212,22 +218,20 @@ class WorkerProcess:
         """The worker's threads, their CPU masks and the seed's 1:1 test (process CPU ~ thread CPU)."""
         s = self._segment()
         masks: dict[str, int] = {}
-        cpu_ticks: dict[int, int] = {}
-        task_dir = Path(f"/proc/{self.pid}/task")
-        for t in task_dir.iterdir():
+        cpu_s: dict[int, float] = {}  # utime + stime per thread, as psutil reads /proc/PID/task/TID/stat
+        try:
+            threads = psutil.Process(self.pid).threads()
+        except psutil.NoSuchProcess:
+            raise WorkerExited(f"worker pid {self.pid} on CPU {self.cpu} has exited") from None
+        for t in threads:
             try:
-                status = (t / "status").read_text()
-                stat = (t / "stat").read_text()
-            except OSError:
+                mask = cpulist.format(os.sched_getaffinity(t.id))  # the syscall takes a thread id
+            except ProcessLookupError:
                 continue  # a thread that just exited
-            for line in status.splitlines():
-                if line.startswith("Cpus_allowed_list:"):
-                    mask = line.split(":", 1)[1].strip()
-                    masks[mask] = masks.get(mask, 0) + 1
-            fields = stat.rsplit(")", 1)[1].split()
-            cpu_ticks[int(t.name)] = int(fields[11]) + int(fields[12])  # utime + stime
-        total = sum(cpu_ticks.values())
-        share = cpu_ticks.get(self.pid, 0) / total if total else 1.0
+            masks[mask] = masks.get(mask, 0) + 1
+            cpu_s[t.id] = t.user_time + t.system_time
+        total = sum(cpu_s.values())
+        share = cpu_s.get(self.pid, 0.0) / total if total else 1.0
         engine_thread = s.word(workerstats.ENGINE_THREAD)
         ratio = s.word(workerstats.ENGINE_CPU) / engine_thread if engine_thread else float("nan")
         all_on_cpu = all(cpulist.parse(m) == {self.cpu} for m in masks)
@@ -242,7 +246,7 @@ class WorkerProcess:
         return IsolationReport(
             pid=self.pid,
             cpu=self.cpu,
-            threads=len(cpu_ticks),
+            threads=len(cpu_s),
             masks=masks,
             all_on_cpu=all_on_cpu,
             serving_thread_share=share,

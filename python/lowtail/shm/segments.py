@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from lowtail.shm.errors import SegmentNotFound, ShmTooSmall
 
 SHM_DIR = "/dev/shm"
@@ -69,13 +71,9 @@ def parse_name(name: str) -> NameParts | None:
 
 
 def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+    """True while ``pid`` is a process: another user's counts (EPERM), and so does an unreaped zombie
+    (its creator may still reap it and the name stays its own until then). A thread id is not a process."""
+    return bool(psutil.pid_exists(pid))
 
 
 class Segment:
