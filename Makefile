@@ -4,31 +4,54 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.lowtail-installed
-REQS := python/requirements.txt requirements-dev.txt python/pyproject.toml
+REQS := python/requirements.txt python/constraints.txt requirements-dev.txt python/pyproject.toml
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: venv demo demo-clean demo-local test lint typecheck pytest clean sandbox-image wheelhouse molecule-runtime \
-	ansible-lint molecule
+.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-fast clean sandbox-image \
+	wheelhouse molecule-runtime ansible-lint molecule system-deps
+
+# Debian packages `make test` and `make demo` need, checked before anything else runs (the first failure
+# used to come after eight minutes of tests): podman with runc (crun fails on this kernel's cgroup setup),
+# debootstrap, uidmap, slirp4netns and fuse-overlayfs build and run the sandbox systemd container that
+# molecule and the demo boot (scripts/sandbox-image.sh); rt-tests gives cyclictest and oslat to
+# `lowtail validate`; python3-venv makes the venv.
+APT_PACKAGES := make git podman runc debootstrap uidmap slirp4netns fuse-overlayfs rt-tests python3-venv
+
+# Installs the missing ones as root with apt; otherwise stops at once and prints the command to run.
+system-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'ok installed' || printf "%s " "$$p"; done | sed "s/ $$//"); \
+	if [ -z "$$missing" ]; then echo "==> system packages present: $(APT_PACKAGES)"; exit 0; fi; \
+	cmd="apt-get update && apt-get install -y --no-install-recommends $$missing"; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "lowtail needs these Debian packages: $$missing" >&2; \
+	  echo "install them as root, then run make again:  sudo sh -c '$$cmd'" >&2; exit 1; fi; \
+	echo "==> installing system packages: $$missing"; \
+	DEBIAN_FRONTEND=noninteractive sh -c "$$cmd"
 
 venv: $(STAMP)
 
 # Re-installs only when a pinned requirement or the package metadata changed.
+# The package declares compatible ranges (python/requirements.txt); the exact versions it is tested with
+# are python/constraints.txt, applied here and in the wheelhouse the nodes install from.
 $(STAMP): $(REQS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "==> installing pinned requirements into $(VENV) (first run takes a few minutes)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -r python/requirements.txt -r requirements-dev.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e python
+	$(PIP) -c python/constraints.txt -r python/requirements.txt -r requirements-dev.txt
+	$(PIP) --no-deps -e python
 	@touch $@
 
-# The main job for real on a sandbox node (scripts/demo.sh): the sandbox image and the wheelhouse (both
-# reused once built), a systemd container as the node, site.yml against it, the runtime installed from the
-# wheelhouse, a short serving demo and the node's validation inside it, a summary; nothing left running.
-demo: $(STAMP)
+# The main job for real on a two-node sandbox (scripts/demo.sh): the sandbox image and the wheelhouse (both
+# reused once built), two systemd containers as the nodes, one site.yml run against both, the runtime
+# installed from the wheelhouse and Ray started by its unit on each, the fleet validation, the serving demo
+# with a worker SIGKILL and the loss of the worker node, a summary; nothing left running.
+demo: system-deps $(STAMP)
 	scripts/demo.sh
 
-# Remove the demo node if one is left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
+# Remove the demo's two nodes if they are left (LOWTAIL_DEMO_KEEP=1 or an interrupted run); ALL=1 also removes
 # the sandbox image, the wheelhouse and the demo's outputs.
 demo-clean:
-	scripts/sandbox-node.sh rm lowtail-demo-node
+	scripts/sandbox-node.sh rm lowtail-demo-worker lowtail-demo-head
 	@if [ "$(ALL)" = 1 ]; then \
 	  podman image rm -f "$$(scripts/sandbox-image.sh --name)" 2>/dev/null || true; \
 	  rm -rf build/wheelhouse build/demo build/manifests; \
@@ -54,6 +77,14 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
+# The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
+# the long probes slow).
+pytest-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+# The developer's inner loop, a few minutes: lint, types and the fast tests. No system packages needed.
+quick: lint typecheck pytest-fast
+
 # Ansible tools find each other (ansible-config, ansible-playbook) on PATH.
 ANSIBLE_ENV := PATH=$(CURDIR)/$(BIN):$$PATH
 
@@ -67,7 +98,9 @@ ansible-lint: $(STAMP)
 molecule: $(STAMP)
 	$(ANSIBLE_ENV) $(BIN)/molecule test -s default
 
-test: lint typecheck pytest ansible-lint molecule molecule-runtime
+# Everything, in this order; the system packages are checked (and installed as root) before anything runs.
+test: system-deps
+	$(MAKE) --no-print-directory lint typecheck pytest ansible-lint molecule molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# `make demo`: lowtail's main job, for real, on a sandbox node.
+# `make demo`: lowtail's main job, for real, on a two-node sandbox cluster.
 #
 #   1. the sandbox image (Debian bookworm + systemd, debootstrap; built once, then reused)
 #   2. the wheelhouse (lowtail and every pinned dependency as wheels; content-hashed, reused)
-#   3. a systemd container from the image as the node (podman, runc, never privileged)
-#   4. the real site.yml against it (inventory/sandbox): preflight, kernel command line, tuning, kubelet,
-#      runtime install from the wheelhouse, Kubernetes manifests; steps a container cannot take (update-grub,
-#      reboot, live sysctls) are switched off by inventory variables
-#   5. a short serving demo inside the node with the installed runtime
-#   6. the node's validation (lowtail validate --quick through playbooks/validate.yml)
-# then a summary, and the container is removed: nothing is left running.
+#   3. two systemd containers as the nodes (podman, runc, never privileged) sharing one network namespace
+#      that the demo creates with the head (--network none: loopback and nothing else) and the worker
+#      joins; each node keeps its own IPC namespace, /dev/shm, PID namespace and filesystem, and Ray's
+#      traffic between them never leaves that namespace
+#   4. one real site.yml run against both (inventory/sandbox): preflight, kernel command line, tuning,
+#      kubelet, runtime install from the wheelhouse, each node's /etc/lowtail/plan.json, and Ray started
+#      by the installed lowtail-ray.service (head on lowtail-demo-head, worker on lowtail-demo-worker);
+#      steps a container cannot take (update-grub, reboot, live sysctls) are off in the inventory
+#   5. the fleet validation on both nodes (lowtail validate --quick through playbooks/validate.yml), one table
+#   6. the serving demo on that cluster (python -m lowtail.demo.cluster on the head): samplers on both
+#      nodes, each with its own node's inference actor through shared memory; a cross-node attach refused;
+#      SIGKILL of the worker node's pinned worker; then the loss of the whole worker node (this script kills
+#      its container when the driver asks), with the figures of each
+# then a summary, and both nodes are removed: nothing is left running.
 #
-# Env: LOWTAIL_DEMO_KEEP=1 keeps the node running afterwards (`make demo-clean` removes it);
-#      LOWTAIL_DEMO_SECONDS (default 10) is how long the serving demo runs.
+# Env: LOWTAIL_DEMO_KEEP=1 keeps the nodes running afterwards (`make demo-clean` removes them);
+#      LOWTAIL_DEMO_SECONDS (default 6) is how long each serving phase runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NODE=lowtail-demo-node
+HEAD=lowtail-demo-head
+WORKER=lowtail-demo-worker
+NODES=("$HEAD" "$WORKER")
 OUT=build/demo
 BIN=.venv/bin
-SECONDS_DEMO=${LOWTAIL_DEMO_SECONDS:-10}
+SECONDS_DEMO=${LOWTAIL_DEMO_SECONDS:-6}
+STEPS=6
 mkdir -p "$OUT"
-rm -f "$OUT"/*.log "$OUT"/serve.json
+rm -rf "$OUT"/*.log "$OUT"/*.json "$OUT"/validate
 
 step_names=()
 step_times=()
@@ -33,7 +43,7 @@ bold() { printf '\033[1m%s\033[0m\n' "$*"; }
 begin() {
   current=$1
   t_step=$SECONDS
-  bold "==> [$((${#step_names[@]} + 1))/6] $1"
+  bold "==> [$((${#step_names[@]} + 1))/$STEPS] $1"
 }
 end() {
   step_names+=("$current")
@@ -44,9 +54,9 @@ end() {
 cleanup() {
   local rc=$?
   if [[ ${LOWTAIL_DEMO_KEEP:-0} == 1 ]]; then
-    echo "demo: the node $NODE keeps running (LOWTAIL_DEMO_KEEP=1); 'make demo-clean' removes it"
+    echo "demo: the nodes ${NODES[*]} keep running (LOWTAIL_DEMO_KEEP=1); 'make demo-clean' removes them"
   else
-    scripts/sandbox-node.sh rm "$NODE" || true
+    scripts/sandbox-node.sh rm "$WORKER" "$HEAD" || true
   fi
   exit "$rc"
 }
@@ -89,107 +99,110 @@ scripts/wheelhouse.sh >/dev/null
 wheelhouse_id=$("$BIN/python" -c 'import json; print(json.load(open("build/wheelhouse/wheelhouse.json"))["id"])')
 end
 
-begin "sandbox node"
-scripts/sandbox-node.sh start "$NODE"
+begin "two sandbox nodes sharing a loopback-only network namespace (and nothing else)"
+scripts/sandbox-node.sh start "$HEAD" --net=none
+scripts/sandbox-node.sh start "$WORKER" --net-of="$HEAD"
 end
 
-begin "site.yml on the node (preflight, kernel, tuning, kubelet, runtime, manifests)"
-extra=()
-if [[ -f site.yml ]] && grep -Eq '^[^#]*import_playbook: *playbooks/runtime.yml' site.yml; then
+begin "site.yml on both nodes (preflight, kernel, tuning, kubelet, runtime + Ray unit, manifests)"
+if grep -Eq '^[^#]*import_playbook: *playbooks/runtime.yml' site.yml; then
   playbooks=(site.yml)
-elif [[ -f site.yml ]]; then
+else
   # site.yml does not import the runtime stage: run it right after, in the same ansible-playbook run, so
   # the plan preflight published (lowtail_node) is there for the runtime role.
   playbooks=(site.yml playbooks/runtime.yml)
-else
-  # No provisioning play in this checkout: the plan comes from the same code preflight uses.
-  playbooks=(playbooks/runtime.yml)
-  echo "    (no site.yml here: only the runtime stage runs, with the plan from lowtail plan)"
-  "$BIN/lowtail" plan --json | "$BIN/python" -c \
-    'import json, sys; print(json.dumps({"lowtail_runtime_plan": json.load(sys.stdin)}))' >"$OUT/plan-vars.json"
-  extra=(-e "@$OUT/plan-vars.json")
 fi
 echo "    ansible-playbook -i inventory/sandbox ${playbooks[*]}"
-if ! run_play "$OUT/site.log" -i inventory/sandbox "${playbooks[@]}" "${extra[@]}"; then
+if ! run_play "$OUT/site.log" -i inventory/sandbox "${playbooks[@]}"; then
   tail -40 "$OUT/site.log"
-  echo "demo: ${playbooks[*]} failed on the sandbox node (full log: $OUT/site.log)" >&2
+  echo "demo: ${playbooks[*]} failed on the sandbox nodes (full log: $OUT/site.log)" >&2
   exit 1
 fi
+for node in "${NODES[@]}"; do
+  printf '    %-20s lowtail-ray.service %s\n' "$node" "$(podman exec "$node" systemctl is-active lowtail-ray.service || true)"
+done
 end
 
-begin "serving demo inside the node (${SECONDS_DEMO} s)"
-# Ray's object store must fit the node's /dev/shm (1 GiB here), as the manifests size it for pods;
-# its default, 30% of RAM, would fall back to /tmp.
-lt=(podman exec -e RAY_AUTH_MODE=disabled -e RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES=536870912 "$NODE"
-  /opt/lowtail/venv/bin/lowtail)
-if "${lt[@]}" demo ray --help >/dev/null 2>&1; then
-  serve=(demo ray --seconds "$SECONDS_DEMO" --json /tmp/lowtail-serve.json)
-elif "${lt[@]}" bench serve --help >/dev/null 2>&1; then
-  serve=(bench serve --quick --samplers 1,2 --json /tmp/lowtail-serve.json)
-elif "${lt[@]}" bench queue --help >/dev/null 2>&1; then
-  serve=(bench queue --quick --json /tmp/lowtail-serve.json)
-else
-  serve=()
-fi
-if ((${#serve[@]})); then
-  echo "    lowtail ${serve[*]}"
-  if "${lt[@]}" "${serve[@]}" 2>&1 | tee "$OUT/serve.log" | sed 's/^/    /'; then
-    podman cp "$NODE:/tmp/lowtail-serve.json" "$OUT/serve.json" 2>/dev/null || true
-    end
-  else
-    end failed
-  fi
-else
-  echo "    the installed runtime has no serving command yet (lowtail demo ray / bench serve / bench queue)"
-  end skipped
-fi
-
-begin "validation of the node (lowtail validate --quick)"
+begin "fleet validation of both nodes (lowtail validate --quick)"
 validate_dir="$PWD/$OUT/validate"
-if [[ -f playbooks/validate.yml ]]; then
-  # A sandbox is not a tuned node (no kernel arguments in effect, a VM): failures are expected and shown.
-  if run_play "$OUT/validate.log" -i inventory/sandbox playbooks/validate.yml \
-    -e "lowtail_validate_fetch_dir=$validate_dir"; then
-    end
-  else
-    end "has failures"
-  fi
-  [[ -f $validate_dir/fleet.txt ]] && sed 's/^/    /' "$validate_dir/fleet.txt"
+# A sandbox is not a tuned node (no kernel arguments in effect, a VM): failures are expected and shown.
+if run_play "$OUT/validate.log" -i inventory/sandbox playbooks/validate.yml \
+  -e "lowtail_validate_fetch_dir=$validate_dir"; then
+  end
 else
-  echo "    playbooks/validate.yml is not there yet"
-  end skipped
+  end "has failures"
 fi
+[[ -f $validate_dir/fleet.txt ]] && sed 's/^/    /' "$validate_dir/fleet.txt"
+
+begin "serving on both nodes, a worker SIGKILL, the loss of the worker node (${SECONDS_DEMO} s a phase)"
+kill_file=/tmp/lowtail-demo-kill-node
+podman exec "$HEAD" rm -f "$kill_file"
+podman exec -e RAY_AUTH_MODE=disabled "$HEAD" /opt/lowtail/venv/bin/python -m lowtail.demo.cluster \
+  --seconds "$SECONDS_DEMO" --kill-file "$kill_file" --json /tmp/lowtail-cluster.json >"$OUT/serve.log" 2>&1 &
+driver=$!
+# The driver's output as it comes; the worker node (its whole container, as a power loss would) is
+# killed when the driver asks for it.
+shown=0
+killed=0
+while kill -0 "$driver" 2>/dev/null; do
+  n=$(wc -l <"$OUT/serve.log")
+  if ((n > shown)); then
+    sed -n "$((shown + 1)),${n}p" "$OUT/serve.log" | sed 's/^/    /'
+    shown=$n
+  fi
+  if ((!killed)) && podman exec "$HEAD" test -f "$kill_file" 2>/dev/null; then
+    podman kill --signal KILL "$WORKER" >/dev/null
+    killed=1
+    echo "    demo: podman kill --signal KILL $WORKER (the worker node is gone)"
+  fi
+  sleep 0.3
+done
+set +e
+wait "$driver"
+rc=$?
+set -e
+sed -n "$((shown + 1)),\$p" "$OUT/serve.log" | sed 's/^/    /'
+podman cp "$HEAD:/tmp/lowtail-cluster.json" "$OUT/cluster.json" 2>/dev/null || true
+if ((rc == 0)); then end; else end "checks failed (rc $rc)"; fi
 
 echo
 bold "Summary"
-plan=$(podman exec "$NODE" cat /etc/lowtail/plan.json)
-version=$(podman exec "$NODE" /opt/lowtail/venv/bin/lowtail --version)
-"$BIN/python" - "$plan" "$version" "$wheelhouse_id" "$OUT" "$validate_dir" <<'EOF'
+plan=$(podman exec "$HEAD" cat /etc/lowtail/plan.json)
+version=$(podman exec "$HEAD" /opt/lowtail/venv/bin/lowtail --version)
+"$BIN/python" - "$version" "$wheelhouse_id" "$OUT" "$validate_dir" "$plan" <<'EOF'
 import json, sys
 from pathlib import Path
 from lowtail.render import table
 
-plan, version, wid, out, vdir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
+version, wid, out, vdir = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+plan = json.loads(sys.argv[5])
 rows = [
-    ["node", "lowtail-demo-node (systemd container, this machine's CPUs and kernel)"],
-    ["runtime", f"{version} in /opt/lowtail/venv, from wheelhouse {wid} (pip --no-index)"],
-    ["plan", f"housekeeping {plan['housekeeping']}, isolated {plan['isolated']} -> /etc/lowtail/plan.json"],
+    ["nodes", "lowtail-demo-head (Ray head), lowtail-demo-worker (Ray worker): systemd containers sharing "
+     "one loopback-only network namespace, this machine's CPUs and kernel"],
+    ["runtime", f"{version} in /opt/lowtail/venv on both, from wheelhouse {wid} (pip --no-index)"],
+    ["Ray", "started by lowtail-ray.service on each node (head 127.0.0.1:6379, worker 127.0.0.2)"],
+    ["plan (head)", f"housekeeping {plan['housekeeping']}, isolated {plan['isolated']} -> /etc/lowtail/plan.json"],
     ["kernel args", " ".join(plan["kernel_args"])],
     ["manifests", ", ".join(sorted(p.name for p in Path("build/manifests").glob("*.yaml")))],
 ]
-serve = out / "serve.json"
-if serve.exists():
-    rows.append(["serving demo", f"{serve} (numbers above)"])
-report = vdir / "lowtail-demo-node.json"
-if report.exists():
-    s = json.loads(report.read_text())["summary"]
-    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items())
-    rows.append(["validation", f"{s['status']} ({counts}); failed: {', '.join(s['failed']) or '-'}"])
-    rows.append(["", f"report: {report} and .html"])
-print(table.render(["what", "result"], rows, title="lowtail on the sandbox node"))
+cluster = out / "cluster.json"
+if cluster.exists():
+    c = json.loads(cluster.read_text())
+    for check, ok in c["checks"].items():
+        rows.append([f"check {check}", "pass" if ok else "FAIL"])
+    if c.get("cpus_shared_between_nodes"):
+        rows.append(["NOTE", f"both nodes' cpuset is {c['cpus_shared_between_nodes']}: one machine's CPUs, so the "
+                     "two nodes' leases can be the same physical CPU"])
+    rows.append(["", f"report: {cluster}"])
+for report in sorted(vdir.glob("lowtail-demo-*.json")):
+    s = json.loads(report.read_text()).get("summary")
+    if s:
+        counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items())
+        rows.append([f"validation {report.stem}", f"{s['status']} ({counts}); failed: {', '.join(s['failed']) or '-'}"])
+print(table.render(["what", "result"], rows, title="lowtail on the two-node sandbox"))
 EOF
 echo
-printf '%-75s %6s  %s\n' step seconds status
+printf '%-100s %6s  %s\n' step seconds status
 for i in "${!step_names[@]}"; do
-  printf '%-75s %6d  %s\n' "${step_names[$i]}" "${step_times[$i]}" "${step_status[$i]}"
+  printf '%-100s %6d  %s\n' "${step_names[$i]}" "${step_times[$i]}" "${step_status[$i]}"
 done

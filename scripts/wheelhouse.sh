@@ -32,7 +32,7 @@ log() { echo "wheelhouse: $*" >&2; }
 mkdir -p "$OUT"
 py_tag=$("$PYTHON" -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{sysconfig.get_platform()}")')
 deps_key=$( (
-  cat python/requirements.txt
+  cat python/requirements.txt python/constraints.txt
   echo "$PIP_PIN $py_tag"
 ) | sha256sum | cut -c1-16)
 deps="$OUT/deps-$deps_key"
@@ -48,7 +48,7 @@ else
   mkdir -p "$deps.tmp"
   # (grep drops pip's noise about this machine's unused extra indexes)
   "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$deps.tmp" \
-    -r python/requirements.txt "$PIP_PIN" 2>&1 | { grep -v 'is ignored: it is neither' || true; } >&2
+    -c python/constraints.txt -r python/requirements.txt "$PIP_PIN" 2>&1 | { grep -v 'is ignored: it is neither' || true; } >&2
   touch "$deps.tmp/.complete"
   mv "$deps.tmp" "$deps"
   # Older dependency sets are dead weight once requirements changed.

@@ -70,6 +70,14 @@ class LeaseExhausted(LeaseError):
     """Every CPU of the pool is leased to a live owner."""
 
 
+class PoolMismatch(LeaseExhausted):
+    """The plan's isolated CPUs and the CPUs this process's cgroup allows share none."""
+
+
+class PlanNotFound(LeaseError):
+    """In a pod, no host plan is visible: leasing from a plan computed inside the pod would be wrong."""
+
+
 class OwnerConflict(LeaseError):
     """An owner name already held by another live process (two actors given the same name)."""
 
@@ -124,6 +132,101 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+# --- where this node's leases may run ------------------------------------------------------------------
+
+
+class CpusetError(LeaseError):
+    """The cgroup's cpuset cannot be read, or it shares no CPU with the plan's isolated set."""
+
+
+@dataclass(frozen=True)
+class Cpuset:
+    """The CPUs a process's cgroup lets it (and its children) run on, and the file that said so."""
+
+    cpus: frozenset[int]
+    source: str  # the cpuset file read, e.g. /sys/fs/cgroup/cpuset/.../cpuset.effective_cpus
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo (proc_pid_mountinfo(5))
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _cgroup_dirs(proc: Path, fs_root: Path) -> list[tuple[str, Path, Path]]:
+    """(version, mount point, cgroup directory) of each hierarchy carrying cpusets, v1 first."""
+    memberships: dict[str, str] = {}
+    for line in (proc / "cgroup").read_text().splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            memberships["v2"] = path
+        elif "cpuset" in controllers.split(","):
+            memberships["v1"] = path
+    found: list[tuple[str, Path, Path]] = []
+    for line in (proc / "mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mount = _unescape(fields[3]), _unescape(fields[4])
+        fstype, superopts = tail[0], tail[2].split(",")
+        if fstype == "cgroup" and "cpuset" in superopts and "v1" in memberships:
+            version = "v1"
+        elif fstype == "cgroup2" and "v2" in memberships:
+            version = "v2"
+        else:
+            continue
+        path = memberships[version]
+        # A cgroup namespace shows paths relative to its root; a bind-mounted subtree has root != "/".
+        rel = os.path.relpath(path, root) if path.startswith(root) else path.lstrip("/")
+        mount_dir = fs_root / mount.lstrip("/")
+        found.append((version, mount_dir, (mount_dir / rel).resolve() if rel != "." else mount_dir))
+    return sorted(found, key=lambda x: x[0])
+
+
+def cgroup_cpuset(proc_root: str | Path = "/proc/self", fs_root: str | Path = "/") -> Cpuset | None:
+    """The effective cpuset of the process's cgroup (cgroup v1 or v2), or None when none is visible.
+
+    This, not the process's affinity mask, is what the kernel allows ``sched_setaffinity`` to reach
+    (cpuset(7)): a daemon confined by systemd's ``CPUAffinity=`` to housekeeping CPUs may still pin a
+    child to an isolated CPU of its cpuset, and in a pod the cpuset is what the kubelet granted.
+    v2: ``cpuset.cpus.effective``, from the nearest ancestor where the controller is enabled; v1:
+    ``cpuset.effective_cpus`` (``effective_cpus`` with the ``noprefix`` mount option), else
+    ``cpuset.cpus``. ``proc_root``/``fs_root`` point at fixture trees in tests.
+    """
+    proc, root = Path(proc_root), Path(fs_root)
+    try:
+        dirs = _cgroup_dirs(proc, root)
+    except OSError:
+        return None
+    names = {
+        "v1": ("cpuset.effective_cpus", "effective_cpus", "cpuset.cpus", "cpus"),
+        "v2": ("cpuset.cpus.effective",),
+    }
+    for version, mount, cgdir in dirs:
+        d = cgdir
+        while True:
+            for name in names[version]:
+                f = d / name
+                try:
+                    text = f.read_text().strip()
+                except OSError:
+                    continue
+                try:
+                    return Cpuset(frozenset(cpulist.parse(text)), str(f))
+                except ValueError as e:
+                    raise CpusetError(f"{f}: {text!r} is not a CPU list: {e}") from None
+            if d == mount or mount not in d.parents:
+                break
+            d = d.parent
+    return None
+
+
+def usable_cpus() -> frozenset[int]:
+    """CPUs this process may move itself or a child onto: its cgroup's cpuset, else its affinity mask."""
+    cpuset = cgroup_cpuset()
+    return cpuset.cpus if cpuset is not None else frozenset(os.sched_getaffinity(0))
 
 
 # --- the table -----------------------------------------------------------------------------------------
@@ -199,6 +302,7 @@ class LeaseAllocator:
         state_dir: str | Path | None = None,
         pool: Iterable[int] | None = None,
         allowed: Iterable[int] | None = None,
+        allowed_source: str = "given",
         share: int = 1,
         alive: LivenessCheck = pid_alive,
         audit_interval_s: float = 30.0,
@@ -216,10 +320,19 @@ class LeaseAllocator:
         self.excluded = frozenset() if allowed is None else chosen - frozenset(allowed)
         self.pool = chosen - self.excluded
         if not self.pool:
-            raise LeaseExhausted(
-                f"empty lease pool: isolated {cpulist.format(chosen) or '-'}, "
-                f"of which usable here {cpulist.format(self.pool) or '-'} "
-                f"(allowed CPUs exclude {cpulist.format(self.excluded) or '-'})"
+            what = "demo pool" if pool is not None else "plan's isolated CPUs"
+            raise PoolMismatch(
+                f"empty lease pool: the {what} {cpulist.format(chosen) or '-'} and the CPUs allowed here "
+                f"{cpulist.format(frozenset(allowed or ())) or '-'} ({allowed_source}) share no CPU; "
+                "expected the cgroup's cpuset to include isolated CPUs of this node's plan (is the plan "
+                "the host's? in a pod, mount /etc/lowtail/plan.json or set LOWTAIL_PLAN)"
+            )
+        if self.excluded:
+            log.warning(
+                "lease pool %s: isolated CPUs %s are outside the CPUs allowed here (%s)",
+                cpulist.format(self.pool),
+                cpulist.format(self.excluded),
+                allowed_source,
             )
         if share < 1:
             raise ValueError(f"share {share}: expected at least 1 owner per CPU")
@@ -278,7 +391,10 @@ class LeaseAllocator:
                 # pids from another boot mean nothing; a persistent state dir survives reboots.
                 log.warning("lease state %s is from another boot: starting with an empty table", path)
                 return {}
-            return {d["owner"]: Lease.from_dict(d) for d in data["leases"]}
+            leases = [Lease.from_dict(d) for d in data["leases"]]
+            for lease in leases:
+                owner_kind(lease.owner)  # a bogus owner is refused here, not a KeyError in an audit later
+            return {lease.owner: lease for lease in leases}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LeaseStateError(
                 f"lease state {path} is malformed ({e!r}); move it away to start empty"
@@ -301,7 +417,7 @@ class LeaseAllocator:
                 json.dump(data, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, 0o600)  # like its lock: owners' pids and actor ids are the node's business
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -517,12 +633,25 @@ class LeaseAllocator:
         }
 
 
-def node_plan(path: str | Path | None = None) -> Plan:
-    """This node's plan: ``path``, else ``$LOWTAIL_PLAN``, else /etc/lowtail/plan.json (written by the
-    runtime role), else computed from the local topology with the default housekeeping."""
+def locate_plan(path: str | Path | None = None) -> tuple[Plan, str]:
+    """This node's plan and where it came from: ``path``, else ``$LOWTAIL_PLAN``, else
+    /etc/lowtail/plan.json (written by the runtime role), else computed from the local topology with the
+    default housekeeping, except in a Kubernetes pod, where that computation would see only the pod's
+    cpuset and the kubelet's view, not the host's plan: there it is a ``PlanNotFound``."""
     chosen = path or os.environ.get("LOWTAIL_PLAN")
     if chosen:
-        return load_plan(chosen)
+        return load_plan(chosen), str(chosen)
     if DEFAULT_PLAN_PATH.exists():
-        return load_plan(DEFAULT_PLAN_PATH)
-    return make_plan(read_topology())
+        return load_plan(DEFAULT_PLAN_PATH), str(DEFAULT_PLAN_PATH)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise PlanNotFound(
+            f"running in a Kubernetes pod without the host's plan: neither LOWTAIL_PLAN is set nor "
+            f"{DEFAULT_PLAN_PATH} exists; expected the host's plan mounted read-only (the lowtail_k8s "
+            "RayCluster does this) rather than one computed from the pod's view"
+        )
+    return make_plan(read_topology()), "computed from this machine's topology (default housekeeping)"
+
+
+def node_plan(path: str | Path | None = None) -> Plan:
+    """This node's plan (see ``locate_plan``)."""
+    return locate_plan(path)[0]

@@ -94,7 +94,12 @@ def test_apply_labels_and_taints_then_second_run_changes_nothing(tmp_path: Path)
     assert "label node node-a lowtail.io/tuned=true --overwrite" in made
     assert "taint node node-b lowtail.io/isolated=true:NoSchedule --overwrite" in made
     state = json.loads((bin_dir / "cluster.json").read_text())
-    assert sorted(state["applied"]) == ["00-namespace.yaml", "10-runtimeclass.yaml", "20-raycluster.yaml"]
+    assert sorted(state["applied"]) == [
+        "00-namespace.yaml",
+        "10-runtimeclass.yaml",
+        "20-raycluster.yaml",
+        "30-networkpolicy.yaml",
+    ]
     assert state["nodes"]["node-b"]["labels"]["lowtail.io/tuned"] == "true"
 
     second = run(tmp_path, kubectl)

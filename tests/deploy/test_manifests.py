@@ -55,9 +55,10 @@ def test_crd_check_rejects_a_misspelled_field(default_render: Rendered) -> None:
 
 def test_core_kinds_and_pod_templates_validate(default_render: Rendered) -> None:
     objects = default_render.objects()
-    assert set(objects) == {"Namespace", "RuntimeClass", "RayCluster"}
+    assert set(objects) == {"Namespace", "RuntimeClass", "RayCluster", "NetworkPolicy"}
     assert core_errors(objects["Namespace"]) == []
     assert core_errors(objects["RuntimeClass"]) == []
+    assert core_errors(objects["NetworkPolicy"]) == []
     cluster = objects["RayCluster"]["spec"]
     assert core_errors(pod_from_template(cluster["headGroupSpec"]["template"], "head")) == []
     for group in cluster["workerGroupSpecs"]:
@@ -252,3 +253,73 @@ def test_bad_inventory_value_fails_before_anything_is_written(
     assert rendered.returncode != 0
     assert message in rendered.output, rendered.output
     assert not rendered.out_dir.exists(), "nothing may be written when an input is bad"
+
+
+def test_worker_pods_read_the_hosts_plan_read_only(default_render: Rendered) -> None:
+    spec = worker_spec(default_render.objects())
+    ray = next(c for c in spec["containers"] if c["name"] == "ray-worker")
+    env = {e["name"]: e.get("value") for e in ray.get("env", [])}
+    mount = next(m for m in ray["volumeMounts"] if m["mountPath"] == env["LOWTAIL_PLAN"])
+    assert env["LOWTAIL_PLAN"] == "/etc/lowtail/plan.json"
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    # type File: a node without the plan fails the pod instead of letting it recompute one.
+    assert volume["hostPath"] == {"path": "/etc/lowtail/plan.json", "type": "File"}
+
+
+def test_plan_path_follows_the_inventory(render: Callable[..., Rendered]) -> None:
+    rendered = render({"lowtail_k8s_plan_path": "/srv/lowtail/plan.json"})
+    assert rendered.returncode == 0, rendered.output
+    spec = worker_spec(rendered.objects())
+    env = {e["name"]: e.get("value") for e in spec["containers"][0].get("env", [])}
+    assert env["LOWTAIL_PLAN"] == "/srv/lowtail/plan.json"
+    assert {"path": "/srv/lowtail/plan.json", "type": "File"} in [v.get("hostPath") for v in spec["volumes"]]
+
+
+def test_ray_token_authentication_is_on(render: Callable[..., Rendered], default_render: Rendered) -> None:
+    assert default_render.objects()["RayCluster"]["spec"]["authOptions"] == {"mode": "token"}
+    rendered = render({"lowtail_k8s_ray_auth_secret": "lowtail-ray-token"})
+    cluster = rendered.objects()["RayCluster"]
+    assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": "lowtail-ray-token"}
+    assert raycluster_errors(cluster) == []
+
+
+def test_dashboard_listens_on_the_head_loopback_only(default_render: Rendered) -> None:
+    params = default_render.objects()["RayCluster"]["spec"]["headGroupSpec"]["rayStartParams"]
+    assert params["dashboard-host"] == "127.0.0.1"
+
+
+def test_network_policy_admits_only_the_clusters_own_pods(default_render: Rendered) -> None:
+    policy = default_render.objects()["NetworkPolicy"]
+    cluster = default_render.objects()["RayCluster"]
+    mine = {"ray.io/cluster": cluster["metadata"]["name"]}
+    assert policy["metadata"]["namespace"] == cluster["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": mine}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": mine}}]}]
+
+
+def test_network_policy_lets_named_clients_reach_only_the_ray_client_port(
+    render: Callable[..., Rendered],
+) -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rl-learner"}}}
+    rendered = render({"lowtail_k8s_ray_clients": [peer]})
+    assert rendered.returncode == 0, rendered.output
+    policy = rendered.objects()["NetworkPolicy"]
+    assert core_errors(policy) == []
+    assert policy["spec"]["ingress"][1] == {"from": [peer], "ports": [{"protocol": "TCP", "port": 10001}]}
+
+
+def test_network_policy_check_rejects_a_bad_peer(default_render: Rendered) -> None:
+    # The schema check can fail: a peer with a misspelled selector is refused.
+    policy = default_render.objects()["NetworkPolicy"]
+    policy["spec"]["ingress"][0]["from"][0]["podSelectr"] = {}
+    assert core_errors(policy) != []
+
+
+def test_init_container_needs_no_ray_token_and_no_capability(default_render: Rendered) -> None:
+    spec = worker_spec(default_render.objects())
+    (init,) = spec["initContainers"]
+    assert "health-check" not in " ".join(init["command"] + init["args"])  # needs the token with auth on
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"].get("runAsUser") is None

@@ -35,6 +35,10 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     assert doc["workload"]["request"].startswith("obs: float32[16, 512]")
     assert set(doc["throughput"]) == {"lowtail", "seed_flock_poll"}
     assert all(v["clients"] == 4 and v["requests_per_s"] > 0 for v in doc["throughput"].values())
+    fair = doc["fairness"]  # 8 staggered saturating clients: none starves, nothing is left unanswered
+    assert fair["clients"] == 8 and fair["starved_clients"] == 0
+    assert all(c["answered"] > 0 and c["unanswered"] == 0 for c in fair["per_client"]), fair["per_client"]
+    assert "fairness: queue wait of a ready request" in proc.stdout
     assert doc["targets"][0]["target"].startswith("lowtail p50 >= 30x lower than seed_flock_poll")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<img" in page.read_text()

@@ -13,8 +13,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from lowtail.actors.allocator import AllocatorConfig
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -52,3 +57,33 @@ def ray_nodes() -> Iterator[RayNodes]:
         cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
         del os.environ["RAY_TMPDIR"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lowtail.serve.model import write_model
+    from tests.runtime.conftest import SMALL_SPEC
+
+    out = tmp_path_factory.mktemp("model")
+    write_model(out, SMALL_SPEC)
+    return out
+
+
+@pytest.fixture
+def alloc_cfg(tmp_path: Path, ray_nodes: RayNodes) -> Iterator[AllocatorConfig]:
+    """Allocators for this test, stopped after it. This machine isolates one CPU (plan: housekeeping 0,
+    isolated 1), so it runs with the demo override (pool 0-1, shared CPUs) unless 4 are isolated."""
+    from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
+    from lowtail.lease import node_plan
+
+    plan = node_plan()
+    cfg = AllocatorConfig(
+        state_dir=str(tmp_path / "leases-{node}"),  # two raylets on one host: a table per node
+        plan=plan.to_dict(),
+        pool=None if len(plan.isolated) >= 4 else "0-1",  # the demo override on a small machine
+        share=1 if len(plan.isolated) >= 4 else 8,
+        reclaim_interval_s=0.2,
+    )
+    yield cfg
+    for node in (ray_nodes.head, ray_nodes.other):
+        stop_node_allocator(node)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import openvino as ov
 import pytest
 import ray
 
-from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
+from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
 from lowtail.actors.inference import (
     CrossNodeAttach,
     EnvSpec,
@@ -31,7 +30,6 @@ from lowtail.actors.inference import (
     start_sampler,
     stop_actor,
 )
-from lowtail.lease import node_plan
 from lowtail.serve.model import example_inputs, find_model_xml
 from lowtail.serve.worker import WorkerConfig
 from lowtail.shm.queue import QueueConfig, WorkerDied
@@ -39,30 +37,6 @@ from tests.ray.conftest import RayNodes
 from tests.runtime.conftest import SMALL_SPEC, write_slow_model
 
 FEATURES = SMALL_SPEC.features
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lowtail.serve.model import write_model
-
-    out = tmp_path_factory.mktemp("model")
-    write_model(out, SMALL_SPEC)
-    return out
-
-
-@pytest.fixture
-def alloc_cfg(tmp_path: Path, ray_nodes: RayNodes) -> Iterator[AllocatorConfig]:
-    plan = node_plan()
-    cfg = AllocatorConfig(
-        state_dir=str(tmp_path / "leases-{node}"),  # two raylets on one host: a table per node
-        plan=plan.to_dict(),
-        pool=None if len(plan.isolated) >= 4 else "0-1",  # the demo override on a small machine
-        share=1 if len(plan.isolated) >= 4 else 8,
-        reclaim_interval_s=0.2,
-    )
-    yield cfg
-    for node in (ray_nodes.head, ray_nodes.other):
-        stop_node_allocator(node)
 
 
 def direct(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -170,7 +144,8 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
             )
             status = ray.get(actor.status.remote())
             assert status["worker_pid"] != killed and status["failed"] is None
-            assert client.infer(x)["value"].shape == (64, 1024)  # the same attachment, a new worker
+            assert client.infer(x)["value"].shape == (64, 1024)  # re-resolved: a new lane, a new worker
+            assert client.reattached == 1
     finally:
         stop_actor(actor)
 

@@ -185,7 +185,7 @@ def test_release_frees_the_cpu() -> None:
 def test_allowed_cpus_narrow_the_pool_and_an_empty_pool_is_an_error() -> None:
     alloc = LeaseAllocator(tiny_plan("1-8"), allowed={0, 1, 2, 3})
     assert alloc.pool == {1, 2, 3} and alloc.excluded == {4, 5, 6, 7, 8}
-    with pytest.raises(LeaseExhausted, match="empty lease pool: isolated 1-8"):
+    with pytest.raises(LeaseExhausted, match="plan's isolated CPUs 1-8 and the CPUs allowed here 0 "):
         LeaseAllocator(tiny_plan("1-8"), allowed={0})
 
 
@@ -286,7 +286,7 @@ def test_restart_rebuilds_the_table_from_the_state_file_dropping_dead_owners(tmp
     manual = first.acquire("other:manual")
     child.kill()
     child.wait()
-    assert (tmp_path / "leases.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "leases.json").stat().st_mode & 0o777 == 0o600
 
     second = LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path)
     assert {x.owner: x.cpu for x in second.leases()} == {"infer:0:0": live.cpu, "other:manual": manual.cpu}
@@ -426,3 +426,21 @@ def test_node_plan_reads_lowtail_plan_from_the_environment(
     path.write_text(json.dumps(tiny_plan("3-5", "0-2", ("0-5",)).to_dict()))
     monkeypatch.setenv("LOWTAIL_PLAN", str(path))
     assert lease.node_plan().isolated == cpulist.parse("3-5")
+
+
+def test_a_state_file_owner_of_a_bogus_kind_is_a_clear_error(tmp_path: Path) -> None:
+    LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path).acquire("other:x")
+    path = tmp_path / "leases.json"
+    data = json.loads(path.read_text())
+    data["leases"][0]["owner"] = "bogus:x"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        LeaseStateError, match=r"malformed .*owner 'bogus:x': expected 'infer:<hero>:<actor>'"
+    ):
+        LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path)
+
+
+def test_the_state_file_is_private_to_its_owner_like_its_lock(tmp_path: Path) -> None:
+    LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path).acquire("other:x")
+    assert (tmp_path / "leases.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "leases.lock").stat().st_mode & 0o777 == 0o600

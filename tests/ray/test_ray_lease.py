@@ -18,6 +18,8 @@ from lowtail.actors.allocator import (
     NAMESPACE,
     AllocatorConfig,
     AllocatorMismatch,
+    AllocatorStartFailed,
+    AllocatorUnavailable,
     WrongNode,
     allocator_name,
     get_node_allocator,
@@ -126,3 +128,24 @@ def test_a_restarted_allocator_rebuilds_its_table_from_the_node_state(
     assert [(x.owner, x.cpu) for x in ray.get(alloc.leases.remote())] == [("infer:0:0", live.cpu)]
     dropped = ray.get(alloc.dropped_on_start.remote())
     assert [(x.owner, why) for x, why in dropped] == [("sample:h0:0", "owner is dead")]
+
+
+def test_an_allocator_constructor_failure_is_reported_as_that_failure_not_a_timeout(
+    ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    # A plan whose isolated CPUs are not in this machine's cpuset: the constructor raises PoolMismatch.
+    plan = tiny_plan(isolated="100-101", housekeeping="0", l3=("0,100-101",))
+    cfg = AllocatorConfig(state_dir=str(tmp_path), plan=plan.to_dict())
+    t0 = time.monotonic()
+    with pytest.raises(AllocatorStartFailed, match=r"to start: lowtail.lease.PoolMismatch: .* 100-101 "):
+        get_node_allocator(ray_nodes.head, cfg, timeout_s=120)
+    assert time.monotonic() - t0 < 60  # reported as it happened, not after the answer timeout
+    stop_node_allocator(ray_nodes.head)
+
+
+def test_an_allocator_for_a_node_that_does_not_exist_is_unavailable_not_an_escaping_ray_error(
+    ray_nodes: RayNodes, config: AllocatorConfig
+) -> None:
+    gone = "ab" * 28  # a well-formed node id no raylet has
+    with pytest.raises(AllocatorUnavailable, match=f"cannot be placed on node {gone}"):
+        get_node_allocator(gone, config, timeout_s=60)

@@ -112,7 +112,7 @@ def test_sched_fifo_falls_back_once_where_not_permitted() -> None:
     assert "sched_setscheduler(SCHED_FIFO, 1) failed: Operation not permitted" in r["reason"]
     assert r["policy"] == r["other"]
     assert r["nice_error"] == "setpriority(-20) failed: Permission denied"
-    assert r["nice"] == 0
+    assert r["nice"] == os.getpriority(os.PRIO_PROCESS, 0)  # unchanged (pytest may run under nice)
     assert r["stderr"].count("SCHED_FIFO unavailable") == 1  # logged once, not per inference
 
 

@@ -1,35 +1,85 @@
-"""``lowtail bench serve`` end to end on a tiny model: the report's shape, never its numbers."""
+"""``lowtail bench serve`` end to end on a tiny model: the report's shape and consistency, never its speed."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lowtail.cli.main import main
+from lowtail.serve.metrics import CALL_FIELDS
+
+BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us")
 
 
-def test_bench_serve_writes_table_json_and_plots(
+def test_bench_serve_writes_table_json_plots_and_breakdown(
     small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--model", str(small_model), "--duration", "0.5", "--samplers", "2"]
+    argv += ["--traffic", "3x2", "--breakdown"]
     code = main(
         [*argv, "--json", str(out), "--png", str(tmp_path / "s.png"), "--html", str(tmp_path / "s.html")]
     )
-    assert code == 0
     report = json.loads(out.read_text())
-    designs = [(r["design"], r["samplers"]) for r in report["results"]]
-    assert designs == [("bare", 0), ("served", 2)]
+    assert code == 0, report["verdicts"]
+    designs = [(r["label"], r["samplers"], r["batch"]) for r in report["results"]]
+    assert designs == [("bare (limit)", 0, 16), ("served x2", 2, 16), ("traffic 3x2", 3, 2)]
     for r in report["results"]:
+        assert not r["error"]
         assert r["samples"] > 0 and r["latency_ms"]["n"] > 0 and r["deschedule_ms"]["n"] > 0
         assert r["samples_per_s"] == pytest.approx(r["samples"] / r["duration_s"])
-        assert r["engine_ms_mean"] > 0 and 0 < r["worker_busy"] <= 1.05 and r["overhead_us_mean"] >= 0
-    assert report["best_ratio"] == max(r["ratio_to_bare"] for r in report["results"][1:])
+        assert r["engine_ms_mean"] > 0 and 0 < r["worker_busy"] <= 1.05
+    for r in report["results"][1:]:
+        parts = r["breakdown_us"]
+        assert set(parts) == {*BREAKDOWN_PARTS, "overhead_us"}
+        # overhead is the sum of the stages, call by call, so the means add up too
+        total = sum(parts[k]["mean"] for k in BREAKDOWN_PARTS)
+        assert parts["overhead_us"]["mean"] == pytest.approx(total, rel=1e-6)
+        assert r["overhead_us_mean"] == parts["overhead_us"]["mean"] > 0
+        assert r["worker_rss_mib"] > 10 and r["queue_mib"] > 0
+    # a sampler sends 2 observations, so an engine call can never be smaller than one request
+    assert report["results"][2]["engine_batch_mean"] >= 2
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<img" in (tmp_path / "s.html").read_text()
-    assert "served x2" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
+
+
+def write_static_batch_model(out: Path, features: int = 8) -> Path:
+    """A model whose batch axis is fixed at 1: any batch of 16 makes OpenVINO itself refuse the call."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    obs = ops.parameter([1, features], ov.Type.f32, name="obs")
+    obs.output(0).get_tensor().set_names({"obs"})
+    w = ops.constant(np.ones((features, 2), dtype=np.float32))
+    y = ops.matmul(obs, w, False, False)
+    y.output(0).get_tensor().set_names({"value"})
+    out.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.Model([y], [obs], "static1"), str(out / "static1.xml"), compress_to_fp16=False)
+    return out
+
+
+def test_failing_designs_become_rows_and_the_json_is_still_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_static_batch_model(tmp_path / "m")
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--model", str(model), "--duration", "0.3", "--samplers", "1", "--traffic", ""]
+    code = main([*argv, "--json", str(out)])
+    assert code == 1  # a failed design is a failed run, but not a traceback
+    report = json.loads(out.read_text())
+    labels = [r["label"] for r in report["results"]]
+    assert labels == ["bare (limit)", "served x1"]
+    bare, served = report["results"]
+    assert "bare loop died" in bare["error"]
+    assert "sampler 0" in served["error"] and "inference failed" in served["error"]
+    assert served["samples"] == 0 and served["samples_per_s"] is None  # NaN is written as null
+    assert any("designs with errors" in v for v in report["verdicts"])
+    assert "ERROR" in capsys.readouterr().out
 
 
 def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,3 +87,11 @@ def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> 
     assert "--samplers '1,x'" in capsys.readouterr().err
     assert main(["bench", "serve", "--cpu", "4095"]) == 2
     assert "--cpu 4095" in capsys.readouterr().err
+    assert main(["bench", "serve", "--traffic", "16by1"]) == 2
+    assert "--traffic '16by1'" in capsys.readouterr().err
+    assert main(["bench", "serve", "--samplers", "", "--traffic", ""]) == 2
+    assert "nothing to serve" in capsys.readouterr().err
+
+
+def test_call_rows_carry_the_breakdown_columns() -> None:
+    assert CALL_FIELDS[-1] == "overhead_us" and all(k in CALL_FIELDS for k in BREAKDOWN_PARTS)

@@ -78,7 +78,7 @@ def test_the_fleet_is_validated_reported_and_the_failing_host_failed(tmp_path: P
 
     table = (fetched / "fleet.txt").read_text().splitlines()
     assert table[0].split()[:3] == ["host", "status", "p999"]
-    rows = {line.split()[0]: line.split() for line in table[2:4]}
+    rows = {line.split()[0]: line.split() for line in table[2:] if line and not line.startswith(" ")}
     assert rows["epyc-a01"][1] == "PASS"
     assert rows["vmware-b01"][1] == "FAIL"
     assert "topology,kernel_args,isolation,rt_budget" in rows["vmware-b01"][3]
@@ -86,6 +86,11 @@ def test_the_fleet_is_validated_reported_and_the_failing_host_failed(tmp_path: P
     assert "1 of 2 hosts failed validation" in out  # printed once, in the play output
     fleet = json.loads((fetched / "fleet.json").read_text())
     assert fleet["vmware-b01"]["failed"] == ["topology", "kernel_args", "isolation", "rt_budget"]
+    # Each failed check has its own line under its host, with value and reason; every check is in the JSON.
+    detail = [line.split() for line in table if line.startswith("    ")]
+    assert [d[:2] for d in detail] == [[n, "FAIL"] for n in fleet["vmware-b01"]["failed"]]
+    assert fleet["vmware-b01"]["checks"]["rt_budget"]["status"] == "fail"
+    assert set(fleet["epyc-a01"]["checks"]) == set(STATIC)
     assert "rt_budget fail (SCHED_FIFO threads are throttled" in out
 
 
@@ -112,6 +117,38 @@ def test_check_mode_still_validates_and_reports(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
     assert json.loads((tmp_path / "fetched/epyc-a01.json").read_text())["summary"]["status"] == "pass"
     assert "0 of 1 hosts failed validation" in (tmp_path / "fetched/fleet.txt").read_text()
+
+
+def test_check_mode_runs_no_probe_and_still_checks_the_firmware(tmp_path: Path) -> None:
+    node = {
+        **_node(tmp_path, "epyc-a01", "epyc9634_2s_tuned"),
+        "lowtail_validate_only": [*STATIC, "firmware", "timer", "deschedule"],
+        "lowtail_validate_expected_hardware": {"sockets": 2, "numa_per_socket": 4},
+    }
+    proc = _play(tmp_path, {"epyc-a01": node}, "--check")
+    out = proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "fetched/epyc-a01.json").read_text())
+    # The probes were asked for, and a dry run measured nothing: they are not in the report at all.
+    assert [c["name"] for c in report["checks"]] == [*STATIC, "firmware"], out
+    firmware = report["checks"][-1]
+    assert firmware["status"] == "fail" and "numa_per_socket is 1, expected 4" in firmware["reason"]
+    table = (tmp_path / "fetched/fleet.txt").read_text()
+    assert "    firmware         FAIL" in table and "numa_per_socket is 1, expected 4" in table
+
+
+def test_an_air_gapped_node_without_rt_tests_fails_naming_the_package_to_mirror(tmp_path: Path) -> None:
+    node = {
+        **_node(tmp_path, "epyc-a01", "epyc9634_2s_tuned"),
+        "lowtail_validate_rt_tests_tools": ["cyclictest-lowtail-absent", "oslat"],
+        # Not in any repository: apt refuses it exactly as on a node whose mirror lacks rt-tests.
+        "lowtail_validate_rt_tests_package": "lowtail-absent-rt-tests",
+    }
+    proc = _play(tmp_path, {"epyc-a01": node})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "cyclictest-lowtail-absent missing on epyc-a01" in out
+    assert "mirror that package (Debian)" in out and "'lowtail-absent-rt-tests'" in out
+    assert not (tmp_path / "epyc-a01/reports/report.json").exists()
 
 
 def test_a_misspelt_threshold_probe_is_rejected_before_anything_runs(tmp_path: Path) -> None:

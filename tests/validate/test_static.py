@@ -17,8 +17,28 @@ TUNED = "epyc9634_2s_tuned"
 TUNED_CMDLINE = MACHINES[TUNED].proc_files["cmdline"]
 
 
+# What a tuned node shows beyond the base fixture: amd_pstate in the plan's mode, the validator in a
+# cgroup with no quota whose cpuset it may use whole.
+TUNED_SELF = {
+    "proc": {"self/cgroup": "0::/lowtail.slice", "self/status": "Cpus_allowed_list:\t0-167\n"},
+    "sys": {
+        "devices/system/cpu/amd_pstate/status": "guided",
+        "fs/cgroup/cgroup.controllers": "cpuset cpu memory",
+        "fs/cgroup/lowtail.slice/cpuset.cpus.effective": "0-167",
+        "fs/cgroup/lowtail.slice/cpu.max": "max 100000",
+        "fs/cgroup/lowtail.slice/cpu.stat": "nr_periods 0\nnr_throttled 0\nthrottled_usec 0",
+    },
+}
+
+
 def test_tuned_node_passes_every_static_check_it_can_read(tmp_path: Path) -> None:
-    report = validate_fixture(tmp_path, TUNED, tuple(STATIC_CHECKS))
+    report = validate_fixture(
+        tmp_path,
+        TUNED,
+        (*STATIC_CHECKS, "cfs_throttle"),
+        proc_files=TUNED_SELF["proc"],
+        sys_files=TUNED_SELF["sys"],
+    )
     statuses = {c.name: c.status for c in report.checks}
     # sched_fifo can only be tried on the running kernel, kubelet is absent on this fixture.
     assert statuses.pop("sched_fifo") is Status.SKIP

@@ -6,24 +6,36 @@ process on a node finds the same one and no node ever borrows another's. It rest
 (``max_restarts=-1``) and a restarted allocator rebuilds its table from the node's state file
 (``lease.LeaseAllocator``), dropping owners that died meanwhile.
 
-Owners that are Ray actors are reclaimed when Ray says the actor is DEAD, besides when their process
-is gone. Leases are node-local: an allocator refuses a caller from another node with a clear error.
+An owner is reclaimed when its process is gone (pid and start time, ``lease.pid_alive``): owners are
+processes on this node and a Ray actor is its own worker process, which Ray ends when the actor dies,
+so no per-lease query of Ray's GCS is needed (its public state API needs the dashboard, which lowtail
+nodes run without). Leases are node-local: an allocator refuses a caller from another node with a
+clear error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from lowtail.lease import DEFAULT_STATE_DIR, Lease, LeaseAllocator, LeaseError, node_plan, pid_alive
+from lowtail.lease import (
+    DEFAULT_STATE_DIR,
+    Lease,
+    LeaseAllocator,
+    LeaseError,
+    cgroup_cpuset,
+    locate_plan,
+    pid_alive,
+)
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 
@@ -33,6 +45,10 @@ log = logging.getLogger(__name__)
 
 class AllocatorUnavailable(LeaseError):
     """The node's allocator actor did not answer a ping in time, or is dead."""
+
+
+class AllocatorStartFailed(LeaseError):
+    """The node's allocator raised in its constructor; the message carries that error."""
 
 
 class WrongNode(LeaseError):
@@ -47,30 +63,6 @@ def allocator_name(node_id: str) -> str:
     return f"lowtail-lease-{node_id}"
 
 
-def ray_actor_alive(actor_id: str) -> bool | None:
-    """False when Ray's GCS says the actor is DEAD; None when it cannot tell.
-
-    Uses the GCS actor table (``ray._private.state``): the public state API needs the dashboard, which
-    lowtail nodes run without (``include_dashboard=False``).
-    """
-    try:
-        from ray._private import state
-
-        info = state.actors(actor_id=actor_id)
-    except Exception:  # any failure here means "unknown", never "dead"
-        return None
-    if not info:
-        return None
-    return str(info.get("State", "")) != "DEAD"
-
-
-def owner_alive(lease: Lease) -> bool:
-    """Dead when the owner's process is gone, or when Ray says its actor is dead."""
-    if not pid_alive(lease):
-        return False
-    return lease.actor_id is None or ray_actor_alive(lease.actor_id) is not False
-
-
 @dataclass(frozen=True)
 class AllocatorConfig:
     """What a node allocator is created with; ``pool``/``share`` are the demo-only overrides."""
@@ -83,9 +75,41 @@ class AllocatorConfig:
     share: int = 1  # owners per CPU (demo only)
     audit_interval_s: float = 30.0
     reclaim_interval_s: float = 2.0
-    # Lease only CPUs in the allocator's own affinity mask (the pod's cpuset). Off only for plans that
-    # describe another machine (tests): the allocator pins nothing itself.
+    # Lease only CPUs in the allocator's cgroup cpuset (the pod's cpuset, the host's otherwise): never its
+    # affinity mask, which lowtail-ray.service narrows to the housekeeping CPUs (CPUAffinity=), while the
+    # pinned worker may still move onto any CPU of the cpuset. Off only for plans that describe another
+    # machine (tests): the allocator pins nothing itself.
     cpuset_only: bool = True
+
+
+def build_allocator(
+    node_id: str, config: AllocatorConfig, *, proc_root: str = "/proc/self", fs_root: str = "/"
+) -> LeaseAllocator:
+    """The allocator a ``NodeLeaseActor`` on ``node_id`` runs: its plan, and its pool cut to the cgroup's
+    cpuset (not this process's affinity mask). The roots point at a pod-like fixture tree in tests."""
+    if config.plan is not None:
+        plan, plan_source = Plan.from_dict(config.plan), "plan given in AllocatorConfig"
+    else:
+        plan, plan_source = locate_plan()
+    allowed: frozenset[int] | None = None
+    source = "no cpuset restriction"
+    if config.cpuset_only:
+        cpuset = cgroup_cpuset(proc_root, fs_root)
+        if cpuset is None:
+            log.warning("no cgroup cpuset visible: leasing from the whole plan (%s)", plan_source)
+        else:
+            allowed, source = cpuset.cpus, f"cgroup cpuset {cpuset.source}"
+    log.info("node %s: plan from %s; allowed CPUs from %s", node_id, plan_source, source)
+    return LeaseAllocator(
+        plan,
+        state_dir=config.state_dir.replace("{node}", node_id),
+        pool=None if config.pool is None else cpulist.parse(config.pool),
+        allowed=allowed,
+        allowed_source=f"{source}; plan from {plan_source}",
+        share=config.share,
+        alive=pid_alive,
+        audit_interval_s=config.audit_interval_s,
+    )
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -99,16 +123,7 @@ class NodeLeaseActor:
             raise WrongNode(f"allocator for node {node_id} was placed on node {here}")
         self._node_id = node_id
         self._config = config
-        plan = Plan.from_dict(config.plan) if config.plan is not None else node_plan()
-        self._alloc = LeaseAllocator(
-            plan,
-            state_dir=config.state_dir.replace("{node}", node_id),
-            pool=None if config.pool is None else cpulist.parse(config.pool),
-            allowed=os.sched_getaffinity(0) if config.cpuset_only else None,
-            share=config.share,
-            alive=owner_alive,
-            audit_interval_s=config.audit_interval_s,
-        )
+        self._alloc = build_allocator(node_id, config)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="lease-audit", daemon=True)
         self._ticker.start()
@@ -190,9 +205,20 @@ def get_node_allocator(
     ).remote(node, cfg)
     try:
         running: AllocatorConfig = ray.get(handle.config.remote(), timeout=timeout_s)
-    except (GetTimeoutError, RayActorError) as e:
+    except GetTimeoutError:
         raise AllocatorUnavailable(
-            f"lease allocator {allocator_name(node)} did not answer within {timeout_s:.0f} s: {e}"
+            f"lease allocator {allocator_name(node)} did not answer within {timeout_s:.0f} s "
+            "(is the node overloaded, or its raylet gone?)"
+        ) from None
+    except ActorUnschedulableError as e:
+        raise AllocatorUnavailable(
+            f"lease allocator {allocator_name(node)} cannot be placed on node {node}: {e}"
+        ) from None
+    except RayActorError as e:
+        # The constructor's own exception (PoolMismatch, PlanNotFound, ...) is in the message: say that,
+        # not "no answer".
+        raise AllocatorStartFailed(
+            f"lease allocator {allocator_name(node)} failed to start: {creation_error(e)}"
         ) from None
     mine = (cfg.state_dir, cfg.pool, cfg.share, cfg.plan)
     theirs = (running.state_dir, running.pool, running.share, running.plan)
@@ -203,6 +229,13 @@ def get_node_allocator(
             " (stop it with stop_node_allocator() first)"
         )
     return handle
+
+
+def creation_error(e: BaseException) -> str:
+    """The exception line of an actor's failed constructor (Ray wraps it in a colored traceback)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
+    return lines[-1] if lines else text
 
 
 def ping(handle: Any, timeout_s: float = 5.0) -> dict[str, Any] | None:

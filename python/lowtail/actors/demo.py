@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.lease import KINDS, node_plan
+from lowtail.lease import KINDS, node_plan, usable_cpus
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 from lowtail.telemetry.export import WindowStats
+from lowtail.telemetry.percentiles import quantile
 
 
 class DemoError(LowtailError, RuntimeError):
@@ -125,10 +125,12 @@ class DemoResult:
         }
 
 
-Progress = Callable[[float, float, int], None]  # elapsed s, total s, samples so far
+ProgressCallback = Callable[[float, float, int], None]  # elapsed s, total s, samples so far
 
 
-def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str | None = None) -> DemoResult:
+def run_demo(
+    opts: DemoOptions, progress: ProgressCallback | None = None, model_dir: str | None = None
+) -> DemoResult:
     """Run the demo. Uses the connected Ray if there is one (tests), else starts and stops a local one."""
     import ray
 
@@ -137,7 +139,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None, model_dir: str
     if opts.seconds <= 0:
         raise DemoError(f"seconds={opts.seconds}: expected a positive duration")
     plan = node_plan()
-    usable = frozenset(os.sched_getaffinity(0))
+    usable = usable_cpus()  # the cgroup's cpuset: under lowtail-ray.service the mask is housekeeping
     policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
     work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
     own_ray = not ray.is_initialized()
@@ -171,7 +173,7 @@ def _run(
     plan: Plan,
     policy: LeasePolicy,
     work: Path,
-    progress: Progress | None,
+    progress: ProgressCallback | None,
     model_dir: str | None,
 ) -> DemoResult:
     import ray
@@ -191,9 +193,7 @@ def _run(
 
     node = ray.get_runtime_context().get_node_id()
     plan = node_plan()
-    policy = lease_policy(
-        plan, opts.actors + opts.samplers, frozenset(os.sched_getaffinity(0)), opts.strict_leases
-    )
+    policy = lease_policy(plan, opts.actors + opts.samplers, usable_cpus(), opts.strict_leases)
     if model_dir is None:
         model_dir = str(work / "model")
         write_model(model_dir, ModelSpec(features=opts.features))
@@ -313,7 +313,7 @@ def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
         if v.size == 0:
             continue
         frac = 1.0 - np.arange(v.size) / v.size
-        p999 = float(np.quantile(v, 0.999, method="inverted_cdf"))
+        p999 = quantile(v, 0.999)
         ax.step(
             v, frac, where="post", label=f"{label}: n={values.size}, p999 {p999:.3f} ms, max {v[-1]:.3f} ms"
         )
@@ -329,30 +329,3 @@ def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def progress_bar(stream: Any = sys.stderr, width: int = 30) -> Progress:
-    """A one-line progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
-    tty = bool(getattr(stream, "isatty", lambda: False)())
-    last = [-10.0]
-    finished = [False]
-
-    def show(elapsed: float, total: float, samples: int) -> None:
-        if finished[0]:
-            return
-        frac = min(1.0, elapsed / total) if total else 1.0
-        finished[0] = frac >= 1.0
-        rate = samples / elapsed if elapsed > 0 else 0.0
-        text = (
-            f"[{'#' * int(frac * width):<{width}}] {elapsed:5.1f}/{total:.0f} s  "
-            f"samples {samples}  ({rate:,.0f}/s)"
-        )
-        if tty:
-            stream.write("\r" + text + ("\n" if frac >= 1.0 else ""))
-            stream.flush()
-        elif elapsed - last[0] >= 5.0 or frac >= 1.0:
-            last[0] = elapsed
-            stream.write(text + "\n")
-            stream.flush()
-
-    return show

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -50,6 +50,20 @@ class NoEndpoints(LowtailError, ValueError):
 
 class InferenceActorFailed(LowtailError, RuntimeError):
     """The inference actor could not start or keep its worker."""
+
+
+class EndpointDown(LowtailError, RuntimeError):
+    """No inference actor of this client can take a request now; nothing was submitted.
+
+    ``retry_in_s`` is when the next re-resolve attempt is due (the back-off): sleep, do not spin.
+    """
+
+    def __init__(self, message: str, retry_in_s: float) -> None:
+        super().__init__(message)
+        self.retry_in_s = retry_in_s
+
+
+ACTOR_NAMESPACE = "lowtail"
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,8 @@ class InferenceSpec:
     ready_timeout_s: float = 120.0
     supervise_interval_s: float = 0.05
     metrics_interval_s: float = 1.0
-    max_restarts_per_minute: int = 10
+    max_restarts_per_minute: int = 10  # of the worker, by this actor's supervisor
+    max_actor_restarts: int = 5  # of this actor, by Ray (-1: forever); clients re-resolve its endpoint
 
     @property
     def owner(self) -> str:
@@ -132,6 +147,12 @@ class InferenceActor:
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
+        if ctx.was_current_actor_reconstructed:
+            # The previous incarnation died without unlinking its queue: sweep segments of dead owners.
+            from lowtail.shm.segments import sweep_dead
+
+            swept = sweep_dead()
+            log.warning("%s: restarted by Ray; swept %d dead segments", spec.owner, len(swept))
         self._alloc = get_node_allocator(self._node, spec.allocator)
         self._lease: Lease = ray.get(
             self._alloc.acquire.remote(
@@ -230,7 +251,11 @@ class InferenceActor:
     # --- the actor's methods ---------------------------------------------------------------------------
 
     def endpoint(self) -> Endpoint:
+        """Where to send requests; never a dead worker's (a client re-resolving after a crash may ask
+        before the supervisor has noticed: restart it here, under the same lock)."""
         with self._lock:
+            if self._worker is not None and not self._worker.alive() and self._failed is None:
+                self._restart_locked()
             if self._failed is not None:
                 raise InferenceActorFailed(f"{self._spec.owner}: {self._failed}")
             return Endpoint(
@@ -313,7 +338,8 @@ def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> An
     node = node_id or ray.get_runtime_context().get_node_id()
     handle = InferenceActor.options(  # type: ignore[attr-defined]
         name=spec.actor_name,
-        namespace="lowtail",
+        max_restarts=spec.max_actor_restarts,
+        namespace=ACTOR_NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
     ).remote(spec)
     ray.get(handle.ping.remote())  # surfaces a failed __init__ here, with its cause
@@ -340,50 +366,130 @@ class PendingInference:
     samples: int
 
 
+@dataclass
+class _Target:
+    """One inference actor as this client sees it: its queue attachment, or why and until when not."""
+
+    endpoint: Endpoint
+    client: Any = None  # lowtail.shm.queue.QueueClient; None while broken
+    in_flight: int = 0  # requests started on ``client`` and not finished
+    broken: str | None = None  # why the attachment was given up
+    retry_at: float = 0.0  # monotonic time of the next re-resolve attempt
+    backoff_s: float = 0.0
+
+
+# Errors after which an attachment is given up and the endpoint re-resolved: the worker (or the actor
+# and its queue) is gone. A timeout is not one of them: the request stays in flight.
+_LOST = ("WorkerDied", "SegmentNotFound", "LaneBusy")
+
+
 class InferenceClient:
     """Round robin over the inference actors of this node, sync or two-phase.
+
+    Survives restarts: when a worker or its inference actor dies, the requests it held fail (``WorkerDied``
+    and friends, one per request in flight), and the attachment is given up once its last request is
+    finished. The next call re-resolves the endpoint from the named actor (``ray.get_actor``; a restarting
+    actor answers once it serves again) and attaches afresh. While no actor can be reached, calls raise
+    ``EndpointDown`` before submitting anything, carrying how long to wait: attempts back off
+    exponentially (``backoff_s`` doubling up to ``max_backoff_s``), never a busy loop.
 
     Records each request's round trip (``rpc_elapsed_ms``) for the metrics export; ``take_window()``
     hands them over and starts a new window.
     """
 
     def __init__(
-        self, endpoints: Sequence[Endpoint], *, node_id: str | None = None, timeout_s: float = 2.0
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        node_id: str | None = None,
+        timeout_s: float = 2.0,
+        resolve_timeout_s: float = 10.0,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
     ) -> None:
-        from lowtail.shm.queue import QueueClient
-
         if not endpoints:
             raise NoEndpoints("no inference endpoints: expected at least one Endpoint on this node")
-        here = node_id or ray.get_runtime_context().get_node_id()
-        remote = [ep for ep in endpoints if ep.node_id != here]
-        if remote:
-            names = ", ".join(f"{ep.actor} (node {ep.node_id})" for ep in remote)
-            raise CrossNodeAttach(
-                f"inference endpoints {names} are not on this node ({here}): shared-memory queues are "
-                "node-local; place samplers with their inference actors (NodeAffinitySchedulingStrategy) "
-                "and pass only the endpoints of their own node"
-            )
-        self.endpoints = tuple(endpoints)
+        self.node_id = node_id or ray.get_runtime_context().get_node_id()
+        check_same_node(endpoints, self.node_id)
         self.timeout_s = timeout_s
-        self._clients: list[Any] = []
+        self.resolve_timeout_s = resolve_timeout_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._targets = [_Target(ep) for ep in endpoints]
         try:
-            for ep in self.endpoints:
-                self._clients.append(QueueClient.attach(ep.descriptor))
+            for t in self._targets:
+                self._attach(t, t.endpoint)
         except BaseException:
             self.close()
             raise
-        self._order = itertools.cycle(range(len(self._clients)))
+        self._order = itertools.cycle(range(len(self._targets)))
         self._rpc_ms: list[float] = []
         self._samples = 0
         self.requests = 0
         self.total_samples = 0
+        self.reattached = 0
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(t.endpoint for t in self._targets)
 
     @classmethod
     def from_actors(cls, handles: Sequence[Any], **kwargs: Any) -> InferenceClient:
         return cls(ray.get([h.endpoint.remote() for h in handles]), **kwargs)
 
+    # --- attachments (control plane) --------------------------------------------------------------------
+
+    def _attach(self, t: _Target, ep: Endpoint) -> None:
+        from lowtail.shm.queue import QueueClient
+
+        t.client = QueueClient.attach(ep.descriptor)
+        t.endpoint, t.broken, t.backoff_s, t.in_flight = ep, None, 0.0, 0
+
+    def _lose(self, t: _Target, error: BaseException) -> None:
+        """Give up ``t``'s attachment (now, or when its last request in flight is finished)."""
+        if t.broken is None:
+            t.broken = f"{type(error).__name__}: {error}"
+            t.retry_at = time.monotonic()  # the first re-resolve is immediate; later ones back off
+            log.warning("%s: lost (%s); re-resolving its endpoint", t.endpoint.actor, t.broken)
+        if t.in_flight == 0 and t.client is not None:
+            t.client.close()
+            t.client = None
+
+    def _resolve(self, t: _Target) -> bool:
+        """Re-resolve a broken target's endpoint and attach; on failure schedule the next attempt."""
+        try:
+            handle = ray.get_actor(t.endpoint.actor, namespace=ACTOR_NAMESPACE)
+            ep = cast(Endpoint, ray.get(handle.endpoint.remote(), timeout=self.resolve_timeout_s))
+            check_same_node([ep], self.node_id)
+            self._attach(t, ep)
+        except (ValueError, ray.exceptions.RayError, LowtailError) as e:
+            # ValueError: the name is not registered (yet); RayError: dead, restarting, or too slow.
+            t.backoff_s = min(self.max_backoff_s, max(self.backoff_s, 2 * t.backoff_s))
+            t.retry_at = time.monotonic() + t.backoff_s
+            t.broken = f"{t.broken}; re-resolve failed ({type(e).__name__}: {e})"[-2000:]
+            return False
+        self.reattached += 1
+        log.info("%s: re-attached (worker pid %d)", ep.actor, ep.worker_pid)
+        return True
+
     def _next_target(self) -> int:
-        return next(self._order)
+        """The next live target in turn, re-resolving broken ones that are due; else ``EndpointDown``."""
+        now = time.monotonic()
+        for _ in range(len(self._targets)):
+            i = next(self._order)
+            t = self._targets[i]
+            if t.broken is None:
+                return i
+            if t.client is None and now >= t.retry_at and self._resolve(t):
+                return i
+        due = min(t.retry_at for t in self._targets) - time.monotonic()
+        why = "; ".join(f"{t.endpoint.actor}: {t.broken}" for t in self._targets)
+        raise EndpointDown(
+            f"no inference actor reachable: {why}",
+            retry_in_s=max(due, self.backoff_s),
+        )
+
+    # --- requests -------------------------------------------------------------------------------------
 
     def _record(self, t0_ns: int, samples: int) -> None:
         self._rpc_ms.append((time.perf_counter_ns() - t0_ns) / 1e6)
@@ -393,25 +499,44 @@ class InferenceClient:
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Synchronous: the next actor in turn serves this batch."""
-        i = self._next_target()
-        samples = len(next(iter(inputs.values())))
-        t0 = time.perf_counter_ns()
-        out: dict[str, np.ndarray] = self._clients[i].infer(dict(inputs), timeout=self.timeout_s)
-        self._record(t0, samples)
-        return out
+        return self.finish(self.start(inputs))
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> PendingInference:
         """Phase one: publish the batch to the next actor in turn and return at once."""
+        from lowtail.shm.queue import QueueError
+
         i = self._next_target()
+        t = self._targets[i]
         t0 = time.perf_counter_ns()
-        pending = self._clients[i].start(dict(inputs))
+        try:
+            pending = t.client.start(dict(inputs))
+        except QueueError as e:
+            if type(e).__name__ in _LOST:
+                self._lose(t, e)
+                raise EndpointDown(f"{t.endpoint.actor}: {e}", retry_in_s=self.backoff_s) from e
+            raise
+        t.in_flight += 1
         return PendingInference(i, pending, t0, len(next(iter(inputs.values()))))
 
     def finish(self, p: PendingInference, timeout_s: float | None = None) -> dict[str, np.ndarray]:
         """Phase two: wait for that batch's outputs."""
-        out: dict[str, np.ndarray] = p.pending.finish(
-            timeout=self.timeout_s if timeout_s is None else timeout_s
-        )
+        from lowtail.shm.queue import QueueError, QueueTimeout
+
+        t = self._targets[p.target]
+        try:
+            out: dict[str, np.ndarray] = p.pending.finish(
+                timeout=self.timeout_s if timeout_s is None else timeout_s
+            )
+        except QueueTimeout:
+            raise  # still in flight: the caller may wait again
+        except QueueError as e:
+            t.in_flight -= 1
+            if type(e).__name__ in _LOST or t.broken is not None:
+                self._lose(t, e)
+            raise
+        t.in_flight -= 1
+        if t.broken is not None:
+            self._lose(t, RuntimeError(t.broken))  # its last answer taken: drop the old attachment
         self._record(p.t0_ns, p.samples)
         return out
 
@@ -422,15 +547,28 @@ class InferenceClient:
         return rpc, samples
 
     def close(self) -> None:
-        for c in self._clients:
-            c.close()
-        self._clients = []
+        for t in self._targets:
+            if t.client is not None:
+                t.client.close()
+                t.client = None
 
     def __enter__(self) -> InferenceClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_same_node(endpoints: Sequence[Endpoint], here: str) -> None:
+    """Refuse endpoints of another node before anything is attached (waiting on them would hang)."""
+    remote = [ep for ep in endpoints if ep.node_id != here]
+    if remote:
+        names = ", ".join(f"{ep.actor} (node {ep.node_id})" for ep in remote)
+        raise CrossNodeAttach(
+            f"inference endpoints {names} are not on this node ({here}): shared-memory queues are "
+            "node-local; place samplers with their inference actors (NodeAffinitySchedulingStrategy) "
+            "and pass only the endpoints of their own node"
+        )
 
 
 @dataclass(frozen=True)
@@ -483,7 +621,10 @@ class SamplerResult:
     seconds: float
     steps: int
     samples: int
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # failed requests by error class
+    waits: int = 0  # times no inference actor was reachable and the sampler backed off
+    reattached: int = 0  # endpoints re-resolved after a worker or actor restart
+    recovery_s: list[float] = field(default_factory=list)  # each outage: first failure to next answer
     rpc_ms: list[float] = field(default_factory=list)
 
 
@@ -553,28 +694,39 @@ class SamplerActor:
         t0 = time.monotonic()
         last_push = t0
         pending: list[PendingInference | None] = [None] * len(envs)
+        down_since: float | None = None
         while time.monotonic() < t_end:
             for k, env in enumerate(envs):
                 try:
-                    if mode == "sync":
-                        out = self._client.infer({"obs": env.obs})
-                    else:
-                        p = pending[k]
-                        if p is None:
-                            pending[k] = self._client.start({"obs": env.obs})
+                    p = pending[k]
+                    if p is None:
+                        pending[k] = self._client.start({"obs": env.obs})
+                        if mode == "async":
                             continue
-                        out = self._client.finish(p)
-                        pending[k] = None
-                except QueueError as e:
-                    # a restarted worker fails what it held: count it, keep sampling
-                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
+                        p = pending[k]
+                    assert p is not None
                     pending[k] = None
+                    out = self._client.finish(p)
+                except EndpointDown as e:
+                    # Nothing was submitted: wait for the next re-resolve attempt (its back-off).
+                    down_since = down_since or time.monotonic()
+                    result.waits += 1
+                    time.sleep(max(0.0, min(e.retry_in_s, t_end - time.monotonic())))
                     continue
+                except QueueError as e:
+                    # A restarted worker or actor fails what it held: count it, keep sampling.
+                    down_since = down_since or time.monotonic()
+                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
+                    continue
+                if down_since is not None:
+                    result.recovery_s.append(time.monotonic() - down_since)
+                    down_since = None
                 env.step(out)
                 result.steps += 1
                 result.samples += env.spec.heroes
                 if mode == "async":
-                    pending[k] = self._client.start({"obs": env.obs})
+                    with contextlib.suppress(EndpointDown):  # if so, started on the next round
+                        pending[k] = self._client.start({"obs": env.obs})
             if time.monotonic() - last_push >= push_interval_s:
                 last_push = time.monotonic()
                 self._push(result)
@@ -587,6 +739,7 @@ class SamplerActor:
                 except QueueError as e:
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
         result.seconds = time.monotonic() - t0
+        result.reattached = self._client.reattached
         self._push(result)
         return result
 

@@ -28,6 +28,7 @@ from lowtail.benchmarks.queue_transports import (
     PRIORITIES,
     TRANSPORTS,
     Transport,
+    fairness,
     lowtail_config,
     prepare,
     restore_priority,
@@ -35,6 +36,8 @@ from lowtail.benchmarks.queue_transports import (
 )
 from lowtail.cli.main import UsageError
 from lowtail.render import table
+from lowtail.render.progress import Progress
+from lowtail.telemetry.percentiles import quantiles
 
 ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the
@@ -63,6 +66,7 @@ def register(sub: Any) -> None:
         "queue", help="the shared-memory queue vs the seed's flock+poll queue, pipes, TCP, Ray"
     )
     p.add_argument("--quick", action="store_true", help="a smoke run with few round trips (CI)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here")
     p.add_argument("--png", metavar="FILE", help="write the latency plot (PNG) here")
     p.add_argument("--html", metavar="FILE", help="write an HTML report (plot and tables) here")
@@ -79,6 +83,12 @@ def register(sub: Any) -> None:
         "--throughput-seconds", type=float, help="duration of each throughput run (default 3, quick 0.5)"
     )
     p.add_argument(
+        "--fairness-clients",
+        type=int,
+        default=8,
+        help="saturating clients for the fairness figure (default 8; 0 skips it)",
+    )
+    p.add_argument(
         "--priority",
         choices=PRIORITIES,
         default="nice",
@@ -89,7 +99,7 @@ def register(sub: Any) -> None:
 
 
 def percentiles(samples_us: np.ndarray[Any, Any]) -> dict[str, float | int]:
-    p50, p99, p999 = np.percentile(samples_us, [50, 99, 99.9])
+    p50, p99, p999 = quantiles(samples_us, [0.5, 0.99, 0.999])
     return {
         "n": int(samples_us.size),
         "p50_us": round(float(p50), 2),
@@ -117,7 +127,7 @@ def _sched_counters() -> tuple[int, int]:
 
 
 def measure(
-    t: Transport, n: int, warmup: int, progress: str
+    t: Transport, n: int, warmup: int, progress: Progress
 ) -> tuple[np.ndarray[Any, Any], dict[str, float]]:
     rng = np.random.default_rng(1)
     obs = rng.standard_normal((16, 512)).astype(np.float32)
@@ -136,14 +146,46 @@ def measure(
         t.round_trip({"obs": obs})
         samples[i] = clock() - t0
         if (i + 1) % step == 0:
-            print(f"\r{progress} {i + 1}/{n}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            progress.update(i + 1, f"{i + 1}/{n}")
+    progress.finish()
     delay1, invol1 = _sched_counters()
     sched = {
         "client_run_delay_ms": round((delay1 - delay0) / 1e6, 3),
         "client_involuntary_switches": invol1 - invol0,
     }
     return samples / 1000.0, sched
+
+
+FAIRNESS_DEPTH = 2  # requests each fairness client keeps in flight: every lane always has one ready
+
+
+def fairness_report(per_client: list[tuple[np.ndarray[Any, Any], int]], seconds: float) -> dict[str, Any]:
+    """Queue wait (submit to claim) of a ready request while the other lanes are served."""
+    waits = [w / 1000.0 for w, _ in per_client]
+    every = np.concatenate([w for w in waits if w.size]) if any(w.size for w in waits) else np.zeros(0)
+    clients = [
+        {
+            "client": i,
+            "answered": int(w.size),
+            "unanswered": unanswered,
+            **({"wait_p50_us": round(float(np.percentile(w, 50)), 1),
+                "wait_p999_us": round(float(np.percentile(w, 99.9)), 1),
+                "wait_max_us": round(float(w.max()), 1)} if w.size else {}),
+        }
+        for i, (w, (_, unanswered)) in enumerate(zip(waits, per_client, strict=True))
+    ]  # fmt: skip
+    out: dict[str, Any] = {
+        "clients": len(per_client),
+        "depth": FAIRNESS_DEPTH,
+        "seconds": seconds,
+        "per_client": clients,
+        "starved_clients": sum(1 for c in clients if c["answered"] == 0),
+    }
+    if every.size:
+        out.update(percentiles(every))
+        counts = [c["answered"] for c in clients]
+        out["min_over_max_answered"] = round(min(counts) / max(counts), 3) if max(counts) else 0.0
+    return out
 
 
 def targets(res: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,6 +259,24 @@ def render_tables(report: dict[str, Any]) -> str:
         parts.append(
             table.render(["transport", "clients", "requests/s", "vs lowtail"], trows, title="throughput")
         )
+    fair = report.get("fairness")
+    if fair:
+        frows = [
+            [c["client"], c["answered"], c["unanswered"], c.get("wait_p50_us", "-"),
+             c.get("wait_p999_us", "-"), c.get("wait_max_us", "-")]
+            for c in fair["per_client"]
+        ]  # fmt: skip
+        lost = sum(c["unanswered"] for c in fair["per_client"])
+        frows.append(["all", fair.get("n", 0), lost, fair.get("p50_us", "-"), fair.get("p999_us", "-"),
+                      fair.get("max_us", "-")])  # fmt: skip
+        parts.append(
+            table.render(
+                ["client", "answered", "unanswered", "wait p50 us", "wait p99.9 us", "wait max us"],
+                frows,
+                title=f"fairness: queue wait of a ready request, {fair['clients']} saturating clients x "
+                f"{fair['depth']} in flight, {fair['seconds']} s (starved: {fair['starved_clients']})",
+            )
+        )
     trows = [
         [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", _verdict(t["met"])]
         for t in report["targets"]
@@ -236,7 +296,9 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fair = report.get("fairness")
+    fig, axes = plt.subplots(1, 3 if fair else 2, figsize=(19 if fair else 13, 5))
+    ax1, ax2 = axes[0], axes[1]
     for name in ORDER:
         xs = samples.get(name)
         if xs is None:
@@ -256,6 +318,20 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
     ax2.set_ylabel("round trip (µs); whiskers p1-p99")
     ax2.set_title("per transport")
     ax2.grid(True, axis="y", which="both", alpha=0.3)
+    if fair:
+        ax3 = axes[2]
+        rows = fair["per_client"]
+        lanes = [c["client"] for c in rows]
+        ax3.bar(lanes, [c.get("wait_p999_us", 0.0) for c in rows], label="p99.9", color="tab:red")
+        ax3.bar(lanes, [c.get("wait_p50_us", 0.0) for c in rows], label="p50", color="tab:blue")
+        for c in rows:
+            ax3.annotate(f"n={c['answered']}", (c["client"], c.get("wait_p999_us", 0.0)), ha="center",
+                         va="bottom", fontsize=7)  # fmt: skip
+        ax3.set_xlabel("client (lane)")
+        ax3.set_ylabel("queue wait of a ready request (µs)")
+        ax3.set_title(f"fairness: {fair['clients']} saturating clients")
+        ax3.legend(fontsize=8)
+        ax3.grid(True, axis="y", alpha=0.3)
     w = report["workload"]
     fig.suptitle(f"lowtail bench queue: {w['request']} -> {w['response']}, client CPU {w['client_cpu']}, "
                  f"worker CPU {w['worker_cpu']}")  # fmt: skip
@@ -284,6 +360,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--transports {args.transports!r}: unknown {unknown}; expected a subset of {ORDER}")
     if args.n is not None and args.n < 10:
         raise UsageError(f"--n {args.n}: expected at least 10 round trips")
+    if args.fairness_clients < 0:
+        raise UsageError(f"--fairness-clients {args.fairness_clients}: expected 0 (skip) or more")
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
     client_cpu, worker_cpu = _cpus()
@@ -325,7 +403,8 @@ def run(args: argparse.Namespace) -> int:
                 t.start()  # before pinning: servers (and Ray's daemons) must not inherit the client's CPU
                 prepare(client_cpu, prio)
                 label = f"[{i + 1}/{len(names)}] {name}: round trips"
-                samples[name], sched = measure(t, n, WARMUP[mode], label)
+                bar = Progress(label, n, enabled=not args.no_progress)
+                samples[name], sched = measure(t, n, WARMUP[mode], bar)
             finally:
                 t.stop()
             report["transports"][name] = {**percentiles(samples[name]), **sched}
@@ -345,6 +424,12 @@ def run(args: argparse.Namespace) -> int:
                     "seconds": seconds,
                     "requests_per_s": round(rps, 1),
                 }
+        if "lowtail" in names and args.fairness_clients > 0:
+            print(f"fairness: {args.fairness_clients} saturating clients for {seconds} s", file=sys.stderr)
+            per_client = fairness(
+                args.fairness_clients, FAIRNESS_DEPTH, seconds, worker_cpu, client_cpu, prio
+            )
+            report["fairness"] = fairness_report(per_client, seconds)
     finally:
         restore_priority(saved_nice)
         os.sched_setaffinity(0, saved)

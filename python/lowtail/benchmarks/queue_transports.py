@@ -37,7 +37,14 @@ from typing import Any
 import numpy as np
 
 from lowtail.shm import segments
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
+from lowtail.shm.queue import (
+    InferenceQueue,
+    QueueClient,
+    QueueConfig,
+    QueueDescriptor,
+    QueueTimeout,
+    QueueWorker,
+)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 RoundTrip = Callable[[Arrays], Arrays]
@@ -129,6 +136,13 @@ class LowtailTransport(Transport):
             target=_lowtail_worker, args=(self.server.descriptor, self.worker_cpu, self.prio, self.stop_event)
         )
         self.proc.start()
+        # A spawned worker takes over a second to attach on a loaded host: a client's first request
+        # timing out meanwhile would measure the start-up, not the queue.
+        deadline = time.monotonic() + 60
+        while not self.server.snapshot().worker_alive:
+            if not self.proc.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"lowtail worker did not attach (exit code {self.proc.exitcode})")
+            time.sleep(0.005)
         self.client = QueueClient.attach(self.server.descriptor)
 
     def round_trip(self, arrays: Arrays) -> Arrays:
@@ -659,5 +673,77 @@ def throughput(  # noqa: PLR0917
         for p in procs:
             p.join(30)
         return float(total) / window
+    finally:
+        t.stop()
+
+
+# -- fairness: how long a ready request waits while other lanes are served ------------------------
+
+
+def _fairness_client(  # noqa: PLR0917 - a process target: positional arguments
+    desc: QueueDescriptor, depth: int, start_s: float, cpu: int | None, prio: str, flag: Any, out: Any
+) -> None:
+    prepare(cpu, "nice" if prio == "fifo" else prio)
+    obs = np.random.default_rng(os.getpid()).standard_normal((16, 512)).astype(np.float32)
+    waits: list[int] = []
+    with QueueClient.attach(desc) as client:
+        out.put("ready")
+        deadline = time.monotonic() + 120
+        while flag.value == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(start_s)  # staggered: a lane that starts while others are busy must not starve
+        inflight = [client.submit({"obs": obs}) for _ in range(depth)]
+        while flag.value == 1:  # every lane keeps ``depth`` requests ready: the worker is never idle
+            try:
+                client.wait(inflight[0], timeout=0.2)
+            except QueueTimeout:
+                continue  # a starved lane: the ticket stays valid, look at the flag again
+            inflight.pop(0)
+            waits.append(client.last_timing["queue_wait_ns"])
+            inflight.append(client.submit({"obs": obs}))
+        unanswered = 0
+        for t in inflight:
+            try:
+                client.wait(t, timeout=2.0)
+            except QueueTimeout:
+                unanswered += 1
+    out.put((os.getpid(), np.asarray(waits, np.int64).tobytes(), unanswered))
+
+
+def fairness(  # noqa: PLR0917
+    clients: int, depth: int, seconds: float, worker_cpu: int | None, client_cpu: int | None, prio: str
+) -> list[tuple[np.ndarray[Any, Any], int]]:
+    """Per client, the queue waits (ns, submit to claim) of the requests answered in one window, and
+    how many of its requests were still unanswered 2 s after the window.
+
+    ``clients`` saturating lanes with ``depth`` requests each in flight: the wait of a ready request
+    while the worker serves the other lanes is what fair claiming bounds; a starved lane answers 0.
+    """
+    ctx = _ctx()
+    stagger = seconds / (2 * clients)  # client i starts i x this into the window: the last at its middle
+    t = LowtailTransport(worker_cpu, prio)
+    t.start()
+    try:
+        flag = ctx.RawValue("i", 0)
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_fairness_client,
+                args=(t.server.descriptor, depth, stagger * i, client_cpu, prio, flag, out),
+            )
+            for i in range(clients)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            if out.get(timeout=120) != "ready":
+                raise RuntimeError("fairness client failed to start")
+        flag.value = 1
+        time.sleep(seconds)
+        flag.value = 2
+        got = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+        return [(np.frombuffer(raw, np.int64), unanswered) for _, raw, unanswered in sorted(got)]
     finally:
         t.stop()

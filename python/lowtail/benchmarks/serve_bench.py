@@ -1,14 +1,22 @@
 """``lowtail bench serve``: the bare OpenVINO loop on one pinned core against the same model served.
 
 The limit is a process pinned to one CPU calling ``infer()`` on batches of B samples back to back. The
-served design is the same model in a pinned worker (``lowtail.serve.worker``) behind the shared-memory queue,
-driven by 1, 2 and 4 sampler processes that each submit batches of B samples and wait for the result
-(closed loop: throughput is what the design sustains; the latency is the sampler's submit-to-result
-time, which includes queueing behind the other samplers' batches).
+served designs put the same model in a pinned worker (``lowtail.serve.worker``) behind the shared-memory
+queue, driven by sampler processes in a closed loop (throughput is what the design sustains; latency is
+the sampler's submit-to-result time, which includes queueing behind the other samplers):
 
-Reported per design: samples/s, sampler-side latency p50/p99/p99.9/max with n, the worker's deschedule
-p99.9 (wall - CPU per engine call) with n, and served/bare throughput. Target: at B=16 the served
-throughput is at least 90% of bare.
+- ``served xN``: N samplers each submitting batches of B samples (one request per engine call);
+- ``traffic NxK``: the predecessor system's traffic: N samplers each sending K observations per step
+  with the two-phase client (``start`` then ``finish``), the worker coalescing them into engine batches
+  of 8-16 samples (the queue's defaults: ``min_batch_samples`` 8, ``max_batch_samples`` 16).
+
+Reported per design: samples/s and served/bare (bare at batch B), sampler-side latency p50/p99/p99.9/max
+with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per engine call) with n, the
+worker's cost per engine call beyond ``infer()`` and, with ``--breakdown``, where that cost goes (the
+per-stage columns of ``lowtail.serve.metrics.CALL_FIELDS``), the worker's RSS and the segment sizes.
+
+A design that fails (a sampler error, a worker that does not start) becomes a row with its error; the
+other rows are kept and the JSON is always written.
 """
 
 from __future__ import annotations
@@ -17,12 +25,14 @@ import argparse
 import base64
 import io
 import json
+import math
 import multiprocessing
 import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+import traceback
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,57 +50,95 @@ from lowtail.serve.pinning import (
     start_pinned,
 )
 
-TARGET_RATIO = 0.90
+TARGET_RATIO = 0.95  # served x2 and x4 at batch 16 (issue 14)
+TRAFFIC_TARGET_RATIO = 0.85  # predecessor traffic, 16 samplers x 1 observation
+OVERHEAD_TARGET_US = 20.0
+REPORT_GRACE_S = 120.0  # a sampler or the bare loop that has not reported this long after its window failed
+BREAKDOWN = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us", "overhead_us")
 
 
 @dataclass(frozen=True)
 class Setup:
     model: Path
     cpu: int  # the engine's CPU, bare and served
-    batch: int
+    batch: int  # samples per engine call of the bare loop and per request of the "served" design
     input_name: str
     features: int
     duration: float
     sampler_cpus: frozenset[int]
     fifo_scope: str = "call"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
 
-    def observations(self, seed: int) -> dict[str, np.ndarray]:
+    def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
-        return {self.input_name: rng.standard_normal((self.batch, self.features), dtype=np.float32)}
+        return {self.input_name: rng.standard_normal((samples, self.features), dtype=np.float32)}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One served design: ``samplers`` processes each sending ``per_request`` samples per request."""
+
+    samplers: int
+    per_request: int
+    coalesce: bool  # the predecessor's traffic: the worker batches 8-16 samples from many requests
+
+    @property
+    def label(self) -> str:
+        return f"traffic {self.samplers}x{self.per_request}" if self.coalesce else f"served x{self.samplers}"
 
 
 @dataclass
 class DesignResult:
     design: str
     samplers: int
-    batch: int
-    duration_s: float
-    samples: int
-    samples_per_s: float
-    latency_ms: metrics.Percentiles  # per call (bare) or per request, sampler side (served)
-    deschedule_ms: metrics.Percentiles  # per engine call
+    batch: int  # samples per request (per engine call for bare)
+    duration_s: float = float("nan")
+    samples: int = 0
+    samples_per_s: float = float("nan")
+    latency_ms: metrics.Percentiles = field(default_factory=lambda: metrics.percentiles([]))
+    deschedule_ms: metrics.Percentiles = field(default_factory=lambda: metrics.percentiles([]))
     ratio_to_bare: float = float("nan")
     engine_ms_mean: float = float("nan")  # infer() per call
-    overhead_us_mean: float = 0.0  # per engine call in the worker beyond infer(): claim not included
+    engine_batch_mean: float = float("nan")  # samples per engine call
+    overhead_us_mean: float = float("nan")  # per engine call in the worker beyond infer()
     worker_busy: float = 1.0  # share of the window the engine core spent handling calls
+    breakdown_us: dict[str, metrics.Percentiles] = field(default_factory=dict)
+    worker_rss_mib: float = float("nan")
+    queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
     note: str = ""
+    error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
+
+    @property
+    def label(self) -> str:
+        if self.design == "bare":
+            return "bare (limit)"
+        return self.design if self.design.startswith("traffic") else f"{self.design} x{self.samplers}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["label"] = self.label
         d["latency_ms"] = self.latency_ms.to_dict()
         d["deschedule_ms"] = self.deschedule_ms.to_dict()
+        d["breakdown_us"] = metrics.percentiles_dict(self.breakdown_us)
         return d
 
 
 def register(bench_sub: Any) -> None:
-    p = bench_sub.add_parser("serve", help="bare OpenVINO loop vs queue + pinned worker (1, 2, 4 samplers)")
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    p = bench_sub.add_parser(
+        "serve", help="bare OpenVINO loop vs queue + pinned worker (samplers x batch, predecessor traffic)"
+    )
+    p.add_argument("--json", metavar="FILE", help="write the full report as JSON (always, even on errors)")
     p.add_argument("--png", metavar="FILE", help="write a plot (PNG)")
     p.add_argument("--html", metavar="FILE", help="write a report with the table and plot (HTML)")
     p.add_argument("--quick", action="store_true", help="2 s per design instead of 10 s")
     p.add_argument("--duration", type=float, help="seconds per design (overrides --quick)")
-    p.add_argument("--batch", type=int, default=16, help="samples per request and per engine call")
-    p.add_argument("--samplers", default="1,2,4", help="sampler process counts to run")
+    p.add_argument("--batch", type=int, default=16, help="samples per request and per bare engine call")
+    p.add_argument("--samplers", default="1,2,4", help="sampler counts of the batch-per-request design")
+    p.add_argument(
+        "--traffic",
+        default="8x1,16x1,8x4,16x4",
+        help="predecessor traffic designs SAMPLERSxOBSERVATIONS (the worker coalesces to 8-16); '' for none",
+    )
+    p.add_argument("--breakdown", action="store_true", help="print where the worker's time goes per call")
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
     p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
@@ -116,7 +164,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     fifo = SchedFifo(1)
     fifo.detect()
     engine = Engine(setup.model, max_batch=setup.batch)
-    x = setup.observations(0)
+    x = setup.observations(0, setup.batch)
     duration = setup.duration
     per_call = setup.fifo_scope == "call"
     for _ in range(20):
@@ -141,30 +189,41 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     conn.close()
 
 
-def _sampler_child(setup: Setup, desc: Any, warmup: float, seed: int, conn: Any) -> None:
-    from lowtail.shm.queue import QueueClient
-
-    raise_priority(-20)  # in production a sampler owns an isolated core; here it shares with other work
-    x = setup.observations(seed)
-    duration = setup.duration
-    perf = time.perf_counter_ns
+def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
+    """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
-    with QueueClient.attach(desc) as client:
-        end = perf() + int(warmup * 1e9)
-        while perf() < end:
-            client.infer(x, timeout=10.0)
-        start_mono = time.monotonic()
-        start = perf()
-        end = start + int(duration * 1e9)
-        t = start
-        while t < end:
-            client.infer(x, timeout=10.0)
-            t1 = perf()
-            lat.append(t1 - t)
-            t = t1
-        end_mono = time.monotonic()
+    start = t = time.perf_counter_ns()
+    start_mono = time.monotonic()
+    try:
+        from lowtail.shm.queue import QueueClient
+
+        raise_priority(-20)  # in production a sampler owns an isolated core; here it shares with others
+        x = setup.observations(seed, samples)
+        duration = setup.duration
+        perf = time.perf_counter_ns
+        with QueueClient.attach(desc) as client:
+            end = perf() + int(warmup * 1e9)
+            while perf() < end:
+                client.start(x).finish(timeout=10.0)
+            start_mono = time.monotonic()
+            start = t = perf()
+            end = start + int(duration * 1e9)
+            while t < end:
+                client.start(x).finish(timeout=10.0)  # the two-phase client of the seed
+                t1 = perf()
+                lat.append(t1 - t)
+                t = t1
+        error = ""
+    except BaseException as e:  # every failure becomes the sampler's row, never a hang
+        error = "".join(traceback.format_exception_only(type(e), e)).strip()
     conn.send(
-        {"requests": len(lat), "elapsed_ns": t - start, "lat_ns": lat, "window": (start_mono, end_mono)}
+        {
+            "requests": len(lat),
+            "elapsed_ns": t - start,
+            "lat_ns": lat,
+            "window": (start_mono, time.monotonic()),
+            "error": error,
+        }
     )
     conn.close()
 
@@ -176,6 +235,14 @@ def _ms(ns: list[int] | np.ndarray) -> np.ndarray:
     return np.asarray(ns, dtype=np.float64) / 1e6
 
 
+def _reap(procs: list[Any]) -> None:
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def run_bare(setup: Setup) -> DesignResult:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
@@ -184,14 +251,14 @@ def run_bare(setup: Setup) -> DesignResult:
     child.close()
     batch = setup.batch
     try:
-        if not parent.poll(setup.duration + 120):
-            raise RuntimeError("bare loop did not report")
-        r = parent.recv()
+        if not parent.poll(setup.duration + REPORT_GRACE_S):
+            raise RuntimeError(f"the bare loop did not report within {setup.duration + REPORT_GRACE_S:g} s")
+        try:
+            r = parent.recv()
+        except EOFError:
+            raise RuntimeError("the bare loop died before reporting (see its traceback above)") from None
     finally:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        _reap([proc])
     wall = _ms(r["wall_ns"])
     desched = np.maximum(0.0, wall - _ms(r["cpu_ns"]))
     elapsed = r["elapsed_ns"] / 1e9
@@ -206,35 +273,46 @@ def run_bare(setup: Setup) -> DesignResult:
         deschedule_ms=metrics.percentiles(desched),
         ratio_to_bare=1.0,
         engine_ms_mean=float(wall.mean()),
+        engine_batch_mean=float(batch),
         note=f"infer() back to back on CPU {setup.cpu}",
     )
 
 
-def _queue_config(setup: Setup, samplers: int) -> Any:
+def request_bytes(samples: int, features: int) -> int:
+    """A request/response slot that holds ``samples`` float32 rows of ``features`` inline, with headers."""
+    payload = samples * features * 4 + 4096
+    return payload + -payload % 64
+
+
+def _queue_config(setup: Setup, traffic: Traffic) -> Any:
     from lowtail.shm.queue import QueueConfig
 
-    payload = setup.batch * setup.features * 4 + 4096
-    payload += -payload % 64
+    size = request_bytes(max(traffic.per_request, setup.batch), setup.features)
+    if traffic.coalesce:  # the queue's defaults: min 8, max 16 samples, up to 16 requests per batch
+        return QueueConfig(
+            lanes=max(4, traffic.samplers), slots_per_lane=4, request_bytes=size, response_bytes=size
+        )
     return QueueConfig(
-        lanes=max(4, samplers),
+        lanes=max(4, traffic.samplers),
         slots_per_lane=4,
-        request_bytes=payload,
-        response_bytes=payload,
+        request_bytes=size,
+        response_bytes=size,
         max_batch_samples=setup.batch,
         min_batch_samples=1,
-        max_batch_slots=max(1, samplers),
+        max_batch_slots=max(1, traffic.samplers),
     )
 
 
-def _drive(setup: Setup, descriptor: Any, samplers: int) -> list[dict[str, Any]]:
-    """Run ``samplers`` closed-loop sampler processes against a queue; their reports."""
+def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, Any]]:
+    """Run the samplers against a queue; one report each (a sampler that failed reports its error)."""
     ctx = multiprocessing.get_context("spawn")
     warmup = min(1.0, setup.duration / 4)
     procs, conns = [], []
     try:
-        for i in range(samplers):
+        for i in range(traffic.samplers):
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_sampler_child, args=(setup, descriptor, warmup, i, child), daemon=True)
+            kw = {"setup": setup, "desc": descriptor, "samples": traffic.per_request, "warmup": warmup}
+            p = ctx.Process(target=_sampler_child, kwargs={**kw, "seed": i, "conn": child}, daemon=True)
             saved = os.sched_getaffinity(0)
             os.sched_setaffinity(0, setup.sampler_cpus)
             try:
@@ -244,68 +322,98 @@ def _drive(setup: Setup, descriptor: Any, samplers: int) -> list[dict[str, Any]]
             child.close()
             procs.append(p)
             conns.append(parent)
+        deadline = time.monotonic() + setup.duration + warmup + REPORT_GRACE_S
         results = []
-        for c in conns:
-            if not c.poll(setup.duration + warmup + 120):
-                raise RuntimeError("a sampler did not report")
-            results.append(c.recv())
+        for i, c in enumerate(conns):
+            try:
+                if c.poll(max(0.0, deadline - time.monotonic())):
+                    results.append(c.recv())
+                    continue
+                why = "no report before the deadline"
+            except EOFError:
+                why = f"exited with code {procs[i].exitcode} without reporting"
+            results.append({"requests": 0, "elapsed_ns": 0, "lat_ns": [], "error": f"sampler {i}: {why}"})
         return results
     finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(procs)
+
+
+def _worker_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def _served_result(
-    design: str, *, setup: Setup, samplers: int, results: list[dict[str, Any]], calls: np.ndarray, note: str
+    design: str,
+    *,
+    setup: Setup,
+    traffic: Traffic,
+    results: list[dict[str, Any]],
+    calls: np.ndarray,
+    note: str,
 ) -> DesignResult:
-    lat = np.concatenate([_ms(r["lat_ns"]) for r in results])
-    elapsed = max(r["elapsed_ns"] for r in results) / 1e9
-    samples = sum(r["requests"] for r in results) * setup.batch
+    errors = [f"sampler {i}: {r['error']}" for i, r in enumerate(results) if r.get("error")]
+    ok = [r for r in results if not r.get("error") and r["requests"]]
+    res = DesignResult(design=design, samplers=traffic.samplers, batch=traffic.per_request)
+    res.error = "; ".join(errors)
+    if not ok:
+        res.note = note
+        res.error = res.error or "no sampler completed a request"
+        return res
+    lat = np.concatenate([_ms(r["lat_ns"]) for r in ok])
+    elapsed = max(r["elapsed_ns"] for r in ok) / 1e9
+    samples = sum(r["requests"] for r in ok) * traffic.per_request
     # The worker's calls inside the samplers' measured windows (their warm-up excluded).
-    lo, hi = min(r["window"][0] for r in results), max(r["window"][1] for r in results)
+    lo, hi = min(r["window"][0] for r in ok), max(r["window"][1] for r in ok)
     col = metrics.COL
     t_end = calls[:, col["t_end_s"]]
     calls = calls[(t_end >= lo) & (t_end <= hi)]
-    mean_batch = float(calls[:, col["batch"]].mean()) if len(calls) else float("nan")
-    wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]
-    return DesignResult(
-        design=design,
-        samplers=samplers,
-        batch=setup.batch,
-        duration_s=elapsed,
-        samples=samples,
-        samples_per_s=samples / elapsed,
-        latency_ms=metrics.percentiles(lat),
-        deschedule_ms=metrics.percentiles(calls[:, col["deschedule_ms"]]),
-        engine_ms_mean=float(engine_ms.mean()) if len(calls) else float("nan"),
-        overhead_us_mean=float((wall_ms - engine_ms).mean() * 1000) if len(calls) else float("nan"),
-        worker_busy=float(wall_ms.sum() / 1000 / (hi - lo)) if len(calls) else float("nan"),
-        note=f"{note}, samplers on CPUs {sorted(setup.sampler_cpus)}, mean engine batch {mean_batch:.1f}",
-    )
+    res.duration_s = elapsed
+    res.samples = samples
+    res.samples_per_s = samples / elapsed
+    res.latency_ms = metrics.percentiles(lat)
+    res.note = f"{note}, samplers on CPUs {sorted(setup.sampler_cpus)}"
+    if len(calls):
+        wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]
+        res.deschedule_ms = metrics.percentiles(calls[:, col["deschedule_ms"]])
+        res.engine_ms_mean = float(engine_ms.mean())
+        res.engine_batch_mean = float(calls[:, col["batch"]].mean())
+        res.breakdown_us = metrics.summarize(calls, BREAKDOWN)
+        res.overhead_us_mean = res.breakdown_us["overhead_us"].mean
+        res.worker_busy = float(wall_ms.sum() / 1000 / (hi - lo))
+    return res
 
 
-def run_served(setup: Setup, samplers: int) -> DesignResult:
+def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
     """The queue and the pinned worker, owned by this process."""
     from lowtail.serve.worker import WorkerConfig, WorkerProcess
     from lowtail.shm.queue import InferenceQueue
 
-    with InferenceQueue.create(_queue_config(setup, samplers)) as queue:
-        config = WorkerConfig(name="bench", max_batch=setup.batch, fifo_scope=setup.fifo_scope)
+    with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
+        config = WorkerConfig(name="bench", max_batch=16, fifo_scope=setup.fifo_scope)
         worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
         try:
             worker.wait_ready(120)
-            results = _drive(setup, queue.descriptor, samplers)
+            results = _drive(setup, queue.descriptor, traffic)
             calls = worker.calls(0).rows
+            rss = _worker_rss_mib(worker.pid)
         finally:
             worker.stop()
+        queue_mib = queue.nbytes / 2**20
     note = f"queue + pinned worker on CPU {setup.cpu}"
-    return _served_result("served", setup=setup, samplers=samplers, results=results, calls=calls, note=note)
+    res = _served_result(
+        traffic.label.split(" x")[0], setup=setup, traffic=traffic, results=results, calls=calls, note=note
+    )
+    res.worker_rss_mib, res.queue_mib = rss, queue_mib
+    return res
 
 
-def run_ray_served(setup: Setup, samplers: int, work: Path) -> DesignResult:
+def run_ray_served(setup: Setup, traffic: Traffic, work: Path) -> DesignResult:
     """The same, hosted by the Ray inference actor: it leases the CPU, owns the queue, spawns the worker.
 
     Samplers attach to the endpoint's queue exactly as ``InferenceClient`` does; Ray is not on the hot
@@ -326,31 +434,32 @@ def run_ray_served(setup: Setup, samplers: int, work: Path) -> DesignResult:
     get_node_allocator(node, alloc)
     spec = InferenceSpec(
         hero="bench",
-        index=samplers,
+        index=traffic.samplers,
         model_dir=str(setup.model),
         allocator=alloc,
-        queue=_queue_config(setup, samplers),
-        worker=WorkerConfig(name="bench-ray", max_batch=setup.batch, fifo_scope=setup.fifo_scope),
+        queue=_queue_config(setup, traffic),
+        worker=WorkerConfig(name="bench-ray", max_batch=16, fifo_scope=setup.fifo_scope),
     )
     actor = start_inference_actor(spec, node)
     try:
         endpoint = ray.get(actor.endpoint.remote())
         if endpoint.cpu != setup.cpu:
             raise RuntimeError(f"the actor leased CPU {endpoint.cpu}, expected {setup.cpu}")
-        results = _drive(setup, endpoint.descriptor, samplers)
+        results = _drive(setup, endpoint.descriptor, traffic)
         worker = ray.get(actor.report.remote())["report"]
     finally:
         stop_actor(actor)
         stop_node_allocator(node, remove_state=True)
     note = f"Ray inference actor (lease, queue, worker) on CPU {setup.cpu}"
     no_rows = np.zeros((0, len(metrics.CALL_FIELDS)))
-    r = _served_result("ray actor", setup=setup, samplers=samplers, results=results, calls=no_rows, note=note)
+    r = _served_result("ray actor", setup=setup, traffic=traffic, results=results, calls=no_rows, note=note)
     pct = worker["percentiles"]
     r.deschedule_ms = metrics.Percentiles(**pct["deschedule_ms"])
     r.engine_ms_mean = pct["engine_wall_ms"]["mean"]
-    r.overhead_us_mean = (pct["wall_ms"]["mean"] - pct["engine_wall_ms"]["mean"]) * 1000
+    r.engine_batch_mean = pct["batch"]["mean"]
+    r.overhead_us_mean = pct["overhead_us"]["mean"]
+    r.breakdown_us = {k: metrics.Percentiles(**pct[k]) for k in BREAKDOWN}
     r.worker_busy = float("nan")
-    r.note = r.note.replace("mean engine batch nan", f"mean engine batch {pct['batch']['mean']:.1f}")
     return r
 
 
@@ -363,35 +472,75 @@ def _start_ray(work: Path) -> None:
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
 
 
+def _attempt(label: str, fn: Any, *args: Any) -> DesignResult:
+    """Run one design; an exception becomes its row instead of ending the benchmark."""
+    try:
+        result: DesignResult = fn(*args)
+        return result
+    except Exception as e:  # the other designs' rows must survive
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        print(f"  {label} failed: {detail}", file=sys.stderr, flush=True)
+        design, _, samplers = label.partition(" x")
+        return DesignResult(design=design, samplers=int(samplers or 0), batch=0, error=detail)
+
+
 # ---- report ----------------------------------------------------------------------------------------
 
 
+def _f(v: float, spec: str) -> str:
+    return "-" if math.isnan(v) else format(v, spec)
+
+
+def _short(error: str, width: int = 70) -> str:
+    """The first error of a row, shortened for the terminal (the JSON has all of them)."""
+    if not error:
+        return ""
+    first, _, rest = error.partition("; ")
+    more = f" (+{rest.count('; ') + 1} more)" if rest else ""
+    return "ERROR " + (first if len(first) <= width else first[: width - 3] + "...") + more
+
+
 def _fmt(p: metrics.Percentiles) -> list[str]:
-    return [f"{p.p50:.3f}", f"{p.p99:.3f}", f"{p.p999:.3f}", f"{p.max:.3f}", str(p.n)]
+    return [_f(p.p50, ".3f"), _f(p.p99, ".3f"), _f(p.p999, ".3f"), _f(p.max, ".3f"), str(p.n)]
 
 
 def render_table(results: list[DesignResult]) -> str:
     rows = []
     for r in results:
-        label = "bare (limit)" if r.design == "bare" else f"{r.design} x{r.samplers}"
         rows.append(
             [
-                label,
-                f"{r.samples_per_s:,.0f}",
-                f"{r.ratio_to_bare:.3f}",
+                r.label,
+                str(r.batch),
+                _f(r.samples_per_s, ",.0f"),
+                _f(r.ratio_to_bare, ".3f"),
                 *_fmt(r.latency_ms),
-                f"{r.deschedule_ms.p999:.3f}",
+                _f(r.engine_batch_mean, ".1f"),
+                _f(r.deschedule_ms.p999, ".3f"),
                 str(r.deschedule_ms.n),
-                f"{r.engine_ms_mean:.3f}",
-                f"{r.overhead_us_mean:.0f}",
-                "-" if np.isnan(r.worker_busy) else f"{r.worker_busy:.0%}",
+                _f(r.engine_ms_mean, ".3f"),
+                _f(r.overhead_us_mean, ".0f"),
+                _f(r.worker_busy, ".0%"),
+                _short(r.error),
             ]
         )
-    headers = ["design", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
+    headers = ["design", "req", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
+    headers += ["eng batch", "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy", "error"]
+    return table.render(headers, rows, title=f"lowtail bench serve: bare at batch {results[0].batch}")
+
+
+def render_breakdown(results: list[DesignResult]) -> str:
+    rows = []
+    for r in results:
+        if not r.breakdown_us:
+            continue
+        rows.append(
+            [r.label, str(r.breakdown_us["overhead_us"].n)]
+            + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in BREAKDOWN)]
+            + [_f(r.worker_rss_mib, ".0f"), _f(r.queue_mib, ".2f")]
+        )
+    headers = ["design", "n calls", *[k.removesuffix("_us") for k in BREAKDOWN], "RSS MiB", "queue MiB"]
     return table.render(
-        [*headers, "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy"],
-        rows,
-        title=f"lowtail bench serve: batch {results[0].batch}",
+        headers, rows, title="worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
     )
 
 
@@ -401,13 +550,15 @@ def plot(results: list[DesignResult]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["bare" if r.design == "bare" else f"{r.design} x{r.samplers}" for r in results]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.bar(labels, [r.samples_per_s for r in results], color=["#555"] + ["#3a7"] * (len(results) - 1))
+    labels = [r.label for r in results]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.5))
+    colors = ["#555"] + ["#c33" if r.error else "#3a7" for r in results[1:]]
+    a.bar(labels, [0 if math.isnan(r.samples_per_s) else r.samples_per_s for r in results], color=colors)
     bare = results[0].samples_per_s
     a.axhline(bare * TARGET_RATIO, color="r", ls="--", lw=1, label=f"{TARGET_RATIO:.0%} of bare")
+    a.axhline(bare * TRAFFIC_TARGET_RATIO, color="orange", ls=":", lw=1, label=f"{TRAFFIC_TARGET_RATIO:.0%}")
     a.set_ylabel("samples/s")
-    a.set_title(f"throughput, batch {results[0].batch}")
+    a.set_title(f"throughput (bare at batch {results[0].batch}; red = error)")
     a.legend()
     xs = np.arange(len(results))
     for i, (q, name) in enumerate([("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")]):
@@ -417,7 +568,17 @@ def plot(results: list[DesignResult]) -> bytes:
     b.set_ylabel("ms per call / request")
     b.set_title("latency (n in the JSON)")
     b.legend()
-    for ax in (a, b):
+    served = [r for r in results if r.breakdown_us]
+    bottom = np.zeros(len(served))
+    for k in BREAKDOWN[:-1]:
+        v = np.array([r.breakdown_us[k].mean for r in served])
+        c.bar([r.label for r in served], v, bottom=bottom, label=k.removesuffix("_us"))
+        bottom += v
+    c.axhline(OVERHEAD_TARGET_US, color="r", ls="--", lw=1, label=f"target {OVERHEAD_TARGET_US:g} us")
+    c.set_ylabel("us per engine call (mean)")
+    c.set_title("worker cost beyond infer()")
+    c.legend(fontsize=7)
+    for ax in (a, b, c):
         ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -426,15 +587,74 @@ def plot(results: list[DesignResult]) -> bytes:
     return buf.getvalue()
 
 
+def json_safe(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # strict JSON has no NaN
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def parse_traffic(text: str) -> list[Traffic]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            n, k = (int(x) for x in part.lower().split("x"))
+        except ValueError:
+            raise UsageError(f"--traffic {text!r}: expected SAMPLERSxOBSERVATIONS like 16x1,8x4") from None
+        if not (1 <= n <= 64 and 1 <= k <= 16):
+            raise UsageError(f"--traffic {part!r}: expected 1..64 samplers x 1..16 observations")
+        out.append(Traffic(n, k, coalesce=True))
+    return out
+
+
+def verdicts(results: list[DesignResult], batch: int) -> list[str]:
+    """The issue's targets, each stated as met or NOT met with the figure that decides it."""
+    by = {r.label: r for r in results}
+    lines = []
+    for n in (2, 4):
+        r = by.get(f"served x{n}")
+        if r is not None:
+            ok = r.ratio_to_bare >= TARGET_RATIO
+            lines.append(
+                f"served x{n} >= {TARGET_RATIO:.0%} of bare at batch {batch}: "
+                f"{'met' if ok else 'NOT met'} ({r.ratio_to_bare:.3f})"
+            )
+    r = by.get("traffic 16x1")
+    if r is not None:
+        ok = r.ratio_to_bare >= TRAFFIC_TARGET_RATIO
+        lines.append(
+            f"traffic 16x1 >= {TRAFFIC_TARGET_RATIO:.0%} of bare: {'met' if ok else 'NOT met'} "
+            f"({r.ratio_to_bare:.3f}, mean engine batch {r.engine_batch_mean:.1f})"
+        )
+    over = [r for r in results if r.breakdown_us and r.design == "served"]
+    if over:
+        worst = max(over, key=lambda r: r.overhead_us_mean)
+        ok = worst.overhead_us_mean <= OVERHEAD_TARGET_US
+        lines.append(
+            f"worker overhead beyond infer() <= {OVERHEAD_TARGET_US:g} us (mean, worst served design): "
+            f"{'met' if ok else 'NOT met'} ({worst.overhead_us_mean:.1f} us, {worst.label})"
+        )
+    failed = [r.label for r in results if r.error]
+    if failed:
+        lines.append(f"designs with errors: {', '.join(failed)}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UsageError(f"--batch {args.batch}: expected >= 1")
     try:
-        counts = [int(x) for x in args.samplers.split(",")]
+        counts = [int(x) for x in args.samplers.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--samplers {args.samplers!r}: expected counts like 1,2,4") from None
-    if not counts or any(c < 1 or c > 64 for c in counts):
+    if any(c < 1 or c > 64 for c in counts):
         raise UsageError(f"--samplers {args.samplers!r}: expected counts in 1..64")
+    designs = [Traffic(n, args.batch, coalesce=False) for n in counts] + parse_traffic(args.traffic)
+    if not designs:
+        raise UsageError("--samplers and --traffic are both empty: nothing to serve")
     duration = args.duration or (2.0 if args.quick else 10.0)
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed) if args.cpu is None else args.cpu
@@ -442,76 +662,96 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cpu {cpu}: expected one of the CPUs this process may use, {sorted(allowed)}")
     sampler_cpus = (allowed - {cpu}) or allowed
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
-        if args.model:
-            try:
-                model = find_model_xml(args.model)
-            except FileNotFoundError as e:
-                raise UsageError(str(e)) from None
-        else:
-            model = write_model(tmp, ModelSpec())
-        try:
-            name, features = feature_input(model)
-        except ModelSpecError as e:
-            raise UsageError(str(e)) from None
-        setup = Setup(
-            model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
-        )
-        print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
-        print("  bare loop ...", file=sys.stderr, flush=True)
-        results = [run_bare(setup)]
-        for n in counts:
-            print(f"  served, {n} sampler(s) ...", file=sys.stderr, flush=True)
-            results.append(run_served(setup, n))
-        if args.ray:
-            import ray
-
-            print("  starting a local Ray ...", file=sys.stderr, flush=True)
-            own = not ray.is_initialized()
-            if own:
-                _start_ray(Path(tmp))
-            try:
-                for n in counts:
-                    print(f"  Ray inference actor, {n} sampler(s) ...", file=sys.stderr, flush=True)
-                    results.append(run_ray_served(setup, n, Path(tmp)))
-            finally:
-                if own:
-                    ray.shutdown()
-    bare = results[0].samples_per_s
-    for r in results[1:]:
-        r.ratio_to_bare = r.samples_per_s / bare
-    text = render_table(results)
-    best = max(r.ratio_to_bare for r in results[1:])
-    verdict = "met" if best >= TARGET_RATIO else "NOT met"
-    summary = (
-        f"target served >= {TARGET_RATIO:.0%} of bare at batch {args.batch}: {verdict} (best {best:.1%})"
-    )
-    load_after = os.getloadavg()
-    host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
-    host += f"{load_before[0]:.1f} before"
-    host += f", {load_after[0]:.1f} after"
-    print(text)
-    print(summary)
-    print(host)
-    report = {
+    results: list[DesignResult] = []
+    report: dict[str, Any] = {
         "benchmark": "serve",
-        "model": str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict()),
+        "command": "lowtail " + " ".join(sys.argv[1:]) if sys.argv else "",
         "cpu": cpu,
         "sampler_cpus": sorted(sampler_cpus),
         "batch": args.batch,
         "fifo_scope": args.fifo_scope,
         "duration_s": duration,
-        "target_ratio": TARGET_RATIO,
-        "best_ratio": best,
-        "target_met": best >= TARGET_RATIO,
-        "host": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},
-        "results": [r.to_dict() for r in results],
-        "note": "served: queue + pinned worker owned by the benchmark process"
+        "targets": {
+            "served_vs_bare": TARGET_RATIO,
+            "traffic_16x1_vs_bare": TRAFFIC_TARGET_RATIO,
+            "overhead_us": OVERHEAD_TARGET_US,
+        },
+        "note": "served/traffic: queue + pinned worker owned by the benchmark process"
         + ("; ray actor: the same hosted by lowtail's Ray inference actor" if args.ray else ""),
     }
+    try:
+        with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
+            if args.model:
+                try:
+                    model = find_model_xml(args.model)
+                except FileNotFoundError as e:
+                    raise UsageError(str(e)) from None
+            else:
+                model = write_model(tmp, ModelSpec())
+            try:
+                name, features = feature_input(model)
+            except ModelSpecError as e:
+                raise UsageError(str(e)) from None
+            report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
+            setup = Setup(
+                model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
+            )
+            total = 1 + len(designs) * (2 if args.ray else 1)
+            print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
+            print(f"  [1/{total}] bare loop ...", file=sys.stderr, flush=True)
+            results.append(_attempt("bare", run_bare, setup))
+            for t in designs:
+                print(f"  [{len(results) + 1}/{total}] {t.label} ...", file=sys.stderr, flush=True)
+                results.append(_attempt(t.label, run_served, setup, t))
+            if args.ray:
+                import ray
+
+                print("  starting a local Ray ...", file=sys.stderr, flush=True)
+                own = not ray.is_initialized()
+                if own:
+                    _start_ray(Path(tmp))
+                try:
+                    for t in designs:
+                        print(f"  [{len(results) + 1}/{total}] Ray actor, {t.label} ...", file=sys.stderr)
+                        label = f"ray actor x{t.samplers}"
+                        results.append(_attempt(label, run_ray_served, setup, t, Path(tmp)))
+                finally:
+                    if own:
+                        ray.shutdown()
+    finally:
+        _finish(args, report, results, load_before)
+    return 1 if any(r.error for r in results) else 0
+
+
+def _finish(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    results: list[DesignResult],
+    load_before: tuple[float, ...],
+) -> None:
+    """Print and write whatever was measured: also when a design failed or the run was interrupted."""
+    if results and results[0].design == "bare":
+        bare = results[0].samples_per_s
+        for r in results[1:]:
+            r.ratio_to_bare = r.samples_per_s / bare
+    load_after = os.getloadavg()
+    report["host"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after}
+    report["results"] = [r.to_dict() for r in results]
+    lines = verdicts(results, args.batch) if results else ["no design finished"]
+    report["verdicts"] = lines
+    host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
+    host += f"{load_before[0]:.1f} before, {load_after[0]:.1f} after"
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    if args.png or args.html:
+        Path(args.json).write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    if not results:
+        return
+    text = render_table(results)
+    if args.breakdown:
+        text += "\n\n" + render_breakdown(results)
+    print(text)
+    print("\n".join(lines))
+    print(host)
+    if results[0].design == "bare" and (args.png or args.html):
         png = plot(results)
         if args.png:
             Path(args.png).write_bytes(png)
@@ -519,7 +759,6 @@ def run(args: argparse.Namespace) -> int:
             img = base64.b64encode(png).decode()
             Path(args.html).write_text(
                 f"<!doctype html><meta charset=utf-8><title>lowtail bench serve</title>"
-                f"<h1>lowtail bench serve</h1><pre>{text}\n{summary}\n{host}</pre>"
-                f'<img alt="throughput and latency" src="data:image/png;base64,{img}">\n'
+                f"<h1>lowtail bench serve</h1><pre>{text}\n" + "\n".join(lines) + f"\n{host}</pre>"
+                f'<img alt="throughput, latency and worker cost" src="data:image/png;base64,{img}">\n'
             )
-    return 0

@@ -7,6 +7,16 @@ but waiting for a CPU, /proc/thread-self/schedstat field 2) and of involuntary c
 the cause is CPU contention deschedule ~ run_delay growth; preemption by a hypervisor is counted as CPU
 time by the guest and shows in neither (pair it with steal time).
 
+What a read costs decides how often it is made (measured on the 2-vCPU KVM guest, best of 5, see
+docs/benchmarks.md): CLOCK_MONOTONIC/perf_counter 0.05 us (vDSO), the thread CPU clock 1.5 us, the
+process CPU clock 2.9 us (it sums every thread), schedstat pread 5.5 us, getrusage 2.2 us. So per call
+the worker reads the wall and thread CPU clocks; the process CPU clock and the two scheduler counters
+are read on every ``stats_every``-th call (``sampled``) and on every call whose wall - thread CPU shows
+it was descheduled. On the other calls ``cpu_ms`` is the thread's CPU time (an isolated worker has one
+busy thread: the sampled calls' process/thread ratio, checked by ``WorkerProcess.isolation``, proves it)
+and run_delay/nivcsw growth is carried to the next row that reads them, so their sums stay exact and a
+descheduled call carries its own growth.
+
 The hot path only reads clocks and counters and stores one row; percentiles are computed with numpy at
 report time over a fixed-size ring (``CallRing`` in ``lowtail.serve.stats_segment`` for the worker,
 ``LatencyWindow`` here for anyone else).
@@ -21,31 +31,35 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.telemetry.export import WindowStats
+# Re-exported ("as" form, for mypy): the worker's reports and the serve benchmark name it metrics.Percentiles.
+from lowtail.telemetry.percentiles import Percentiles as Percentiles  # noqa: PLC0414
 
 # One row per handled batch, float64; the column order is the layout of the shared ring.
 CALL_FIELDS: tuple[str, ...] = (
     "t_end_s",  # CLOCK_MONOTONIC at the end of the call
     "wall_ms",  # claim returned -> results written back
-    "cpu_ms",  # process CPU time over the same interval (all threads of the worker)
+    "cpu_ms",  # process CPU time over the same interval on sampled calls, else the thread's (see below)
     "thread_cpu_ms",  # the serving thread's CPU time over the same interval
-    "deschedule_ms",  # max(0, wall - process CPU): the seed's formula
+    "deschedule_ms",  # max(0, wall - cpu_ms): the seed's formula
     "engine_wall_ms",  # model execution only (the exporters' infer_exec_ms)
-    "engine_cpu_ms",
+    "engine_cpu_ms",  # as cpu_ms, inside infer()
     "engine_thread_cpu_ms",
-    "run_delay_ms",  # growth of schedstat run_delay over the call
-    "nivcsw",  # growth of involuntary context switches over the call
+    "run_delay_ms",  # growth of schedstat run_delay since the previous read (see below)
+    "nivcsw",  # growth of involuntary context switches since the previous read
     "batch",  # samples in the engine call (the exporters' batch_size)
     "slots",  # requests merged into it
     "queue_wait_ms",  # the longest publish -> claim wait among its requests
+    # Where the worker's time goes beyond infer() (``lowtail bench serve --breakdown``), in us:
+    "claim_us",  # the poll that took the first request -> claim() returned: decode, merge, coalescing
+    "check_us",  # checking the inputs against the model
+    "fifo_us",  # the SCHED_FIFO enter/leave system calls
+    "answer_us",  # Batch.complete: split, copy outputs back, publish, wake parked samplers
+    "measure_us",  # reading clocks and scheduler counters inside the call
+    "record_us",  # writing the previous call's row and counters (measured there, stored here)
+    "overhead_us",  # the sum of the six above: the worker's cost per call beyond infer()
 )
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 
-# One percentile definition for the whole package (nearest rank, with n, mean and max): the exporters'.
-Percentiles = WindowStats
-
-SLOW_ENGINE_CPU_MS = 100.0
-SLOW_TOTAL_MS = 200.0
 
 # The seed's format (section 3.1.4), with the kernel's counters appended after its fields.
 SLOW_INFER_FORMAT = (

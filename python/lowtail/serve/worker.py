@@ -43,8 +43,20 @@ from lowtail.node import cpulist
 from lowtail.serve import metrics
 from lowtail.serve import stats_segment as workerstats
 from lowtail.serve import worker_child as worker_main
+from lowtail.serve.config import WorkerConfig
 from lowtail.serve.model import find_model_xml
 from lowtail.serve.pinning import start_pinned
+
+__all__ = [
+    "IsolationReport",
+    "PinnedMeasurement",
+    "WorkerConfig",
+    "WorkerProcess",
+    "WorkerReport",
+    "WorkerStartFailed",
+    "WorkerStartTimeout",
+    "measure_pinned",
+]
 
 
 class WorkerStartFailed(LowtailError, RuntimeError):
@@ -53,23 +65,6 @@ class WorkerStartFailed(LowtailError, RuntimeError):
 
 class WorkerStartTimeout(LowtailError, TimeoutError):
     """The worker did not report ready in time (it is still running; stop it)."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    name: str = ""  # the seed's "hero" label in slow_infer lines
-    precision: str = "f32"
-    nice: int = -20
-    sched_fifo: bool = True  # try SCHED_FIFO around inference (falls back to nice if not permitted)
-    fifo_priority: int = 1
-    fifo_scope: str = "call"  # "call": FIFO around each batch; "busy": until the queue idles a claim timeout
-    slow_engine_cpu_ms: float = metrics.SLOW_ENGINE_CPU_MS
-    slow_total_ms: float = metrics.SLOW_TOTAL_MS
-    claim_timeout_s: float = 0.05  # bounded wait per claim: the loop checks stop/parent at least this often
-    max_batch: int = 16  # initial size of the bound input buffers (grows if a batch is larger)
-    ring_capacity: int = 65536  # per-call rows kept for percentiles
-    probe_cpu_view: bool = False  # also report how many threads OpenVINO would pick by itself
-    log_level: str = "INFO"
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,15 @@ import time
 import traceback
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lowtail.serve import pinning
+from lowtail.serve.config import WorkerConfig
+
+if TYPE_CHECKING:  # numpy and OpenVINO load only after pinning (module docstring)
+    from lowtail.serve.engine import Engine
+    from lowtail.serve.stats_segment import StatsSegment
+    from lowtail.shm.queue import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +73,10 @@ def main(
     conn: Connection,
     config: dict[str, Any],
 ) -> None:
+    cfg = WorkerConfig(**config)
     logging.basicConfig(
-        level=config.get("log_level", "INFO"),
-        format="%(asctime)s %(levelname)s lowtail.serve.worker["
-        + str(config.get("name", ""))
-        + " pid %(process)d] %(message)s",
+        level=cfg.log_level,
+        format="%(asctime)s %(levelname)s lowtail.serve.worker[" + cfg.name + " pid %(process)d] %(message)s",
         stream=sys.stderr,
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -81,11 +86,11 @@ def main(
         ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
         pinning.pin_thread_to_cpu(cpu)
         ready["affinity"] = sorted(os.sched_getaffinity(0))
-        nice = pinning.raise_priority(int(config.get("nice", -20)))
+        nice = pinning.raise_priority(cfg.nice)
         ready["nice"] = {"requested": nice.requested, "achieved": nice.achieved, "error": nice.error}
         ready["timer_slack_ns"] = pinning.set_timer_slack_ns(1)
-        fifo = pinning.SchedFifo(int(config.get("fifo_priority", 1)))
-        if config.get("sched_fifo", True):
+        fifo = pinning.SchedFifo(cfg.fifo_priority)
+        if cfg.sched_fifo:
             fifo.detect()
         else:
             fifo.reason = "disabled by configuration"
@@ -99,16 +104,12 @@ def main(
         from lowtail.serve.stats_segment import StatsSegment
 
         stats = StatsSegment.attach(stats_fd.fd)
-        engine = Engine(
-            model_path,
-            precision=str(config.get("precision", "f32")),
-            max_batch=int(config.get("max_batch", 16)),
-        )
+        engine = Engine(model_path, precision=cfg.precision, max_batch=cfg.max_batch)
         ready["precision"] = engine.precision
         ready["compiled"] = engine.properties()
         ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
         ready["outputs"] = engine.output_names
-        if config.get("probe_cpu_view", False):
+        if cfg.probe_cpu_view:
             # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
             probe = engine.core.compile_model(str(engine.xml), "CPU")
             ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
@@ -140,7 +141,7 @@ def main(
             stats=stats,
             fifo=fifo,
             cpu=cpu,
-            config=config,
+            config=cfg,
             conn=conn,
             ready=ready,
         )
@@ -156,14 +157,18 @@ def main(
     sys.exit(code)
 
 
+# A call whose wall - thread CPU exceeds this was descheduled: read the scheduler counters for it.
+DESCHEDULED_NS = 20_000
+
+
 def serve(
     *,
-    qworker: Any,
-    engine: Any,
-    stats: Any,
+    qworker: QueueWorker,
+    engine: Engine,
+    stats: StatsSegment,
     fifo: pinning.SchedFifo,
     cpu: int,
-    config: dict[str, Any],
+    config: WorkerConfig,
     conn: Connection,
     ready: dict[str, Any],
 ) -> None:
@@ -172,10 +177,10 @@ def serve(
     from lowtail.serve import stats_segment as ws
     from lowtail.serve.engine import MalformedInput
 
-    hero = str(config.get("name", ""))
-    claim_timeout = float(config.get("claim_timeout_s", 0.05))
-    slow_cpu_ms = float(config.get("slow_engine_cpu_ms", m.SLOW_ENGINE_CPU_MS))
-    slow_total_ms = float(config.get("slow_total_ms", m.SLOW_TOTAL_MS))
+    hero = config.name
+    claim_timeout = config.claim_timeout_s
+    slow_cpu_ms, slow_total_ms = config.slow_engine_cpu_ms, config.slow_total_ms
+    every = config.stats_every
     counters = m.ThreadCounters()
     h = stats.header
     rows = stats.rows
@@ -205,9 +210,11 @@ def serve(
     # "call": SCHED_FIFO around each batch (the seed's toggle). "busy": from the first batch until the
     # queue has been empty for a whole claim timeout, so back-to-back batches are never preempted
     # between them; the queue's idle spin is bounded (then it parks), and RT throttling still applies.
-    per_call = config.get("fifo_scope", "call") == "call"
+    per_call = config.fifo_scope == "call"
     next_check = 0
     count = 0
+    record_ns = 0  # the cost of recording the previous call, reported in the next row
+    rd_last, iv_last = counters.run_delay_ns(), counters.nivcsw()
     while not _stop["signalled"] and not h[ws.STOP]:
         batch = qworker.claim(timeout=claim_timeout)
         if batch is None:
@@ -223,10 +230,15 @@ def serve(
                     return
             continue
 
-        # ---- hot path ----
-        t0, c0, th0 = perf(), ptime(), ttime()
-        rd0, iv0 = counters.run_delay_ns(), counters.nivcsw()
+        # ---- hot path: every perf() pair below is one column of the breakdown ----
+        t0 = perf()
+        claim_ns = mono() - batch.claimed_ns
+        sampled = count % every == 0
+        th0 = ttime()
+        c0 = ptime() if sampled else 0
+        m0 = perf()
         fifo.enter()
+        f0 = perf()
         try:
             inputs = batch.inputs
             n = engine.check(inputs)
@@ -234,7 +246,10 @@ def serve(
             fifo.leave()
             h[ws.FAILED] += fail_malformed(batch, e)
             continue
-        e0, ec0, et0 = perf(), ptime(), ttime()
+        k0 = perf()
+        et0 = ttime()
+        ec0 = ptime() if sampled else 0
+        e0 = perf()
         try:
             outputs = engine.infer(inputs, n)
         except Exception as e:
@@ -243,15 +258,35 @@ def serve(
             h[ws.FAILED] += len(batch.sizes)
             log.error("inference failed for %d requests: %s", len(batch.sizes), e)
             continue
-        e1, ec1, et1 = perf(), ptime(), ttime()
+        e1 = perf()
+        et1 = ttime()
+        ec1 = ptime() if sampled else 0
+        a0 = perf()
         batch.complete(outputs)
+        a1 = perf()
         if per_call:
             fifo.leave()
-        t1, c1, th1 = perf(), ptime(), ttime()
-        rd1, iv1 = counters.run_delay_ns(), counters.nivcsw()
+        f1 = perf()
+        th1 = ttime()
+        c1 = ptime() if sampled else 0
+        t1 = perf()
 
-        wall = (t1 - t0) / 1e6
-        cpu_ms = (c1 - c0) / 1e6
+        wall_ns = t1 - t0
+        thread_ns = th1 - th0
+        cpu_ns = c1 - c0 if sampled else thread_ns
+        engine_thread_ns = et1 - et0
+        engine_cpu_ns = ec1 - ec0 if sampled else engine_thread_ns
+        if sampled or wall_ns - thread_ns > DESCHEDULED_NS:
+            r0 = perf()
+            rd, iv = counters.run_delay_ns(), counters.nivcsw()
+            rd_delta, iv_delta = rd - rd_last, iv - iv_last
+            rd_last, iv_last = rd, iv
+            read_ns = perf() - r0
+        else:
+            rd_delta = iv_delta = read_ns = 0
+        measure_ns = (m0 - t0) + (e0 - k0) + (a0 - e1) + (t1 - f1) + read_ns
+        wall = wall_ns / 1e6
+        cpu_ms = cpu_ns / 1e6
         waits = batch.queue_wait_ns
         now = mono()
         h[ws.HEARTBEAT] = now
@@ -259,28 +294,37 @@ def serve(
             now / 1e9,
             wall,
             cpu_ms,
-            (th1 - th0) / 1e6,
+            thread_ns / 1e6,
             max(0.0, wall - cpu_ms),
             (e1 - e0) / 1e6,
-            (ec1 - ec0) / 1e6,
-            (et1 - et0) / 1e6,
-            (rd1 - rd0) / 1e6,
-            iv1 - iv0,
+            engine_cpu_ns / 1e6,
+            engine_thread_ns / 1e6,
+            rd_delta / 1e6,
+            iv_delta,
             n,
             len(batch.sizes),
             max(waits) / 1e6 if len(waits) else 0.0,
+            claim_ns / 1e3,
+            (k0 - f0) / 1e3,
+            ((f0 - m0) + (f1 - a1)) / 1e3,
+            (a1 - a0) / 1e3,
+            measure_ns / 1e3,
+            record_ns / 1e3,
+            (claim_ns + wall_ns - (e1 - e0) + read_ns + record_ns) / 1e3,
         )
         rows[count % cap] = row
         count += 1
         h[ws.COUNT] = count
         h[ws.SAMPLES] += n
-        h[ws.ENGINE_CPU] += ec1 - ec0
-        h[ws.ENGINE_THREAD] += et1 - et0
+        if sampled:  # the isolation ratio compares like with like: both clocks of the sampled calls
+            h[ws.ENGINE_CPU] += engine_cpu_ns
+            h[ws.ENGINE_THREAD] += engine_thread_ns
         if m.is_slow(row, slow_cpu_ms, slow_total_ms):
             h[ws.SLOW] += 1
             log.warning(m.SLOW_INFER_FORMAT, *m.slow_infer_args(hero, cpu, row, fifo.available, threads))
         if not fifo.available and h[ws.FIFO]:
             h[ws.FIFO] = 0
+        record_ns = perf() - t1 - read_ns
 
 
 def fail_malformed(batch: Any, error: Exception) -> int:

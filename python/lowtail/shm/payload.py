@@ -4,21 +4,30 @@ A *payload* is a dict of named arrays sharing a leading batch dimension, written
 
     offset 0   u32  header length H
     offset 4   u32  flags (bit 0: the arrays live in an ndarray slot named in the header)
-    offset 8   H    header: pickle of (slot_name_or_None, ((name, dtype.str, shape), ...))
-    align64(8+H)    the arrays, each C-contiguous and 64-byte aligned, in header order
+    offset 8   H    header, fixed binary (version 1, little-endian, no padding):
+                      u8 version, u8 array count N (1..64), u8 slot-name length E, u8 zero
+                      E bytes: ndarray slot name (ASCII ``lowtail.nd.*``), present iff flags bit 0
+                      N times: u8 dtype code, u8 rank R (1..8), u8 name length K (1..255), u8 zero,
+                               R x i64 dims (each 0..2^40, the first >= 1 and equal across arrays),
+                               K bytes: the array's name (UTF-8)
+    align64(8+H)    the arrays, each C-contiguous and 64-byte aligned, in header order: their offsets
+                    are computed from the dims (``layout``), never read from the segment
 
-The header is the only pickled part; it is cached on both sides by its bytes, so a steady stream of
-same-shaped requests pickles and unpickles nothing.
+Shared memory holds data, never code: the header is parsed by ``decode_header``, which accepts only
+dtypes of the allow-list ``DTYPES`` and refuses any byte it does not expect (``BadRequest`` naming it);
+the caller then checks the computed end against the region's size. Both sides cache a decoded header
+by its bytes, so a steady stream of same-shaped requests parses nothing.
 
 An *ndarray slot* (the seed's SharedNdarraySlot) is a segment of its own holding the arrays of a
-payload too large for a queue slot; its *bundle* (segment name, directory, layout) is small and
-picklable, and both sides map the same pages, so neither side copies more than the writer's one copy
-in. Slots are pooled by the process that created them and reused across requests.
+payload too large for a queue slot; its *bundle* (segment name, directory, layout) is plain data
+(str and tuples) passed by the caller, never read back from shared memory; both sides map the same
+pages, so neither side copies more than the writer's one copy in. Slots are pooled by the process
+that created them and reused across requests.
 """
 
 from __future__ import annotations
 
-import pickle
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,12 +37,19 @@ import numpy as np
 
 from lowtail.shm import numa
 from lowtail.shm.errors import BadRequest
-from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment
+from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name
 
 ALIGN = 64
 FLAG_EXTERNAL = 1
 _PREFIX = struct.Struct("<II")
-NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+HEADER_VERSION = 1
+# The dtypes a payload may carry (little-endian, fixed size): the code on the wire is the index + 1.
+DTYPES = ("|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16")
+_DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+MAX_ARRAYS = 64
+MAX_RANK = 8
+MAX_DIM = 1 << 40
+_HEAD = struct.Struct("<BBBB")
 
 
 def align(n: int) -> int:
@@ -131,10 +147,15 @@ def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
     for name, arr in arrays.items():
         if not isinstance(arr, np.ndarray):
             raise BadRequest(f"input {name!r} is a {type(arr).__name__}, expected a numpy array")
-        if arr.dtype.kind not in NUMERIC_KINDS or arr.dtype.hasobject:
+        if arr.dtype.str not in _DTYPE_CODE:
             raise BadRequest(
-                f"input {name!r} has dtype {arr.dtype} (kind {arr.dtype.kind!r}); expected a numeric dtype "
-                f"(bool, int, uint, float, complex)"
+                f"input {name!r} has dtype {arr.dtype} ({arr.dtype.str}); expected one of "
+                f"{', '.join(np.dtype(d).name for d in DTYPES)} in native (little-endian) order"
+            )
+        if arr.ndim > MAX_RANK or not 1 <= len(str(name).encode()) <= 255:
+            raise BadRequest(
+                f"input {name!r} has rank {arr.ndim} and a {len(str(name).encode())}-byte name; "
+                f"expected rank 1..{MAX_RANK} and a name of 1..255 bytes"
             )
         if arr.ndim == 0:
             raise BadRequest(f"input {name!r} is a scalar; expected a leading batch dimension")
@@ -148,6 +169,8 @@ def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
             )
         spec.append((str(name), arr.dtype.str, tuple(int(d) for d in arr.shape)))
     assert batch is not None
+    if len(spec) > MAX_ARRAYS:
+        raise BadRequest(f"a payload of {len(spec)} arrays; expected at most {MAX_ARRAYS}")
     if batch < 1:
         raise BadRequest(f"batch dimension is {batch}; expected at least 1 row")
     return tuple(spec), batch
@@ -155,7 +178,6 @@ def describe(arrays: Mapping[str, Any]) -> tuple[Spec, int]:
 
 _layout_cache: dict[tuple[Spec, int], tuple[tuple[ArrayLayout, ...], int]] = {}
 _header_cache: dict[tuple[str | None, Spec], bytes] = {}
-_decode_cache: dict[bytes, tuple[str | None, Spec]] = {}
 _CACHE_MAX = 4096
 
 
@@ -175,7 +197,7 @@ def layout(spec: Spec, base: int) -> tuple[tuple[ArrayLayout, ...], int]:
     out: list[ArrayLayout] = []
     for name, dstr, shape in spec:
         dt = np.dtype(dstr)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(shape) * dt.itemsize  # Python ints: a hostile shape cannot overflow
         out.append(ArrayLayout(name, dt, shape, off, nbytes))
         off = align(off + nbytes)
     result = (tuple(out), off)
@@ -187,9 +209,85 @@ def header(ext_name: str | None, spec: Spec) -> bytes:
     key = (ext_name, spec)
     hit = _header_cache.get(key)
     if hit is None:
-        hit = pickle.dumps((ext_name, spec), protocol=pickle.HIGHEST_PROTOCOL)
+        hit = encode_header(ext_name, spec)
         _bounded_put(_header_cache, key, hit)
     return hit
+
+
+def encode_header(ext_name: str | None, spec: Spec) -> bytes:
+    """The binary header of a payload (the format in the module docstring)."""
+    ext = b"" if ext_name is None else ext_name.encode("ascii")
+    parts = [_HEAD.pack(HEADER_VERSION, len(spec), len(ext), 0), ext]
+    for name, dstr, shape in spec:
+        raw = name.encode()
+        parts.append(_HEAD.pack(_DTYPE_CODE[dstr], len(shape), len(raw), 0))
+        parts.append(struct.pack(f"<{len(shape)}q", *shape))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def decode_header(raw: bytes, external: bool) -> tuple[str | None, Spec]:
+    """Parse a binary header read from shared memory; anything unexpected is a ``BadRequest``.
+
+    Every read is bounded by ``len(raw)``, every value is checked against the format before use.
+    """
+
+    def bad(what: str) -> BadRequest:
+        return BadRequest(f"corrupt payload header: {what}")
+
+    n = len(raw)
+    if n < _HEAD.size:
+        raise bad(f"{n} bytes, expected at least {_HEAD.size}")
+    version, count, ext_len, zero = _HEAD.unpack_from(raw, 0)
+    if version != HEADER_VERSION or zero:
+        raise bad(f"version {version} (reserved byte {zero}), expected version {HEADER_VERSION}")
+    if not 1 <= count <= MAX_ARRAYS:
+        raise bad(f"{count} arrays, expected 1..{MAX_ARRAYS}")
+    if (ext_len > 0) != external:
+        raise bad(f"slot-name length {ext_len} disagrees with the external flag ({external})")
+    pos = _HEAD.size + ext_len
+    if pos > n:
+        raise bad(f"slot name of {ext_len} bytes runs past the {n}-byte header")
+    ext_name: str | None = None
+    if ext_len:
+        ext_name = raw[_HEAD.size : pos].decode("ascii", "replace")
+        parts = parse_name(ext_name)
+        if parts is None or parts.kind != "nd":
+            raise bad(f"ndarray slot name {ext_name!r} is not a lowtail.nd.* segment name")
+    spec: list[tuple[str, str, tuple[int, ...]]] = []
+    names: set[str] = set()
+    for i in range(count):
+        if pos + _HEAD.size > n:
+            raise bad(f"array {i} runs past the {n}-byte header")
+        code, rank, name_len, zero = _HEAD.unpack_from(raw, pos)
+        pos += _HEAD.size
+        if not 1 <= code <= len(DTYPES) or zero:
+            raise bad(f"array {i} has dtype code {code}, expected 1..{len(DTYPES)} ({', '.join(DTYPES)})")
+        if not 1 <= rank <= MAX_RANK or name_len == 0:
+            raise bad(
+                f"array {i} has rank {rank} and name length {name_len}, expected 1..{MAX_RANK} and >= 1"
+            )
+        end = pos + 8 * rank + name_len
+        if end > n:
+            raise bad(f"array {i} runs past the {n}-byte header")
+        shape = struct.unpack_from(f"<{rank}q", raw, pos)
+        try:
+            name = raw[pos + 8 * rank : end].decode()
+        except UnicodeDecodeError:
+            raise bad(f"array {i}'s name is not UTF-8") from None
+        pos = end
+        if any(not 0 <= d < MAX_DIM for d in shape):
+            raise bad(f"array {name!r} has dims {list(shape)}, expected each in 0..{MAX_DIM - 1}")
+        if name in names:
+            raise bad(f"array name {name!r} appears twice")
+        names.add(name)
+        spec.append((name, DTYPES[code - 1], tuple(shape)))
+    if pos != n:
+        raise bad(f"{n - pos} trailing bytes after {count} arrays")
+    batch = spec[0][2][0]
+    if batch < 1 or any(shape[0] != batch for _, _, shape in spec):
+        raise bad(f"batch dimension must be >= 1 and the same for all arrays: {spec}")
+    return ext_name, tuple(spec)
 
 
 def inline_nbytes(spec: Spec, ext_name: str | None = None) -> int:
@@ -212,23 +310,6 @@ def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec
     return 8 + len(h)
 
 
-def read_header(buf: np.ndarray[Any, Any], off: int, limit: int) -> tuple[str | None, Spec, int]:
-    """Parse a payload's header; returns (ndarray slot name or None, spec, header end relative to off)."""
-    hlen, _flags = _PREFIX.unpack_from(buf, off)  # type: ignore[arg-type]
-    if hlen <= 0 or 8 + hlen > limit:
-        raise BadRequest(f"corrupt payload header: length {hlen} in a {limit}-byte region")
-    raw = bytes(buf[off + 8 : off + 8 + hlen])
-    hit = _decode_cache.get(raw)
-    if hit is None:
-        try:
-            ext, spec = pickle.loads(raw)
-        except Exception as e:
-            raise BadRequest(f"corrupt payload header ({e})") from None
-        hit = (ext, spec)
-        _bounded_put(_decode_cache, raw, hit)
-    return hit[0], hit[1], 8 + hlen
-
-
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
@@ -238,22 +319,19 @@ _header_plans: dict[bytes, tuple[str | None, Plan]] = {}
 def read_plan(mem: memoryview, words: memoryview, off: int, limit: int) -> tuple[str | None, Plan, bytes]:
     """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
 
-    Returns (ndarray slot name or None, plan, raw header bytes).
+    Returns (ndarray slot name or None, plan, raw prefix and header bytes).
     """
-    hlen = words[off >> 3] & 0xFFFFFFFF  # the u32 length of the prefix, read with its flags word
-    if hlen <= 0 or 8 + hlen > limit:
-        raise BadRequest(f"corrupt payload header: length {hlen} in a {limit}-byte region")
-    raw = mem[off + 8 : off + 8 + hlen].tobytes()
+    word = words[off >> 3]  # the u32 length and the u32 flags of the prefix, in one load
+    hlen, flags = word & 0xFFFFFFFF, word >> 32
+    if hlen <= 0 or 8 + hlen > limit or flags not in (0, FLAG_EXTERNAL):
+        raise BadRequest(
+            f"corrupt payload header: length {hlen} flags {flags:#x} in a {limit}-byte region "
+            f"(expected flags 0 or {FLAG_EXTERNAL})"
+        )
+    raw = mem[off : off + 8 + hlen].tobytes()  # with the prefix: the flags are part of the key
     hit = _header_plans.get(raw)
     if hit is None:
-        try:
-            ext, spec = pickle.loads(raw)
-            batch = spec[0][2][0]
-            ok = batch >= 1 and all(len(shape) > 0 and shape[0] == batch for _, _, shape in spec)
-        except Exception as e:
-            raise BadRequest(f"corrupt payload header ({e})") from None
-        if not ok:
-            raise BadRequest(f"batch dimension disagrees across inputs: {spec}")
+        ext, spec = decode_header(raw[8:], flags == FLAG_EXTERNAL)
         hit = (ext, plan_for(spec))
         _bounded_put(_header_plans, raw, hit)
     return hit[0], hit[1], raw

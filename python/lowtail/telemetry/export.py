@@ -19,15 +19,13 @@ Prometheus's base unit (seconds) so both exports carry the document's numbers un
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from lowtail.telemetry.percentiles import Percentiles
 
 TB_RUN = "model_dispatcher"  # the document's TensorBoard run holding the sampler-side scalars
 TB_PREFIX = "sample_infos/sl_remote_"
@@ -50,28 +48,8 @@ SERIES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class WindowStats:
-    """Summary of one window of a series; percentiles by nearest rank (never interpolated below a sample)."""
-
-    n: int
-    mean: float
-    p50: float
-    p99: float
-    p999: float
-    max: float
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> WindowStats:
-        arr = np.fromiter(values, dtype=np.float64)
-        if arr.size == 0:
-            nan = math.nan
-            return cls(0, nan, nan, nan, nan, nan)
-        q = np.quantile(arr, [0.5, 0.99, 0.999], method="inverted_cdf")
-        return cls(int(arr.size), float(arr.mean()), float(q[0]), float(q[1]), float(q[2]), float(arr.max()))
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+# A window's summary is the package's one percentile definition (nearest rank, with n, mean and max).
+WindowStats = Percentiles
 
 
 def window_stats(series: Mapping[str, Iterable[float]]) -> dict[str, WindowStats]:

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from lowtail.errors import LowtailError
+from lowtail.telemetry.percentiles import rank as _rank
 
 
 class Status(StrEnum):
@@ -121,11 +122,6 @@ LADDER: tuple[float, ...] = (
 )
 
 
-def _rank(n: int, q: float) -> int:
-    """Nearest-rank index: the smallest sample with at least q of the samples at or below it."""
-    return min(n - 1, max(0, math.ceil(q * n) - 1))
-
-
 def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str, Any]:
     """n, mean, p50, p90, p99, p999, max (nearest rank: every percentile is an observed value)."""
     xs = sorted(samples)
@@ -189,3 +185,30 @@ def merge_ladders(per_cpu: Mapping[Any, dict[str, Any]]) -> list[list[float]]:
     if not ladders:
         return []
     return [[q, max(lad[i][1] for lad in ladders)] for i, q in enumerate(LADDER)]
+
+
+def graded(
+    name: str,
+    value: float,
+    limits: Limits,
+    *,
+    unit: str,
+    what: str,
+    evidence: list[str],
+    why: str,
+    kind: str = "static",
+    data: dict[str, Any] | None = None,
+) -> Check:
+    """A check graded on one number; ``why`` becomes the reason only when it did not pass."""
+    status = limits.grade(value)
+    return Check(
+        name,
+        status,
+        value,
+        f"{limits.describe(unit)} {what}",
+        evidence,
+        "" if status is Status.PASS else why,
+        kind=kind,
+        unit=unit,
+        data=data or {},
+    )

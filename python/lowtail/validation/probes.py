@@ -20,8 +20,8 @@ from typing import Any
 
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
+from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, merge_ladders, tail_stats
-from lowtail.validation.progress import Progress
 from lowtail.validation.static import read_steal
 
 

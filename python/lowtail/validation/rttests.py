@@ -18,8 +18,8 @@ from typing import Any
 
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
+from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, histogram_stats, merge_ladders, skip
-from lowtail.validation.progress import Progress
 
 HIST_US = 1000  # cyclictest histogram range in us; later samples count as overflows at the maximum
 

@@ -25,18 +25,42 @@ from typing import Any
 
 from lowtail import __version__
 from lowtail.errors import LowtailError
+from lowtail.lease import Lease, boot_id
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
 from lowtail.node.topology import Topology
+from lowtail.render.progress import Progress
 from lowtail.shm.errors import QueueError
+from lowtail.validation.cgroup import Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
 from lowtail.validation.check import Check, Limits, Status, skip, worst
+from lowtail.validation.firmware import HWLAT_LIMITS, probe_hwlat
 from lowtail.validation.probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
 from lowtail.validation.rttests import RtTestsError, probe_rt_test
 from lowtail.validation.runtime_probes import probe_inference, probe_numa, probe_shm_rtt
 from lowtail.validation.static import STATIC_CHECKS, Context, Sources, try_fifo
+from lowtail.validation.threads import DEFAULT_LIMITS as LEASED_LIMITS
+from lowtail.validation.threads import Sampler, check_leased_threads, read_leases
 
-PROBES: tuple[str, ...] = ("deschedule", "timer", "cyclictest", "oslat", "shm_rtt", "inference", "numa")
-ALL_CHECKS: tuple[str, ...] = (*STATIC_CHECKS, *PROBES)
+PROBES: tuple[str, ...] = (
+    "deschedule",
+    "timer",
+    "cyclictest",
+    "oslat",
+    "shm_rtt",
+    "inference",
+    "numa",
+    "hwlat",
+    "leased_threads",
+)
+# Judged over the whole run: cpu.stat is read before the first probe and after the last.
+WINDOWED: tuple[str, ...] = ("cfs_throttle",)
+ALL_CHECKS: tuple[str, ...] = (*STATIC_CHECKS, *WINDOWED, *PROBES)
+# Every limit --threshold can set (ms; cstates in us of exit latency, leased_threads in ms per second).
+THRESHOLDS: dict[str, Limits] = {
+    **DEFAULT_LIMITS,
+    "hwlat": HWLAT_LIMITS,
+    "leased_threads": LEASED_LIMITS,
+}
 QUICK_SAMPLES = 3_000  # the least a p99.9 means anything with (FIELD-NOTES)
 QUICK_DURATION_S = 3.0
 
@@ -60,6 +84,10 @@ class Options:
     duration_s: float | None = None
     shm_bytes: int = 0
     progress: bool = True
+    target_pid: int | None = None  # checks 1 and 2 look at this process (default: the validator)
+    actor: str | None = None  # ... or at the lease owner with this name or Ray actor id
+    expected_hardware: dict[str, Any] = field(default_factory=dict)
+    no_probes: bool = False  # static checks only (check mode: measure nothing)
 
 
 @dataclass
@@ -108,6 +136,38 @@ def select_cpus(topo: Topology, plan: Plan, requested: frozenset[int] | None) ->
     if not rest:
         return topo.online, "CPU 0 (the only online CPU)"
     return rest, "all online CPUs but CPU 0 (the running kernel isolates none)"
+
+
+def resolve_target(opts: Options) -> Target | None:
+    """The process named by --pid or --actor (None: the validator itself), with the CPUs it leased."""
+    if opts.target_pid is None and opts.actor is None:
+        return None
+    leases, why = read_leases(opts.src.lease_state)
+    if opts.actor is not None:
+        found = [
+            lease
+            for lease in leases
+            if opts.actor in (lease.owner, lease.actor_id) or lease.owner.endswith(":" + opts.actor)
+        ]
+        if not found or found[0].pid is None:
+            owners = ", ".join(lease.owner for lease in leases) or why or "none"
+            raise ValidationError(
+                f"--actor {opts.actor!r}: no lease owner or Ray actor id of that name with a pid in "
+                f"{opts.src.lease_state}; lease owners: {owners}"
+            )
+        pid = found[0].pid
+        described = f"{found[0].owner} (pid {pid})"
+    else:
+        assert opts.target_pid is not None
+        pid = opts.target_pid
+        if allowed_cpus(opts.src.proc_root, pid) is None:
+            raise ValidationError(
+                f"--pid {pid}: no such process under {opts.src.proc_root} (expected a pid of this node's "
+                "pid namespace)"
+            )
+        described = f"pid {pid}"
+    leased = frozenset(lease.cpu for lease in leases if lease.pid == pid)
+    return Target(pid, described, leased)
 
 
 def _versions() -> dict[str, str]:
@@ -184,6 +244,38 @@ def _probe_runners(opts: ProbeOptions, fifo_ok: Callable[[], bool]) -> dict[str,
     }
 
 
+def _leased_sampler(src: Sources) -> tuple[Sampler | None, list[Lease], str]:
+    """Start sampling every thread on the leased CPUs; it runs through the other probes."""
+    leases, why = read_leases(src.lease_state, boot_id())
+    if not leases:
+        return None, [], why
+    sampler = Sampler(src.proc_root, frozenset(lease.cpu for lease in leases))
+    sampler.start()
+    return sampler, leases, ""
+
+
+def _leased_check(
+    sampler: Sampler | None,
+    leases: list[Lease],
+    why: str,
+    limits: Limits,
+    *,
+    min_window_s: float,
+    progress: bool,
+) -> Check:
+    """Stop the sampler (after at least ``min_window_s`` of sampling) and judge what it saw."""
+    if sampler is None:
+        return skip("leased_threads", why, "probe")
+    bar = Progress("leased_threads", min_window_s, enabled=progress)
+    t0 = time.monotonic()
+    while (waited := time.monotonic() - t0) < min_window_s - sampler.window_s:
+        bar.update(waited)
+        time.sleep(0.2)
+    bar.finish()
+    sampler.stop()
+    return check_leased_threads(sampler, leases, [os.getpid()], limits)
+
+
 def summarize(checks: list[Check], cpus: frozenset[int], elapsed_s: float) -> dict[str, Any]:
     order = (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP)
     counts = {str(s): sum(1 for c in checks if c.status is s) for s in order}
@@ -228,6 +320,8 @@ def run(opts: Options) -> Report:
         raise ValidationError(str(e)) from None
     cpus, how = select_cpus(topo, plan, opts.cpus)
     names = opts.only or ALL_CHECKS
+    if opts.no_probes:
+        names = tuple(n for n in names if n not in PROBES)
     ctx = Context(
         src=opts.src,
         topo=topo,
@@ -235,23 +329,29 @@ def run(opts: Options) -> Report:
         cpus=cpus,
         allow_virtual=opts.allow_virtual,
         shm_bytes=opts.shm_bytes,
+        target=resolve_target(opts),
+        expected_hardware=opts.expected_hardware,
     )
     host = host_info(opts.src, topo, plan, plan_source)
     host["probe_cpus"] = {"cpus": cpulist.format(cpus), "chosen_as": how}
 
+    target = ctx.cgroup_target
+    throttle_before = cpu_stat_of(opts.src.proc_root, opts.src.cgroup_root, target) if opts.src.live else None
+    t_before = time.monotonic()
     checks: list[Check] = []
     for name in names:
         if name in STATIC_CHECKS:
             checks.append(STATIC_CHECKS[name](ctx))
 
-    probe_names = [n for n in names if n in PROBES]
+    # leased_threads last: its sampler watches the leased CPUs while every other probe runs.
+    probe_names = sorted((n for n in names if n in PROBES), key=lambda n: n == "leased_threads")
     if probe_names and not opts.src.live:
         checks += [
             skip(n, "static checks read a fixture tree; probes measure only the running machine", "probe")
             for n in probe_names
         ]
     elif probe_names:
-        limits = {**DEFAULT_LIMITS, **opts.limits}
+        limits = {**THRESHOLDS, **opts.limits}
         popts = ProbeOptions(
             cpus=cpus,
             samples=opts.samples or (QUICK_SAMPLES if opts.quick else 10_000),
@@ -262,12 +362,31 @@ def run(opts: Options) -> Report:
             proc_root=opts.src.proc_root,
         )
         runners = _probe_runners(popts, _fifo_permitted)
+        runners["hwlat"] = lambda: probe_hwlat(
+            opts.src.sys_root,
+            cpus,
+            topo.vendor,
+            duration_s=popts.duration_s,
+            limits=limits["hwlat"],
+            progress=opts.progress,
+        )
         saved = os.sched_getaffinity(0)
         housekeeping = topo.online - cpus
+        sampler: Sampler | None = None
         try:
             # Keep the validator itself (progress, pipes) off the CPUs it measures.
             if housekeeping:
                 os.sched_setaffinity(0, housekeeping)
+            if "leased_threads" in probe_names:
+                sampler, leases, why = _leased_sampler(opts.src)
+                runners["leased_threads"] = lambda: _leased_check(
+                    sampler,
+                    leases,
+                    why,
+                    limits["leased_threads"],
+                    min_window_s=popts.duration_s,
+                    progress=opts.progress,
+                )
             for name in probe_names:
                 try:
                     checks.append(runners[name]())
@@ -286,5 +405,19 @@ def run(opts: Options) -> Report:
                         )
                     )
         finally:
+            if sampler is not None:
+                sampler.stop()  # a probe raised before leased_threads was judged: no thread left behind
             os.sched_setaffinity(0, saved)
+    if "cfs_throttle" in names:
+        window = time.monotonic() - t_before if throttle_before is not None else None
+        checks.append(
+            check_cfs_throttle(
+                opts.src.proc_root,
+                opts.src.cgroup_root,
+                target,
+                plan.isolated,
+                before=throttle_before,
+                window_s=window,
+            )
+        )
     return Report(host=host, checks=checks, summary=summarize(checks, cpus, time.monotonic() - t0))

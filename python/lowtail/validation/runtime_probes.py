@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from lowtail.node import cpulist
+from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Status, skip, tail_stats
 from lowtail.validation.probes import ProbeError, ProbeOptions, grade
-from lowtail.validation.progress import Progress
 
 
 def _missing(*modules: str) -> str | None:

@@ -22,7 +22,7 @@ import gzip
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,10 @@ import yaml
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan
 from lowtail.node.topology import Topology
+from lowtail.validation.cgroup import Target, check_affinity
 from lowtail.validation.check import Check, Status, skip
+from lowtail.validation.firmware import check_cstates, check_firmware
+from lowtail.validation.threads import LEASE_STATE
 
 # The kernel default (and what the document's good VMware run had): 950000 of 1000000 us.
 RT_RUNTIME_DEFAULT_SHARE = 0.95
@@ -51,6 +54,11 @@ class Sources:
     kubelet_config: Path = Path("/var/lib/kubelet/config.yaml")
     kubelet_state: Path = Path("/var/lib/kubelet/cpu_manager_state")
     kernel_release: str = field(default_factory=lambda: os.uname().release)
+    lease_state: Path = LEASE_STATE  # the lease allocator's state file (read only)
+
+    @property
+    def cgroup_root(self) -> Path:
+        return self.sys_root / "fs/cgroup"
 
     @property
     def live(self) -> bool:
@@ -66,6 +74,16 @@ class Context:
     cpus: frozenset[int]  # the CPUs probes run on
     allow_virtual: bool = False
     shm_bytes: int = 0  # what the runtime needs in /dev/shm; 0: one default queue per isolated CPU
+    # The process the cgroup checks look at (None: the validator itself) and the BIOS layout expected.
+    target: Target | None = None
+    expected_hardware: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cgroup_target(self) -> Target:
+        if self.target is not None:
+            return self.target
+        pid: int | str = os.getpid() if self.src.live else "self"
+        return Target(pid, f"the validator itself (pid {pid})")
 
 
 def _read(path: Path) -> str | None:
@@ -625,4 +643,16 @@ STATIC_CHECKS: dict[str, Callable[[Context], Check]] = {
     "dev_shm": check_dev_shm,
     "steal": check_steal,
     "kubelet": check_kubelet,
+    "affinity": lambda ctx: check_affinity(
+        ctx.src.proc_root, ctx.src.cgroup_root, ctx.cgroup_target, ctx.src.live
+    ),
+    "cstates": lambda ctx: check_cstates(ctx.src.sys_root, ctx.cpus),
+    "firmware": lambda ctx: check_firmware(
+        ctx.src.sys_root,
+        ctx.topo,
+        ctx.plan,
+        ctx.cpus,
+        ctx.expected_hardware,
+        cmdline=_read(ctx.src.proc_root / "cmdline") or "",
+    ),
 }

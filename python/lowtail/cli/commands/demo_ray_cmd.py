@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +57,13 @@ def register(sub: Any) -> None:
     p.add_argument("--tb-logdir", help="keep the TensorBoard run here (default: a temporary directory)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="PNG", help="write the latency and deschedule tails as a PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowtail.actors.demo import DemoError, DemoOptions, progress_bar, run_demo
+    from lowtail.actors.demo import DemoError, DemoOptions, run_demo
+    from lowtail.render.progress import Progress
 
     opts = DemoOptions(
         seconds=args.seconds,
@@ -76,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         plot=args.plot,
     )
     try:
-        result = run_demo(opts, progress=progress_bar(sys.stderr))
+        bar = Progress("demo ray", opts.seconds, enabled=not args.no_progress)
+        result = run_demo(opts, progress=lambda elapsed, _total, n: bar.update(elapsed, f"samples {n}"))
+        bar.finish(f"samples {result.samples}")
     except DemoError as e:
         raise UsageError(str(e)) from None
     if args.json == "-":

@@ -13,9 +13,11 @@ from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.cli.main import UsageError
 from lowtail.node import cpulist
 from lowtail.validation.check import Limits, ThresholdError
-from lowtail.validation.probes import DEFAULT_LIMITS
-from lowtail.validation.runner import ALL_CHECKS, Options, ValidationError, parse_only, run
+from lowtail.validation.runner import ALL_CHECKS, THRESHOLDS, Options, ValidationError, parse_only, run
 from lowtail.validation.static import Sources
+from lowtail.validation.threads import LEASE_STATE
+
+HARDWARE_KEYS = {"sockets": int, "numa_per_socket": int, "smt": bool, "l3_per_socket": int}
 
 
 def register(sub: Any) -> None:
@@ -47,8 +49,30 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="PROBE=PASS:WARN",
-        help="limits in ms, e.g. deschedule=0.1:1 (probes: " + ", ".join(DEFAULT_LIMITS) + ")",
+        help="limits in ms, e.g. deschedule=0.1:1 (probes: " + ", ".join(THRESHOLDS) + "; "
+        "leased_threads in ms of foreign run time per second)",
     )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--pid",
+        type=int,
+        metavar="PID",
+        help="cfs_throttle and affinity look at this process (default: itself)",
+    )
+    target.add_argument(
+        "--actor",
+        metavar="NAME",
+        help="... or at the lease owner with this name (infer:hero:actor, or its last part) or Ray actor id",
+    )
+    p.add_argument(
+        "--lease-state", default=str(LEASE_STATE), metavar="FILE", help="the lease allocator's state file"
+    )
+    p.add_argument(
+        "--expected-hardware",
+        metavar="JSON",
+        help='lowtail_expected_hardware, e.g. \'{"sockets": 2, "numa_per_socket": 1, "smt": false}\'',
+    )
+    p.add_argument("--no-probes", action="store_true", help="static checks only: measure nothing")
     p.add_argument("--kernel-config", metavar="FILE", help="kernel config (default /boot/config-$(uname -r))")
     p.add_argument("--shm-path", default="/dev/shm", metavar="DIR", help="shared memory mount to size")
     p.add_argument(
@@ -64,16 +88,36 @@ def _limits(items: list[str]) -> dict[str, Limits]:
     out = {}
     for item in items:
         name, sep, spec = item.partition("=")
-        if not sep or name not in DEFAULT_LIMITS:
+        if not sep or name not in THRESHOLDS:
             raise UsageError(
-                f"--threshold {item!r}: expected PROBE=PASS:WARN in ms, PROBE one of "
-                f"{', '.join(DEFAULT_LIMITS)}"
+                f"--threshold {item!r}: expected PROBE=PASS:WARN in ms, PROBE one of {', '.join(THRESHOLDS)}"
             )
         try:
             out[name] = Limits.parse(spec)
         except ThresholdError as e:
             raise UsageError(f"--threshold {name}: {e}") from None
     return out
+
+
+def _expected_hardware(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--expected-hardware {text!r}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--expected-hardware {text!r}: expected a JSON object")
+    for key, value in doc.items():
+        want = HARDWARE_KEYS.get(key)
+        if want is None:
+            raise UsageError(
+                f"--expected-hardware: unknown key {key!r}; expected keys: {', '.join(HARDWARE_KEYS)}"
+            )
+        ok = value is None or (isinstance(value, want) and (want is bool or not isinstance(value, bool)))
+        if not ok:
+            raise UsageError(f"--expected-hardware: {key} is {value!r}, expected {want.__name__} or null")
+    return doc
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -93,6 +137,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         shm_path=Path(args.shm_path),
         kubelet_config=Path(args.kubelet_config),
         kubelet_state=Path(args.kubelet_state),
+        lease_state=Path(args.lease_state),
     )
     return Options(
         src=src,
@@ -107,6 +152,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
         duration_s=args.duration,
         shm_bytes=args.shm_bytes,
         progress=not args.no_progress,
+        target_pid=args.pid,
+        actor=args.actor,
+        expected_hardware=_expected_hardware(args.expected_hardware),
+        no_probes=args.no_probes,
     )
 
 

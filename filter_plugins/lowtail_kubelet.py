@@ -1,0 +1,89 @@
+"""Jinja filters for kubelet versions: what a kubelet of a given version accepts, which flags override
+lowtail's settings, whether the OCI runtime resets inherited CPU affinity.
+
+The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime), which the
+stand-in kubelet of the molecule scenario reads too. Filters run on the controller; the package is
+loaded from module_utils/lowtail next to this file so an Ansible installed apart from lowtail's venv
+finds it as well.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+_PACKAGE = "_lowtail_node_for_filters"
+
+
+def _module(name: str) -> ModuleType:
+    if _PACKAGE not in sys.modules:
+        root = Path(__file__).resolve().parent.parent / "module_utils" / "lowtail"
+        spec = importlib.util.spec_from_file_location(
+            _PACKAGE, root / "__init__.py", submodule_search_locations=[str(root)]
+        )
+        assert spec and spec.loader
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[_PACKAGE] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{_PACKAGE}.{name}")
+
+
+def kubelet_policy(
+    version: str, wanted: Any, gates: Mapping[str, Any] | None = None, topology_policy: str = "none"
+) -> dict[str, Any]:
+    """{minor, options, gates, problems} for kubelet ``version``; ``wanted`` 'auto' is lowtail's
+    recommendation for that version, a map is taken as asked. An unsupported version is a problem."""
+    ko = _module("kubelet_options")
+    if wanted not in ("auto", None) and not isinstance(wanted, Mapping):
+        raise AnsibleFilterError(f"cpu manager policy options {wanted!r}: expected 'auto' or a map")
+    try:
+        result = ko.plan(
+            str(version), None if wanted in ("auto", None) else wanted, gates or {}, topology_policy
+        )
+    except ko.KubeletVersionError as e:
+        return {"minor": None, "options": {}, "gates": {}, "problems": [str(e)]}
+    return {
+        "minor": result.minor,
+        "options": result.options,
+        "gates": result.gates,
+        "problems": result.problems,
+    }
+
+
+def kubelet_eviction_hard(existing: Mapping[str, Any] | None, memory_available: str) -> dict[str, str]:
+    """evictionHard keeping kubelet's default signals and the file's values, with lowtail's memory."""
+    return dict(_module("kubelet_options").eviction_hard(existing, memory_available))
+
+
+def kubelet_config_dir_supported(version: str) -> bool:
+    """Whether this kubelet reads --config-dir drop-ins without a feature gate (KEP-3983)."""
+    ko = _module("kubelet_options")
+    return ko.parse_version(str(version))[1] >= ko.CONFIG_DIR_MIN_MINOR
+
+
+def kubelet_flag_overrides(files: Mapping[str, str], fields: list[str]) -> list[str]:
+    """Problems for flags in kubelet's environment files that override ``fields``."""
+    return list(_module("kubelet_flags").overrides(dict(files), list(fields)))
+
+
+def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) -> list[str]:
+    """Problems for installed OCI runtimes that leave containers on systemd's CPU affinity."""
+    return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "lowtail_kubelet_policy": kubelet_policy,
+            "lowtail_kubelet_eviction_hard": kubelet_eviction_hard,
+            "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
+            "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
+            "lowtail_runtime_affinity_problems": runtime_affinity_problems,
+        }

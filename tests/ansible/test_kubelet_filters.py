@@ -1,0 +1,104 @@
+"""The lowtail_kubelet filters (through the plugin file, as Ansible loads it), kubelet flag overrides
+and the OCI runtime's CPU-affinity fix."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from lowtail.node.kubelet_flags import overrides
+from lowtail.node.kubelet_runtime import affinity_problems, resets_affinity
+
+from .conftest import ROOT, load_module
+
+FIELDS = ["cpuManagerPolicy", "reservedSystemCPUs", "evictionHard", "featureGates"]
+
+
+@pytest.fixture(scope="module")
+def kf() -> ModuleType:
+    return load_module(ROOT / "filter_plugins/lowtail_kubelet.py", "lowtail_kubelet_filters")
+
+
+def test_policy_filter_renders_what_each_version_accepts(kf: ModuleType) -> None:
+    old = kf.kubelet_policy("Kubernetes v1.31.4", "auto", {}, "single-numa-node")
+    new = kf.kubelet_policy("Kubernetes v1.34.0", "auto", {}, "single-numa-node")
+    assert old == {"minor": 31, "options": {"full-pcpus-only": "true"}, "gates": {}, "problems": []}
+    assert new["options"] == {
+        "full-pcpus-only": "true",
+        "strict-cpu-reservation": "true",
+        "prefer-align-cpus-by-uncorecache": "true",
+    }
+
+
+def test_policy_filter_reports_an_unsupported_version_as_a_problem(kf: ModuleType) -> None:
+    result = kf.kubelet_policy("Kubernetes v1.27.3", "auto")
+    assert result["problems"] == [
+        "kubelet Kubernetes v1.27.3 is not supported; lowtail knows the CPU manager options of 1.28 to 1.35"
+    ]
+
+
+def test_eviction_filter_never_leaves_a_signal_at_zero(kf: ModuleType) -> None:
+    merged = kf.kubelet_eviction_hard({"memory.available": "100Mi"}, "200Mi")
+    assert merged["memory.available"] == "200Mi"
+    assert merged["nodefs.available"] == "10%"
+    assert len(merged) == 5
+
+
+@pytest.mark.parametrize(("version", "supported"), [("v1.29.9", False), ("v1.30.0", True), ("v1.34.1", True)])
+def test_config_dir_is_used_only_where_no_gate_is_needed(
+    kf: ModuleType, version: str, supported: bool
+) -> None:
+    assert kf.kubelet_config_dir_supported(version) is supported
+
+
+def test_kubeadm_flags_that_override_lowtail_fields_are_named() -> None:
+    files = {
+        "/var/lib/kubelet/kubeadm-flags.env": 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/'
+        'containerd/containerd.sock --cpu-manager-policy=none --pod-infra-container-image=pause:3.9"\n',
+        "/etc/default/kubelet": "# extra\nKUBELET_EXTRA_ARGS='--feature-gates=Foo=true --node-ip 10.0.0.2'\n",
+    }
+    problems = overrides(files, FIELDS)
+    assert len(problems) == 2
+    assert problems[0].startswith("/etc/default/kubelet: KUBELET_EXTRA_ARGS passes --feature-gates")
+    assert "--cpu-manager-policy, which overrides cpuManagerPolicy" in problems[1]
+
+
+def test_flags_for_fields_lowtail_does_not_write_pass() -> None:
+    assert (
+        overrides({"/etc/default/kubelet": "KUBELET_EXTRA_ARGS=--max-pods=250 --node-ip=10.0.0.1"}, FIELDS)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "version", "fixed"),
+    [
+        ("runc", (1, 1, 15), False),
+        ("runc", (1, 2, 6), False),
+        ("runc", (1, 2, 7), True),
+        ("runc", (1, 3, 0), False),
+        ("runc", (1, 3, 1), True),
+        ("runc", (1, 4, 0), True),
+        ("crun", (1, 9, 2), False),
+        ("crun", (1, 25, 0), True),
+    ],
+)
+def test_runtime_versions_with_the_affinity_reset(
+    runtime: str, version: tuple[int, int, int], fixed: bool
+) -> None:
+    assert resets_affinity(runtime, version) is fixed
+
+
+def test_old_runc_is_a_problem_only_on_kernels_that_keep_the_affinity() -> None:
+    runtimes = {"runc": "runc version 1.1.12\ncommit: v1.1.12-0-g51d5e94\nspec: 1.0.2-dev"}
+    assert affinity_problems(runtimes, "5.15.0-105-generic") == []
+    (problem,) = affinity_problems(runtimes, "6.8.0-31-generic")
+    assert problem.startswith("runc 1.1.12 on kernel 6.8.0-31-generic does not reset the CPU affinity")
+    assert affinity_problems({"runc": "runc version 1.3.1"}, "6.8.0") == []
+
+
+def test_unreadable_runtime_version_is_a_problem() -> None:
+    assert affinity_problems({"crun": "garbage"}, "6.12.0") == [
+        "crun --version printed 'garbage'; expected a version such as '1.3.1'"
+    ]

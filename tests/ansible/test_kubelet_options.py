@@ -1,0 +1,144 @@
+"""lowtail.node.kubelet_options: what each kubelet version refuses, and what lowtail writes for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowtail.node import kubelet_options as ko
+from lowtail.node.kubelet_options import KubeletVersionError, check, eviction_hard, plan
+
+# The role's historic default: kubelet 1.31-1.33 refused it (issue 12, item 1).
+OLD_DEFAULT = {
+    "full-pcpus-only": "true",
+    "strict-cpu-reservation": "true",
+    "prefer-align-cpus-by-uncorecache": "true",
+}
+
+
+@pytest.mark.parametrize("version", ["Kubernetes v1.31.4", "v1.30.0", "Kubernetes v1.28.15"])
+def test_uncorecache_option_is_unknown_before_1_32(version: str) -> None:
+    problems = check(version, OLD_DEFAULT).problems
+    assert any("unknown CPU Manager Policy option 'prefer-align-cpus-by-uncorecache'" in p for p in problems)
+
+
+@pytest.mark.parametrize("version", ["v1.32.1", "v1.33.0"])
+def test_uncorecache_option_needs_the_alpha_gate_in_1_32_and_1_33(version: str) -> None:
+    problems = check(version, {"prefer-align-cpus-by-uncorecache": "true"}).problems
+    assert problems == [
+        f"option 'prefer-align-cpus-by-uncorecache' is alpha in kubelet {version[1:5]} and needs "
+        "featureGates.CPUManagerPolicyAlphaOptions: true"
+    ]
+    assert check(version, {"prefer-align-cpus-by-uncorecache": "true"}, {ko.ALPHA_GATE: True}).problems == []
+
+
+def test_old_default_starts_only_on_1_34_and_later() -> None:
+    assert check("v1.34.2", OLD_DEFAULT).problems == []
+    assert check("v1.35.0", OLD_DEFAULT).problems == []
+    assert check("v1.33.5", OLD_DEFAULT).problems != []
+
+
+def test_beta_option_is_refused_when_the_beta_gate_is_turned_off() -> None:
+    problems = check("v1.30.1", {"full-pcpus-only": "true"}, {ko.BETA_GATE: False}).problems
+    assert problems == [
+        "option 'full-pcpus-only' is beta in kubelet 1.30 and needs "
+        "featureGates.CPUManagerPolicyBetaOptions: true"
+    ]
+    # GA from 1.33: no gate is consulted.
+    assert check("v1.33.0", {"full-pcpus-only": "true"}, {ko.BETA_GATE: False}).problems == []
+
+
+@pytest.mark.parametrize(
+    ("version", "a", "b"),
+    [
+        ("v1.31.0", "full-pcpus-only", "distribute-cpus-across-cores"),
+        ("v1.31.0", "distribute-cpus-across-numa", "distribute-cpus-across-cores"),
+        ("v1.32.0", "prefer-align-cpus-by-uncorecache", "distribute-cpus-across-cores"),
+        ("v1.34.0", "prefer-align-cpus-by-uncorecache", "distribute-cpus-across-numa"),
+    ],
+)
+def test_forbidden_pairs_are_refused_together_but_not_alone(version: str, a: str, b: str) -> None:
+    gates = {ko.ALPHA_GATE: True}
+    both = check(version, {a: "true", b: "true"}, gates).problems
+    assert both == [f"options {a!r} and {b!r} can not be used at the same time (kubelet {version[1:5]})"]
+    assert check(version, {a: "true", b: "false"}, gates).problems == []
+
+
+def test_align_by_socket_is_refused_with_single_numa_node() -> None:
+    gates = {ko.ALPHA_GATE: True}
+    problems = check("v1.29.0", {"align-by-socket": "true"}, gates, "single-numa-node").problems
+    assert problems == [
+        "option 'align-by-socket' is incompatible with topologyManagerPolicy single-numa-node"
+    ]
+    assert check("v1.29.0", {"align-by-socket": "true"}, {ko.ALPHA_GATE: True}, "restricted").problems == []
+
+
+@pytest.mark.parametrize("value", [True, "yes", "on", ""])
+def test_option_values_must_be_go_bool_strings(value: object) -> None:
+    problems = check("v1.34.0", {"full-pcpus-only": value}).problems
+    assert problems == [
+        f"option 'full-pcpus-only' has value {value!r}; expected the string 'true' or 'false'"
+    ]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    problems = check("v1.31.0", {"nope": "true", "align-by-socket": "maybe"}, {}, "single-numa-node").problems
+    assert len(problems) == 3
+
+
+@pytest.mark.parametrize("version", ["v1.27.9", "v1.36.0", "v2.0.0", "garbage"])
+def test_versions_outside_the_table_are_refused_with_the_range(version: str) -> None:
+    with pytest.raises(KubeletVersionError, match=r"1\.28|not readable"):
+        check(version, {})
+
+
+@pytest.mark.parametrize(
+    ("version", "options"),
+    [
+        ("v1.28.0", {"full-pcpus-only": "true"}),
+        ("v1.31.3", {"full-pcpus-only": "true"}),
+        ("v1.32.0", {"full-pcpus-only": "true"}),
+        ("v1.33.0", {"full-pcpus-only": "true", "strict-cpu-reservation": "true"}),
+        (
+            "v1.34.1",
+            OLD_DEFAULT,
+        ),
+    ],
+)
+def test_recommended_options_never_need_the_alpha_gate(version: str, options: dict[str, str]) -> None:
+    result = plan(version, None, {}, "single-numa-node")
+    assert result.options == options
+    assert result.gates == {}
+    assert result.problems == []
+
+
+def test_explicit_alpha_option_gets_its_gate() -> None:
+    result = plan("v1.32.0", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node")
+    assert result.gates == {ko.ALPHA_GATE: True}
+    assert result.problems == []
+
+
+def test_explicit_alpha_option_with_the_gate_turned_off_is_a_problem() -> None:
+    result = plan("v1.32.0", {"strict-cpu-reservation": "true"}, {ko.ALPHA_GATE: False}, "single-numa-node")
+    assert result.problems == [
+        "option 'strict-cpu-reservation' is alpha in kubelet 1.32 and needs "
+        "featureGates.CPUManagerPolicyAlphaOptions: true"
+    ]
+
+
+def test_explicit_option_this_version_lacks_is_a_problem_naming_it() -> None:
+    result = plan("Kubernetes v1.31.2", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node")
+    assert result.problems == [
+        "unknown CPU Manager Policy option 'prefer-align-cpus-by-uncorecache' for kubelet 1.31"
+    ]
+
+
+def test_eviction_hard_keeps_kubelets_defaults_and_the_files_values() -> None:
+    merged = eviction_hard({"memory.available": "500Mi", "nodefs.available": "20%"}, "100Mi")
+    assert merged == {
+        "memory.available": "100Mi",
+        "nodefs.available": "20%",
+        "nodefs.inodesFree": "5%",
+        "imagefs.available": "15%",
+        "imagefs.inodesFree": "5%",
+    }
+    assert "0" not in merged.values()

@@ -1,0 +1,36 @@
+"""The two-node demo's own checks (lowtail.demo.cluster) can fail: each on the case it exists to catch."""
+
+from __future__ import annotations
+
+from lowtail.demo.cluster import Node, NodeRun, audit_ok, total
+
+
+def node(host: str, samplers: int = 1) -> Node:
+    n = Node("id-" + host, host, "127.0.0.1", False, {"isolated": "1"}, "0-1", "note")
+    n.samplers = [object()] * samplers
+    return n
+
+
+def lease(node: str, owner: str, cpu: int) -> dict[str, object]:
+    return {"node": node, "owner": owner, "kind": owner.split(":", maxsplit=1)[0], "cpu": cpu}
+
+
+def test_audit_accepts_exactly_the_nodes_own_owners() -> None:
+    audit = [lease("a", "infer:a:0", 1), lease("a", "sample:a-0", 0), lease("b", "infer:b:0", 1)]
+    assert audit_ok(node("a"), audit)
+
+
+def test_audit_refuses_another_nodes_owner_a_missing_lease_and_a_cpu_outside_the_cpuset() -> None:
+    assert not audit_ok(node("a"), [lease("a", "infer:a:0", 1), lease("a", "sample:b-0", 0)])
+    assert not audit_ok(node("a"), [lease("a", "infer:a:0", 1)])
+    assert not audit_ok(node("a"), [lease("a", "infer:a:0", 1), lease("a", "sample:a-0", 7)])
+
+
+def test_total_adds_nodes_and_keeps_every_lost_sampler() -> None:
+    a = NodeRun("a", samples=80, requests=10, errors={"QueueTimeout": 1}, rpc_ms=[1.0] * 10, seconds=2.0)
+    b = NodeRun("b", samples=16, requests=2, errors={"QueueTimeout": 2}, rpc_ms=[3.0] * 2, seconds=2.5)
+    b.lost.append("ActorDiedError")
+    t = total([a, b])
+    assert (t.samples, t.requests, t.errors, t.seconds) == (96, 12, {"QueueTimeout": 3}, 2.5)
+    assert t.lost == ["b: ActorDiedError"]
+    assert t.row()[0] == "total" and t.row()[1] == 96

@@ -1,0 +1,118 @@
+"""Samplers through crashes: a worker SIGKILL and an inference-actor kill under 4 samplers, through Ray.
+
+What is in flight at the crash is counted, not guessed: the worker is frozen (SIGSTOP) first, the samplers
+block on their requests (two games each, async), and the slots that hold a request not yet answered
+(WRITING, READY, PROCESSING) are what the crash may fail. The samplers must then report exactly that many
+failed requests, re-resolve the endpoint, and be answered again within a generous bound, each on its
+own: nothing in the test helps them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
+from lowtail.actors.inference import (
+    EnvSpec,
+    InferenceSpec,
+    SamplerResult,
+    SamplerSpec,
+    start_inference_actor,
+    start_sampler,
+    stop_actor,
+)
+from lowtail.shm.segments import list_segments
+from tests.ray.conftest import RayNodes
+from tests.runtime.conftest import SMALL_SPEC
+
+SAMPLERS = 4
+RUN_S = 14.0
+KILL_AT_S = 3.0
+RECOVERY_BOUND_S = 8.0  # generous: a worker restart takes ~1.6 s here, an actor restart ~4 s
+
+
+def unanswered(actor: Any) -> int:
+    counts = ray.get(actor.queue_counts.remote())
+    return int(counts["WRITING"] + counts["READY"] + counts["PROCESSING"])
+
+
+def freeze_and_count(actor: Any) -> tuple[int, int]:
+    """SIGSTOP the actor's worker, let the samplers settle on their requests; (worker pid, in flight)."""
+    pid = int(ray.get(actor.status.remote())["worker_pid"])
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.5)  # every sampler is now parked on requests the frozen worker holds
+    return pid, unanswered(actor)
+
+
+def run_samplers(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig, crash: Any
+) -> tuple[list[SamplerResult], int]:
+    spec = InferenceSpec(hero="r", index=0, model_dir=str(model), allocator=alloc_cfg)
+    actor = start_inference_actor(spec, ray_nodes.head)
+    samplers: list[Any] = []
+    try:
+        ep = ray.get(actor.endpoint.remote())
+        env = EnvSpec(features=SMALL_SPEC.features, heroes=4, step_us=50)
+        for i in range(SAMPLERS):
+            # timeout_s: a frozen worker must not turn in-flight requests into timeouts
+            s = SamplerSpec(f"s{i}", env, allocator=alloc_cfg, timeout_s=60.0)
+            samplers.append(start_sampler(s, [ep], ray_nodes.head))
+        runs = [s.run.remote(RUN_S, "async", 2) for s in samplers]
+        time.sleep(KILL_AT_S)
+        in_flight = crash(actor)
+        results: list[SamplerResult] = ray.get(runs, timeout=RUN_S + 60)
+        return results, in_flight
+    finally:
+        for s in samplers:
+            stop_actor(s)
+        stop_actor(actor)
+
+
+def check_recovered(results: list[SamplerResult], in_flight: int) -> None:
+    failed = sum(sum(r.errors.values()) for r in results)
+    assert in_flight >= 1
+    assert failed == in_flight, [r.errors for r in results]
+    assert set().union(*(r.errors for r in results)) <= {"WorkerDied"}
+    for r in results:
+        assert r.reattached == 1, r  # every sampler found the restarted endpoint by itself, once
+        assert r.recovery_s and max(r.recovery_s) < RECOVERY_BOUND_S, r.recovery_s
+        assert r.waits < 1000, r.waits  # backed off while down: no busy loop
+
+
+def test_samplers_lose_only_their_in_flight_requests_when_the_worker_is_killed(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    def crash(actor: Any) -> int:
+        pid, in_flight = freeze_and_count(actor)
+        os.kill(pid, signal.SIGKILL)  # the supervisor restarts the worker on the same queue
+        return in_flight
+
+    results, in_flight = run_samplers(ray_nodes, model, alloc_cfg, crash)
+    check_recovered(results, in_flight)
+
+
+def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is_killed(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    pids: dict[str, int] = {}
+
+    def crash(actor: Any) -> int:
+        pid, in_flight = freeze_and_count(actor)
+        pids["actor"] = int(ray.get(actor.ping.remote())["pid"])
+        pids["worker"] = pid
+        ray.kill(actor, no_restart=False)  # the actor process dies; Ray restarts it (max_restarts)
+        os.kill(pid, signal.SIGKILL)  # its frozen worker would otherwise only exit once resumed
+        return in_flight
+
+    results, in_flight = run_samplers(ray_nodes, model, alloc_cfg, crash)
+    check_recovered(results, in_flight)
+    # the restarted actor took the same lease owner again and left no segment of the dead one behind
+    assert not any(s.pid == pids["actor"] for s in list_segments())
+    alloc = get_node_allocator(ray_nodes.head, alloc_cfg)
+    assert [x.owner for x in ray.get(alloc.leases.remote())] == []  # all stopped and released
