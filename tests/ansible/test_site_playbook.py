@@ -7,6 +7,7 @@ check mode would change and changes nothing on this machine.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -173,6 +174,14 @@ BAD_INPUTS = {
     "pm_qos_latency_not_a_number": (
         {"machine": "epyc9634_2s", "lowtail_tuning_pm_qos_resume_latency_us": "10; reboot"},
         'lowtail_tuning_pm_qos_resume_latency_us "10; reboot": expected a whole number',
+    ),
+    "sysctl_value_with_a_newline": (
+        {"machine": "epyc9634_2s", "lowtail_tuning_sysctls": {"vm.swappiness": "1\nkernel.panic = 1"}},
+        "lowtail_tuning_sysctls",
+    ),
+    "governor_outside_its_choices": (
+        {"machine": "epyc9634_2s", "lowtail_tuning_governor": "performance\nw /etc/motd - - - - x"},
+        "lowtail_tuning_governor",
     ),
     "other_role_input_outside_its_spec": (
         {"machine": "epyc9634_2s", "lowtail_kernel_thp": "sometimes"},
@@ -416,3 +425,82 @@ def test_check_mode_with_reboot_ok_succeeds_and_reports_the_reboot(
     ), out
     assert "Reboot the host" not in out
     assert not (tmp_path / "grub.d").exists() and not (tmp_path / "boot/grub/grub.cfg").exists()
+
+
+# A stand-in for grubby (RHEL family), strict where the role relies on it: only --info=ALL and
+# --update-kernel=ALL with --args / --remove-args are accepted (anything else exits 1, as grubby does on
+# an unknown option); --args sets a key's value or appends it; --remove-args removes a word or, given
+# without a value, every word with that key (grubby's man page). Entries live in a JSON file.
+GRUBBY = """#!/usr/bin/python3
+import json, sys
+state, log = {state!r}, {log!r}
+entries = json.load(open(state))
+argv = sys.argv[1:]
+open(log, "a").write(" ".join(argv) + "\\n")
+key = lambda w: w.split("=", 1)[0]
+if argv == ["--info=ALL"]:
+    for i, e in enumerate(entries):
+        print(f"index={{i}}")
+        print(f'kernel="{{e["kernel"]}}"')
+        print(f'args="{{" ".join(e["args"])}}"')
+    sys.exit(0)
+ok = len(argv) == 2 and argv[0] == "--update-kernel=ALL"
+if not ok or not argv[1].startswith(("--args=", "--remove-args=")):
+    sys.exit(f"grubby: bad argument {{argv}}")
+opt, words = argv[1].split("=", 1)
+for e in entries:
+    for w in words.split():
+        if opt == "--args":
+            e["args"] = [a for a in e["args"] if key(a) != key(w)] + [w]
+        else:
+            e["args"] = [a for a in e["args"] if a != w and ("=" in w or key(a) != w)]
+json.dump(entries, open(state, "w"))
+"""
+
+
+@pytest.mark.slow
+def test_grubby_adds_missing_arguments_and_removes_the_ones_the_plan_dropped(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    playbook, _, _ = kernel_playbook(tmp_path)
+    state, log = tmp_path / "grubby.json", tmp_path / "grubby.log"
+    base = ["ro", "crashkernel=1G-4G:192M"]
+    state.write_text(
+        json.dumps(
+            [
+                {"kernel": "/boot/vmlinuz-5.14.0-427.el9.x86_64", "args": list(base)},
+                {"kernel": "/boot/vmlinuz-0-rescue", "args": list(base)},
+            ]
+        )
+    )
+    script = tmp_path / "bin/grubby"
+    script.write_text(GRUBBY.format(state=str(state), log=str(log)))
+    script.chmod(0o755)
+    # This host is Debian: pick the RHEL family's bootloader the way its vars file would.
+    rhel = ["-e", '{"__lowtail_kernel_bootloader": "grubby", "__lowtail_kernel_grub_update": []}']
+    applied = {
+        **GOOD,
+        "lowtail_kernel_apply": True,
+        "lowtail_kernel_state_dir": str(tmp_path / "state"),
+        "lowtail_kernel_cstate_limit": 1,
+    }
+
+    def entries() -> list[list[str]]:
+        return [e["args"] for e in json.loads(state.read_text())]
+
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, applied), playbook, *rhel)
+    assert rc == 0, out
+    for args in entries():
+        assert "isolcpus=managed_irq,7-83,91-167" in args and "processor.max_cstate=1" in args, args
+    assert "processor.max_cstate=1" in (tmp_path / "state/kernel-args").read_text()
+    # Up to date: grubby is only asked for its view.
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, applied), playbook, *rhel)
+    assert rc == 0, out
+    assert log.read_text().splitlines()[-1] == "--info=ALL", log.read_text()
+    # The plan drops the C-state limit: the argument lowtail added leaves every entry.
+    without = {k: v for k, v in applied.items() if k != "lowtail_kernel_cstate_limit"}
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, without), playbook, *rhel)
+    assert rc == 0, out
+    assert "--update-kernel=ALL --remove-args=processor.max_cstate=1" in log.read_text().splitlines()
+    for args in entries():
+        assert "processor.max_cstate=1" not in args and "crashkernel=1G-4G:192M" in args, args
