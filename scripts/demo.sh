@@ -138,7 +138,8 @@ begin "serving on both nodes, a worker SIGKILL, the loss of the worker node (${S
 kill_file=/tmp/lowtail-demo-kill-node
 podman exec "$HEAD" rm -f "$kill_file"
 podman exec -e RAY_AUTH_MODE=disabled "$HEAD" /opt/lowtail/venv/bin/python -m lowtail.demo.cluster \
-  --seconds "$SECONDS_DEMO" --kill-file "$kill_file" --json /tmp/lowtail-cluster.json >"$OUT/serve.log" 2>&1 &
+  --seconds "$SECONDS_DEMO" --kill-file "$kill_file" --json /tmp/lowtail-cluster.json \
+  --plot /tmp/lowtail-cluster.png >"$OUT/serve.log" 2>&1 &
 driver=$!
 # The driver's output as it comes; the worker node (its whole container, as a power loss would) is
 # killed when the driver asks for it.
@@ -163,6 +164,8 @@ rc=$?
 set -e
 sed -n "$((shown + 1)),\$p" "$OUT/serve.log" | sed 's/^/    /'
 podman cp "$HEAD:/tmp/lowtail-cluster.json" "$OUT/cluster.json" 2>/dev/null || true
+podman cp "$HEAD:/tmp/lowtail-cluster.png" "$OUT/cluster-tails.png" 2>/dev/null || true
+serve_rc=$rc
 if ((rc == 0)); then end; else end "checks failed (rc $rc)"; fi
 
 echo
@@ -193,7 +196,7 @@ if cluster.exists():
     if c.get("cpus_shared_between_nodes"):
         rows.append(["NOTE", f"both nodes' cpuset is {c['cpus_shared_between_nodes']}: one machine's CPUs, so the "
                      "two nodes' leases can be the same physical CPU"])
-    rows.append(["", f"report: {cluster}"])
+    rows.append(["", f"report: {cluster}, plot: {out / 'cluster-tails.png'}"])
 for report in sorted(vdir.glob("lowtail-demo-*.json")):
     s = json.loads(report.read_text()).get("summary")
     if s:
@@ -206,3 +209,5 @@ printf '%-100s %6s  %s\n' step seconds status
 for i in "${!step_names[@]}"; do
   printf '%-100s %6d  %s\n' "${step_names[$i]}" "${step_times[$i]}" "${step_status[$i]}"
 done
+# The serving demo's checks decide `make demo`'s exit status (validation failures of a sandbox do not).
+exit "$serve_rc"

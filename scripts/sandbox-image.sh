@@ -14,7 +14,7 @@ set -euo pipefail
 
 # Packages: systemd as init (systemd-sysv, dbus) and python3 for Ansible; procps (sysctl), irqbalance and
 # kmod are what the provisioning roles configure or call; python3-venv is for the runtime install role.
-PACKAGES=python3,python3-venv,systemd,systemd-sysv,dbus,procps,irqbalance,kmod,iproute2,util-linux
+PACKAGES=python3,python3-venv,systemd,systemd-sysv,dbus,procps,irqbalance,kmod,iproute2,util-linux,rt-tests
 SUITE=bookworm
 MIRROR=${LOWTAIL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 

@@ -32,3 +32,34 @@ def make_machine(tmp_path: Path):  # type: ignore[no-untyped-def]
         return write_machine(tmp_path / name, spec)
 
     return _make
+
+
+# What makes a test slow here (seconds to minutes on a shared 2-vCPU machine): a Ray cluster, an
+# ansible-playbook run, an OpenVINO model compiled in a spawned worker, a validation run with its
+# probes, a benchmark. Marked in one place, by module and by fixture, so `make quick` (-m "not slow")
+# skips them without a marker in every file; `make test` runs everything.
+SLOW_MODULES = {
+    "tests/ansible/test_site_playbook.py",  # ansible-playbook site.yml --check per bad input
+    "tests/deploy/test_apply.py",  # the k8s role through ansible-playbook
+    "tests/deploy/test_manifests.py",  # the k8s role rendered through ansible-playbook
+    "tests/validate/test_role.py",  # playbooks/validate.yml
+    "tests/validate/test_report.py",  # lowtail validate on this machine, probes included
+    "tests/validate/test_probes.py",  # probes with thousands of samples per CPU
+    "tests/runtime/test_worker.py",  # spawned pinned workers compiling OpenVINO models
+    "tests/runtime/test_serve_bench.py",
+    "tests/queue/test_queue_bench.py",
+    "tests/queue/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
+}
+SLOW_DIRS = ("tests/ray/",)  # one Ray cluster per session
+SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+        if (
+            rel in SLOW_MODULES
+            or rel.startswith(SLOW_DIRS)
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.slow)

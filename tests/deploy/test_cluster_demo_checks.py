@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from lowtail.demo.cluster import Node, NodeRun, audit_ok, total
+from pathlib import Path
+
+from lowtail.demo.cluster import Node, NodeRun, audit_ok, plot, total
 
 
 def node(host: str, samplers: int = 1) -> Node:
@@ -34,3 +36,12 @@ def test_total_adds_nodes_and_keeps_every_lost_sampler() -> None:
     assert (t.samples, t.requests, t.errors, t.seconds) == (96, 12, {"QueueTimeout": 3}, 2.5)
     assert t.lost == ["b: ActorDiedError"]
     assert t.row()[0] == "total" and t.row()[1] == 96
+
+
+def test_plot_draws_every_node_and_phase(tmp_path: Path) -> None:
+    a = NodeRun("a", samples=8, requests=3, rpc_ms=[0.5, 0.7, 2.0], seconds=1.0)
+    b = NodeRun("b", samples=8, requests=2, rpc_ms=[0.6, 9.0], seconds=1.0)
+    report = {"phases": {"serve": {"nodes": [a.to_dict(), b.to_dict()]}, "cross_node": {}}}
+    out = tmp_path / "tails.png"
+    plot(report, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

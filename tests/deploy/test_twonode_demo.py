@@ -81,6 +81,13 @@ def test_node_loss_is_noticed_nothing_hangs_and_the_head_keeps_serving(demo: tup
     assert report["checks"]["node_loss_noticed_by_head"], loss
     assert report["checks"]["node_loss_no_hang"], loss
     assert report["checks"]["node_loss_survivors_keep_serving"], loss
+    survivors = [n for n in loss["nodes"] if n["host"] == "lowtail-demo-head"]
+    assert survivors[0]["samples"] > 0 and loss["dead_at_s"] > loss["asked_at_s"]
+
+
+def test_demo_writes_the_round_trip_plot(demo: tuple) -> None:
+    png = REPO / "build" / "demo" / "cluster-tails.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_demo_leaves_no_container_running(demo: tuple) -> None:

@@ -23,7 +23,7 @@ def test_topology_and_plan_json_contract(
     name: str, machine_roots: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     s, p = machine_roots[name]
-    code, out, _ = run(capsys, "topology", "--sysfs-root", str(s), "--procfs-root", str(p), "--json")
+    code, out, _ = run(capsys, "topology", "--sysfs-root", str(s), "--procfs-root", str(p), "--json", "-")
     assert code == 0
     topo = json.loads(out)
     for key in (
@@ -39,7 +39,7 @@ def test_topology_and_plan_json_contract(
         assert key in topo
     assert {"cpu", "socket", "core", "node", "l3", "siblings"} <= set(topo["cpus"][0])
     assert {"hypervisor_flag", "vendor", "findings"} <= set(topo["virtual"])
-    code, out, _ = run(capsys, "plan", "--sysfs-root", str(s), "--procfs-root", str(p), "--json")
+    code, out, _ = run(capsys, "plan", "--sysfs-root", str(s), "--procfs-root", str(p), "--json", "-")
     assert code == 0
     plan = json.loads(out)
     for key in ("housekeeping", "isolated", "per_node", "l3_groups", "kernel_args"):
@@ -51,7 +51,7 @@ def test_vmware_topology_json_is_deceptive(
     machine_roots: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     s, p = machine_roots["vmware_88"]
-    code, out, _ = run(capsys, "topology", "--sysfs-root", str(s), "--procfs-root", str(p), "--json")
+    code, out, _ = run(capsys, "topology", "--sysfs-root", str(s), "--procfs-root", str(p), "--json", "-")
     assert code == 0
     data = json.loads(out)
     assert data["deceptive"] is True
@@ -97,5 +97,5 @@ def test_missing_sysfs_root_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_console_script_runs_on_this_machine() -> None:
     exe = Path(sys.executable).with_name("lowtail")
-    out = subprocess.run([str(exe), "plan", "--json"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(exe), "plan", "--json", "-"], check=True, capture_output=True, text=True).stdout
     assert json.loads(out)["isolated"]

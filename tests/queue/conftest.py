@@ -4,6 +4,7 @@ import multiprocessing as mp
 import os
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,14 @@ def ctx() -> BaseContext:
     c = mp.get_context("forkserver")
     c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.queue.helpers"])
     return c
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runtime tests' small policy model (built here, no downloads)."""
+    from lowtail.serve.model import write_model
+    from tests.runtime.conftest import SMALL_SPEC
+
+    out = tmp_path_factory.mktemp("model")
+    write_model(out, SMALL_SPEC)
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import time
 from typing import Any
 
@@ -105,3 +106,131 @@ def attach_and_exit(desc: QueueDescriptor) -> None:
     """Attach as a client, do one request's worth of nothing, and exit normally."""
     c = QueueClient.attach(desc)
     c.close()
+
+
+def identity_worker(desc: QueueDescriptor, run_s: float = 120.0) -> None:
+    """Answer every request with its own bytes (``y`` = ``x``) until SIGTERM or ``run_s``."""
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    end = time.monotonic() + run_s
+    with QueueWorker.attach(desc) as w:
+        while not stop and time.monotonic() < end:
+            b = w.claim(timeout=0.05)
+            if b is not None:
+                b.complete({"y": b.inputs["x"]})
+
+
+def tagged(cid: int, seq: int, n: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """A 1 x n uint8 request whose first 8 bytes are the client id and sequence number."""
+    x = rng.integers(0, 256, (1, max(n, 8)), np.uint8)
+    x[0, :8] = np.frombuffer(struct.pack("<II", cid, seq), np.uint8)
+    return x
+
+
+def hammer_client(desc: QueueDescriptor, cid: int, start_s: float, sizes: list[int], out: Any) -> None:
+    """Attach after ``start_s``, send one request per size (up to 3 in flight), check each answer
+    byte for byte against its own request; report (cid, answered, errored, mismatched, never)."""
+    time.sleep(start_s)
+    rng = np.random.default_rng(cid)
+    answered = errored = mismatched = 0
+    with QueueClient.attach(desc) as c:
+        inflight: list[tuple[np.ndarray[Any, Any], Any]] = []
+
+        def settle(x: np.ndarray[Any, Any], t: Any) -> None:
+            nonlocal answered, errored, mismatched
+            try:
+                got = c.wait(t, timeout=30.0)["y"]
+            except Exception:
+                errored += 1
+                return
+            answered += 1
+            mismatched += not (got.dtype == x.dtype and got.shape == x.shape and bytes(got) == bytes(x))
+
+        for seq, n in enumerate(sizes):
+            x = tagged(cid, seq, n, rng)
+            inflight.append((x, c.submit({"x": x})))
+            if len(inflight) >= 3:
+                settle(*inflight.pop(0))
+        for x, t in inflight:
+            settle(x, t)
+    out.put((cid, answered, errored, mismatched, len(sizes) - answered - errored))
+
+
+def _killer(code: Any, line_no: int) -> Any:
+    """A ``sys.settrace`` tracer that SIGKILLs this process when ``code`` reaches ``line_no``."""
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is code:
+            if event == "line" and frame.f_lineno == line_no:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return tracer
+        return None
+
+    return tracer
+
+
+def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> None:
+    """Attach a client, then SIGKILL ourselves when ``QueueClient.<func>`` reaches ``line_no``."""
+    import sys
+
+    from lowtail.shm import queue as queue_mod
+
+    c = QueueClient.attach(desc)
+    ready.put(c.lane)
+    ready.close()
+    ready.join_thread()  # flushed before we may kill ourselves
+    sys.settrace(_killer(getattr(queue_mod.QueueClient, func).__code__, line_no))
+    c.submit({"x": np.ones((1, 8), np.uint8)})
+    sys.settrace(None)
+    time.sleep(60)  # the line was never reached (a branch not taken): the parent kills us
+
+
+def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed: int) -> None:
+    """Write random garbage into one class of ``lane``'s words for ``seconds`` (a third process)."""
+    from lowtail.shm import queue as qm
+
+    rng = np.random.default_rng(seed)
+    m = qm._attach(desc)
+    q, geo = m.q, m.geo
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            v = int(rng.integers(0, 2**63)) if rng.random() < 0.5 else int(rng.integers(0, 64))
+            k = int(rng.integers(0, geo.spl))
+            g = lane * geo.spl + k
+            if field == "header":
+                q[(qm.H_WORKER_SLEEP >> 3) if rng.random() < 0.5 else (qm.H_WORKER_EPOCH >> 3)] = v
+            elif field == "doorbell":
+                q[(qm.H_DOORBELLS >> 3) + lane] = v
+            elif field == "ring":
+                q[geo.lane(lane, qm.L_RING) + k] = v
+            elif field == "slot":
+                word = int(rng.choice([qm.S_REQ_SEQ, qm.S_REQ_LEN, qm.S_REQ_STATE, qm.S_SUBMIT_NS]))
+                q[geo.slot(g, word)] = v
+            else:  # the payload header of a request region
+                off = geo.req_off(g) + int(rng.integers(0, 64))
+                m.mem[off : off + 8] = rng.integers(0, 256, 8, np.uint8).tobytes()
+            time.sleep(0.0005)
+    finally:
+        del q
+        m.close()
+
+
+def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
+    """Serve ``y = x`` and SIGKILL ourselves when ``QueueWorker.<func>`` reaches ``line_no``."""
+    import sys
+
+    from lowtail.shm import queue as queue_mod
+
+    with QueueWorker.attach(desc) as w:
+        sys.settrace(_killer(getattr(queue_mod.QueueWorker, func).__code__, line_no))
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            b = w.claim(timeout=0.05)
+            if b is not None:
+                b.complete({"y": b.inputs["x"]})

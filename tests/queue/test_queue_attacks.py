@@ -8,9 +8,15 @@ with write access to the file can do. The multi-process versions are in test_que
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import pickle
+import re
+import shutil
 import struct
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,8 +26,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lowtail.shm import payload
-from lowtail.shm.errors import BadRequest, LaneBusy, QueueTimeout, WorkerDied
+from lowtail.shm import payload, segments
+from lowtail.shm.errors import BadConfig, BadRequest, LaneBusy, QueueTimeout, SegmentNotFound, WorkerDied
 from lowtail.shm.queue import (
     H_DOORBELLS,
     L_RING,
@@ -30,6 +36,7 @@ from lowtail.shm.queue import (
     InferenceQueue,
     QueueClient,
     QueueConfig,
+    QueueDescriptor,
     QueueWorker,
 )
 from tests.queue.helpers import echo
@@ -374,3 +381,164 @@ def test_infinite_timeouts_wait_instead_of_overflowing() -> None:
             timer.join()
         with pytest.raises(Exception, match="timeout=nan"):
             c.wait(c.submit(_x(1.0)), timeout=math.nan)
+
+
+# -- the descriptor crosses processes as validated bytes, never as a pickle ----------------------
+
+
+def test_descriptor_round_trips_through_bytes() -> None:
+    with InferenceQueue.create(QueueConfig(lanes=3, numa_node=None)) as s:
+        assert QueueDescriptor.from_bytes(s.descriptor.to_bytes()) == s.descriptor
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d.update(version=2), "version 2"),
+        (lambda d: d.update(name="lowtail.nd.1.2.ab"), "lowtail.q.* segment name"),
+        (lambda d: d.update(name="../../etc/shadow"), "lowtail.q.* segment name"),
+        (lambda d: d["config"].update(lanes="16"), "lanes='16': wrong type"),
+        (lambda d: d["config"].update(lanes=100000), "QueueConfig.lanes=100000"),
+        (lambda d: d["config"].update(evil=1), "config keys"),
+        (lambda d: d.pop("boot_id"), "keys"),
+    ],
+)
+def test_a_tampered_descriptor_is_refused_naming_the_field(mutate: Any, expected: str) -> None:
+    with InferenceQueue.create(QueueConfig(lanes=2)) as s:
+        doc = json.loads(s.descriptor.to_bytes())
+        mutate(doc)
+        with pytest.raises(BadConfig, match=re.escape(expected)):
+            QueueDescriptor.from_bytes(json.dumps(doc).encode())
+    with pytest.raises(BadConfig, match="not JSON"):
+        QueueDescriptor.from_bytes(pickle.dumps(s.descriptor))
+
+
+# -- 5. memory returned: a lane's ndarray slots are unmapped when it changes hands ----------------
+
+
+def test_worker_unmaps_a_departed_clients_ndarray_slots() -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096)
+    big = {"x": np.ones((64, 8192), np.float32)}  # 2 MiB: through an ndarray slot
+    with InferenceQueue.create(cfg) as s, QueueWorker.attach(s.descriptor) as w:
+        for _ in range(5):  # five restarted clients of the same lane
+            with QueueClient.attach(s.descriptor) as c:
+                t = c.submit(big)
+                b = w.claim(timeout=1.0)
+                assert b is not None
+                b.complete({"y": np.zeros((64, 1), np.float32)})
+                c.wait(t, timeout=1.0)
+            assert len(w._attached) <= 1, "the worker keeps departed clients' slots mapped"
+        assert w._attached.mapped_bytes <= 4 << 20
+
+
+def test_attached_slots_are_bounded_by_bytes(tmp_path: Path) -> None:
+    pool = payload.NdarraySlotPool(str(tmp_path))
+    slots = [pool.acquire(1 << 20) for _ in range(4)]
+    try:
+        attached = payload.AttachedSlots(limit_bytes=(2 << 20) + 1)
+        for sl in slots:
+            attached.get(sl.name, str(tmp_path))
+        assert len(attached) == 2 and attached.mapped_bytes <= (2 << 20) + 1
+        attached.close()
+        assert attached.mapped_bytes == 0
+    finally:
+        pool.close()
+
+
+# -- 6. other users: never sweep, never attach what another uid owns -----------------------------
+
+NOBODY = 65534
+
+
+def _as_nobody(fn: Any) -> int:
+    """Run ``fn`` in a forked child as uid/gid 65534; returns its exit status (0 = fn returned)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            fn()
+            code = 0
+        except BaseException as e:  # the parent reads the exit code; print what happened for it
+            print(f"as nobody: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A sticky world-writable directory like /dev/shm, private to the test (pytest's tmp_path is
+    under a 0700 directory the second uid cannot enter)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to setuid a forked child to a second uid")
+    d = Path(tempfile.mkdtemp(prefix="lowtail-test-shm-"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+def _dead_name(kind: str) -> str:
+    return f"lowtail.{kind}.{segments.pid_namespace()}.{2**22 + 4321}.deadbeef0000"
+
+
+def _plant(path: Path, mode: int = 0o600) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+    os.ftruncate(fd, 1 << 20)
+    os.close(fd)
+
+
+def test_a_dead_segment_of_another_user_is_neither_swept_nor_an_error(shared_dir: Path) -> None:
+    theirs = shared_dir / _dead_name("q")
+    assert _as_nobody(lambda: _plant(theirs)) == 0
+    with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))):
+        pass
+    assert theirs.exists(), "root's sweep removed another user's file"
+    # and the other way round: their create must not fail on our dead segment
+    ours = shared_dir / _dead_name("nd")
+    _plant(ours)
+
+    def create_as_nobody() -> None:
+        with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))):
+            pass
+
+    assert _as_nobody(create_as_nobody) == 0
+    assert ours.exists(), "the second user's sweep removed root's file"
+    assert not theirs.exists(), "a user's own dead segment is swept by that user"
+    ours.unlink()
+
+
+def test_attach_refuses_a_segment_planted_by_another_user(shared_dir: Path) -> None:
+    with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))) as s:
+        planted = shared_dir / segments.segment_name("q")
+        assert _as_nobody(lambda: _plant(planted)) == 0
+        fake = QueueDescriptor(planted.name, s.descriptor.config, s.descriptor.hostname, s.descriptor.boot_id)
+        with pytest.raises(SegmentNotFound, match=f"owned by uid {NOBODY}"):
+            QueueClient.attach(fake)
+        with pytest.raises(SegmentNotFound, match=f"owned by uid {NOBODY}"):
+            QueueWorker.attach(fake)
+        planted.unlink()
+
+
+def test_attach_refuses_a_segment_with_group_or_other_bits(shared_dir: Path) -> None:
+    with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))) as s:
+        s._m.seg.path.chmod(0o666)
+        with pytest.raises(SegmentNotFound, match="mode 0o666 has bits 0o66"):
+            QueueClient.attach(s.descriptor)
+
+
+def test_a_closed_worker_frees_its_lock_even_while_a_batch_view_is_held() -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=2)
+    with InferenceQueue.create(cfg) as s, QueueClient.attach(s.descriptor) as c:
+        w = QueueWorker.attach(s.descriptor)
+        c.submit(_x(1.0))
+        b = w.claim(timeout=1.0)
+        assert b is not None
+        kept = b.inputs["x"]  # a zero-copy view of the segment, alive past close()
+        w.close()
+        with QueueWorker.attach(s.descriptor) as w2:  # a restart must not find the lock held
+            assert w2.restarted_failed == 0
+        del kept, b

@@ -58,14 +58,14 @@ def test_creating_a_queue_sweeps_stale_segments(shm_dir: Path) -> None:
 def test_shm_ls_and_gc_commands(shm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dead = _fake_segment(shm_dir, "nd", _dead_pid())
     live = _fake_segment(shm_dir, "q", os.getpid())
-    assert main(["shm", "ls", "--dir", str(shm_dir), "--json"]) == 0
+    assert main(["shm", "ls", "--dir", str(shm_dir), "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     by_name = {s["name"]: s for s in doc["segments"]}
     assert by_name[dead.name]["liveness"] == "dead" and by_name[live.name]["liveness"] == "alive"
     assert by_name[live.name]["mode"] == "0o600" and by_name[live.name]["size"] == 4096
     assert main(["shm", "ls", "--dir", str(shm_dir)]) == 0
     assert "lowtail segments in" in capsys.readouterr().out
-    assert main(["shm", "gc", "--dir", str(shm_dir), "--dry-run", "--json"]) == 0
+    assert main(["shm", "gc", "--dir", str(shm_dir), "--dry-run", "--json", "-"]) == 0
     assert [s["name"] for s in json.loads(capsys.readouterr().out)["removed"]] == [dead.name]
     assert dead.exists()
     assert main(["shm", "gc", "--dir", str(shm_dir)]) == 0

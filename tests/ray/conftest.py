@@ -43,8 +43,12 @@ def ray_nodes() -> Iterator[RayNodes]:
     # temp_dir=) also moves the cluster-address file that Cluster writes.
     temp_dir = tempfile.mkdtemp(prefix="lt-ray-")
     os.environ["RAY_TMPDIR"] = temp_dir
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
-    cluster.add_node(num_cpus=4)
+    # Each node declares lowtail_isolated_cpu as lowtail-ray.service does (--resources).
+    res = {"lowtail_isolated_cpu": 4}
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 4, "resources": res, "include_dashboard": False}
+    )
+    cluster.add_node(num_cpus=4, resources=res)
     ray.init(address=cluster.address, log_to_driver=False, namespace="lowtail-tests")
     cluster.wait_for_nodes()
     head = ray.get_runtime_context().get_node_id()

@@ -1,10 +1,12 @@
 """Samplers through crashes: a worker SIGKILL and an inference-actor kill under 4 samplers, through Ray.
 
 What is in flight at the crash is counted, not guessed: the worker is frozen (SIGSTOP) first, the samplers
-block on their requests (two games each, async), and the slots that hold a request not yet answered
-(WRITING, READY, PROCESSING) are what the crash may fail. The samplers must then report exactly that many
-failed requests, re-resolve the endpoint, and be answered again within a generous bound, each on its
-own: nothing in the test helps them.
+block on their requests (two games each, async), and the queue's slots are counted. A killed worker
+fails the requests it had claimed (PROCESSING: "may or may not have run", never retried); the ones still
+waiting unclaimed (READY) are served by the restarted worker on the same queue. A killed inference
+actor takes its queue with it: every unanswered request (WRITING, READY, PROCESSING) fails. The samplers
+must report exactly that many failed requests, re-resolve the endpoint, and be answered again within a
+generous bound, each on its own: nothing in the test helps them.
 """
 
 from __future__ import annotations
@@ -34,20 +36,24 @@ from tests.runtime.conftest import SMALL_SPEC
 SAMPLERS = 4
 RUN_S = 14.0
 KILL_AT_S = 3.0
-RECOVERY_BOUND_S = 8.0  # generous: a worker restart takes ~1.6 s here, an actor restart ~4 s
+RECOVERY_BOUND_S = 30.0  # "no hang", not latency: 8.4 s was seen for an actor restart at load average 30
 
 
-def unanswered(actor: Any) -> int:
-    counts = ray.get(actor.queue_counts.remote())
-    return int(counts["WRITING"] + counts["READY"] + counts["PROCESSING"])
-
-
-def freeze_and_count(actor: Any) -> tuple[int, int]:
-    """SIGSTOP the actor's worker, let the samplers settle on their requests; (worker pid, in flight)."""
+def freeze_and_count(actor: Any, states: tuple[str, ...]) -> tuple[int, int]:
+    """SIGSTOP the actor's worker while it processes a batch, let the samplers settle on their requests;
+    returns (worker pid, requests in ``states``). Retried until the stop lands mid-batch."""
     pid = int(ray.get(actor.status.remote())["worker_pid"])
-    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if ray.get(actor.queue_counts.remote())["PROCESSING"] > 0:
+            break
+        os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, "the worker never stopped mid-batch"
+        time.sleep(0.003)
     time.sleep(0.5)  # every sampler is now parked on requests the frozen worker holds
-    return pid, unanswered(actor)
+    counts = ray.get(actor.queue_counts.remote())
+    return pid, sum(int(counts[s]) for s in states)
 
 
 def run_samplers(
@@ -74,27 +80,28 @@ def run_samplers(
         stop_actor(actor)
 
 
-def check_recovered(results: list[SamplerResult], in_flight: int) -> None:
+def check_recovered(results: list[SamplerResult], in_flight: int, errors: set[str]) -> None:
     failed = sum(sum(r.errors.values()) for r in results)
     assert in_flight >= 1
     assert failed == in_flight, [r.errors for r in results]
-    assert set().union(*(r.errors for r in results)) <= {"WorkerDied"}
+    assert set().union(*(r.errors for r in results)) <= errors
     for r in results:
-        assert r.reattached == 1, r  # every sampler found the restarted endpoint by itself, once
-        assert r.recovery_s and max(r.recovery_s) < RECOVERY_BOUND_S, r.recovery_s
-        assert r.waits < 1000, r.waits  # backed off while down: no busy loop
+        if r.errors:  # it lost requests: it found the restarted endpoint by itself, once
+            assert r.reattached == 1, r
+            assert r.recovery_s and max(r.recovery_s) < RECOVERY_BOUND_S, r.recovery_s
+        assert r.steps > 0 and r.waits < 1000, r  # answered, and backed off while down: no busy loop
 
 
 def test_samplers_lose_only_their_in_flight_requests_when_the_worker_is_killed(
     ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
 ) -> None:
     def crash(actor: Any) -> int:
-        pid, in_flight = freeze_and_count(actor)
+        pid, claimed = freeze_and_count(actor, ("PROCESSING",))
         os.kill(pid, signal.SIGKILL)  # the supervisor restarts the worker on the same queue
-        return in_flight
+        return claimed
 
     results, in_flight = run_samplers(ray_nodes, model, alloc_cfg, crash)
-    check_recovered(results, in_flight)
+    check_recovered(results, in_flight, {"WorkerDied"})
 
 
 def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is_killed(
@@ -103,7 +110,7 @@ def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is
     pids: dict[str, int] = {}
 
     def crash(actor: Any) -> int:
-        pid, in_flight = freeze_and_count(actor)
+        pid, in_flight = freeze_and_count(actor, ("WRITING", "READY", "PROCESSING"))
         pids["actor"] = int(ray.get(actor.ping.remote())["pid"])
         pids["worker"] = pid
         ray.kill(actor, no_restart=False)  # the actor process dies; Ray restarts it (max_restarts)
@@ -111,7 +118,8 @@ def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is
         return in_flight
 
     results, in_flight = run_samplers(ray_nodes, model, alloc_cfg, crash)
-    check_recovered(results, in_flight)
+    check_recovered(results, in_flight, {"WorkerDied", "RequestLost"})
+    assert all(r.reattached == 1 for r in results)  # the queue went with the actor: everyone re-resolved
     # the restarted actor took the same lease owner again and left no segment of the dead one behind
     assert not any(s.pid == pids["actor"] for s in list_segments())
     alloc = get_node_allocator(ray_nodes.head, alloc_cfg)

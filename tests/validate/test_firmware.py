@@ -3,6 +3,7 @@ and MSR interfaces where it can (here: neither, so those probes must skip and sa
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -167,12 +168,15 @@ def test_hwlat_drives_the_tracer_files_and_restores_them(tmp_path: Path) -> None
         while not stop.wait(0.05):
             if (t / "current_tracer").read_text().strip() == "hwlat":
                 seen.update({n: (t / n).read_text().strip() for n in ("tracing_thresh", "tracing_cpumask")})
-                (t / "trace").write_text(HWLAT_TRACE)
+                # Atomic, as the kernel's buffer is to a reader: never a half-written file.
+                (t / "trace.new").write_text(HWLAT_TRACE)
+                os.replace(t / "trace.new", t / "trace")
 
     th = threading.Thread(target=kernel)
     th.start()
     try:
-        c = probe_hwlat(tmp_path / "sys", frozenset({7, 8}), "AuthenticAMD", duration_s=1, progress=False)
+        # 3 s: room for the stand-in thread to be scheduled on a loaded machine.
+        c = probe_hwlat(tmp_path / "sys", frozenset({7, 8}), "AuthenticAMD", duration_s=3, progress=False)
     finally:
         stop.set()
         th.join()

@@ -142,6 +142,7 @@ def test_an_air_gapped_node_without_rt_tests_fails_naming_the_package_to_mirror(
         "lowtail_validate_rt_tests_tools": ["cyclictest-lowtail-absent", "oslat"],
         # Not in any repository: apt refuses it exactly as on a node whose mirror lacks rt-tests.
         "lowtail_validate_rt_tests_package": "lowtail-absent-rt-tests",
+        "lowtail_validate_rt_tests_update_cache": False,  # leave this shared host's apt lists alone
     }
     proc = _play(tmp_path, {"epyc-a01": node})
     out = proc.stdout + proc.stderr

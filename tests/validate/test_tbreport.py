@@ -75,7 +75,7 @@ def test_tags_are_matched_by_suffix_and_tensor_scalars_read(runs: tuple[Path, Pa
 
 def test_two_runs_are_compared(runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     before, after = runs
-    assert main(["tb-report", str(before), str(after), "--json"]) == 0
+    assert main(["tb-report", str(before), str(after), "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = {r["metric"]: r for r in doc["compare"]["metrics"]}
     assert rows["p999_deschedule_ms (mean)"]["before_over_after"] == pytest.approx(435.0 / 0.02)

@@ -89,7 +89,7 @@ def test_a_foreign_thread_on_a_leased_cpu_fails_and_is_named(tmp_path: Path) -> 
         "ksoftirqd/3": 2,
         "rcuop/1": 3,
     }
-    c = check_leased_threads(_sample(tmp_path, ran), [OWNER], own_pids=[500])
+    c = check_leased_threads(_sample(tmp_path, ran), [OWNER], own_pids=[500], nohz_full=frozenset({LEASED}))
     assert c.status is Status.FAIL and c.value == 43.0, c
     cpu = c.data["leased_cpus"]["3"]
     assert [(t["comm"], t["pid"], t["ms"]) for t in cpu["top"]] == [
@@ -102,8 +102,14 @@ def test_a_foreign_thread_on_a_leased_cpu_fails_and_is_named(tmp_path: Path) -> 
 
 def test_only_the_owner_the_validator_and_per_cpu_kthreads_on_a_leased_cpu_pass(tmp_path: Path) -> None:
     ran = {"ray::Infer": 5, "lowtail-worker": 990, "probe_worker": 300, "ksoftirqd/3": 4}
-    c = check_leased_threads(_sample(tmp_path, ran), [OWNER], own_pids=[500])
+    c = check_leased_threads(_sample(tmp_path, ran), [OWNER], own_pids=[500], nohz_full=frozenset({LEASED}))
     assert c.status is Status.PASS and c.value == 0.0, c
+
+
+def test_per_cpu_kthreads_count_on_a_leased_cpu_without_nohz_full(tmp_path: Path) -> None:
+    c = check_leased_threads(_sample(tmp_path, {"ksoftirqd/3": 4}), [OWNER], own_pids=[500])
+    assert c.status is Status.WARN and c.value == 4.0
+    assert c.data["leased_cpus"]["3"]["top"][0]["comm"] == "ksoftirqd/3"
 
 
 def test_threads_that_ran_on_other_cpus_are_not_charged(tmp_path: Path) -> None:
@@ -149,8 +155,10 @@ def test_a_real_hog_on_a_leased_cpu_is_caught_by_the_validator(
         state = _state(tmp_path, PROBE_CPU, owner.pid)
         intruder = hog(PROBE_CPU)
         out = tmp_path / "r.json"
+        html = tmp_path / "r.html"
         r = _validate(
-            "--only", "leased_threads", "--duration", "1", "--lease-state", str(state), "--json", str(out)
+            *("--only", "leased_threads", "--duration", "1", "--lease-state", str(state)),
+            *("--json", str(out), "--html", str(html)),
         )
     finally:
         owner.kill()
@@ -161,6 +169,9 @@ def test_a_real_hog_on_a_leased_cpu_is_caught_by_the_validator(
     top = check["data"]["leased_cpus"][str(PROBE_CPU)]["top"]
     # The hog is among the top offenders (other engineers' processes share this machine's CPUs too).
     assert intruder.pid in [t["pid"] for t in top], top
+    page = html.read_text()  # the offenders' bar chart, embedded as a PNG
+    assert "leased_threads: other threads on leased CPUs (fail" in page
+    assert "data:image/png;base64,iVBORw0KGgo" in page
 
 
 def test_the_actor_option_points_the_cgroup_checks_at_the_lease_owner(tmp_path: Path) -> None:

@@ -149,8 +149,11 @@ def run_demo(
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
             os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
+            leasable = policy.pool if policy.pool is not None else plan.isolated & usable
             ray.init(
                 num_cpus=max(2, os.cpu_count() or 2),
+                # what lowtail-ray.service declares: one lowtail_isolated_cpu per leasable CPU
+                resources={"lowtail_isolated_cpu": float(len(leasable))},
                 include_dashboard=False,
                 log_to_driver=False,
                 namespace="lowtail-demo",

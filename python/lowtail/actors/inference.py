@@ -14,6 +14,22 @@ The seed's isolated design (section 3.1), with its gaps closed:
   before anything is attached: shared memory does not cross nodes, and waiting on it would hang.
 - ``SamplerActor`` leases a ``sample:`` CPU near its inference actors, pins the thread that runs its
   environment and client to it, and steps a synthetic environment with the policy's actions.
+
+Production paths:
+
+- Restarts: a killed worker fails only the requests it had claimed (``WorkerDied``; unclaimed ones are
+  served by the restarted worker); a killed inference actor is restarted by Ray (``max_actor_restarts``)
+  with a new queue, and every request left on the old one fails (``WorkerDied`` or ``RequestLost``).
+  Clients then re-resolve the named actor's endpoint by themselves, backing off while it is down
+  (``EndpointDown`` carries the wait); samplers sleep that long, never spin.
+- Ray's accounting: every lease holder (inference actor, sampler) requests the CPU it pins as one
+  ``CPU`` and one ``lowtail_isolated_cpu`` (``1/share`` with the demo's shared CPUs), so Ray schedules
+  nothing else onto leased cores; the allocator and metrics hub request none. Both kinds of actor move
+  Ray's threads in their process off the leased CPU; Ray's daemons are kept off by the unit's
+  ``CPUAffinity=`` (hosts) or the pod's housekeeping CPU (lowtail_k8s), not here.
+- Placement: samplers and inference actors are placed with ``NodeAffinitySchedulingStrategy(node,
+  soft=False)`` on the node whose inference actors they use (``start_sampler`` takes the endpoints'
+  node); a client refuses endpoints of another node (``CrossNodeAttach``).
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ import ray
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
 from lowtail.actors.metrics import MetricsConfig, get_node_metrics
 from lowtail.errors import LowtailError
-from lowtail.lease import Lease
+from lowtail.lease import Lease, process_start_time
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +121,19 @@ class InferenceSpec:
         return f"lowtail-infer-{self.hero}-{self.index}"
 
 
+# A sampler's normal request, 8 heroes x 512 float32 features (16,384 B) plus its 64-byte header, goes
+# inline in the slot; the queue's own default (16 KiB) would send every such request through an
+# ndarray slot. Room is left for a small second input.
+DEFAULT_REQUEST_BYTES = 20480
+
+
+def default_queue_config() -> Any:
+    """The queue an inference actor creates unless ``InferenceSpec.queue`` says otherwise."""
+    from lowtail.shm.queue import QueueConfig
+
+    return QueueConfig(request_bytes=DEFAULT_REQUEST_BYTES)
+
+
 def keep_threads_off(cpu: int) -> frozenset[int]:
     """Move every thread of this process off ``cpu`` (if it may run elsewhere); returns the new mask.
 
@@ -141,7 +170,7 @@ def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
 class InferenceActor:
     def __init__(self, spec: InferenceSpec) -> None:
         from lowtail.serve.worker import WorkerConfig
-        from lowtail.shm.queue import InferenceQueue, QueueConfig
+        from lowtail.shm.queue import InferenceQueue
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         ctx = ray.get_runtime_context()
@@ -167,7 +196,7 @@ class InferenceActor:
         self._cursor = 0
         self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
         try:
-            qcfg = replace(spec.queue or QueueConfig(), numa_node=self._lease.node)
+            qcfg = replace(spec.queue or default_queue_config(), numa_node=self._lease.node)
             self._queue = InferenceQueue.create(qcfg)
             self._worker_cfg = spec.worker or WorkerConfig(name=f"{spec.hero}.{spec.index}")
             self._start_worker()
@@ -331,6 +360,53 @@ class InferenceActor:
             self._teardown()
 
 
+ISOLATED_RESOURCE = "lowtail_isolated_cpu"  # declared by lowtail-ray.service (--resources) per node
+
+
+class NodeLacksResource(LowtailError, RuntimeError):
+    """The target node does not declare the resource a lease holder must request (it would never start)."""
+
+
+def lease_resources(allocator: AllocatorConfig, node_id: str) -> dict[str, Any]:
+    """Ray options for an actor that holds a CPU lease: the CPU it pins, as Ray's scheduler sees it.
+
+    One ``CPU`` and one ``lowtail_isolated_cpu`` per lease (``1/share`` of each with the demo's shared
+    CPUs), so Ray places no other work on a leased core and its available resources show the leases.
+    A node that does not declare the resource is refused here, not left pending forever.
+    """
+    amount = 1.0 / allocator.share
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node["NodeID"] == node_id and node["Alive"]:
+            declared = node["Resources"].get(ISOLATED_RESOURCE, 0.0)
+            if declared < amount:
+                raise NodeLacksResource(
+                    f"node {node_id} declares {ISOLATED_RESOURCE}={declared}, a lease needs {amount:g}: "
+                    f"start Ray with --resources='{{\"{ISOLATED_RESOURCE}\": N}}' (N = isolated CPUs; "
+                    "lowtail-ray.service and the lowtail_k8s RayCluster do)"
+                )
+            break
+    return {"num_cpus": amount, "resources": {ISOLATED_RESOURCE: amount}}
+
+
+START_TIMEOUT_S = 120.0  # to be scheduled and constructed, besides the worker's own ready timeout
+
+
+def await_started(handle: Any, method: Any, what: str, node: str, timeout_s: float) -> None:
+    """Wait for a new actor's first answer: a failed constructor raises here with its cause, and an actor
+    Ray cannot place (its node's CPU or lowtail_isolated_cpu all taken) is killed and reported instead
+    of left pending forever."""
+    try:
+        ray.get(method.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(handle, no_restart=True)
+        everything: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+        free = {k: v for k, v in everything.items() if k in ("CPU", ISOLATED_RESOURCE)}
+        raise InferenceActorFailed(
+            f"{what} on node {node} did not start within {timeout_s:.0f} s; Ray's free resources "
+            f"(cluster) {free}: is every CPU or {ISOLATED_RESOURCE} of the node leased?"
+        ) from None
+
+
 def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
     """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -339,10 +415,11 @@ def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> An
     handle = InferenceActor.options(  # type: ignore[attr-defined]
         name=spec.actor_name,
         max_restarts=spec.max_actor_restarts,
+        **lease_resources(spec.allocator, node),
         namespace=ACTOR_NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
     ).remote(spec)
-    ray.get(handle.ping.remote())  # surfaces a failed __init__ here, with its cause
+    await_started(handle, handle.ping, spec.actor_name, node, START_TIMEOUT_S + spec.ready_timeout_s)
     return handle
 
 
@@ -376,11 +453,27 @@ class _Target:
     broken: str | None = None  # why the attachment was given up
     retry_at: float = 0.0  # monotonic time of the next re-resolve attempt
     backoff_s: float = 0.0
+    owner: tuple[int, int | None] = (0, None)  # the queue's creator (the actor): pid, start time
+
+
+def queue_owner(ep: Endpoint) -> tuple[int, int | None]:
+    """The process that created ``ep``'s queue (its inference actor) and its start time."""
+    from lowtail.shm.segments import parse_name
+
+    parts = parse_name(ep.descriptor.path.name)
+    pid = 0 if parts is None else parts.pid
+    return pid, process_start_time(pid) if pid else None
+
+
+class RequestLost(LowtailError, RuntimeError):
+    """A request's queue lost its inference actor: no worker will ever answer it (the actor restarts
+    with a new queue, which the client re-resolves)."""
 
 
 # Errors after which an attachment is given up and the endpoint re-resolved: the worker (or the actor
 # and its queue) is gone. A timeout is not one of them: the request stays in flight.
-_LOST = ("WorkerDied", "SegmentNotFound", "LaneBusy")
+_LOST = ("WorkerDied", "SegmentNotFound", "LaneBusy", "RequestLost")
+ORPHAN_CHECK_S = 0.25
 
 
 class InferenceClient:
@@ -444,6 +537,12 @@ class InferenceClient:
 
         t.client = QueueClient.attach(ep.descriptor)
         t.endpoint, t.broken, t.backoff_s, t.in_flight = ep, None, 0.0, 0
+        t.owner = queue_owner(ep)
+
+    def _orphaned(self, t: _Target) -> bool:
+        """The queue's creator is gone: its worker exits too and no new one will attach."""
+        pid, start = t.owner
+        return bool(pid) and (start is None or process_start_time(pid) != start)
 
     def _lose(self, t: _Target, error: BaseException) -> None:
         """Give up ``t``'s attachment (now, or when its last request in flight is finished)."""
@@ -519,17 +618,33 @@ class InferenceClient:
         return PendingInference(i, pending, t0, len(next(iter(inputs.values()))))
 
     def finish(self, p: PendingInference, timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """Phase two: wait for that batch's outputs."""
+        """Phase two: wait for that batch's outputs.
+
+        A request the dead worker had claimed fails (``WorkerDied``); one not yet claimed waits for the
+        restarted worker, unless the queue's inference actor is gone (``RequestLost``, checked every
+        ``ORPHAN_CHECK_S`` of waiting: past a normal round trip, so never on the hot path).
+        """
         from lowtail.shm.queue import QueueError, QueueTimeout
 
         t = self._targets[p.target]
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         try:
-            out: dict[str, np.ndarray] = p.pending.finish(
-                timeout=self.timeout_s if timeout_s is None else timeout_s
-            )
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    out: dict[str, np.ndarray] = p.pending.finish(timeout=max(0.0, min(left, ORPHAN_CHECK_S)))
+                    break
+                except QueueTimeout:
+                    if self._orphaned(t):
+                        raise RequestLost(
+                            f"{t.endpoint.actor}: its actor (pid {t.owner[0]}) is gone with its queue "
+                            f"{t.endpoint.descriptor.name}; this request will not be answered"
+                        ) from None
+                    if left <= ORPHAN_CHECK_S:
+                        raise  # still in flight: the caller may wait again
         except QueueTimeout:
-            raise  # still in flight: the caller may wait again
-        except QueueError as e:
+            raise
+        except (QueueError, RequestLost) as e:
             t.in_flight -= 1
             if type(e).__name__ in _LOST or t.broken is not None:
                 self._lose(t, e)
@@ -648,7 +763,9 @@ class SamplerActor:
         )
         try:
             if spec.pin:
-                # Ray runs a (non-threaded) actor's methods on the process's main thread, this one.
+                # Ray's own threads of this process off the leased CPU, then the thread that runs the
+                # actor's methods (the main thread, for a non-threaded actor) onto it.
+                keep_threads_off(self._lease.cpu)
                 os.sched_setaffinity(0, {self._lease.cpu})
             self._client = InferenceClient(endpoints, node_id=self._node, timeout_s=spec.timeout_s)
         except BaseException:
@@ -713,7 +830,7 @@ class SamplerActor:
                     result.waits += 1
                     time.sleep(max(0.0, min(e.retry_in_s, t_end - time.monotonic())))
                     continue
-                except QueueError as e:
+                except (QueueError, RequestLost) as e:
                     # A restarted worker or actor fails what it held: count it, keep sampling.
                     down_since = down_since or time.monotonic()
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
@@ -736,7 +853,7 @@ class SamplerActor:
                     envs[k].step(self._client.finish(p))
                     result.steps += 1
                     result.samples += envs[k].spec.heroes
-                except QueueError as e:
+                except (QueueError, RequestLost) as e:
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
         result.seconds = time.monotonic() - t0
         result.reattached = self._client.reattached
@@ -754,13 +871,19 @@ class SamplerActor:
         ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
 
 
-def start_sampler(spec: SamplerSpec, endpoints: Sequence[Endpoint], node_id: str | None = None) -> Any:
+def start_sampler(
+    spec: SamplerSpec,
+    endpoints: Sequence[Endpoint],
+    node_id: str | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Any:
     """Create a sampler actor next to its inference actors (their node, unless told otherwise)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = node_id or (endpoints[0].node_id if endpoints else ray.get_runtime_context().get_node_id())
     handle = SamplerActor.options(  # type: ignore[attr-defined]
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+        **lease_resources(spec.allocator, node),
     ).remote(spec, list(endpoints))
-    ray.get(handle.lease.remote())
+    await_started(handle, handle.lease, f"sampler {spec.name}", node, start_timeout_s)
     return handle

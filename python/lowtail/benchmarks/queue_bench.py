@@ -11,10 +11,7 @@ an HTML report with the plot and the tables (``--html``).
 from __future__ import annotations
 
 import argparse
-import base64
-import html
 import io
-import json
 import os
 import platform
 import sys
@@ -35,6 +32,7 @@ from lowtail.benchmarks.queue_transports import (
     throughput,
 )
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_html, add_json, add_plot, json_to_stdout, write_json
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.telemetry.percentiles import quantiles
@@ -67,15 +65,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a smoke run with few round trips (CI)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--json", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--png", metavar="FILE", help="write the latency plot (PNG) here")
-    p.add_argument("--html", metavar="FILE", help="write an HTML report (plot and tables) here")
+    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --samples (old names: aliases).
+    add_json(p, "the report")
+    add_plot(p, "the latency distributions", old="--png", dest="png")
+    add_html(p)
     p.add_argument(
         "--transports",
         default=",".join(ORDER),
         help=f"comma-separated subset of {','.join(ORDER)} (default: all)",
     )
-    p.add_argument("--n", type=int, help="round trips per transport (default: per-transport, see the README)")
+    p.add_argument(
+        "--samples",
+        "--n",
+        dest="n",
+        type=int,
+        help="round trips per transport (default: per transport, fewer with --quick)",
+    )
     p.add_argument(
         "--clients", type=int, default=4, help="concurrent clients for the throughput run (default 4)"
     )
@@ -343,14 +348,12 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
 
 
 def write_html(path: str, report: dict[str, Any], png: bytes) -> None:
-    img = base64.b64encode(png).decode("ascii")
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>lowtail bench queue</title>
-<style>body{{font-family:sans-serif;margin:2em}}pre{{background:#f6f6f6;padding:1em}}</style></head><body>
-<h1>lowtail bench queue</h1>
-<pre>{html.escape(render_tables(report))}</pre>
-<img alt="latency distributions" src="data:image/png;base64,{img}" style="max-width:100%">
-<h2>JSON</h2><pre>{html.escape(json.dumps(report, indent=2))}</pre></body></html>"""
-    Path(path).write_text(doc)
+    from lowtail.render import html
+
+    section = html.Section(
+        "Results", text=render_tables(report), images=[html.Image("latency distributions", png)]
+    )
+    Path(path).write_text(html.report("lowtail bench queue", [section], data=report))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -359,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not names:
         raise UsageError(f"--transports {args.transports!r}: unknown {unknown}; expected a subset of {ORDER}")
     if args.n is not None and args.n < 10:
-        raise UsageError(f"--n {args.n}: expected at least 10 round trips")
+        raise UsageError(f"--samples {args.n}: expected at least 10 round trips")
     if args.fairness_clients < 0:
         raise UsageError(f"--fairness-clients {args.fairness_clients}: expected 0 (skip) or more")
     if args.clients < 1:
@@ -434,9 +437,9 @@ def run(args: argparse.Namespace) -> int:
         restore_priority(saved_nice)
         os.sched_setaffinity(0, saved)
     report["targets"] = targets(report["transports"])
-    print(render_tables(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if not json_to_stdout(args):
+        print(render_tables(report))
+    write_json(args.json, report)
     if args.png or args.html:
         png = plot(samples, report)
         if args.png:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import math
 import multiprocessing
 import os
@@ -34,7 +33,9 @@ import numpy as np
 
 from lowtail.benchmarks.serve_bench import json_safe
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
+from lowtail.render.progress import Progress
 from lowtail.serve import metrics
 from lowtail.serve.pinning import pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
@@ -57,9 +58,18 @@ def register(bench_sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, default_duration: float) -> None:
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON (always, even on errors)")
-    p.add_argument("--png", metavar="FILE", help="write a plot (PNG)")
-    p.add_argument("--duration", type=float, default=default_duration, help="seconds per configuration")
+    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    add_json(p, "the full report (always, even on errors)")
+    add_plot(p, "the results", old="--png", dest="png")
+    p.add_argument(
+        "--seconds",
+        "--duration",
+        dest="duration",
+        type=positive(float),
+        default=default_duration,
+        help="seconds per configuration",
+    )
+    add_no_progress(p)
     p.add_argument("--cpu", type=int, help="CPU of the echo worker (default: the highest CPU allowed)")
 
 
@@ -224,12 +234,14 @@ def run_lanes(args: argparse.Namespace) -> int:
     cases = [(n, a) for n in lane_counts for a in actives if a <= n]
     rows: list[dict[str, Any]] = []
     try:
+        bar = Progress("bench lanes", len(cases), enabled=not args.no_progress)
         for i, (n, a) in enumerate(cases, 1):
-            print(f"  [{i}/{len(cases)}] {n} lanes, {a} active ...", file=sys.stderr, flush=True)
+            bar.update(i - 1, f"{n} lanes, {a} active")
             try:
                 rows.append(lanes_case(n, a, cpu, sampler_cpus, args.duration))
             except Exception as e:  # the other rows survive
                 rows.append({"lanes": n, "active": a, "error": f"{type(e).__name__}: {e}"})
+        bar.finish()
     finally:
         report = {
             "benchmark": "lanes",
@@ -249,8 +261,9 @@ def _show(
     args: argparse.Namespace, rows: list[dict[str, Any]], render: Any, plot: Any, load: tuple[float, ...]
 ) -> int:
     """Print the table and the host line, write the plot; exit 1 when a configuration failed."""
-    print(render(rows))
-    print(_host_line(load))
+    if not json_to_stdout(args):
+        print(render(rows))
+        print(_host_line(load))
     if args.png:
         Path(args.png).write_bytes(plot(rows))
     return 1 if any(r["error"] for r in rows) else 0
@@ -385,8 +398,9 @@ def run_ndslot(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     rows: list[dict[str, Any]] = []
     try:
+        bar = Progress("bench ndslot", len(sizes), enabled=not args.no_progress)
         for i, kib in enumerate(sizes, 1):
-            print(f"  [{i}/{len(sizes)}] {kib} KiB ...", file=sys.stderr, flush=True)
+            bar.update(i - 1, f"{kib} KiB")
             row: dict[str, Any] = {"kib": kib, "error": ""}
             try:
                 with _client_thread(client_cpus):  # both measured on the same CPUs at the same priority
@@ -396,6 +410,7 @@ def run_ndslot(args: argparse.Namespace) -> int:
             except Exception as e:  # the other sizes survive
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
+        bar.finish()
     finally:
         report = {
             "benchmark": "ndslot",
@@ -461,5 +476,4 @@ def _png(fig: Any) -> bytes:
 
 
 def _write_json(path: str | None, report: dict[str, Any]) -> None:
-    if path:
-        Path(path).write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    write_json(path, json_safe(report))

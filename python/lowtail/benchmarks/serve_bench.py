@@ -22,7 +22,6 @@ other rows are kept and the JSON is always written.
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import json
 import math
@@ -39,7 +38,17 @@ from typing import Any
 import numpy as np
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import (
+    add_html,
+    add_json,
+    add_no_progress,
+    add_plot,
+    json_to_stdout,
+    positive,
+    write_json,
+)
 from lowtail.render import table
+from lowtail.render.progress import Progress
 from lowtail.serve import metrics
 from lowtail.serve.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
 from lowtail.serve.pinning import (
@@ -126,11 +135,19 @@ def register(bench_sub: Any) -> None:
     p = bench_sub.add_parser(
         "serve", help="bare OpenVINO loop vs queue + pinned worker (samplers x batch, predecessor traffic)"
     )
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON (always, even on errors)")
-    p.add_argument("--png", metavar="FILE", help="write a plot (PNG)")
-    p.add_argument("--html", metavar="FILE", help="write a report with the table and plot (HTML)")
+    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    add_json(p, "the full report (always, even on errors)")
+    add_plot(p, "throughput and latency per design", old="--png", dest="png")
+    add_html(p)
     p.add_argument("--quick", action="store_true", help="2 s per design instead of 10 s")
-    p.add_argument("--duration", type=float, help="seconds per design (overrides --quick)")
+    p.add_argument(
+        "--seconds",
+        "--duration",
+        dest="duration",
+        type=positive(float),
+        help="seconds per design (default 10, 2 with --quick)",
+    )
+    add_no_progress(p)
     p.add_argument("--batch", type=int, default=16, help="samples per request and per bare engine call")
     p.add_argument("--samplers", default="1,2,4", help="sampler counts of the batch-per-request design")
     p.add_argument(
@@ -339,13 +356,12 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
 
 
 def _worker_rss_mib(pid: int) -> float:
+    import psutil
+
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return float("nan")
 
 
 def _served_result(
@@ -697,27 +713,28 @@ def run(args: argparse.Namespace) -> int:
                 model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
             )
             total = 1 + len(designs) * (2 if args.ray else 1)
-            print(f"model {model}, batch {args.batch}, {duration:g} s per design", file=sys.stderr)
-            print(f"  [1/{total}] bare loop ...", file=sys.stderr, flush=True)
+            bar = Progress(f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress)
+            bar.update(0, "bare loop")
             results.append(_attempt("bare", run_bare, setup))
             for t in designs:
-                print(f"  [{len(results) + 1}/{total}] {t.label} ...", file=sys.stderr, flush=True)
+                bar.update(len(results), t.label)
                 results.append(_attempt(t.label, run_served, setup, t))
             if args.ray:
                 import ray
 
-                print("  starting a local Ray ...", file=sys.stderr, flush=True)
+                bar.update(len(results), "starting a local Ray")
                 own = not ray.is_initialized()
                 if own:
                     _start_ray(Path(tmp))
                 try:
                     for t in designs:
-                        print(f"  [{len(results) + 1}/{total}] Ray actor, {t.label} ...", file=sys.stderr)
+                        bar.update(len(results), f"Ray actor, {t.label}")
                         label = f"ray actor x{t.samplers}"
                         results.append(_attempt(label, run_ray_served, setup, t, Path(tmp)))
                 finally:
                     if own:
                         ray.shutdown()
+            bar.finish()
     finally:
         _finish(args, report, results, load_before)
     return 1 if any(r.error for r in results) else 0
@@ -741,9 +758,8 @@ def _finish(
     report["verdicts"] = lines
     host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
     host += f"{load_before[0]:.1f} before, {load_after[0]:.1f} after"
-    if args.json:
-        Path(args.json).write_text(json.dumps(json_safe(report), indent=2) + "\n")
-    if not results:
+    write_json(args.json, json_safe(report))
+    if not results or json_to_stdout(args):
         return
     text = render_table(results)
     if args.breakdown:
@@ -756,9 +772,11 @@ def _finish(
         if args.png:
             Path(args.png).write_bytes(png)
         if args.html:
-            img = base64.b64encode(png).decode()
-            Path(args.html).write_text(
-                f"<!doctype html><meta charset=utf-8><title>lowtail bench serve</title>"
-                f"<h1>lowtail bench serve</h1><pre>{text}\n" + "\n".join(lines) + f"\n{host}</pre>"
-                f'<img alt="throughput, latency and worker cost" src="data:image/png;base64,{img}">\n'
+            from lowtail.render import html
+
+            section = html.Section(
+                "Results",
+                text=text + "\n" + "\n".join(lines) + f"\n{host}",
+                images=[html.Image("throughput, latency and worker cost", png)],
             )
+            Path(args.html).write_text(html.report("lowtail bench serve", [section], data=json_safe(report)))

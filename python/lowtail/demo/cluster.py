@@ -50,6 +50,9 @@ class Options:
     features: int = 512
     request_timeout_s: float = 2.0
     kill_file: str | None = None  # node-loss handshake; None skips the node-loss phase
+    # How long to wait for the cluster: a unit whose raylet gave up on its slow-starting agents is
+    # restarted by systemd (Restart=on-failure), which on a loaded machine takes a few tries.
+    cluster_wait_s: float = 300.0
     faults: bool = True  # the worker-kill (and, with kill_file, node-loss) phases
     node_loss_timeout_s: float = 60.0
 
@@ -125,6 +128,27 @@ def _on(node_id: str, fn: Callable[..., Any], *args: Any, timeout_s: float = 120
     return ray.get(ref, timeout=timeout_s)
 
 
+def connect(opts: Options, say: Say) -> None:
+    """Join the cluster the units started, waiting (bounded) for its head to answer."""
+    import ray
+
+    deadline = time.monotonic() + opts.cluster_wait_s
+    while True:
+        try:
+            ray.init(
+                address=opts.address, _node_ip_address=opts.node_ip, namespace=NAMESPACE, log_to_driver=False
+            )
+            return
+        except ConnectionError as e:
+            if time.monotonic() > deadline:
+                raise ClusterDemoError(
+                    f"no Ray head at {opts.address} after {opts.cluster_wait_s:.0f} s ({e}): is "
+                    "lowtail-ray.service active on the head (journalctl -u lowtail-ray)?"
+                ) from None
+            say(f"waiting for the Ray head at {opts.address} ({type(e).__name__})")
+            time.sleep(5.0)
+
+
 def live_nodes(want: int, timeout_s: float, say: Say) -> list[dict[str, Any]]:
 
     deadline = time.monotonic() + timeout_s
@@ -138,7 +162,7 @@ def live_nodes(want: int, timeout_s: float, say: Say) -> list[dict[str, Any]]:
                 "is lowtail-ray.service running on every node (systemctl status lowtail-ray)?"
             )
         say(f"waiting for {want} live nodes ({len(alive)} so far)")
-        time.sleep(1.0)
+        time.sleep(2.0)
 
 
 def set_up(opts: Options, say: Say) -> list[Node]:
@@ -158,7 +182,7 @@ def set_up(opts: Options, say: Say) -> list[Node]:
 
     head_id = ray.get_runtime_context().get_node_id()
     nodes: list[Node] = []
-    for info in live_nodes(opts.nodes, 60.0, say):
+    for info in live_nodes(opts.nodes, opts.cluster_wait_s, say):
         nid = info["NodeID"]
         facts = _on(nid, _node_facts)
         plan = Plan.from_dict(facts["plan"])
@@ -236,6 +260,7 @@ class NodeRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "rpc_ms_values": [round(x, 4) for x in self.rpc_ms],  # for the plot (a few thousand at most)
             "host": self.host,
             "samples": self.samples,
             "requests": self.requests,
@@ -367,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kill-file", help="node-loss handshake: written when the worker node may be killed")
     ap.add_argument("--no-faults", action="store_true", help="serve only: no worker kill, no node loss")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--plot", help="write a PNG of every node's round-trip tail, per phase, here")
     a = ap.parse_args(argv)
     if a.nodes < 1 or a.samplers < 1 or a.seconds <= 0:
         ap.error(f"--nodes {a.nodes} --samplers {a.samplers} --seconds {a.seconds}: expected >= 1, >= 1, > 0")
@@ -381,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults=not a.no_faults,
     )
     report = run(opts, lambda m: print(f"    {m}", flush=True))
+    if a.plot:
+        plot(report, a.plot)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1
@@ -390,7 +418,7 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # matches the sandbox units (inventory/sandbox)
-    ray.init(address=opts.address, _node_ip_address=opts.node_ip, namespace=NAMESPACE, log_to_driver=False)
+    connect(opts, say)
     nodes: list[Node] = []
     report: dict[str, Any] = {"options": opts.__dict__, "phases": {}, "checks": {}}
     try:
@@ -485,7 +513,8 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
 
             # Phase 4: the caller kills the worker node when the kill file appears.
             if opts.kill_file and len(nodes) > 1:
-                report["phases"]["node_loss"] = node_loss(nodes, victim, opts, say, report)
+                timeline = node_loss(nodes, victim, opts, say, report)
+                report["phases"]["node_loss"].update(timeline)  # next to its per-node figures
     finally:
         tear_down(nodes)
         ray.shutdown()
@@ -547,3 +576,20 @@ def _show(title: str, runs: Sequence[NodeRun], report: dict[str, Any], key: str)
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Exceedance curves of the samplers' round trips, one per node and phase (lowtail demo ray's plot)."""
+    import numpy as np
+
+    from lowtail.actors.demo import plot_tails
+
+    series = {
+        f"{phase}: {n['host']}": np.asarray(n["rpc_ms_values"], dtype=np.float64)
+        for phase, data in report["phases"].items()
+        if isinstance(data, dict) and "nodes" in data
+        for n in data["nodes"]
+    }
+    shared = report.get("cpus_shared_between_nodes")
+    note = f" (both nodes on CPUs {shared} of one machine)" if shared else ""
+    plot_tails(series, path, title=f"lowtail two-node demo: sampler round trips{note}")

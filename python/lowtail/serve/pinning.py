@@ -11,13 +11,13 @@ and is inherited by threads created afterwards, which is why the worker does it 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from lowtail.errors import LowtailError
+from lowtail.shm.libc import LIBC
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def raise_priority(nice: int = -20) -> NiceResult:
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return LIBC
 
 
 def set_timer_slack_ns(ns: int = 1) -> int:

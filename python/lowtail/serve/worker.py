@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,7 +133,7 @@ class WorkerProcess:
             kwargs={
                 "cpu": cpu,
                 "model_path": str(xml),
-                "descriptor": pickle.dumps(descriptor),
+                "descriptor": descriptor.to_bytes(),
                 "stats_fd": worker_main.InheritedFd(stats.fd),
                 "conn": child_conn,
                 "config": asdict(config),

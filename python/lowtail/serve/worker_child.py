@@ -3,7 +3,7 @@
 Only the standard library is imported at module level, on purpose: the worker pins itself to its leased
 CPU before numpy or OpenVINO are imported, so every thread they create inherits the one-CPU mask and
 OpenVINO sizes its pool from it. Everything that needs numpy is imported inside ``main`` after pinning,
-and the queue descriptor arrives as pickled bytes for the same reason (unpickling it imports numpy).
+and the queue descriptor arrives as bytes (``QueueDescriptor.to_bytes``, JSON) for the same reason.
 
 Order of work (seed section 3.1.4, plus what it lacked):
  1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
@@ -98,8 +98,6 @@ def main(
         ready["sched_fifo_reason"] = fifo.reason
 
         # 2. Heavy imports, now pinned.
-        import pickle
-
         from lowtail.serve.engine import Engine
         from lowtail.serve.stats_segment import StatsSegment
 
@@ -116,9 +114,9 @@ def main(
             del probe
 
         # 3. Attach and report.
-        from lowtail.shm.queue import QueueWorker
+        from lowtail.shm.queue import QueueDescriptor, QueueWorker
 
-        qworker = QueueWorker.attach(pickle.loads(descriptor))
+        qworker = QueueWorker.attach(QueueDescriptor.from_bytes(descriptor))
     except BaseException as e:
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
         log.error("worker failed to start: %s", detail)

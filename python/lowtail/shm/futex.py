@@ -26,6 +26,8 @@ import platform
 import threading
 from collections.abc import Callable
 
+from lowtail.shm import libc
+
 SYS_FUTEX = 202  # x86-64
 FUTEX_WAIT = 0
 FUTEX_WAKE = 1
@@ -36,9 +38,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_syscall = libc.function("syscall", ctypes.c_long)
 _syscall.argtypes = [
     ctypes.c_long,
     ctypes.c_void_p,
@@ -102,9 +102,7 @@ def _make_barrier() -> tuple[Callable[[], None], str]:
         page.write(_MFENCE_RET)
         anchor = ctypes.c_char.from_buffer(page)
         addr = ctypes.addressof(anchor)
-        mprotect = _libc.mprotect
-        mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        mprotect.restype = ctypes.c_int
+        mprotect = libc.function("mprotect", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
         if mprotect(addr, mmap.PAGESIZE, _PROT_READ_EXEC) != 0:
             raise OSError(ctypes.get_errno(), "mprotect")
         fence = ctypes.CFUNCTYPE(None)(addr)

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from lowtail.node import cpulist
+from lowtail.shm import libc
 from lowtail.shm.errors import NumaError
 
 SYS_MBIND = 237  # x86-64
@@ -27,9 +28,7 @@ MPOL_MF_STRICT = 1 << 0
 MPOL_MF_MOVE = 1 << 1
 PAGE = mmap.PAGESIZE
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_syscall = libc.function("syscall", ctypes.c_long)
 
 
 def online_nodes(sys_root: str = "/sys") -> frozenset[int]:

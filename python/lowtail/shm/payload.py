@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ class ArrayLayout:
     nbytes: int
 
 
-class Plan:
+class PayloadLayout:
     """Everything about one payload shape, computed once: spec, batch, header bytes, inline layout.
 
     Plans are interned (one object per distinct shape), so the hot paths compare them by identity.
@@ -93,9 +94,9 @@ class Plan:
         self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
         self.ext_bytes = layout(spec, 0)[1]
         self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
-        self._rows: dict[int, Plan] = {}
+        self._rows: dict[int, PayloadLayout] = {}
 
-    def with_batch(self, n: int) -> Plan:
+    def with_batch(self, n: int) -> PayloadLayout:
         """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""
         if n == self.batch:
             return self
@@ -106,19 +107,19 @@ class Plan:
         return hit
 
 
-_plans: dict[Spec, Plan] = {}
-_fast_plans: dict[tuple[tuple[Any, ...], ...], Plan] = {}
+_plans: dict[Spec, PayloadLayout] = {}
+_fast_plans: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
 
 
-def plan_for(spec: Spec) -> Plan:
+def plan_for(spec: Spec) -> PayloadLayout:
     hit = _plans.get(spec)
     if hit is None:
-        hit = Plan(spec)
+        hit = PayloadLayout(spec)
         _bounded_put(_plans, spec, hit)
     return hit
 
 
-def plan_of(arrays: Mapping[str, Any]) -> Plan:
+def plan_of(arrays: Mapping[str, Any]) -> PayloadLayout:
     """The (validated) plan of a payload; a shape seen before costs one dict lookup."""
     try:
         key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
@@ -313,10 +314,12 @@ def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-_header_plans: dict[bytes, tuple[str | None, Plan]] = {}
+_header_plans: dict[bytes, tuple[str | None, PayloadLayout]] = {}
 
 
-def read_plan(mem: memoryview, words: memoryview, off: int, limit: int) -> tuple[str | None, Plan, bytes]:
+def read_plan(
+    mem: memoryview, words: memoryview, off: int, limit: int
+) -> tuple[str | None, PayloadLayout, bytes]:
     """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
 
     Returns (ndarray slot name or None, plan, raw prefix and header bytes).
@@ -375,8 +378,8 @@ class NdarraySlot:
         return cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
 
     @classmethod
-    def attach(cls, name: str, shm_dir: str = SHM_DIR) -> NdarraySlot:
-        return cls(attach_segment(name, shm_dir), shm_dir)
+    def attach(cls, name: str, shm_dir: str = SHM_DIR, mode: int = 0o600) -> NdarraySlot:
+        return cls(attach_segment(name, shm_dir, mode), shm_dir)
 
     @classmethod
     def from_arrays(
@@ -445,24 +448,42 @@ class NdarraySlotPool:
 
 
 class AttachedSlots:
-    """Ndarray slots of another process, attached once by name and kept (bounded) for reuse."""
+    """Ndarray slots of other processes, attached once by name and kept for reuse.
 
-    def __init__(self, limit: int = 256) -> None:
-        self._slots: dict[tuple[str, str], NdarraySlot] = {}
-        self._limit = limit
+    Bounded by mapped bytes, not by count (a count bound let 14 restarted clients' 4 MiB slots fill
+    a 64 MiB tmpfs: an unlinked file's pages live as long as a mapping does), least recently used
+    out first; ``drop_lane`` unmaps what a lane's previous client sent, when the lane changes hands.
+    """
 
-    def get(self, name: str, shm_dir: str) -> NdarraySlot:
-        key = (name, shm_dir)
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) >= self._limit:
-                old_key = next(iter(self._slots))
-                self._slots.pop(old_key).close()
-            slot = NdarraySlot.attach(name, shm_dir)
-            self._slots[key] = slot
+    def __init__(self, limit_bytes: int = 1 << 30) -> None:
+        self._slots: OrderedDict[str, tuple[NdarraySlot, int]] = OrderedDict()
+        self._limit = limit_bytes
+        self.mapped_bytes = 0
+
+    def get(self, name: str, shm_dir: str, mode: int = 0o600, lane: int = 0) -> NdarraySlot:
+        hit = self._slots.get(name)
+        if hit is not None:
+            self._slots.move_to_end(name)
+            return hit[0]
+        slot = NdarraySlot.attach(name, shm_dir, mode)
+        self._slots[name] = (slot, lane)
+        self.mapped_bytes += slot.capacity
+        while self.mapped_bytes > self._limit and len(self._slots) > 1:
+            self._evict(next(iter(self._slots)))
         return slot
 
+    def drop_lane(self, lane: int) -> None:
+        for name in [n for n, (_, owner) in self._slots.items() if owner == lane]:
+            self._evict(name)
+
+    def _evict(self, name: str) -> None:
+        slot, _ = self._slots.pop(name)
+        self.mapped_bytes -= slot.capacity
+        slot.close()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
     def close(self) -> None:
-        for s in self._slots.values():
-            s.close()
-        self._slots.clear()
+        for name in list(self._slots):
+            self._evict(name)

@@ -61,6 +61,8 @@ has been answered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import struct
@@ -90,8 +92,8 @@ from lowtail.shm.errors import (
     WorkerDied,
 )
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake, is_supported_platform
-from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, Plan, Spec
-from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, sweep_dead
+from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout, Spec
+from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name, sweep_dead
 
 __all__ = [
     "BadConfig",
@@ -130,6 +132,16 @@ L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
 SLOT_BYTES = 128
 S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS = 0, 8, 16, 24
 S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
+# The same fields as u64 word indices from a slot's first word ``si``: the hot paths read
+# ``q[si + W_RESP_SEQ]``, never a bare number.
+W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (
+    S_REQ_SEQ >> 3,
+    S_REQ_LEN >> 3,
+    S_REQ_STATE >> 3,
+    S_SUBMIT_NS >> 3,
+)
+W_RESP_SEQ, W_CLAIM_SEQ, W_RESP_LEN = S_RESP_SEQ >> 3, S_CLAIM_SEQ >> 3, S_RESP_LEN >> 3
+W_RESP_STATUS, W_CLAIM_NS, W_DONE_NS = S_RESP_STATUS >> 3, S_CLAIM_NS >> 3, S_DONE_NS >> 3
 
 FREE, WRITING, READY = 0, 1, 2
 STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
@@ -244,9 +256,16 @@ def _boot_id() -> str:
         return ""
 
 
+DESCRIPTOR_VERSION = 1
+
+
 @dataclass(frozen=True)
 class QueueDescriptor:
-    """What a client or worker needs to attach: small and picklable (crosses Ray and spawn)."""
+    """What a client or worker needs to attach: small plain data.
+
+    It crosses processes as ``to_bytes`` (versioned JSON, checked field by field by ``from_bytes``),
+    never as a pickle: the receiver of a pickle runs whatever the sender chose.
+    """
 
     name: str
     config: QueueConfig
@@ -256,6 +275,45 @@ class QueueDescriptor:
     @property
     def path(self) -> Path:
         return Path(self.config.shm_dir) / self.name
+
+    def to_bytes(self) -> bytes:
+        doc = {"version": DESCRIPTOR_VERSION, "name": self.name, "hostname": self.hostname,
+               "boot_id": self.boot_id, "config": asdict(self.config)}  # fmt: skip
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> QueueDescriptor:
+        """The descriptor ``to_bytes`` made; ``BadConfig`` names any field that is not what it wrote."""
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadConfig(f"queue descriptor: not JSON ({e})") from None
+        want = {"version", "name", "hostname", "boot_id", "config"}
+        if not isinstance(doc, dict) or set(doc) != want:
+            got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise BadConfig(f"queue descriptor: keys {got}, expected {sorted(want)}")
+        if doc["version"] != DESCRIPTOR_VERSION:
+            raise BadConfig(f"queue descriptor version {doc['version']!r}, expected {DESCRIPTOR_VERSION}")
+        for key in ("name", "hostname", "boot_id"):
+            if not isinstance(doc[key], str):
+                raise BadConfig(f"queue descriptor {key}={doc[key]!r}: expected a string")
+        parts = parse_name(doc["name"])
+        if parts is None or parts.kind != "q":
+            raise BadConfig(f"queue descriptor name {doc['name']!r}: expected a lowtail.q.* segment name")
+        cfg = doc["config"]
+        fields = {f.name for f in dataclasses.fields(QueueConfig)}
+        if not isinstance(cfg, dict) or set(cfg) != fields:
+            got = sorted(cfg) if isinstance(cfg, dict) else cfg
+            raise BadConfig(f"queue descriptor config keys {got!r}, expected {sorted(fields)}")
+        for key, value in cfg.items():
+            ok = (
+                isinstance(value, str)
+                if key == "shm_dir"
+                else type(value) is int or (key == "numa_node" and value is None)
+            )
+            if not ok:
+                raise BadConfig(f"queue descriptor config {key}={value!r}: wrong type")
+        return cls(doc["name"], QueueConfig(**cfg), doc["hostname"], doc["boot_id"])
 
 
 class _Mapped:
@@ -295,7 +353,7 @@ def _attach(desc: QueueDescriptor) -> _Mapped:
             f"{socket.gethostname()} (boot {local_boot[:8]}): shared memory is node-local, use an "
             f"inference endpoint on this node"
         )
-    seg = attach_segment(desc.name, desc.config.shm_dir)
+    seg = attach_segment(desc.name, desc.config.shm_dir, desc.config.mode)
     cfg = desc.config
     geo = _Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
     m = _Mapped(seg, geo)
@@ -397,6 +455,8 @@ class InferenceQueue:
     def close(self) -> None:
         if not self._m.seg.closed:
             self._m.close()
+            # ndarray slots of a killed worker or client outlive their pool: the queue's end is theirs
+            sweep_dead(self.descriptor.config.shm_dir)
 
     @property
     def nbytes(self) -> int:
@@ -525,7 +585,7 @@ class QueueClient:
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
-        self._req_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._req_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._resp_views: dict[int, tuple[bytes, Arrays]] = {}
         self._timing = (0, 0, 0, 0)
         self._closed = False
@@ -571,9 +631,10 @@ class QueueClient:
         self._req_views.clear()
         self._resp_views.clear()
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
+        ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
         self._attached.close()
         self._pool.close()
-        self._m.close()  # closing the fd drops the lane lock
+        self._m.close()
 
     def _published_slots(self) -> set[int]:
         """Slots the worker may still take: ring positions [tail, doorbell) of this lane.
@@ -616,7 +677,7 @@ class QueueClient:
         if ticket.slot in self._inflight:
             self._inflight[ticket.slot] = None
 
-    def _write_external(self, s: int, g: int, plan: Plan, arrays: Mapping[str, Any]) -> int:
+    def _write_external(self, s: int, g: int, plan: PayloadLayout, arrays: Mapping[str, Any]) -> int:
         """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
         self._req_views.pop(g, None)  # the header written below replaces any cached inline one
         nd = self._nd_req.pop(s, None)
@@ -629,7 +690,7 @@ class QueueClient:
         nd.write(arrays, plan.spec)
         return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
 
-    def _check_size(self, plan: Plan) -> None:
+    def _check_size(self, plan: PayloadLayout) -> None:
         geo = self._m.geo
         limit = self._cfg.max_ndslot_bytes
         if plan.ext_bytes > limit:
@@ -657,7 +718,7 @@ class QueueClient:
         s = self._free.pop() if self._free else self._take_slot()
         g = self._g0 + s
         si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-        q[si + 2] = WRITING
+        q[si + W_REQ_STATE] = WRITING
         try:
             if inline:
                 cached = self._req_views.get(g)
@@ -676,15 +737,15 @@ class QueueClient:
             else:
                 nbytes = self._write_external(s, g, plan, arrays)
         except BaseException:
-            q[si + 2] = FREE
+            q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        seq = q[si] + 1
+        seq = q[si + W_REQ_SEQ] + 1
         now = time.monotonic_ns()
-        q[si + 1] = nbytes
-        q[si + 3] = now
-        q[si] = seq
-        q[si + 2] = READY
+        q[si + W_REQ_LEN] = nbytes
+        q[si + W_SUBMIT_NS] = now
+        q[si + W_REQ_SEQ] = seq
+        q[si + W_REQ_STATE] = READY
         head = self._head
         q[self._ring_i + head % geo.spl] = s
         self._head = head + 1
@@ -710,12 +771,12 @@ class QueueClient:
         g = self._g0 + ticket.slot
         si = (m.geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
         seq = ticket.seq
-        if q[si + 8] != seq:
+        if q[si + W_RESP_SEQ] != seq:
             clock = time.monotonic_ns
             now = clock()
             spin_end = now + self._spin_ns
             yield_from = now + PURE_SPIN_NS
-            while q[si + 8] != seq:
+            while q[si + W_RESP_SEQ] != seq:
                 now = clock()
                 if now > yield_from:
                     # Past a typical round trip: let other runnable tasks on this CPU (other samplers)
@@ -729,7 +790,7 @@ class QueueClient:
     def _park(self, ticket: Ticket, si: int, timeout: float) -> None:
         m = self._m
         q = m.q
-        seq, resp_i = ticket.seq, si + S_RESP_SEQ // 8
+        seq, resp_i = ticket.seq, si + W_RESP_SEQ
         clock = time.monotonic_ns
         start = clock()
         deadline = _deadline_ns(start, timeout)
@@ -747,7 +808,7 @@ class QueueClient:
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
                 dead_worker = int(q[H_WORKER_PID >> 3])
-                if q[si + S_CLAIM_SEQ // 8] == seq:
+                if q[si + W_CLAIM_SEQ] == seq:
                     q[parked_i] = 0
                     if q[resp_i] == seq:
                         return
@@ -777,15 +838,15 @@ class QueueClient:
     def _take_answer(self, ticket: Ticket, g: int, si: int) -> Arrays:
         m = self._m
         geo, q, buf = m.geo, m.q, m.buf
-        status = q[si + 11]
-        self._timing = (ticket.submit_ns, q[si + 12], q[si + 13], time.monotonic_ns())
+        status = q[si + W_RESP_STATUS]
+        self._timing = (ticket.submit_ns, q[si + W_CLAIM_NS], q[si + W_DONE_NS], time.monotonic_ns())
         try:
             if status != ST_OK:
-                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + 10]))
+                raise _STATUS_ERRORS.get(status, RequestFailed)(_read_message(m, g, q[si + W_RESP_LEN]))
             off = geo.resp_off(g)
             ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
             if ext is not None:
-                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+                views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(plan.spec)
             else:
                 cached = self._resp_views.get(g)
                 if cached is not None and cached[0] == raw:
@@ -800,7 +861,7 @@ class QueueClient:
             return {k: v.copy() for k, v in views.items()}
         finally:
             ticket.consumed = True
-            q[si + 2] = FREE
+            q[si + W_REQ_STATE] = FREE
             self._inflight.pop(ticket.slot, None)
             self._free.append(ticket.slot)
 
@@ -835,7 +896,7 @@ class _Item:
         self.gen = gen
         self.submit_ns = submit_ns
         self.claim_ns = claim_ns
-        self.plan: Plan | None = None
+        self.plan: PayloadLayout | None = None
         self.inputs: Arrays | None = None
         self.done = False
 
@@ -940,11 +1001,12 @@ class QueueWorker:
         self._nd_resp: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
         self._in_views: dict[int, tuple[bytes, Arrays]] = {}
-        self._out_views: dict[int, tuple[Plan, Arrays]] = {}
+        self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
         self._active: list[int] = []
         self._rr = 0
         self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
@@ -973,8 +1035,8 @@ class QueueWorker:
         orphans: list[_Item] = []
         for g in range(geo.lanes * geo.spl):
             si = geo.slot(g, 0)
-            req = q[si]
-            if q[si + 9] == req and q[si + 8] != req:
+            req = q[si + W_REQ_SEQ]
+            if q[si + W_CLAIM_SEQ] == req and q[si + W_RESP_SEQ] != req:
                 lane = g // geo.spl
                 it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
                 msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
@@ -999,6 +1061,9 @@ class QueueWorker:
         self._out_views.clear()
         self._doorbells.release()
         self._m.q[H_WORKER_PID >> 3] = 0
+        # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
+        # complete()) keeps the open file description, and with it the lock, alive after close(fd).
+        ofd_lock.unlock(self._m.seg.fd, 0)
         self._attached.close()
         self._pool.close()
         self._m.close()
@@ -1111,13 +1176,13 @@ class QueueWorker:
             return None
         g = lane * geo.spl + s
         si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-        seq = q[si + S_REQ_SEQ // 8]
-        if q[si + S_CLAIM_SEQ // 8] == seq or q[si + S_RESP_SEQ // 8] == seq:
+        seq = q[si + W_REQ_SEQ]
+        if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
             q[self._tail_i[lane]] = tail + 1
             return None  # claimed (by us or a dead predecessor) or answered: never twice
-        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + S_SUBMIT_NS // 8], now)
-        q[si + S_CLAIM_NS // 8] = now
-        q[si + S_CLAIM_SEQ // 8] = seq  # PROCESSING
+        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
+        q[si + W_CLAIM_NS] = now
+        q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         q[self._tail_i[lane]] = tail + 1
         self._lane_seen_ns[lane] = now
         self._decode(it)
@@ -1137,11 +1202,11 @@ class QueueWorker:
         for s in range(geo.spl):
             g = lane * geo.spl + s
             si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
-            seq = q[si + S_REQ_SEQ // 8]
+            seq = q[si + W_REQ_SEQ]
             # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
-            if seq != q[si + S_RESP_SEQ // 8] and seq != q[si + S_CLAIM_SEQ // 8]:
-                it = _Item(lane, g, si, seq, gen, q[si + S_SUBMIT_NS // 8], time.monotonic_ns())
-                q[si + S_CLAIM_SEQ // 8] = seq
+            if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
+                it = _Item(lane, g, si, seq, gen, q[si + W_SUBMIT_NS], time.monotonic_ns())
+                q[si + W_CLAIM_SEQ] = seq
                 self._answer(it, ST_BAD_REQUEST, None, None, f"lane {lane} fenced: {why}")
                 failed.append(it)
         self._tails[lane] = head
@@ -1157,7 +1222,11 @@ class QueueWorker:
         try:
             ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
-                views = self._attached.get(ext, self._cfg.shm_dir).arrays(plan.spec)
+                if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
+                    self._attached.drop_lane(it.lane)
+                    self._lane_gen[it.lane] = it.gen
+                slot = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode, it.lane)
+                views = slot.arrays(plan.spec)
             else:
                 cached = self._in_views.get(g)
                 if cached is not None and cached[0] == raw:
@@ -1210,7 +1279,7 @@ class QueueWorker:
         it: _Item,
         status: int,
         arrays: Mapping[str, np.ndarray[Any, Any]] | None,
-        plan: Plan | None,
+        plan: PayloadLayout | None,
         message: str,
     ) -> None:
         m = self._m
@@ -1238,16 +1307,18 @@ class QueueWorker:
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
-        q[si + 10] = n
-        q[si + 11] = status
-        q[si + 13] = time.monotonic_ns()
-        q[si + 8] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
         ci = self._count_i[it.lane]
         q[ci] = (q[ci] + 1) & 0xFFFFFFFF
         it.done = True
         self._outstanding.pop(g, None)
 
-    def _answer_external(self, g: int, plan: Plan, arrays: Mapping[str, np.ndarray[Any, Any]]) -> int:
+    def _answer_external(
+        self, g: int, plan: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
+    ) -> int:
         geo = self._m.geo
         need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
         if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:

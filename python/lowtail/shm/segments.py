@@ -68,7 +68,7 @@ def parse_name(name: str) -> NameParts | None:
         return None
 
 
-def pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -165,8 +165,28 @@ def create_segment(
     return Segment(name, path, fd, mm, owner=True)
 
 
-def attach_segment(name: str, shm_dir: str = SHM_DIR) -> Segment:
-    """Map an existing segment read-write. The caller never unlinks it."""
+def check_owned(fd: int, path: Path, mode: int) -> None:
+    """Refuse a segment this process must not trust: not a regular file, owned by another uid, or
+    with permission bits beyond ``mode``. A file another user planted under a lowtail name would
+    otherwise be mapped (and, before payloads were data-only, run as code) by its victim."""
+    st = os.fstat(fd)
+    problems = []
+    if not stat.S_ISREG(st.st_mode):
+        problems.append("not a regular file")
+    if st.st_uid != os.geteuid():
+        problems.append(f"owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}")
+    extra = stat.S_IMODE(st.st_mode) & ~mode
+    if extra:
+        problems.append(
+            f"mode {stat.S_IMODE(st.st_mode):#o} has bits {extra:#o} beyond the expected {mode:#o}"
+        )
+    if problems:
+        raise SegmentNotFound(f"refusing to attach {path}: {'; '.join(problems)}")
+
+
+def attach_segment(name: str, shm_dir: str = SHM_DIR, mode: int = 0o600) -> Segment:
+    """Map an existing segment read-write (see ``check_owned`` for what is refused). The caller
+    never unlinks it."""
     if parse_name(name) is None:
         raise SegmentNotFound(f"{name!r} is not a lowtail segment name ({PREFIX}.<kind>.<ns>.<pid>.<tok>)")
     path = Path(shm_dir) / name
@@ -178,6 +198,7 @@ def attach_segment(name: str, shm_dir: str = SHM_DIR) -> Segment:
             f"on another node (shared memory is node-local)"
         ) from None
     try:
+        check_owned(fd, path, mode)
         size = os.fstat(fd).st_size
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
@@ -218,15 +239,17 @@ def list_segments(shm_dir: str = SHM_DIR) -> list[SegmentInfo]:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        liveness = "unknown" if parts.pidns != ns else ("alive" if pid_alive(parts.pid) else "dead")
+        liveness = "unknown" if parts.pidns != ns else ("alive" if process_alive(parts.pid) else "dead")
         mode = oct(stat.S_IMODE(st.st_mode))
         out.append(SegmentInfo(name, str(path), parts.kind, parts.pid, liveness, st.st_size, mode, st.st_uid))
     return out
 
 
 def sweep_dead(shm_dir: str = SHM_DIR, dry_run: bool = False) -> list[SegmentInfo]:
-    """Unlink segments whose owner is dead (same PID namespace only); returns what was (would be) removed."""
-    removed = [s for s in list_segments(shm_dir) if s.liveness == "dead"]
+    """Unlink our uid's segments whose owner is dead (same PID namespace only); returns what was
+    (would be) removed. Another user's files are theirs, even for root."""
+    me = os.geteuid()
+    removed = [s for s in list_segments(shm_dir) if s.liveness == "dead" and s.uid == me]
     if not dry_run:
         for s in removed:
             unlink_quietly(Path(s.path))

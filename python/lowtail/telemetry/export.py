@@ -19,7 +19,6 @@ Prometheus's base unit (seconds) so both exports carry the document's numbers un
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -170,8 +169,3 @@ class PrometheusExport:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-
-def default_port() -> int:
-    """The node's metrics port: ``$LOWTAIL_METRICS_PORT`` or 9464 (the OpenTelemetry exporter's default)."""
-    return int(os.environ.get("LOWTAIL_METRICS_PORT", "9464"))

@@ -1,14 +1,13 @@
 """The queue consumer of the ``shm_rtt`` probe: pinned, it returns every request's input as its output.
 
-Run as ``python -m lowtail.validation.echo_worker CPU`` with the pickled queue descriptor on stdin; it
-prints ``ready`` once attached and exits on SIGTERM. A plain subprocess rather than multiprocessing,
-so no resource-tracker process outlives the probe.
+Run as ``python -m lowtail.validation.echo_worker CPU`` with the queue descriptor's bytes
+(``QueueDescriptor.to_bytes``) on stdin; it prints ``ready`` once attached and exits on SIGTERM.
+A plain subprocess rather than multiprocessing, so no resource-tracker process outlives the probe.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sys
 from types import FrameType
@@ -17,8 +16,9 @@ from types import FrameType
 def main() -> int:
     cpu = int(sys.argv[1])
     os.sched_setaffinity(0, {cpu})
-    desc = pickle.loads(sys.stdin.buffer.read())
-    from lowtail.shm.queue import QueueWorker
+    from lowtail.shm.queue import QueueDescriptor, QueueWorker
+
+    desc = QueueDescriptor.from_bytes(sys.stdin.buffer.read())
 
     stop = False
 

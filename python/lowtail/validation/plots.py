@@ -123,3 +123,21 @@ def ladder_compare(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return _png(fig)
+
+
+def offender_bars(leased: Mapping[str, Mapping[str, Any]], window_s: float, title: str) -> bytes:
+    """leased_threads: per leased CPU, its top foreign threads' run time in ms per second of the window,
+    so the one daemon stealing a worker's core is named in the picture."""
+    labels, values = [], []
+    for cpu, d in sorted(leased.items(), key=lambda kv: int(kv[0])):
+        for t in d["top"]:
+            labels.append(f"CPU {cpu}: {t['comm']} [{t['pid']}/{t['tid']}]")
+            values.append(t["ms"] / max(window_s, 1e-9))
+    fig, ax = plt.subplots(figsize=(8.0, 0.35 * max(len(labels), 1) + 1.5))
+    ax.barh(range(len(labels)), values, color="tab:red")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("foreign run time on the leased CPU (ms per second)")
+    ax.set_title(title if labels else title + " (none)")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)

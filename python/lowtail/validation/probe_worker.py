@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from lowtail.shm.libc import LIBC
+
 PROGRESS_EVERY = 500
 PR_SET_TIMERSLACK = 29
 CLOCK_MONOTONIC = 1
@@ -109,7 +111,7 @@ def run_timer(samples: int, interval_us: float) -> dict[str, Any]:
     Absolute deadlines on a fixed grid: a late wake-up does not shift the next deadline, so a stall is
     counted once per missed period rather than hidden (no coordinated omission).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = LIBC
     # The default 50 us slack would be measured as latency; workers set 1 ns too.
     libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(1), 0, 0, 0)
     sleep = libc.clock_nanosleep

@@ -99,6 +99,9 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     heat: dict[str, dict[int, float]] = {}
     for c in checks:
+        if c.name == "leased_threads" and c.status is not Status.SKIP:
+            title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {c.value} ms/s)"
+            out.append((title, plots.offender_bars(c.data["leased_cpus"], c.data["window_s"], title)))
         if c.kind != "probe" or c.status is Status.SKIP or "per_cpu" not in c.data:
             continue
         per_cpu = c.data["per_cpu"]

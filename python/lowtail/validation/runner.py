@@ -262,6 +262,7 @@ def _leased_check(
     *,
     min_window_s: float,
     progress: bool,
+    nohz_full: frozenset[int],
 ) -> Check:
     """Stop the sampler (after at least ``min_window_s`` of sampling) and judge what it saw."""
     if sampler is None:
@@ -273,7 +274,7 @@ def _leased_check(
         time.sleep(0.2)
     bar.finish()
     sampler.stop()
-    return check_leased_threads(sampler, leases, [os.getpid()], limits)
+    return check_leased_threads(sampler, leases, [os.getpid()], limits, nohz_full)
 
 
 def summarize(checks: list[Check], cpus: frozenset[int], elapsed_s: float) -> dict[str, Any]:
@@ -386,6 +387,7 @@ def run(opts: Options) -> Report:
                     limits["leased_threads"],
                     min_window_s=popts.duration_s,
                     progress=opts.progress,
+                    nohz_full=topo.nohz_full,
                 )
             for name in probe_names:
                 try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -65,7 +64,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
         )
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(pickle.dumps(server.descriptor))
+            proc.stdin.write(server.descriptor.to_bytes())
             proc.stdin.close()
             if proc.stdout.readline().strip() != b"ready":
                 raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")

@@ -9,9 +9,10 @@ is on a rate with a margin, and the evidence names each offender so a person can
 ``ps -L -o tid,psr,comm``.
 
 Not charged: the lease owner's process tree (its worker spins there on purpose), the validator's own
-tree (its probes run on those CPUs), and per-CPU kernel threads bound to exactly that CPU (ksoftirqd/N,
-migration/N, kworker/N:*: they cannot move; nohz_full keeps them quiet). They are listed apart. Unbound
-kernel threads (rcuo*, kworker/u*) can be moved to housekeeping CPUs and are charged.
+tree (its probes run on those CPUs), and, on a nohz_full CPU, per-CPU kernel threads bound to exactly that
+CPU (ksoftirqd/N, migration/N, kworker/N:*: they cannot move, and nohz_full is what keeps them quiet);
+those are listed apart. On a CPU without nohz_full they are charged: the fix is the kernel argument.
+Unbound kernel threads (rcuo*, kworker/u*) can be moved to housekeeping CPUs and are always charged.
 """
 
 from __future__ import annotations
@@ -202,6 +203,7 @@ def check_leased_threads(
     leases: list[Lease],
     own_pids: Iterable[int] = (),
     limits: Limits = DEFAULT_LIMITS,
+    nohz_full: frozenset[int] = frozenset(),
 ) -> Check:
     name = "leased_threads"
     window = sampler.window_s
@@ -218,7 +220,7 @@ def check_leased_threads(
         if cpu not in by_cpu or s.pid in excused_pids or s.pid in owners[cpu]:
             continue
         allowed = thread_allowed(sampler.proc_root, s.pid, tid)
-        if s.kthread and allowed == frozenset({cpu}):
+        if s.kthread and allowed == frozenset({cpu}) and cpu in nohz_full:
             pinned_kthreads[cpu].append((ns, s))
         else:
             foreign[cpu].append((ns, s))

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_html, add_json, json_to_stdout, write_json
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("compare", help="compare two `lowtail validate --json` reports (before/after)")
     p.add_argument("before", metavar="BEFORE.json")
     p.add_argument("after", metavar="AFTER.json")
-    p.add_argument("--html", metavar="FILE", help="write an HTML page with the table and plots")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_html(p, "a page with the table and plots")
+    add_json(p, "the comparison")
     p.set_defaults(func=run_compare)
 
 
@@ -27,7 +27,9 @@ def run_compare(args: argparse.Namespace) -> int:
     except ReportFormatError as e:
         raise UsageError(str(e)) from None
     cmp = compare(before, after)
-    print(json.dumps(cmp, indent=2) if args.json else render_table(cmp))
+    write_json(args.json, cmp)
+    if not json_to_stdout(args):
+        print(render_table(cmp))
     if args.html:
         Path(args.html).write_text(render_html(before, after, cmp))
     return 0

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
 
 
@@ -23,19 +22,6 @@ def demo_subparsers(sub: Any) -> Any:
     return parser.lowtail_demos
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}") from None
-        if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}")
-        return value
-
-    return parse
-
-
 def register(sub: Any) -> None:
     p = demo_subparsers(sub).add_parser(
         "ray",
@@ -43,11 +29,11 @@ def register(sub: Any) -> None:
         description="Start a local Ray, the node's lease allocator, inference actors and samplers; run for "
         "N seconds and summarize throughput, latency and deschedule tails and leases; stop everything.",
     )
-    p.add_argument("--seconds", type=_positive(float), default=10.0, help="how long samplers run (10)")
-    p.add_argument("--actors", type=_positive(int), default=2, help="inference actors (2)")
-    p.add_argument("--samplers", type=_positive(int), default=2, help="sampler actors (2)")
-    p.add_argument("--heroes", type=_positive(int), default=8, help="samples per request (8)")
-    p.add_argument("--depth", type=_positive(int), default=2, help="requests in flight per sampler (2)")
+    p.add_argument("--seconds", type=positive(float), default=10.0, help="how long samplers run")
+    p.add_argument("--actors", type=positive(int), default=2, help="inference actors")
+    p.add_argument("--samplers", type=positive(int), default=2, help="sampler actors")
+    p.add_argument("--heroes", type=positive(int), default=8, help="samples per request")
+    p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler")
     p.add_argument(
         "--strict-leases",
         action="store_true",
@@ -55,9 +41,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0: any free)")
     p.add_argument("--tb-logdir", help="keep the TensorBoard run here (default: a temporary directory)")
-    p.add_argument("--json", metavar="FILE", help="also write the summary as JSON ('-' for stdout)")
-    p.add_argument("--plot", metavar="PNG", help="write the latency and deschedule tails as a PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    # The CLI convention (lowtail.cli.options): output paths are checked before Ray starts.
+    add_json(p, "the summary")
+    add_plot(p, "the latency and deschedule tails")
+    add_no_progress(p)
     p.set_defaults(func=run)
 
 
@@ -82,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         bar.finish(f"samples {result.samples}")
     except DemoError as e:
         raise UsageError(str(e)) from None
-    if args.json == "-":
-        print(json.dumps(result.to_dict(), indent=2))
+    if json_to_stdout(args):
+        write_json(args.json, result.to_dict())
         return 0
     print(result.lease_note)
     print()
@@ -142,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if result.tb_run:
         print(f"\nTensorBoard run: {result.tb_run}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_json(args.json, result.to_dict())
         print(f"JSON summary: {args.json}")
     return 0
 

@@ -7,47 +7,45 @@ import json
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, json_to_stdout, write_json
 from lowtail.render import table
-from lowtail.serve import model
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("model", help="build the MOBA-style policy network (OpenVINO IR)")
     msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     b = msub.add_parser("build", help="write the policy network as OpenVINO IR, deterministic from --seed")
-    b.add_argument("--out", default="model", metavar="DIR", help="output directory (default: ./model)")
-    b.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    b.add_argument("--features", type=int, default=model.DEFAULT_FEATURES, help="observation size")
-    b.add_argument(
-        "--hidden",
-        default=",".join(str(h) for h in model.DEFAULT_HIDDEN),
-        metavar="N,N,...",
-        help="hidden layer sizes",
-    )
+    # The network's defaults live in lowtail.serve.model, which imports numpy and OpenVINO: it is
+    # loaded when a model is built, not for --help.
+    b.add_argument("--out", default="model", metavar="DIR", help="output directory")
+    b.add_argument("--seed", type=int, default=0, help="weights seed")
+    b.add_argument("--features", type=int, help="observation size (default: the policy network's)")
+    b.add_argument("--hidden", metavar="N,N,...", help="hidden layer sizes (default: the policy network's)")
     b.add_argument(
         "--heads",
-        default=",".join(f"{n}:{s}" for n, s in model.DEFAULT_HEADS),
         metavar="NAME:ACTIONS,...",
-        help="softmax action heads (a value head is always added)",
+        help="softmax action heads; a value head is always added (default: the policy network's)",
     )
-    b.add_argument("--json", action="store_true", help="print the model description as JSON")
+    add_json(b, "the model description")
     b.set_defaults(func=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from lowtail.serve import model
+
     try:
         spec = model.ModelSpec(
-            features=args.features,
-            hidden=model.parse_hidden(args.hidden),
-            heads=model.parse_heads(args.heads),
+            features=model.DEFAULT_FEATURES if args.features is None else args.features,
+            hidden=model.DEFAULT_HIDDEN if args.hidden is None else model.parse_hidden(args.hidden),
+            heads=model.DEFAULT_HEADS if args.heads is None else model.parse_heads(args.heads),
             seed=args.seed,
         )
     except model.ModelSpecError as e:
         raise UsageError(str(e)) from None
     xml = model.write_model(args.out, spec)
     meta = json.loads((xml.parent / "model.json").read_text())
-    if args.json:
-        print(json.dumps({"xml": str(xml), **meta}, indent=2))
+    write_json(args.json, {"xml": str(xml), **meta})
+    if json_to_stdout(args):
         return 0
     rows = [[model.INPUT_NAME, "input", f"[batch, {spec.features}] float32"]]
     rows += [[n, "softmax head", f"[batch, {s}]"] for n, s in spec.heads]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, json_to_stdout, write_json
 from lowtail.render import table
 from lowtail.shm import segments
 
@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     for q in (ls, gc):
         q.add_argument("--dir", default=segments.SHM_DIR, help="shared-memory directory (default /dev/shm)")
-        q.add_argument("--json", action="store_true", help="print one JSON object")
+        add_json(q, "the segments")
     ls.set_defaults(func=run_ls)
     gc.set_defaults(func=run_gc)
 
@@ -37,8 +37,8 @@ def _rows(infos: list[segments.SegmentInfo]) -> list[list[object]]:
 def run_ls(args: argparse.Namespace) -> int:
     _check_dir(args.dir)
     infos = segments.list_segments(args.dir)
-    if args.json:
-        print(json.dumps({"dir": args.dir, "segments": [s.to_dict() for s in infos]}, indent=2))
+    write_json(args.json, {"dir": args.dir, "segments": [s.to_dict() for s in infos]})
+    if json_to_stdout(args):
         return 0
     headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]
     print(table.render(headers, _rows(infos), title=f"lowtail segments in {args.dir}: {len(infos)}"))
@@ -48,9 +48,10 @@ def run_ls(args: argparse.Namespace) -> int:
 def run_gc(args: argparse.Namespace) -> int:
     _check_dir(args.dir)
     removed = segments.sweep_dead(args.dir, dry_run=args.dry_run)
-    if args.json:
-        doc = {"dir": args.dir, "dry_run": args.dry_run, "removed": [s.to_dict() for s in removed]}
-        print(json.dumps(doc, indent=2))
+    write_json(
+        args.json, {"dir": args.dir, "dry_run": args.dry_run, "removed": [s.to_dict() for s in removed]}
+    )
+    if json_to_stdout(args):
         return 0
     verb = "would remove" if args.dry_run else "removed"
     headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]

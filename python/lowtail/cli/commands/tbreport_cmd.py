@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, json_to_stdout, write_json
 
 
 def register(sub: Any) -> None:
@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("logdir2", metavar="LOGDIR2", nargs="?", help="a second run to compare (after)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_json(p, "the metrics (and the comparison)")
     p.set_defaults(func=run_tbreport)
 
 
@@ -30,12 +30,13 @@ def run_tbreport(args: argparse.Namespace) -> int:
     except (EventFileError, OSError) as e:
         raise UsageError(str(e)) from None
     if second is None:
-        print(json.dumps(first, indent=2) if args.json else tbreport.render(first))
+        write_json(args.json, first)
+        if not json_to_stdout(args):
+            print(tbreport.render(first))
         return 0
     cmp = tbreport.compare(first, second)
-    if args.json:
-        print(json.dumps({"before": first, "after": second, "compare": cmp}, indent=2))
-    else:
+    write_json(args.json, {"before": first, "after": second, "compare": cmp})
+    if not json_to_stdout(args):
         print(tbreport.render(first))
         print()
         print(tbreport.render(second))

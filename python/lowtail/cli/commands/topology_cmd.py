@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_json, json_to_stdout, write_json
 from lowtail.node import cpulist
 from lowtail.node.plan import PlanError, make_plan
 from lowtail.node.topology import Topology, TopologyError, read_topology
@@ -28,7 +28,7 @@ def load_topology(args: argparse.Namespace) -> Topology:
 def register(sub: Any) -> None:
     p = sub.add_parser("topology", help="show the CPU topology and any sign of virtualization")
     add_root_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json(p, "the topology")
     p.set_defaults(func=run_topology)
 
     p = sub.add_parser("plan", help="compute housekeeping and isolated CPUs and the kernel arguments")
@@ -39,16 +39,16 @@ def register(sub: Any) -> None:
         metavar="auto|N|CPULIST",
         help="auto (one L3 group per socket), N whole cores per socket, or an explicit cpulist",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json(p, "the plan")
     p.set_defaults(func=run_plan)
 
 
 def run_topology(args: argparse.Namespace) -> int:
     topo = load_topology(args)
-    if args.json:
-        print(json.dumps(topo.to_dict(), indent=2))
-        return 0
     d = topo.to_dict()
+    write_json(args.json, d)
+    if json_to_stdout(args):
+        return 0
     print(
         table.render(
             ["model", "vendor", "sockets", "numa nodes", "cores/socket", "threads/core", "online"],
@@ -95,8 +95,8 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = make_plan(topo, args.housekeeping)
     except PlanError as e:
         raise UsageError(str(e)) from None
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+    write_json(args.json, plan.to_dict())
+    if json_to_stdout(args):
         return 0
     print(
         table.render(

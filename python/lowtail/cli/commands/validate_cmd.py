@@ -11,6 +11,7 @@ from typing import Any
 
 from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.cli.main import UsageError
+from lowtail.cli.options import add_html, add_json, add_no_progress, json_to_stdout, write_json
 from lowtail.node import cpulist
 from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.runner import ALL_CHECKS, THRESHOLDS, Options, ValidationError, parse_only, run
@@ -27,14 +28,22 @@ def register(sub: Any) -> None:
         description="Checks: " + ", ".join(ALL_CHECKS),
     )
     add_root_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': stdout, no table)")
-    p.add_argument("--html", metavar="FILE", help="write the HTML report with plots to FILE")
+    # The CLI convention (lowtail.cli.options): output paths are checked before any probe runs.
+    add_json(p, "the report")
+    add_html(p, "the report with plots")
     p.add_argument("--quick", action="store_true", help="3,000 samples per CPU and 3 s rt-tests runs")
     p.add_argument("--only", metavar="NAME[,NAME...]", help="run only these checks")
-    p.add_argument("--cpus", metavar="CPULIST", help="CPUs to probe (default: see README)")
+    p.add_argument("--cpus", metavar="CPULIST", help="CPUs to probe (default: see docs/design.md)")
     p.add_argument("--samples", type=int, metavar="N", help="samples per CPU (default 10000)")
-    p.add_argument("--duration", type=float, metavar="S", help="seconds per rt-tests run (default 10)")
-    p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json`); default: computed")
+    p.add_argument(
+        "--seconds",
+        "--duration",
+        dest="duration",
+        type=float,
+        metavar="S",
+        help="seconds per rt-tests run (default 10)",
+    )
+    p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
     p.add_argument(
         "--housekeeping",
         default="auto",
@@ -80,7 +89,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--kubelet-config", default="/var/lib/kubelet/config.yaml", metavar="FILE")
     p.add_argument("--kubelet-state", default="/var/lib/kubelet/cpu_manager_state", metavar="FILE")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress(p)
     p.set_defaults(func=run_validate)
 
 
@@ -128,8 +137,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(str(e)) from None
     if args.samples is not None and args.samples < 1:
         raise UsageError(f"--samples {args.samples}: expected a positive count (10000 gives a solid p99.9)")
+    if args.pid is not None and args.pid < 1:
+        raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
-        raise UsageError(f"--duration {args.duration}: expected at least 1 second")
+        raise UsageError(f"--seconds {args.duration}: expected at least 1 second")
     src = Sources(
         sys_root=Path(args.sysfs_root),
         proc_root=Path(args.procfs_root),
@@ -168,12 +179,10 @@ def run_validate(args: argparse.Namespace) -> int:
     from lowtail.validation.report import render_html, render_table
 
     doc = report.to_dict()
-    if args.json == "-":
-        print(json.dumps(doc, indent=2))
-    else:
+    write_json(args.json, doc)
+    if not json_to_stdout(args):
         print(render_table(doc))
         if args.json:
-            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
             print(f"JSON report: {args.json}")
     if args.html:
         Path(args.html).write_text(render_html(report))

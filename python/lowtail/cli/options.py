@@ -1,0 +1,131 @@
+"""The command line's one convention, shared by every command (``lowtail <command> --help`` shows it).
+
+- ``--json FILE`` writes the command's result as JSON; ``-`` writes it to standard output instead of the
+  tables (nothing else goes to stdout then). Every table a command prints is also in its JSON.
+- ``--plot FILE`` (PNG) and ``--html FILE`` write a plot and a self-contained report.
+- ``--seconds`` is a duration, ``--samples`` a sample count, ``--no-progress`` turns off the progress bar.
+- Output paths are checked while the arguments are parsed, before any work: a directory that does not
+  exist or cannot be written is a usage error (exit 2) at once, not a traceback after a long probe.
+- Defaults are shown in ``--help``.
+
+Standard library only: the parser is built for ``lowtail --help``, which must not import numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STDOUT = "-"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows ``(default: X)`` after an option's help unless the default is empty, off or already said."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or "default" in text.lower()
+            or default is None
+            or default is False  # a store_true flag: "(default: False)" says nothing
+            or default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every lowtail parser and subparser: defaults in --help (subparsers inherit this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def output_path(allow_stdout: bool = False) -> Callable[[str], str]:
+    """An argparse type: a file that can be created (its directory exists and is writable)."""
+
+    def check(text: str) -> str:
+        if text == STDOUT:
+            if allow_stdout:
+                return text
+            raise argparse.ArgumentTypeError("'-' (standard output) is only accepted by --json")
+        path = Path(text)
+        parent = path.parent if str(path.parent) else Path(".")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file name")
+        if not parent.is_dir():
+            what = "is not a directory" if parent.exists() else "does not exist"
+            raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} {what}")
+        if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise argparse.ArgumentTypeError(f"{text!r}: not writable by this user")
+        return text
+
+    return check
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: a positive, finite int or float."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}") from None
+        if value <= 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a positive {kind.__name__}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" message
+    return parse
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        type=output_path(allow_stdout=True),
+        help=f"write {what} as JSON to FILE; '-' prints it to stdout instead of the tables",
+    )
+
+
+def add_plot(
+    p: argparse.ArgumentParser, what: str = "the latency distributions", old: str = "", dest: str = "plot"
+) -> None:
+    """``--plot FILE``; ``old`` keeps a former name (``--png``) working as an alias."""
+    names = ["--plot", old] if old else ["--plot"]
+    p.add_argument(*names, dest=dest, metavar="FILE", type=output_path(), help=f"write a PNG plot of {what}")
+
+
+def add_html(p: argparse.ArgumentParser, what: str = "a report with the tables and plots") -> None:
+    p.add_argument("--html", metavar="FILE", type=output_path(), help=f"write {what} as one HTML file")
+
+
+def add_no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def json_to_stdout(args: argparse.Namespace) -> bool:
+    """True when ``--json -`` asked for JSON on stdout (then tables are not printed)."""
+    return getattr(args, "json", None) == STDOUT
+
+
+def write_json(target: str | None, doc: Any) -> None:
+    """Write ``doc`` to the ``--json`` target: a file, or stdout for ``-``; nothing for None."""
+    if target is None:
+        return
+    text = json.dumps(doc, indent=2) + "\n"
+    if target == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(target).write_text(text)
