@@ -137,6 +137,7 @@ fi
 begin "serving on both nodes, a worker SIGKILL, the loss of the worker node (${SECONDS_DEMO} s a phase)"
 kill_file=/tmp/lowtail-demo-kill-node
 podman exec "$HEAD" rm -f "$kill_file"
+: >"$OUT/serve.log" # exists before the loop below reads it (the driver's redirection opens it later)
 podman exec -e RAY_AUTH_MODE=disabled "$HEAD" /opt/lowtail/venv/bin/python -m lowtail.demo.cluster \
   --seconds "$SECONDS_DEMO" --kill-file "$kill_file" --json /tmp/lowtail-cluster.json \
   --plot /tmp/lowtail-cluster.png >"$OUT/serve.log" 2>&1 &
@@ -146,7 +147,7 @@ driver=$!
 shown=0
 killed=0
 while kill -0 "$driver" 2>/dev/null; do
-  n=$(wc -l <"$OUT/serve.log")
+  n=$(wc -l <"$OUT/serve.log" 2>/dev/null || echo 0)
   if ((n > shown)); then
     sed -n "$((shown + 1)),${n}p" "$OUT/serve.log" | sed 's/^/    /'
     shown=$n

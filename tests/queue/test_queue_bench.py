@@ -48,3 +48,25 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
 def test_bench_rejects_unknown_transport(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["bench", "queue", "--transports", "lowtail,carrier_pigeon"]) == 2
     assert "unknown ['carrier_pigeon']" in capsys.readouterr().err
+
+
+def test_seed_baseline_unpickles_only_numpy_arrays() -> None:
+    """The seed design's pickled dicts are kept for the comparison, but a pickle naming any other
+    callable (here os.system) is refused before it runs."""
+    import os
+    import pickle
+
+    import numpy as np
+    import pytest
+
+    from lowtail.benchmarks.queue_transports import arrays_loads
+
+    got = arrays_loads(pickle.dumps({"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, protocol=5))
+    assert got["x"].shape == (2, 3) and float(got["x"].sum()) == 15.0
+
+    class Exploit:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, ("true",))
+
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        arrays_loads(pickle.dumps(Exploit()))

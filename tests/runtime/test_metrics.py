@@ -118,9 +118,10 @@ def test_stats_ring_reader_keeps_only_intact_rows_and_counts_lost_ones() -> None
     owner = StatsSegment.create(capacity=16)
     writer = StatsSegment.attach(owner.fd)  # a second mapping, as the worker has
     try:
+        write_row = writer.row_writer()  # the worker's writer: one pack_into at row k % capacity
 
         def write(k: int) -> None:
-            writer.rows[k % 16] = [float(k)] * len(CALL_FIELDS)
+            write_row(k, [float(k)] * len(CALL_FIELDS))
             writer.header[COUNT] = k + 1
 
         for k in range(10):

@@ -333,6 +333,7 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
             ax3.annotate(f"n={c['answered']}", (c["client"], c.get("wait_p999_us", 0.0)), ha="center",
                          va="bottom", fontsize=7)  # fmt: skip
         ax3.set_xlabel("client (lane)")
+        ax3.set_yscale("log")  # p50 (µs) and p99.9 (up to ms on a loaded host) on one axis
         ax3.set_ylabel("queue wait of a ready request (µs)")
         ax3.set_title(f"fairness: {fair['clients']} saturating clients")
         ax3.legend(fontsize=8)

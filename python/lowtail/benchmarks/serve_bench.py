@@ -76,6 +76,7 @@ class Setup:
     duration: float
     sampler_cpus: frozenset[int]
     fifo_scope: str = "call"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
+    client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
 
     def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -156,6 +157,12 @@ def register(bench_sub: Any) -> None:
         help="predecessor traffic designs SAMPLERSxOBSERVATIONS (the worker coalesces to 8-16); '' for none",
     )
     p.add_argument("--breakdown", action="store_true", help="print where the worker's time goes per call")
+    p.add_argument(
+        "--client-spin-us",
+        type=int,
+        help="samplers spin this long for an answer before parking (default: the queue's, 200); a "
+        "spinning sampler needs no futex wake-up from the worker",
+    )
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
     p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
@@ -218,7 +225,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
         x = setup.observations(seed, samples)
         duration = setup.duration
         perf = time.perf_counter_ns
-        with QueueClient.attach(desc) as client:
+        with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
             end = perf() + int(warmup * 1e9)
             while perf() < end:
                 client.start(x).finish(timeout=10.0)
@@ -686,6 +693,7 @@ def run(args: argparse.Namespace) -> int:
         "sampler_cpus": sorted(sampler_cpus),
         "batch": args.batch,
         "fifo_scope": args.fifo_scope,
+        "client_spin_us": args.client_spin_us,
         "duration_s": duration,
         "targets": {
             "served_vs_bare": TARGET_RATIO,
@@ -709,8 +717,18 @@ def run(args: argparse.Namespace) -> int:
             except ModelSpecError as e:
                 raise UsageError(str(e)) from None
             report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
+            if args.client_spin_us is not None and not 0 <= args.client_spin_us <= 1_000_000:
+                raise UsageError(f"--client-spin-us {args.client_spin_us}: expected 0..1000000")
             setup = Setup(
-                model, cpu, args.batch, name, features, duration, frozenset(sampler_cpus), args.fifo_scope
+                model,
+                cpu,
+                args.batch,
+                name,
+                features,
+                duration,
+                frozenset(sampler_cpus),
+                args.fifo_scope,
+                args.client_spin_us,
             )
             total = 1 + len(designs) * (2 if args.ray else 1)
             bar = Progress(f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress)

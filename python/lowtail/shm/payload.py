@@ -82,6 +82,7 @@ class PayloadLayout:
         "inline_end",
         "inline_layout",
         "merge_key",
+        "prefix_bytes",
         "prefix_header",
         "spec",
     )
@@ -90,7 +91,8 @@ class PayloadLayout:
         self.spec = spec
         self.batch = spec[0][2][0]
         h = header(None, spec)
-        self.prefix_header: np.ndarray[Any, Any] = np.frombuffer(_PREFIX.pack(len(h), 0) + h, np.uint8)
+        self.prefix_bytes = _PREFIX.pack(len(h), 0) + h  # written on every request (memoryview: ~0.3 us)
+        self.prefix_header: np.ndarray[Any, Any] = np.frombuffer(self.prefix_bytes, np.uint8)
         self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
         self.ext_bytes = layout(spec, 0)[1]
         self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
