@@ -14,7 +14,7 @@ import pytest
 
 from lowtail.serve.metrics import CALL_FIELDS
 from lowtail.serve.model import example_inputs, find_model_xml
-from lowtail.serve.worker import WorkerConfig, WorkerProcess, WorkerStartFailed
+from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerStartFailed
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.runtime.conftest import write_slow_model
 
@@ -169,6 +169,9 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
             os.kill(w.pid, signal.SIGKILL)
             with pytest.raises(WorkerDied):
                 pending.finish(timeout=30)
+            os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
+            with pytest.raises(WorkerExited, match=f"worker pid {w.pid} on CPU {CPU} has exited"):
+                w.isolation()  # not the zombie's one leftover thread reported as the worker's
             w.stop()
             assert w.exitcode == -signal.SIGKILL
 

@@ -220,8 +220,11 @@ class WorkerProcess:
         masks: dict[str, int] = {}
         cpu_s: dict[int, float] = {}  # utime + stime per thread, as psutil reads /proc/PID/task/TID/stat
         try:
-            threads = psutil.Process(self.pid).threads()
-        except psutil.NoSuchProcess:
+            proc = psutil.Process(self.pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.ZombieProcess(self.pid)  # killed, not yet reaped: its one thread is no worker
+            threads = proc.threads()
+        except psutil.NoSuchProcess:  # ZombieProcess is one
             raise WorkerExited(f"worker pid {self.pid} on CPU {self.cpu} has exited") from None
         for t in threads:
             try:
