@@ -52,7 +52,7 @@ def environment() -> jinja2.Environment:
 
 def render(template: str, **context: Any) -> str:
     """``template`` rendered with ``context``; every page's footer names the lowtail version."""
-    return environment().get_template(template).render(footer=f"lowtail {__version__}", **context)
+    return environment().get_template(template).render({"footer": f"lowtail {__version__}", **context})
 
 
 def report(title: str, sections: list[Section], summary: list[str] | None = None, data: Any = None) -> str:
