@@ -1,12 +1,13 @@
 """Jinja filters the lowtail roles need and ansible.builtin does not have.
 
-Self-contained on purpose: filters run on the controller, and these two small pieces of logic
-(comparing a kernel command line, which kubelet fields changed) have no
-counterpart in the lowtail package.
+Self-contained on purpose: filters run on the controller, and these small pieces of logic
+(comparing a kernel command line or the bootloader's entries with the plan, which kubelet fields
+changed) have no counterpart in the lowtail package.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -41,6 +42,47 @@ def cmdline_missing(wanted: Iterable[str], cmdline: str) -> list[str]:
     return [arg for arg in wanted if last.get(_key(arg)) != arg]
 
 
+# grub.cfg: `linux /vmlinuz-6.1.0-28-amd64 root=UUID=... ro quiet ...` (memtest entries use `linux` too,
+# with a non-kernel image: only vmlinuz images count). grubby --info=ALL: `args="ro quiet ..."`.
+_GRUB_LINUX = re.compile(r"^\s*linux(?:efi)?\s+\S*vmlinuz\S*\s*(.*)$", re.MULTILINE)
+_GRUBBY_ARGS = re.compile(r'^args="(.*)"\s*$', re.MULTILINE)
+
+
+def boot_entries(text: str) -> list[str]:
+    """The kernel command line of every boot entry in a grub.cfg or in grubby's --info=ALL output."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return [m.group(1) for m in _GRUB_LINUX.finditer(text or "")] + [
+        m.group(1) for m in _GRUBBY_ARGS.finditer(text or "")
+    ]
+
+
+def boot_entries_missing(wanted: Iterable[str], text: str) -> list[str]:
+    """Wanted arguments that some boot entry lacks; all of them when the text has no kernel entry
+    (a missing or foreign grub.cfg must be regenerated)."""
+    wanted = list(wanted)
+    entries = boot_entries(text)
+    if not entries:
+        return wanted
+    missing: set[str] = set()
+    for entry in entries:
+        missing.update(cmdline_missing(wanted, entry))
+    return [arg for arg in wanted if arg in missing]
+
+
+def boot_entries_present(args: Iterable[str], text: str) -> list[str]:
+    """The arguments (exact words) that at least one boot entry still has."""
+    words = {w for entry in boot_entries(text) for w in shlex.split(entry)}
+    return [arg for arg in args if arg in words]
+
+
+def args_dropped(old: Iterable[str], wanted: Iterable[str]) -> list[str]:
+    """Arguments of an earlier plan whose key the new plan no longer sets (a changed value is not
+    dropped: adding key=new replaces it)."""
+    keys = {_key(a) for a in wanted}
+    return [a for a in old if _key(a) not in keys]
+
+
 def changed_keys(old: Mapping[str, Any] | None, new: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     """The keys whose values differ between two configs (a missing key differs from any value)."""
     old = old or {}
@@ -53,4 +95,7 @@ class FilterModule:
         return {
             "lowtail_cmdline_missing": cmdline_missing,
             "lowtail_changed_keys": changed_keys,
+            "lowtail_boot_entries_missing": boot_entries_missing,
+            "lowtail_boot_entries_present": boot_entries_present,
+            "lowtail_args_dropped": args_dropped,
         }

@@ -14,8 +14,12 @@ DOCUMENTATION = r"""
 module: lowtail_irq_affinity
 short_description: Set the affinity of existing IRQs (and the default for new ones) to a cpulist
 description:
-  - Writes I(cpus) to C(irq/N/smp_affinity_list) for every IRQ whose affinity differs, and to
-    C(irq/default_smp_affinity) as a hex mask.
+  - Writes I(cpus) to C(irq/N/smp_affinity_list) for every IRQ that may run on a CPU outside I(cpus),
+    and I(cpus) to C(irq/default_smp_affinity) as a hex mask.
+  - An IRQ already confined to some of I(cpus) is left alone: irqbalance spreads IRQs over single
+    housekeeping CPUs, and widening them back to the whole list on every run would fight it.
+  - With I(default_only), only C(irq/default_smp_affinity) is written (rollback restores it to every
+    online CPU and leaves the existing IRQs to irqbalance).
   - IRQs the kernel does not let user space move (per-CPU timer and IPI vectors, managed IRQs)
     answer EIO or EINVAL; they are reported as C(unmovable), not as failures.
 options:
@@ -27,6 +31,10 @@ options:
     description: Root of procfs (a fixture tree in tests).
     type: path
     default: /proc
+  default_only:
+    description: Set only the default affinity for new IRQs; leave existing IRQs as they are.
+    type: bool
+    default: false
 author: lowtail
 """
 
@@ -55,19 +63,22 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.lowtail import cpulist
 
 
-def set_affinity(procfs_root: Path, wanted: frozenset[int], check_mode: bool) -> dict[str, Any]:
+def set_affinity(
+    procfs_root: Path, wanted: frozenset[int], check_mode: bool, default_only: bool = False
+) -> dict[str, Any]:
     irq_root = procfs_root / "irq"
     if not irq_root.is_dir():
         raise FileNotFoundError(f"{irq_root} does not exist: not a procfs tree")
     moved: list[int] = []
     unmovable: list[int] = []
-    for d in sorted((p for p in irq_root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+    irqs = [] if default_only else [p for p in irq_root.iterdir() if p.name.isdigit()]
+    for d in sorted(irqs, key=lambda p: int(p.name)):
         f = d / "smp_affinity_list"
         try:
             current = cpulist.parse(f.read_text())
         except FileNotFoundError:
             continue
-        if current == wanted:
+        if current and current <= wanted:
             continue
         if not check_mode:
             try:
@@ -95,6 +106,7 @@ def main() -> None:
         argument_spec={
             "cpus": {"type": "str", "required": True},
             "procfs_root": {"type": "path", "default": "/proc"},
+            "default_only": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -105,7 +117,9 @@ def main() -> None:
     if not wanted:
         module.fail_json(msg="cpus is empty: IRQs need at least one housekeeping CPU")
     try:
-        result = set_affinity(Path(module.params["procfs_root"]), wanted, module.check_mode)
+        result = set_affinity(
+            Path(module.params["procfs_root"]), wanted, module.check_mode, module.params["default_only"]
+        )
     except OSError as e:
         module.fail_json(msg=f"cannot set IRQ affinity: {e}")
     module.exit_json(changed=bool(result["moved"] or result["default_changed"]), **result)

@@ -80,6 +80,28 @@ options:
         type: raw
         default: auto
         description: C(auto) or a map NUMA node -> quantity that must add up exactly.
+  hugepages:
+    description: Boot-time huge pages; their share on every NUMA node must fit in that node's MemTotal.
+    type: dict
+    options:
+      size: {type: str, default: 1G, choices: [2M, 1G], description: Huge page size.}
+      count: {type: raw, default: 0, description: Number of huge pages.}
+  cstate_limit:
+    description: Deepest C-state (0 = idle=poll); null leaves the kernel's choice; negative is refused.
+    type: raw
+  kernel_extra_args:
+    description: Extra kernel arguments; each must be made of shell-inert characters (see ARG_SAFE).
+    type: list
+    elements: raw
+    default: []
+  serial:
+    description: The rollout batch (Ansible C(serial)); a count, a percentage, or a list of them.
+    type: raw
+    default: 25%
+  require_systemd:
+    description: Refuse a host whose PID 1 (C(procfs_root)/1/comm) is not systemd.
+    type: bool
+    default: true
 author: lowtail
 """
 
@@ -102,18 +124,50 @@ node:
 import os
 import platform
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.lowtail import cpulist, kubelet_memory, plan, topology
+from ansible.module_utils.lowtail.errors import LowtailError
 
 _INT = re.compile(r"^-?[0-9]+$")
 _INT_MAX = 2**31 - 1
+T = TypeVar("T")
 
 
-class PreflightError(ValueError):
-    """An inventory input or a host that lowtail must not provision; the message names the value."""
+# Characters a kernel argument may use: GRUB drop-ins are sourced by a root shell when grub-mkconfig
+# runs, so quotes, $, backquotes, ;, |, &, <, >, parentheses, backslashes and whitespace never reach one.
+ARG_SAFE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.,:/+=@-]*$")
+_PERCENT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)%$")
+_HUGEPAGE_BYTES = {"2M": 2 * 2**20, "1G": 2**30}
+# Keys the kernel role sets besides the CPU plan's own (roles/lowtail_kernel/vars/main.yml).
+KERNEL_ROLE_KEYS = frozenset(
+    {
+        "transparent_hugepage",
+        "idle",
+        "processor.max_cstate",
+        "default_hugepagesz",
+        "hugepagesz",
+        "hugepages",
+        "rcupdate.rcu_normal_after_boot",
+    }
+)
+
+
+class PreflightError(LowtailError, ValueError):
+    """Inputs or a host that lowtail must not provision: every problem found, each naming its value."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f"{len(self.problems)} problems: " + " ".join(
+                f"({i}) {p}" for i, p in enumerate(self.problems, 1)
+            )
+        super().__init__(text)
 
 
 def _integer(value: Any, name: str) -> int:
@@ -124,24 +178,146 @@ def _integer(value: Any, name: str) -> int:
     return int(value)
 
 
-def check_rt_budget(runtime: Any, period: Any, stalld: bool) -> dict[str, int]:
+def check_rt_budget(runtime: Any, period: Any, stalld: bool) -> dict[str, Any]:
+    """The RT budget, or PreflightError. A budget of the whole period throttles nothing, so it is the
+    same as -1 and needs stalld; 0 gives SCHED_FIFO tasks no time at all (they never run)."""
     period_us = _integer(period, "lowtail_rt_period_us")
     runtime_us = _integer(runtime, "lowtail_rt_runtime_us")
     if not 1 <= period_us <= _INT_MAX:
         raise PreflightError(f"lowtail_rt_period_us {period_us}: expected 1..{_INT_MAX}")
-    if runtime_us == -1:
-        if not stalld:
-            raise PreflightError(
-                "lowtail_rt_runtime_us -1 (no RT throttling) without stalld: a spinning SCHED_FIFO task "
-                "would starve kernel threads on its CPU; set lowtail_stalld: true or use 950000"
-            )
-    elif not 0 <= runtime_us <= period_us:
+    if runtime_us > period_us:
         raise PreflightError(
             f"lowtail_rt_runtime_us {runtime_us} is larger than lowtail_rt_period_us {period_us}"
-            if runtime_us > period_us
-            else f"lowtail_rt_runtime_us {runtime_us}: expected -1 or 0..{period_us}"
         )
-    return {"runtime_us": runtime_us, "period_us": period_us}
+    if runtime_us == 0:
+        raise PreflightError(
+            "lowtail_rt_runtime_us 0 gives real-time tasks no CPU time at all (SCHED_FIFO workers would "
+            f"never run); expected 950000 (the kernel default), 1..{period_us}, or -1 with stalld"
+        )
+    if runtime_us < -1:
+        raise PreflightError(f"lowtail_rt_runtime_us {runtime_us}: expected -1 or 1..{period_us}")
+    unthrottled = runtime_us in (-1, period_us)
+    if unthrottled and not stalld:
+        what = (
+            "-1 (no RT throttling)"
+            if runtime_us == -1
+            else f"{runtime_us} (the whole period: no RT throttling)"
+        )
+        raise PreflightError(
+            f"lowtail_rt_runtime_us {what} without stalld: a spinning SCHED_FIFO task "
+            "would starve kernel threads on its CPU; set lowtail_stalld: true or use 950000"
+        )
+    return {"runtime_us": runtime_us, "period_us": period_us, "unthrottled": unthrottled}
+
+
+def check_serial(serial: Any) -> None:
+    """Ansible's play keyword serial: a positive count, a percentage in (0, 100], or a list of them."""
+    items = serial if isinstance(serial, list) else [serial]
+    for item in items:
+        if isinstance(item, bool):
+            ok = False
+        elif isinstance(item, int):
+            ok = item >= 1
+        elif isinstance(item, str) and item.strip().isdigit():
+            ok = int(item) >= 1
+        elif isinstance(item, str) and (m := _PERCENT.match(item.strip())):
+            ok = 0 < float(m.group(1)) <= 100
+        else:
+            ok = False
+        if not ok or not items:
+            raise PreflightError(
+                f"lowtail_serial {serial!r}: expected a number of hosts (>= 1), a percentage such as "
+                "'25%', or a list of them such as [1, '25%']"
+            )
+
+
+def check_kernel_args(extra: list[Any], cstate_limit: Any, lowtail_keys: set[str]) -> None:
+    problems = []
+    if cstate_limit not in (None, "") and (
+        isinstance(cstate_limit, bool) or not _INT.match(str(cstate_limit)) or int(cstate_limit) < 0
+    ):
+        problems.append(
+            f"lowtail_kernel_cstate_limit {cstate_limit!r}: expected null (kernel's choice), 0 "
+            "(idle=poll) or a positive C-state number"
+        )
+    seen: set[str] = set()
+    for arg in extra or []:
+        if not isinstance(arg, str) or not ARG_SAFE.match(arg):
+            problems.append(
+                f"lowtail_kernel_extra_args {arg!r}: a kernel argument may only use letters, digits and "
+                "_ . , : / + = @ - (a GRUB drop-in is sourced by a root shell; quotes, $, backquotes, "
+                "spaces and ; never reach it)"
+            )
+            continue
+        key = arg.split("=", 1)[0]
+        if key in lowtail_keys or key in seen:
+            problems.append(
+                f"lowtail_kernel_extra_args {arg!r} sets {key}, which "
+                + ("lowtail already sets" if key in lowtail_keys else "is given twice")
+                + ": one value per key, or the running-argument check would never settle"
+            )
+        seen.add(key)
+    if problems:
+        raise PreflightError(problems)
+
+
+def node_mem_total(sysfs_root: Path, node: int) -> int | None:
+    """MemTotal of one NUMA node in bytes, from sysfs node/nodeN/meminfo (None when unreadable)."""
+    try:
+        text = (sysfs_root / f"devices/system/node/node{node}/meminfo").read_text()
+    except OSError:
+        return None
+    m = re.search(r"MemTotal:\s+([0-9]+) kB", text)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def check_hugepages(
+    sysfs_root: Path, hugepages: dict[str, Any] | None, reserved: dict[int, int]
+) -> dict[str, Any]:
+    """hugepages=N at boot is spread round-robin over the NUMA nodes; each node's share plus kubelet's
+    reservedMemory on it must fit in the node's MemTotal, or the kernel allocates fewer pages than asked
+    (or none is left for the system)."""
+    hp = hugepages or {}
+    size = hp.get("size") or "1G"
+    count_raw = hp.get("count", 0)
+    if isinstance(count_raw, bool) or not _INT.match(str(count_raw)) or int(count_raw) < 0:
+        raise PreflightError(f"lowtail_kernel_hugepages.count {count_raw!r}: expected a whole number >= 0")
+    if size not in _HUGEPAGE_BYTES:
+        raise PreflightError(f"lowtail_kernel_hugepages.size {size!r}: expected one of 2M, 1G")
+    count = int(count_raw)
+    result = {"size": size, "count": count, "per_node": {}}
+    if count == 0:
+        return result
+    nodes = sorted(reserved)
+    share = -(-count // len(nodes))
+    problems = []
+    for node in nodes:
+        total = node_mem_total(sysfs_root, node)
+        if total is None:
+            problems.append(
+                f"lowtail_kernel_hugepages {count} x {size}: cannot read MemTotal of NUMA node {node} "
+                f"({sysfs_root}/devices/system/node/node{node}/meminfo)"
+            )
+            continue
+        need = share * _HUGEPAGE_BYTES[size] + reserved[node]
+        result["per_node"][node] = share
+        if need > total:
+            problems.append(
+                f"lowtail_kernel_hugepages {count} x {size}: NUMA node {node} would need {share} x {size} "
+                f"plus {reserved[node] // 2**20} MiB reserved for the system and kubelet, but has MemTotal "
+                f"{total // 2**20} MiB; expected at most "
+                f"{max(0, (total - reserved[node]) // _HUGEPAGE_BYTES[size]) * len(nodes)} pages"
+            )
+    if problems:
+        raise PreflightError(problems)
+    return result
+
+
+def init_system(procfs_root: Path) -> str:
+    try:
+        return (procfs_root / "1/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def check_hardware(topo: topology.Topology, expected: dict[str, Any] | None) -> None:
@@ -202,46 +378,88 @@ def kernel_facts(sysfs_root: Path, procfs_root: Path, boot_root: Path, release: 
     }
 
 
+def _collect(problems: list[str], check: Callable[[], T]) -> T | None:
+    """Run one check; record its problems and go on, so one run reports every bad input at once."""
+    try:
+        return check()
+    except PreflightError as e:
+        problems.extend(e.problems)
+        return None
+
+
 def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Everything the roles need about the host, or PreflightError naming the first bad input."""
+    """Everything the roles need about the host, or one PreflightError listing every problem found."""
     sysfs_root, procfs_root = Path(params["sysfs_root"]), Path(params["procfs_root"])
     warnings: list[str] = []
+    problems: list[str] = []
+
+    if params.get("require_systemd", True):
+        init = init_system(procfs_root)
+        if init != "systemd":
+            problems.append(
+                f"PID 1 is {init or 'unknown'!r} ({procfs_root}/1/comm), not systemd: lowtail's tuning, "
+                "kubelet and runtime steps need systemd (units, CPUAffinity=, daemon-reexec)"
+            )
+    rt = _collect(
+        problems, lambda: check_rt_budget(params["rt_runtime_us"], params["rt_period_us"], params["stalld"])
+    )
+    _collect(problems, lambda: check_serial(params.get("serial", "25%")))
+
     try:
         topo = topology.read_topology(sysfs_root, procfs_root)
     except (topology.TopologyError, cpulist.CpuListError) as e:
-        raise PreflightError(f"cannot read the CPU topology: {e}") from None
+        raise PreflightError([*problems, f"cannot read the CPU topology: {e}"]) from None
 
     evidence = "; ".join(f.detail for f in topo.findings)
     if topo.virtual:
         if not params["allow_virtual"]:
-            raise PreflightError(
+            problems.append(
                 f"this host looks virtual ({evidence}) and lowtail_allow_virtual is false: a VM cannot "
                 "give exclusive physical cores or a true NUMA layout; set lowtail_allow_virtual: true "
                 "only for test sandboxes"
             )
-        warnings.append(f"provisioning a virtual host because lowtail_allow_virtual is true: {evidence}")
+        else:
+            warnings.append(f"provisioning a virtual host because lowtail_allow_virtual is true: {evidence}")
 
-    check_hardware(topo, params.get("expected_hardware"))
+    _collect(problems, lambda: check_hardware(topo, params.get("expected_hardware")))
 
     housekeeping = params["housekeeping"]
-    try:
-        cpu_plan = plan.make_plan(topo, housekeeping, params["amd_pstate"] or None)
-    except (plan.PlanError, cpulist.CpuListError) as e:
-        raise PreflightError(f"lowtail_housekeeping {housekeeping!r}: {e}") from None
 
-    rt = check_rt_budget(params["rt_runtime_us"], params["rt_period_us"], params["stalld"])
+    def make_plan() -> plan.Plan:
+        try:
+            return plan.make_plan(topo, housekeeping, params["amd_pstate"] or None)
+        except (plan.PlanError, cpulist.CpuListError) as e:
+            raise PreflightError(f"lowtail_housekeeping {housekeeping!r}: {e}") from None
+
+    cpu_plan = _collect(problems, make_plan)
+    plan_keys = {a.split("=", 1)[0] for a in cpu_plan.kernel_args} if cpu_plan else set()
+    _collect(
+        problems,
+        lambda: check_kernel_args(
+            params.get("kernel_extra_args") or [], params.get("cstate_limit"), plan_keys | KERNEL_ROLE_KEYS
+        ),
+    )
 
     mem = params.get("kubelet_memory") or {}
-    try:
-        reservations = kubelet_memory.plan_reservations(
-            topo.numa_nodes,
-            mem.get("kube_reserved", "1Gi"),
-            mem.get("system_reserved", "1Gi"),
-            mem.get("eviction_hard", "100Mi"),
-            mem.get("per_numa", "auto"),
-        )
-    except kubelet_memory.MemoryReservationError as e:
-        raise PreflightError(f"lowtail_kubelet_memory: {e}") from None
+
+    def reserve() -> kubelet_memory.MemoryReservations:
+        try:
+            return kubelet_memory.plan_reservations(
+                topo.numa_nodes,
+                mem.get("kube_reserved", "1Gi"),
+                mem.get("system_reserved", "1Gi"),
+                mem.get("eviction_hard", "100Mi"),
+                mem.get("per_numa", "auto"),
+            )
+        except kubelet_memory.MemoryReservationError as e:
+            raise PreflightError(f"lowtail_kubelet_memory: {e}") from None
+
+    reservations = _collect(problems, reserve)
+    per_numa = reservations.per_numa if reservations else dict.fromkeys(topo.numa_nodes, 0)
+    hugepages = _collect(problems, lambda: check_hugepages(sysfs_root, params.get("hugepages"), per_numa))
+
+    if problems or cpu_plan is None or rt is None or reservations is None:
+        raise PreflightError(problems)
 
     kernel = kernel_facts(sysfs_root, procfs_root, Path(params["boot_root"]), params.get("kernel_release"))
     if kernel["rt_group_sched"]:
@@ -283,8 +501,10 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "isolated": cpulist.format_mask(cpu_plan.isolated),
         },
         "rt": rt,
-        "stalld": params["stalld"],
+        # An unthrottled budget (-1 or the whole period) runs stalld; check_rt_budget required the opt-in.
+        "stalld": bool(params["stalld"]) or bool(rt["unthrottled"]),
         "kubelet_memory": reservations.to_dict(),
+        "hugepages": hugepages,
         "kernel": kernel,
     }
     return node, warnings
@@ -316,6 +536,17 @@ def main() -> None:
             "rt_runtime_us": {"type": "raw", "default": 950000},
             "rt_period_us": {"type": "raw", "default": 1000000},
             "stalld": {"type": "bool", "default": False},
+            "hugepages": {
+                "type": "dict",
+                "options": {
+                    "size": {"type": "str", "default": "1G", "choices": ["2M", "1G"]},
+                    "count": {"type": "raw", "default": 0},
+                },
+            },
+            "cstate_limit": {"type": "raw"},
+            "kernel_extra_args": {"type": "list", "elements": "raw", "default": []},
+            "serial": {"type": "raw", "default": "25%"},
+            "require_systemd": {"type": "bool", "default": True},
             "kubelet_memory": {
                 "type": "dict",
                 "options": {
@@ -331,7 +562,7 @@ def main() -> None:
     try:
         node, warnings = build_node(module.params)
     except PreflightError as e:
-        module.fail_json(msg=str(e))
+        module.fail_json(msg=str(e), problems=e.problems)
     for w in warnings:
         module.warn(w)
     module.exit_json(changed=False, node=node, hostname=os.uname().nodename)

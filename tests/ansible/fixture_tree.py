@@ -1,8 +1,8 @@
 """Write a fixture host tree for the Ansible tests: a machine's sysfs/procfs plus IRQs to move.
 
 ``python tests/ansible/fixture_tree.py OUTDIR [MACHINE]`` writes OUTDIR/sys and OUTDIR/proc (default
-machine: epyc9634_2s) with ``proc/irq/N/smp_affinity_list`` spread over every CPU, as a host looks
-before lowtail moves its IRQs to the housekeeping CPUs.
+machine: epyc9634_2s) with ``proc/irq/N/smp_affinity_list`` spread over every CPU and ``proc/1/comm``
+naming systemd, as a host looks before lowtail moves its IRQs to the housekeeping CPUs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def write_host(out: Path, machine: str = "epyc9634_2s") -> tuple[Path, Path]:
         d.mkdir(parents=True, exist_ok=True)
         (d / "smp_affinity_list").write_text(cpulist.format(online) + "\n")
     (proc_root / "irq/default_smp_affinity").write_text(cpulist.format_mask(online) + "\n")
+    # PID 1 of the host the tree describes (preflight refuses a host whose init is not systemd).
+    (proc_root / "1").mkdir(exist_ok=True)
+    (proc_root / "1/comm").write_text("systemd\n")
     return sys_root, proc_root
 
 

@@ -27,6 +27,8 @@ def params(sys_root: Path, proc_root: Path, boot: Path | None = None, **kw: Any)
         "rt_runtime_us": 950000,
         "rt_period_us": 1000000,
         "stalld": False,
+        # Fixture trees describe topology only; test_init_* below covers PID 1.
+        "require_systemd": False,
         "kubelet_memory": {
             "kube_reserved": "1Gi",
             "system_reserved": "1Gi",
@@ -82,7 +84,9 @@ def test_bios_that_differs_from_the_inventory_fails(
         (950000.5, 1000000, False, "lowtail_rt_runtime_us 950000.5: expected an integer"),
         (True, 1000000, False, "lowtail_rt_runtime_us True"),
         (-1, 1000000, False, "without stalld"),
-        (-2, 1000000, False, "expected -1 or 0..1000000"),
+        (-2, 1000000, False, "expected -1 or 1..1000000"),
+        (0, 1000000, True, "lowtail_rt_runtime_us 0 gives real-time tasks no CPU time"),
+        (1000000, 1000000, False, "1000000 (the whole period: no RT throttling) without stalld"),
         (500000, 0, False, "lowtail_rt_period_us 0"),
     ],
 )
@@ -98,8 +102,128 @@ def test_good_rt_budgets(node_plan_module: ModuleType) -> None:
     assert node_plan_module.check_rt_budget("950000", 1000000, False) == {
         "runtime_us": 950000,
         "period_us": 1000000,
+        "unthrottled": False,
     }
-    assert node_plan_module.check_rt_budget(-1, 1000000, True)["runtime_us"] == -1
+    assert node_plan_module.check_rt_budget(-1, 1000000, True)["unthrottled"]
+    # The whole period throttles nothing: accepted with stalld, and marked unthrottled like -1.
+    assert node_plan_module.check_rt_budget(1000000, 1000000, True)["unthrottled"]
+    assert not node_plan_module.check_rt_budget(950000, 1000000, False)["unthrottled"]
+
+
+@pytest.mark.parametrize("serial", [1, "3", "25%", "12.5%", "100%", [1, "10%", "50%"]])
+def test_serial_accepts_counts_and_percentages(node_plan_module: ModuleType, serial: object) -> None:
+    node_plan_module.check_serial(serial)
+
+
+@pytest.mark.parametrize("serial", ["abc", 0, "0", "0%", "150%", -1, True, "25 %x", [1, "x"], None])
+def test_serial_refuses_anything_else(node_plan_module: ModuleType, serial: object) -> None:
+    with pytest.raises(node_plan_module.PreflightError, match="lowtail_serial"):
+        node_plan_module.check_serial(serial)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "quiet$(reboot)",
+        "a`id`",
+        'dyndbg="+p"',
+        "x'y",
+        "a;b",
+        "a b",
+        "a|b",
+        "a&b",
+        "a>b",
+        "a\\b",
+        "a\nb",
+        "${IFS}",
+        "",
+        3,
+    ],
+)
+def test_kernel_argument_with_shell_syntax_is_refused(node_plan_module: ModuleType, arg: object) -> None:
+    with pytest.raises(node_plan_module.PreflightError, match="may only use letters"):
+        node_plan_module.check_kernel_args([arg], None, set())
+
+
+def test_safe_kernel_arguments_pass(node_plan_module: ModuleType) -> None:
+    node_plan_module.check_kernel_args(
+        ["mitigations=auto", "audit=0", "console=ttyS0,115200n8", "intel_iommu=on", "a.b-c=x:y/z+1@2"],
+        1,
+        set(),
+    )
+
+
+def test_kernel_argument_checks_report_every_problem(node_plan_module: ModuleType) -> None:
+    with pytest.raises(node_plan_module.PreflightError) as e:
+        node_plan_module.check_kernel_args(["nohz_full=1", "a;b", "audit=0", "audit=1"], -1, {"nohz_full"})
+    assert len(e.value.problems) == 4, e.value.problems
+    text = str(e.value)
+    assert text.startswith("4 problems: (1) lowtail_kernel_cstate_limit -1")
+    assert "'nohz_full=1' sets nohz_full, which lowtail already sets" in text
+    assert "'audit=1' sets audit, which is given twice" in text
+
+
+def _node_meminfo(sys_root: Path, gib: int) -> None:
+    for node in (sys_root / "devices/system/node").glob("node[0-9]*"):
+        (node / "meminfo").write_text(f"Node {node.name[4:]} MemTotal:       {gib * 2**20} kB\n")
+
+
+def test_hugepages_must_fit_each_numa_node(node_plan_module: ModuleType, tmp_path: Path) -> None:
+    sys_root = tmp_path / "sys"
+    for n in (0, 1):
+        (sys_root / f"devices/system/node/node{n}").mkdir(parents=True)
+    _node_meminfo(sys_root, 64)
+    reserved = {0: 2**30, 1: 2**30}
+    check = node_plan_module.check_hugepages
+    # 126 x 1G is 63 per node: 63 GiB + 1 GiB reserved fits a 64 GiB node exactly.
+    assert check(sys_root, {"size": "1G", "count": 126}, reserved)["per_node"] == {0: 63, 1: 63}
+    with pytest.raises(node_plan_module.PreflightError) as e:
+        check(sys_root, {"size": "1G", "count": 127}, reserved)  # 64 on node 0 (round-robin) + 1 GiB
+    assert len(e.value.problems) == 2 and "NUMA node 0 would need 64 x 1G" in str(e.value)
+    assert "expected at most 126 pages" in str(e.value)
+    assert check(sys_root, {"size": "2M", "count": 0}, reserved)["count"] == 0
+    with pytest.raises(node_plan_module.PreflightError, match="count -4"):
+        check(sys_root, {"size": "1G", "count": -4}, reserved)
+    (sys_root / "devices/system/node/node1/meminfo").unlink()
+    with pytest.raises(node_plan_module.PreflightError, match="cannot read MemTotal of NUMA node 1"):
+        check(sys_root, {"size": "2M", "count": 2}, reserved)
+
+
+def test_init_other_than_systemd_is_refused(
+    node_plan_module: ModuleType, tmp_path: Path, machine_roots: dict
+) -> None:
+    sys_root, proc_root = machine_roots["epyc9634_2s"]
+    with pytest.raises(node_plan_module.PreflightError, match="PID 1 is 'unknown'"):
+        node_plan_module.build_node(params(sys_root, proc_root, require_systemd=True))
+
+
+def test_every_bad_input_is_reported_at_once(node_plan_module: ModuleType, machine_roots: dict) -> None:
+    sys_root, proc_root = machine_roots["vmware_88"]
+    with pytest.raises(node_plan_module.PreflightError) as e:
+        node_plan_module.build_node(
+            params(
+                sys_root,
+                proc_root,
+                rt_runtime_us=0,
+                serial="abc",
+                cstate_limit=-1,
+                kernel_extra_args=["$(reboot)"],
+                housekeeping="0-500",
+                require_systemd=True,
+            )
+        )
+    problems = e.value.problems
+    assert len(problems) == 7, problems
+    for fragment in (
+        "PID 1",
+        "lowtail_rt_runtime_us 0",
+        "lowtail_serial 'abc'",
+        "lowtail_allow_virtual is false",
+        "lowtail_housekeeping '0-500'",
+        "lowtail_kernel_cstate_limit -1",
+        "'$(reboot)'",
+    ):
+        assert any(fragment in p for p in problems), (fragment, problems)
 
 
 def test_kernel_config_and_cgroup_detection(node_plan_module: ModuleType, tmp_path: Path) -> None:
@@ -134,6 +258,32 @@ def test_irq_affinity_moves_every_irq_once(irq_module: ModuleType, tmp_path: Pat
     assert again == {"moved": [], "unmovable": [], "default_changed": False}
 
 
+def test_irq_already_on_a_housekeeping_cpu_is_not_moved_again(irq_module: ModuleType, tmp_path: Path) -> None:
+    """irqbalance puts each IRQ on one housekeeping CPU; the module must not widen it back every run."""
+    _, proc_root = write_host(tmp_path / "host")
+    wanted = frozenset(range(7)) | frozenset(range(84, 91))
+    irq_module.set_affinity(proc_root, wanted, check_mode=False)
+    (proc_root / "irq/3/smp_affinity_list").write_text("5\n")  # irqbalance's choice
+    (proc_root / "irq/4/smp_affinity_list").write_text("5-8\n")  # reaches isolated CPUs 7-8
+    again = irq_module.set_affinity(proc_root, wanted, check_mode=False)
+    assert again["moved"] == [4], again
+    assert (proc_root / "irq/3/smp_affinity_list").read_text().strip() == "5"
+    assert (proc_root / "irq/4/smp_affinity_list").read_text().strip() == "0-6,84-90"
+
+
+def test_default_only_restores_the_default_and_leaves_irqs(irq_module: ModuleType, tmp_path: Path) -> None:
+    _, proc_root = write_host(tmp_path / "host")
+    wanted = frozenset(range(7)) | frozenset(range(84, 91))
+    irq_module.set_affinity(proc_root, wanted, check_mode=False)
+    every = frozenset(range(168))
+    back = irq_module.set_affinity(proc_root, every, check_mode=False, default_only=True)
+    assert back == {"moved": [], "unmovable": [], "default_changed": True}
+    assert (
+        proc_root / "irq/default_smp_affinity"
+    ).read_text().strip() == "ff,ffffffff,ffffffff,ffffffff,ffffffff,ffffffff"
+    assert (proc_root / "irq/0/smp_affinity_list").read_text().strip() == "0-6,84-90"
+
+
 def test_module_runs_on_a_python_without_lowtail(machine_roots: dict) -> None:
     """AnsiballZ carries module_utils/lowtail (relative imports too): /usr/bin/python3 has no lowtail."""
     probe = subprocess.run(["/usr/bin/python3", "-c", "import lowtail"], capture_output=True, check=False)
@@ -153,7 +303,14 @@ def test_module_runs_on_a_python_without_lowtail(machine_roots: dict) -> None:
             "-m",
             "lowtail_node_plan",
             "-a",
-            json.dumps({"sysfs_root": str(sys_root), "procfs_root": str(proc_root), "housekeeping": 1}),
+            json.dumps(
+                {
+                    "sysfs_root": str(sys_root),
+                    "procfs_root": str(proc_root),
+                    "housekeeping": 1,
+                    "require_systemd": False,
+                }
+            ),
         ]
     )
     assert result.returncode == 0, result.stdout + result.stderr

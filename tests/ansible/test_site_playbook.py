@@ -7,6 +7,9 @@ check mode would change and changes nothing on this machine.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,25 @@ import yaml
 from tests.ansible.conftest import run_ansible
 
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
+BOOT_CMDLINE = "BOOT_IMAGE=/vmlinuz-6.1.0-28-amd64 root=UUID=0b1f ro quiet"
+NODE_MEM_KB = 384 * 2**20  # 384 GiB per NUMA node, as a 2 x EPYC 9634 with 12 x 32 GiB DIMMs per socket
+
+
+def host_tree(tmp_path: Path, name: str, machine: tuple[Path, Path], init: str) -> tuple[Path, Path]:
+    """A private copy of a fixture machine with what preflight reads besides the topology: PID 1's name
+    (this test machine has no systemd as PID 1) and each NUMA node's MemTotal."""
+    src_sys, src_proc = machine
+    dst = tmp_path / "hosts" / name
+    sys_root, proc_root = dst / "sys", dst / "proc"
+    shutil.copytree(src_sys, sys_root)
+    shutil.copytree(src_proc, proc_root)
+    (proc_root / "1").mkdir(parents=True, exist_ok=True)
+    (proc_root / "1/comm").write_text(init + "\n")
+    if not (proc_root / "cmdline").exists():
+        (proc_root / "cmdline").write_text(BOOT_CMDLINE + "\n")
+    for node in sorted((sys_root / "devices/system/node").glob("node[0-9]*")):
+        (node / "meminfo").write_text(f"Node {node.name[4:]} MemTotal:       {NODE_MEM_KB} kB\n")
+    return sys_root, proc_root
 
 
 def write_inventory(
@@ -24,7 +46,9 @@ def write_inventory(
     entries = {}
     for name, host in hosts.items():
         spec = dict(host)
-        sys_root, proc_root = roots[spec.pop("machine")]
+        sys_root, proc_root = host_tree(
+            tmp_path, name, roots[spec.pop("machine")], spec.pop("init", "systemd")
+        )
         entries[name] = {
             **LOCAL,
             "lowtail_sysfs_root": str(sys_root),
@@ -35,6 +59,8 @@ def write_inventory(
             "lowtail_tuning_apply": False,
             "lowtail_kubelet_apply": False,
             "lowtail_kernel_grub_dropin": str(tmp_path / "grub.d/60-lowtail.cfg"),
+            "lowtail_kernel_grub_cfg": str(tmp_path / "boot/grub/grub.cfg"),
+            "lowtail_kernel_cmdline_path": str(proc_root / "cmdline"),
             "lowtail_kubelet_config_path": str(tmp_path / "kubelet/config.yaml"),
             **spec,
         }
@@ -108,6 +134,59 @@ BAD_INPUTS = {
         {"machine": "epyc_2s_nps4", "lowtail_expected_hardware": {"numa_per_socket": 1}},
         "numa_per_socket expected 1, host has 4",
     ),
+    # Issue 12 item 7: inputs that used to pass preflight and fail (or do harm) later.
+    "cstate_limit_negative": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_cstate_limit": -1},
+        "lowtail_kernel_cstate_limit -1: expected null",
+    ),
+    "hugepages_beyond_node_memory": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_hugepages": {"size": "1G", "count": 100000}},
+        "NUMA node 0 would need 50000 x 1G",
+    ),
+    "rt_runtime_zero": (
+        {"machine": "epyc9634_2s", "lowtail_rt_runtime_us": 0},
+        "lowtail_rt_runtime_us 0 gives real-time tasks no CPU time",
+    ),
+    "rt_runtime_equal_to_period_without_stalld": (
+        {"machine": "epyc9634_2s", "lowtail_rt_runtime_us": 1000000},
+        "lowtail_rt_runtime_us 1000000 (the whole period: no RT throttling) without stalld",
+    ),
+    "serial_not_a_count_or_percentage": (
+        {"machine": "epyc9634_2s", "lowtail_serial": "abc"},
+        "lowtail_serial 'abc': expected a number of hosts",
+    ),
+    "kernel_arg_with_shell_syntax": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_extra_args": ["quiet$(touch /tmp/lowtail-pwned)"]},
+        "lowtail_kernel_extra_args 'quiet$(touch /tmp/lowtail-pwned)': a kernel argument may only use",
+    ),
+    "kernel_arg_with_quotes_and_spaces": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_extra_args": ['dyndbg="module x +p"']},
+        "lowtail_kernel_extra_args 'dyndbg=\"module x +p\"': a kernel argument may only use",
+    ),
+    "kernel_arg_repeats_a_lowtail_key": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_extra_args": ["isolcpus=1-3"]},
+        "'isolcpus=1-3' sets isolcpus, which lowtail already sets",
+    ),
+    "init_not_systemd": (
+        {"machine": "epyc9634_2s", "init": "init"},
+        "PID 1 is 'init'",
+    ),
+    "pm_qos_latency_not_a_number": (
+        {"machine": "epyc9634_2s", "lowtail_tuning_pm_qos_resume_latency_us": "10; reboot"},
+        'lowtail_tuning_pm_qos_resume_latency_us "10; reboot": expected a whole number',
+    ),
+    "sysctl_value_with_a_newline": (
+        {"machine": "epyc9634_2s", "lowtail_tuning_sysctls": {"vm.swappiness": "1\nkernel.panic = 1"}},
+        "lowtail_tuning_sysctls",
+    ),
+    "governor_outside_its_choices": (
+        {"machine": "epyc9634_2s", "lowtail_tuning_governor": "performance\nw /etc/motd - - - - x"},
+        "lowtail_tuning_governor",
+    ),
+    "other_role_input_outside_its_spec": (
+        {"machine": "epyc9634_2s", "lowtail_kernel_thp": "sometimes"},
+        "lowtail_kernel_thp",
+    ),
 }
 
 
@@ -126,6 +205,42 @@ def test_bad_input_fails_in_preflight_before_any_change(
     recap = out[out.rindex("PLAY RECAP") :]
     assert "changed=0" in recap.split("good-host")[1].splitlines()[0], recap
     assert "changed=0" in recap.split("bad-host")[1].splitlines()[0], recap
+
+
+@pytest.mark.slow
+def test_every_problem_of_every_host_is_reported_in_one_run(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    many = {
+        "machine": "epyc9634_2s",
+        "lowtail_kernel_cstate_limit": -1,
+        "lowtail_rt_runtime_us": 0,
+        "lowtail_serial": "abc",
+        "lowtail_kernel_extra_args": ["a;b"],
+        "lowtail_kernel_thp": "sometimes",
+    }
+    other = {"machine": "vmware_88", "init": "bash"}
+    inventory = write_inventory(
+        tmp_path, machine_roots, {"good-host": GOOD, "bad-host": many, "vm-host": other}
+    )
+    rc, out = run_site(inventory)
+    assert rc != 0, out
+    words = " ".join(out.split())
+    assert "bad-host: 5 preflight problem(s)" in words, out
+    for fragment in (
+        "lowtail_kernel_cstate_limit -1",
+        "lowtail_rt_runtime_us 0",
+        "lowtail_serial 'abc'",
+        "lowtail_kernel_extra_args 'a;b'",
+        "lowtail_kernel_thp",
+    ):
+        assert fragment in words, fragment
+    assert "vm-host: 2 preflight problem(s)" in words and "PID 1 is 'bash'" in words, out
+    assert "lowtail_allow_virtual is false" in words, out
+    assert "PLAY [Provision" not in out
+    recap = out[out.rindex("PLAY RECAP") :]
+    for host in ("good-host", "bad-host", "vm-host"):
+        assert "changed=0" in recap.split(host)[1].splitlines()[0], recap
 
 
 @pytest.mark.slow
@@ -178,3 +293,214 @@ def test_example_inventory_passes_preflight_on_its_hardware(
     assert result.returncode == 0, out
     words = " ".join(out.split())  # the YAML callback may wrap the plan message
     assert "housekeeping 0-6,84-90," in words and "housekeeping 0-13,84-97," in words, out
+
+
+# A stand-in for update-grub that is faithful where it matters here: like grub-mkconfig it sources
+# /etc/default/grub's drop-ins with /bin/sh (as root on a real host) and writes the kernel lines of
+# grub.cfg from GRUB_CMDLINE_LINUX (grub-mkconfig, util/grub.d/10_linux.in). It logs every call.
+UPDATE_GRUB = """#!/bin/sh
+set -e
+GRUB_CMDLINE_LINUX="root=UUID=0b1f ro"
+for f in {dropins}/*.cfg; do [ -e "$f" ] && . "$f"; done
+mkdir -p "$(dirname {cfg})"
+cat > {cfg} <<END
+menuentry 'Debian GNU/Linux' {{
+\tlinux\t/vmlinuz-6.1.0-28-amd64 $GRUB_CMDLINE_LINUX quiet
+}}
+menuentry 'Debian GNU/Linux (recovery mode)' {{
+\tlinux\t/vmlinuz-6.1.0-28-amd64 $GRUB_CMDLINE_LINUX single
+}}
+END
+echo called >> {log}
+"""
+
+
+def kernel_playbook(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Preflight and the kernel role alone, with the stand-in update-grub first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cfg, log = tmp_path / "boot/grub/grub.cfg", tmp_path / "update-grub.log"
+    script = bin_dir / "update-grub"
+    script.write_text(UPDATE_GRUB.format(dropins=tmp_path / "grub.d", cfg=cfg, log=log))
+    script.chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    playbook = tmp_path / "kernel.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Preflight",
+                    "ansible.builtin.import_playbook": str(root / "playbooks/preflight.yml"),
+                },
+                {
+                    "name": "Kernel arguments only",
+                    "hosts": "lowtail_nodes",
+                    "gather_facts": False,
+                    "environment": {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
+                    "roles": [{"role": "lowtail_kernel"}],
+                },
+            ],
+            sort_keys=False,
+        )
+    )
+    return playbook, cfg, log
+
+
+def run_playbook(inventory: Path, playbook: Path, *extra: str) -> tuple[int, str]:
+    result = run_ansible(["ansible-playbook", "-i", str(inventory), str(playbook), *extra])
+    return result.returncode, result.stdout + result.stderr
+
+
+def calls(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def fresh_inventory(tmp_path: Path, roots: dict[str, tuple[Path, Path]], host: dict[str, Any]) -> Path:
+    shutil.rmtree(tmp_path / "hosts", ignore_errors=True)
+    return write_inventory(tmp_path, roots, {"host": host})
+
+
+@pytest.mark.slow
+def test_bootloader_is_regenerated_from_its_state_not_from_a_notification(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    playbook, cfg, log = kernel_playbook(tmp_path)
+    applied = {**GOOD, "lowtail_kernel_apply": True}
+    # 1. A first run with apply off writes the drop-in only: grub.cfg is now stale.
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, GOOD), playbook)
+    assert rc == 0, out
+    assert (tmp_path / "grub.d/60-lowtail.cfg").exists() and calls(log) == 0
+    # 2. The next run changes no file, yet sees the stale grub.cfg and regenerates it (a handler
+    #    notified by an unchanged template never would).
+    inventory = fresh_inventory(tmp_path, machine_roots, applied)
+    rc, out = run_playbook(inventory, playbook)
+    assert rc == 0, out
+    assert calls(log) == 1, out
+    text = cfg.read_text()
+    assert "isolcpus=managed_irq,7-83,91-167" in text and "rcupdate.rcu_normal_after_boot=1" in text, text
+    # 3. Up to date: no regeneration.
+    rc, out = run_playbook(inventory, playbook)
+    assert rc == 0 and calls(log) == 1, out
+    # 4. An interrupted run: the drop-in was rewritten after grub.cfg was generated.
+    later = cfg.stat().st_mtime + 5
+    os.utime(tmp_path / "grub.d/60-lowtail.cfg", (later, later))
+    rc, out = run_playbook(inventory, playbook)
+    assert rc == 0 and calls(log) == 2, out
+    # 5. An argument the plan drops leaves grub.cfg too.
+    rc, out = run_playbook(
+        fresh_inventory(tmp_path, machine_roots, {**applied, "lowtail_kernel_cstate_limit": 1}), playbook
+    )
+    assert rc == 0 and "processor.max_cstate=1" in cfg.read_text(), out
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, applied), playbook)
+    assert rc == 0 and calls(log) == 4, out
+    assert "processor.max_cstate" not in cfg.read_text()
+
+
+@pytest.mark.slow
+def test_shell_syntax_never_reaches_the_sourced_dropin(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    """Preflight refuses the argument, so the stand-in update-grub (which sources the drop-in with sh)
+    never runs it, even with apply on."""
+    playbook, _, log = kernel_playbook(tmp_path)
+    marker = tmp_path / "pwned"
+    bad = {**GOOD, "lowtail_kernel_apply": True, "lowtail_kernel_extra_args": [f"x$(touch${{IFS}}{marker})"]}
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, bad), playbook)
+    assert rc != 0 and "may only use letters" in out, out
+    assert not marker.exists() and calls(log) == 0 and not (tmp_path / "grub.d").exists()
+
+
+@pytest.mark.slow
+def test_check_mode_with_reboot_ok_succeeds_and_reports_the_reboot(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    host = {**GOOD, "lowtail_reboot_ok": True, "lowtail_kernel_apply": True}
+    inventory = write_inventory(tmp_path, machine_roots, {"good-host": host})
+    rc, out = run_site(inventory)
+    assert rc == 0, out
+    words = " ".join(out.split())
+    assert (
+        "Check mode: would drain (no kubelet), reboot good-host and verify isolcpus=managed_irq,7-83,91-167"
+        in words
+    ), out
+    assert "Reboot the host" not in out
+    assert not (tmp_path / "grub.d").exists() and not (tmp_path / "boot/grub/grub.cfg").exists()
+
+
+# A stand-in for grubby (RHEL family), strict where the role relies on it: only --info=ALL and
+# --update-kernel=ALL with --args / --remove-args are accepted (anything else exits 1, as grubby does on
+# an unknown option); --args sets a key's value or appends it; --remove-args removes a word or, given
+# without a value, every word with that key (grubby's man page). Entries live in a JSON file.
+GRUBBY = """#!/usr/bin/python3
+import json, sys
+state, log = {state!r}, {log!r}
+entries = json.load(open(state))
+argv = sys.argv[1:]
+open(log, "a").write(" ".join(argv) + "\\n")
+key = lambda w: w.split("=", 1)[0]
+if argv == ["--info=ALL"]:
+    for i, e in enumerate(entries):
+        print(f"index={{i}}")
+        print(f'kernel="{{e["kernel"]}}"')
+        print(f'args="{{" ".join(e["args"])}}"')
+    sys.exit(0)
+ok = len(argv) == 2 and argv[0] == "--update-kernel=ALL"
+if not ok or not argv[1].startswith(("--args=", "--remove-args=")):
+    sys.exit(f"grubby: bad argument {{argv}}")
+opt, words = argv[1].split("=", 1)
+for e in entries:
+    for w in words.split():
+        if opt == "--args":
+            e["args"] = [a for a in e["args"] if key(a) != key(w)] + [w]
+        else:
+            e["args"] = [a for a in e["args"] if a != w and ("=" in w or key(a) != w)]
+json.dump(entries, open(state, "w"))
+"""
+
+
+@pytest.mark.slow
+def test_grubby_adds_missing_arguments_and_removes_the_ones_the_plan_dropped(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    playbook, _, _ = kernel_playbook(tmp_path)
+    state, log = tmp_path / "grubby.json", tmp_path / "grubby.log"
+    base = ["ro", "crashkernel=1G-4G:192M"]
+    state.write_text(
+        json.dumps(
+            [
+                {"kernel": "/boot/vmlinuz-5.14.0-427.el9.x86_64", "args": list(base)},
+                {"kernel": "/boot/vmlinuz-0-rescue", "args": list(base)},
+            ]
+        )
+    )
+    script = tmp_path / "bin/grubby"
+    script.write_text(GRUBBY.format(state=str(state), log=str(log)))
+    script.chmod(0o755)
+    # This host is Debian: pick the RHEL family's bootloader the way its vars file would.
+    rhel = ["-e", '{"__lowtail_kernel_bootloader": "grubby", "__lowtail_kernel_grub_update": []}']
+    applied = {
+        **GOOD,
+        "lowtail_kernel_apply": True,
+        "lowtail_kernel_state_dir": str(tmp_path / "state"),
+        "lowtail_kernel_cstate_limit": 1,
+    }
+
+    def entries() -> list[list[str]]:
+        return [e["args"] for e in json.loads(state.read_text())]
+
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, applied), playbook, *rhel)
+    assert rc == 0, out
+    for args in entries():
+        assert "isolcpus=managed_irq,7-83,91-167" in args and "processor.max_cstate=1" in args, args
+    assert "processor.max_cstate=1" in (tmp_path / "state/kernel-args").read_text()
+    # Up to date: grubby is only asked for its view.
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, applied), playbook, *rhel)
+    assert rc == 0, out
+    assert log.read_text().splitlines()[-1] == "--info=ALL", log.read_text()
+    # The plan drops the C-state limit: the argument lowtail added leaves every entry.
+    without = {k: v for k, v in applied.items() if k != "lowtail_kernel_cstate_limit"}
+    rc, out = run_playbook(fresh_inventory(tmp_path, machine_roots, without), playbook, *rhel)
+    assert rc == 0, out
+    assert "--update-kernel=ALL --remove-args=processor.max_cstate=1" in log.read_text().splitlines()
+    for args in entries():
+        assert "processor.max_cstate=1" not in args and "crashkernel=1G-4G:192M" in args, args

@@ -89,6 +89,22 @@ def main(argv: list[str]) -> None:
             if key in node["annotations"] and "--overwrite" not in argv:
                 fail(f"error: --overwrite is false but found the following declared annotation(s): '{key}'")
             node["annotations"][key] = value
+    elif words[:2] == ["label", "node"] and all(w.endswith("-") for w in words[3:]):
+        # Removing a label the node lacks prints 'label "K" not found.' and succeeds (kubectl label).
+        named(words[2])
+        for item in words[3:]:
+            node["labels"].pop(item[:-1], None)
+    elif words[:2] == ["taint", "node"] and all(w.endswith("-") for w in words[3:]):
+        # Removing a taint the node lacks fails: 'error: taint "K:E" not found' (kubectl taint).
+        named(words[2])
+        for item in words[3:]:
+            key, _, effect = item[:-1].partition(":")
+            kept = [
+                t for t in node["taints"] if not (t["key"] == key and (not effect or t["effect"] == effect))
+            ]
+            if len(kept) == len(node["taints"]):
+                fail(f'error: taint "{item[:-1]}" not found')
+            node["taints"] = kept
     else:
         fail(f"stand-in kubectl does not know {argv}")
     with open(STATE, "w") as f:
