@@ -360,6 +360,24 @@ def test_a_corrupt_control_word_fences_its_lane_and_the_others_go_on(word: str) 
             b.wait(tb, timeout=1.0)
 
 
+@pytest.mark.parametrize("garbage", [2**63 + 7, 3], ids=["ahead", "behind"])
+def test_a_lane_fenced_by_a_garbage_doorbell_fails_one_more_honest_request_then_serves(garbage: int) -> None:
+    """The fence resynchronises the tail to the garbage, so the client's next doorbell is fenced once more."""
+    with _served(QueueConfig(lanes=1, slots_per_lane=4, coalesce_us=0)) as (s, w, c):
+        for tag in range(10):  # the client's own doorbell count is 10, far from 3
+            _round_trip(c, w, float(tag))
+        s._m.q[H_DOORBELLS // 8 + c.lane] = garbage
+        assert _serve(w, timeout=0.05) == []
+        assert w.fenced == 1
+        t = c.submit(_x(1.0))
+        assert _serve(w, timeout=0.05) == []
+        assert w.fenced == 2
+        with pytest.raises(BadRequest, match=f"lane {c.lane} fenced: doorbell 11 with tail {garbage}"):
+            c.wait(t, timeout=1.0)
+        _round_trip(c, w, 2.0)  # the tail is back in step with the client's doorbell
+        assert w.fenced == 2
+
+
 # -- timeouts ---------------------------------------------------------------------------------
 
 

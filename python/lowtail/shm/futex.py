@@ -1,6 +1,6 @@
 """Futex park/wake between processes and a full memory barrier, through ctypes (x86-64 Linux).
 
-Why these three primitives are enough for the queue (see ``lowtail.shm.queue`` for the protocol):
+Why these three primitives are enough for the queue (see ``lowtail.shm.layout`` for the protocol):
 
 - ``futex_wait``/``futex_wake`` use ``syscall(SYS_futex, ...)`` without ``FUTEX_PRIVATE_FLAG``: the
   word lives in a ``MAP_SHARED`` mapping used by several processes, and a private futex is keyed by

@@ -1,0 +1,122 @@
+"""Layout of the inference queue's shared-memory segment: every field, its offset, size and single writer.
+
+Layout of the control segment ``lowtail.q.<pidns>.<pid>.<token>`` (little-endian; every field is an
+aligned u64 unless noted; L = lanes, S = slots per lane, g = lane * S + slot)::
+
+  offset                     size   field              single writer
+  -- header (page 0) --------------------------------------------------------------------------
+  0                          8      magic "LOWTAILQ"   creator, before anyone attaches
+  8                          4+4    version, lanes     creator
+  16                         4+4    slots/lane, request bytes   creator
+  24                         4+4    response bytes, numa node (+1, 0 = none)   creator
+  32                         8      creator pid        creator
+  64                         8      worker pid (0 none) worker (attach / close)
+  72                         8      worker epoch       worker (+1 per attach)
+  128                        8      worker_sleep       worker writes 1 to park, 0 on waking; a client
+                                                       writes 0 to wake it (the one shared-writer word:
+                                                       both stores are idempotent, a stray one costs a
+                                                       spurious wake-up). Low 32 bits are the futex.
+  192 + 8*l                  8      doorbell[l]        client of lane l: requests published so far
+  -- lane table at 4096, LANE_BYTES = align64(128 + 8*S) per lane ---------------------------------
+  +0                         8      gen                client of the lane (+1 per registration)
+  +8                         8      owner pid          client of the lane
+  +16                        8      client_parked      client of the lane (1 while in futex_wait)
+  +64                        8      tail               worker: requests of this lane taken
+  +72                        8      resp_count         worker: +1 per answer; low 32 bits: futex
+  +128 + 8*k                 8      ring[k]            client: slot of its request number k (mod S)
+  -- slot table at align64(4096 + L*LANE_BYTES), 128 bytes per slot g ---------------------------
+  +0   req_seq   +8 req_len   +16 req_state (FREE/WRITING/READY)   +24 submit_ns    client
+  +64  resp_seq  +72 claim_seq  +80 resp_len  +88 resp_status  +96 claim_ns  +104 done_ns   worker
+  -- request regions at align4096(...), request_bytes each, then response regions -------------
+  payloads in the ``lowtail.shm.payload`` format; a payload that does not fit goes to an ndarray slot.
+
+Publication: the writer fills the payload and the other words, then stores one sequence word last
+(the doorbell for a request, resp_seq for an answer). This relies on x86-64 TSO: aligned 8-byte
+stores are atomic and are never reordered with earlier stores, and loads are never reordered with
+earlier loads, so a reader that sees the new sequence number sees everything written before it.
+CPython writes a memoryview item of format "Q" with one 8-byte ``memcpy``, which compilers emit as
+a single ``mov``. On another architecture the queue refuses to run (``InferenceQueue.create`` and
+``attach_mapped`` check ``is_supported_platform``).
+
+Slot states (the seed's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
+PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
+until the client has read it and wrote FREE).
+
+Waiting: each side spins (bounded) on the word it waits for, then parks on a futex after setting
+its parked word, a full barrier, and a re-check; the other side publishes, executes a full
+barrier, and makes the wake-up system call only when it sees the parked word set (see
+``lowtail.shm.futex``). Every park has a timeout, which is also when a client checks worker liveness.
+
+The protocol around these words lives with its writers: ``lowtail.shm.control`` (create, attach,
+liveness), ``lowtail.shm.client`` (submit, wait) and ``lowtail.shm.worker`` (claim, answer, fence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAGIC = int.from_bytes(b"LOWTAILQ", "little")
+VERSION = 1
+PAGE = 4096
+MAX_LANES = 256  # OFD lock bytes 1..256; doorbells fit page 0 with room to spare
+
+H_MAGIC, H_GEOM0, H_GEOM1, H_GEOM2, H_CREATOR = 0, 8, 16, 24, 32
+H_WORKER_PID, H_WORKER_EPOCH, H_WORKER_SLEEP, H_DOORBELLS = 64, 72, 128, 192
+LANE_BASE = PAGE
+L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
+SLOT_BYTES = 128
+S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS = 0, 8, 16, 24
+S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
+# The same fields as u64 word indices from a slot's first word ``si``: the hot paths read
+# ``q[si + W_RESP_SEQ]``, never a bare number.
+W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (
+    S_REQ_SEQ >> 3,
+    S_REQ_LEN >> 3,
+    S_REQ_STATE >> 3,
+    S_SUBMIT_NS >> 3,
+)
+W_RESP_SEQ, W_CLAIM_SEQ, W_RESP_LEN = S_RESP_SEQ >> 3, S_CLAIM_SEQ >> 3, S_RESP_LEN >> 3
+W_RESP_STATUS, W_CLAIM_NS, W_DONE_NS = S_RESP_STATUS >> 3, S_CLAIM_NS >> 3, S_DONE_NS >> 3
+
+FREE, WRITING, READY = 0, 1, 2
+STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
+ST_OK, ST_FAILED, ST_BAD_REQUEST, ST_TOO_LARGE, ST_WORKER_DIED, ST_CLIENT_GONE = 0, 1, 2, 3, 4, 5
+
+
+def align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class Geometry:
+    lanes: int
+    spl: int
+    req_bytes: int
+    resp_bytes: int
+    lane_bytes: int
+    slot_base: int
+    req_base: int
+    resp_base: int
+    total: int
+
+    @classmethod
+    def of(cls, lanes: int, spl: int, req_bytes: int, resp_bytes: int) -> Geometry:
+        lane_bytes = align(L_RING + 8 * spl, 64)
+        slot_base = align(LANE_BASE + lanes * lane_bytes, 64)
+        req_base = align(slot_base + lanes * spl * SLOT_BYTES, PAGE)
+        resp_base = req_base + lanes * spl * req_bytes
+        total = align(resp_base + lanes * spl * resp_bytes, PAGE)
+        return cls(lanes, spl, req_bytes, resp_bytes, lane_bytes, slot_base, req_base, resp_base, total)
+
+    def lane(self, lane: int, field_off: int) -> int:
+        """u64 index of a lane field."""
+        return (LANE_BASE + lane * self.lane_bytes + field_off) >> 3
+
+    def slot(self, g: int, field_off: int) -> int:
+        return (self.slot_base + g * SLOT_BYTES + field_off) >> 3
+
+    def req_off(self, g: int) -> int:
+        return self.req_base + g * self.req_bytes
+
+    def resp_off(self, g: int) -> int:
+        return self.resp_base + g * self.resp_bytes

@@ -1,0 +1,553 @@
+"""The worker side of the queue: the single consumer's claim, answer and fencing, and ``Batch``.
+
+One worker (``QueueWorker.attach``, the pinned OpenVINO process) holds the worker lock, claims
+published requests fairly across lanes in batches (``claim`` -> ``_poll`` -> ``_take``), answers
+them (``Batch.complete`` -> ``_answer``) and fences a lane whose control words are impossible.
+Field offsets and their single writers are in ``lowtail.shm.layout``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from lowtail.shm import ofd_lock
+from lowtail.shm import payload as ndslot
+from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
+from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
+from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
+from lowtail.shm.layout import (
+    H_DOORBELLS,
+    H_WORKER_EPOCH,
+    H_WORKER_PID,
+    H_WORKER_SLEEP,
+    L_GEN,
+    L_PARKED,
+    L_PID,
+    L_RESP_COUNT,
+    L_RING,
+    L_TAIL,
+    SLOT_BYTES,
+    ST_BAD_REQUEST,
+    ST_CLIENT_GONE,
+    ST_FAILED,
+    ST_OK,
+    ST_TOO_LARGE,
+    ST_WORKER_DIED,
+    W_CLAIM_NS,
+    W_CLAIM_SEQ,
+    W_DONE_NS,
+    W_REQ_SEQ,
+    W_RESP_LEN,
+    W_RESP_SEQ,
+    W_RESP_STATUS,
+    W_SUBMIT_NS,
+)
+from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
+
+WORKER_PARK_SLICE_S = 0.25
+
+
+def _write_message(m: Mapped, g: int, message: str) -> int:
+    """An error answer's message into the response region of slot ``g`` (truncated to it); its length."""
+    raw = message.encode("utf-8", "replace")[: m.geo.resp_bytes]
+    off = m.geo.resp_off(g)
+    m.buf[off : off + len(raw)] = np.frombuffer(raw, np.uint8)
+    return len(raw)
+
+
+class _Item:
+    """One claimed request (worker-private)."""
+
+    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "plan", "seq", "si", "submit_ns")
+
+    def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
+        self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
+    ) -> None:
+        self.lane = lane
+        self.g = g
+        self.si = si
+        self.seq = seq
+        self.gen = gen
+        self.submit_ns = submit_ns
+        self.claim_ns = claim_ns
+        self.plan: PayloadLayout | None = None
+        self.inputs: Arrays | None = None
+        self.done = False
+
+
+class Batch:
+    """Requests claimed together: merged inputs, and per-request completion."""
+
+    def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
+        self._worker = worker
+        self._items = items
+        self.sizes = [it.plan.batch for it in items if it.plan is not None]
+        self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
+        # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
+        self.claimed_ns = min([it.claim_ns for it in items], default=0)
+        parts = [it.inputs for it in items if it.inputs is not None]
+        if len(parts) == 1:
+            self.inputs: Arrays = parts[0]  # zero-copy views of the request slot (or ndarray slot)
+        else:
+            self.inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def lanes(self) -> list[int]:
+        return [it.lane for it in self._items]
+
+    def complete(self, outputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        """Split ``outputs`` (leading dimension = total samples) per request and answer each.
+
+        The input views are invalid afterwards: a client may reuse its slot as soon as it is answered.
+        """
+        total = self.total
+        try:
+            plan = ndslot.plan_of(outputs)
+        except BadRequest as e:
+            self.fail(f"worker outputs: {e}")
+            raise
+        if plan.batch != total:
+            got = ", ".join(f"{name}={shape}" for name, _, shape in plan.spec)
+            msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
+            self.fail(msg)
+            raise BadRequest(msg)
+        worker = self._worker
+        if len(self._items) == 1:
+            it = self._items[0]
+            if not it.done:
+                worker._answer(it, ST_OK, outputs, plan, "")
+        else:
+            off = 0
+            for it in self._items:
+                assert it.plan is not None
+                n = it.plan.batch
+                if not it.done:
+                    part = {k: v[off : off + n] for k, v in outputs.items()}
+                    worker._answer(it, ST_OK, part, plan.with_batch(n), "")
+                off += n
+        worker._wake_parked(self._items)
+
+    def fail(self, message: str) -> None:
+        for it in self._items:
+            if not it.done:
+                self._worker._answer(it, ST_FAILED, None, None, message)
+        self._worker._wake_parked(self._items)
+
+    def fail_request(self, i: int, message: str) -> None:
+        it = self._items[i]
+        if not it.done:
+            self._worker._answer(it, ST_FAILED, None, None, message)
+            self._worker._wake_parked([it])
+
+
+class QueueWorker:
+    """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
+
+    def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
+        self.descriptor = desc
+        self._m = m
+        cfg, geo, q = desc.config, m.geo, m.q
+        self._cfg = cfg
+        self._idle_ns = idle_us * 1000
+        prev = int(q[H_WORKER_PID >> 3])
+        q[H_WORKER_PID >> 3] = os.getpid()
+        q[H_WORKER_EPOCH >> 3] = q[H_WORKER_EPOCH >> 3] + 1
+        q[H_WORKER_SLEEP >> 3] = 0
+        self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
+        # u64 indices of each lane's fields, computed once for the hot path
+        self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
+        self._gen_i = [geo.lane(lane, L_GEN) for lane in range(geo.lanes)]
+        self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
+        self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
+        self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._db_i = H_DOORBELLS >> 3
+        self._doorbells = q[self._db_i : self._db_i + geo.lanes]
+        self._drained = b""
+        self._seen = bytes(8 * geo.lanes)  # the doorbells at the last poll (zeros: look at every used lane)
+        self._leftover: list[int] = []  # lanes the last poll left with requests it did not take
+        self._head_of = struct.Struct("<Q").unpack_from
+        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_resp: dict[int, NdarraySlot] = {}
+        self._attached = AttachedSlots()
+        self._in_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
+        self._carry: list[_Item] = []
+        self._outstanding: dict[int, _Item] = {}
+        self._last_work_ns = time.monotonic_ns()
+        self._lane_seen_ns = [0] * geo.lanes
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
+        self._active: list[int] = []
+        self._rr = 0
+        self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
+        self._closed = False
+        self.restarted_failed = self._fail_orphans(prev)
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
+        m = attach_mapped(desc)
+        if not ofd_lock.try_lock(m.seg.fd, 0):
+            pid = m.q[H_WORKER_PID >> 3]
+            m.close()
+            raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
+        return cls(desc, m, desc.config.worker_idle_us if idle_us is None else idle_us)
+
+    def __enter__(self) -> QueueWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fail_orphans(self, prev_pid: int) -> int:
+        """Answer WorkerDied for every request a previous worker left PROCESSING."""
+        m = self._m
+        geo, q = m.geo, m.q
+        orphans: list[_Item] = []
+        for g in range(geo.lanes * geo.spl):
+            si = geo.slot(g, 0)
+            req = q[si + W_REQ_SEQ]
+            if q[si + W_CLAIM_SEQ] == req and q[si + W_RESP_SEQ] != req:
+                lane = g // geo.spl
+                it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
+                msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
+                self._answer(it, ST_WORKER_DIED, None, None, msg)
+                orphans.append(it)
+        self._wake_parked(orphans)
+        return len(orphans)
+
+    def close(self) -> None:
+        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._carry + [it for it in self._outstanding.values() if not it.done]
+        for it in pending:
+            if not it.done:
+                self._answer(it, ST_FAILED, None, None, "worker closed before answering")
+        self._wake_parked(pending)
+        self._carry.clear()
+        self._outstanding.clear()
+        self._in_views.clear()
+        self._out_views.clear()
+        self._doorbells.release()
+        self._m.q[H_WORKER_PID >> 3] = 0
+        # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
+        # complete()) keeps the open file description, and with it the lock, alive after close(fd).
+        ofd_lock.unlock(self._m.seg.fd, 0)
+        self._attached.close()
+        self._pool.close()
+        self._m.close()
+
+    def reclaimable_lanes(self) -> list[int]:
+        """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
+        m = self._m
+        return [
+            lane
+            for lane in range(m.geo.lanes)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+        ]
+
+    # -- hot path: claim, answer -------------------------------------------------------------------
+
+    def claim(self, timeout: float = 0.05) -> Batch | None:
+        """The next batch, or None after ``timeout`` seconds without a request."""
+        if self._closed:
+            raise QueueError("claim on a closed QueueWorker")
+        if self._carry:
+            carried, self._carry = self._carry, []
+            return self._batch(carried)
+        m = self._m
+        q = m.q
+        clock = time.monotonic_ns
+        now = clock()
+        deadline = deadline_ns(now, timeout)
+        sleep_i = H_WORKER_SLEEP >> 3
+        items: list[_Item] = []
+        doorbells, poll = self._doorbells, self._poll
+        while True:
+            if doorbells.tobytes() != self._drained:
+                poll(items)
+                if items:
+                    return self._coalesce(items)
+            now = clock()
+            if now >= deadline:
+                return None
+            if now - self._last_work_ns < self._idle_ns:
+                continue
+            q[sleep_i] = 1
+            full_barrier()  # order the sleep store before the doorbell re-check (Dekker)
+            poll(items)
+            if items:
+                q[sleep_i] = 0
+                return self._coalesce(items)
+            futex_wait(m.addr(sleep_i), 1, min((deadline - now) / 1e9, WORKER_PARK_SLICE_S))
+            q[sleep_i] = 0
+
+    def _poll(self, items: list[_Item]) -> None:
+        """Take published requests within the batch limits, fairly across lanes.
+
+        Every lane whose doorbell is ahead of its tail is looked at, one request per lane per round,
+        starting after the lane that was served last: a ready request waits for at most one request
+        of each other lane (tested with 8 clients; measured by ``lowtail bench queue``). ``_drained``
+        (the doorbells fully taken) is only recorded when no lane was left with work.
+        """
+        raw = self._doorbells.tobytes()
+        if raw == self._drained:
+            return  # nothing new in any lane: one 8*L-byte compare instead of L word reads
+        tails = self._tails
+        lanes, spl = len(tails), self._m.geo.spl
+        # The lanes to look at: those whose doorbell moved since the last poll and those it left with
+        # work, found by XOR-ing the doorbell bytes with the last ones seen (a few big-int operations
+        # per moved lane): idle attached lanes cost nothing. Unpacking and comparing all L lanes in
+        # Python added ~5 us per claim at 256 lanes (``lowtail bench lanes``, docs/benchmarks.md).
+        moved = int.from_bytes(raw, "little") ^ int.from_bytes(self._seen, "little")
+        look = set(self._leftover)
+        base = 0
+        while moved:
+            low = ((moved & -moved).bit_length() - 1) >> 6
+            look.add(base + low)
+            moved >>= (low + 1) << 6
+            base += low + 1
+        self._seen = raw
+        head_of = self._head_of
+        heads = {lane: head_of(raw, lane << 3)[0] for lane in look}
+        cfg = self._cfg
+        max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
+        samples = sum(it.plan.batch for it in items if it.plan is not None)
+        now = time.monotonic_ns()
+        start = self._rr
+        order = sorted(lane for lane in look if heads[lane] != tails[lane])
+        pending = [lane for lane in order if lane >= start] + [lane for lane in order if lane < start]
+        full = False
+        while pending and not full:
+            again: list[int] = []
+            for lane in pending:
+                if len(items) >= max_slots or samples >= max_samples:
+                    full = True
+                    break
+                head, tail = heads[lane], tails[lane]
+                if not 0 < head - tail <= spl:  # more published than the lane has slots: impossible
+                    self._fence(lane, f"doorbell {head} with tail {tail} and {spl} slots per lane")
+                    continue
+                it = self._take(lane, tail, now)
+                if it is not None and it.plan is not None:
+                    if items and samples + it.plan.batch > max_samples:
+                        self._carry.append(it)  # claimed already: first in the next batch
+                        full = True
+                    else:
+                        items.append(it)
+                        samples += it.plan.batch
+                self._rr = (lane + 1) % lanes
+                if tails[lane] != heads[lane]:
+                    again.append(lane)
+            pending = again
+        self._leftover = [lane for lane in look if heads[lane] != tails[lane]]
+        self._drained = b"" if pending or full else raw  # full: lanes after the cut were not looked at
+
+    def _take(self, lane: int, tail: int, now: int) -> _Item | None:
+        """Claim the request at ring position ``tail`` of ``lane`` and advance the tail past it.
+
+        claim_seq is stored before the tail: a worker killed between the two leaves a claimed request
+        that the next worker answers ``WorkerDied`` and then skips when it finds it in the ring (a
+        request already claimed is never taken twice). Returns None for a position that holds no
+        claimable request (a bad request, answered here, or a duplicate).
+        """
+        q, geo = self._m.q, self._m.geo
+        s = q[self._ring_i[lane] + tail % geo.spl]
+        self._tails[lane] = tail + 1
+        if s >= geo.spl:
+            q[self._tail_i[lane]] = tail + 1
+            self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
+            return None
+        g = lane * geo.spl + s
+        si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+        seq = q[si + W_REQ_SEQ]
+        if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
+            q[self._tail_i[lane]] = tail + 1
+            return None  # claimed (by us or a dead predecessor) or answered: never twice
+        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
+        q[si + W_CLAIM_NS] = now
+        q[si + W_CLAIM_SEQ] = seq  # PROCESSING
+        q[self._tail_i[lane]] = tail + 1
+        self._lane_seen_ns[lane] = now
+        self._decode(it)
+        return it
+
+    def _fence(self, lane: int, why: str) -> None:
+        """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
+
+        The worker goes on serving the other lanes. A well-behaved client of the lane sees its
+        unclaimed requests fail with ``BadRequest`` naming the word. The tail is set to the doorbell
+        as read here, which after a garbage doorbell is the garbage, not the client's own count: the
+        client's next request can then be fenced too (and fail the same way), which puts the tail back
+        in step with its doorbell; the requests after that are served (tested in test_queue_attacks).
+        """
+        m = self._m
+        q, geo = m.q, m.geo
+        head = q[self._db_i + lane]
+        failed: list[_Item] = []
+        gen = q[self._gen_i[lane]]
+        for s in range(geo.spl):
+            g = lane * geo.spl + s
+            si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+            seq = q[si + W_REQ_SEQ]
+            # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
+            if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
+                it = _Item(lane, g, si, seq, gen, q[si + W_SUBMIT_NS], time.monotonic_ns())
+                q[si + W_CLAIM_SEQ] = seq
+                self._answer(it, ST_BAD_REQUEST, None, None, f"lane {lane} fenced: {why}")
+                failed.append(it)
+        self._tails[lane] = head
+        q[self._tail_i[lane]] = head
+        self.fenced += 1
+        self._wake_parked(failed)
+
+    def _decode(self, it: _Item) -> None:
+        m = self._m
+        geo, buf = m.geo, m.buf
+        g = it.g
+        off = geo.req_off(g)
+        try:
+            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
+            if ext is not None:
+                if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
+                    self._attached.drop_lane(it.lane)
+                    self._lane_gen[it.lane] = it.gen
+                slot = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode, it.lane)
+                views = slot.arrays(plan.spec)
+            else:
+                cached = self._in_views.get(g)
+                if cached is not None and cached[0] == raw:
+                    views = cached[1]
+                else:
+                    if plan.inline_end > geo.req_bytes:
+                        raise BadRequest(
+                            f"request layout of {plan.inline_end} B exceeds the {geo.req_bytes} B slot"
+                        )
+                    views = ndslot.views(buf, plan.inline_layout, off)
+                    self._in_views[g] = (raw, views)
+        except Exception as e:  # whatever a request holds, it fails alone
+            bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
+            self._answer(it, ST_BAD_REQUEST if bad else ST_FAILED, None, None, str(e))
+            self._wake_parked([it])
+            return
+        it.plan, it.inputs = plan, views
+
+    def _coalesce(self, items: list[_Item]) -> Batch:
+        cfg = self._cfg
+        if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
+            samples = sum(it.plan.batch for it in items if it.plan is not None)
+            if samples < cfg.min_batch_samples:
+                now = time.monotonic_ns()
+                in_batch = {it.lane for it in items}
+                recent = now - 50_000_000
+                # Wait only when another lane was active lately: a lone client is never held.
+                if any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns)):
+                    end = now + cfg.coalesce_us * 1000
+                    while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
+                        self._poll(items)
+                        if sum(it.plan.batch for it in items if it.plan is not None) >= cfg.min_batch_samples:
+                            break
+        self._last_work_ns = time.monotonic_ns()
+        return self._batch(items)
+
+    def _batch(self, items: list[_Item]) -> Batch:
+        if len(items) > 1:
+            key = items[0].plan.merge_key if items[0].plan is not None else ()
+            same = [it for it in items if it.plan is not None and it.plan.merge_key == key]
+            if len(same) != len(items):
+                self._carry.extend(it for it in items if it not in same)  # a batch of their own next
+            items = same
+        for it in items:
+            self._outstanding[it.g] = it
+        return Batch(self, items)
+
+    def _answer(
+        self,
+        it: _Item,
+        status: int,
+        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
+        plan: PayloadLayout | None,
+        message: str,
+    ) -> None:
+        m = self._m
+        q, geo = m.q, m.geo
+        g, si = it.g, it.si
+        n = 0
+        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
+            status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
+        elif status == ST_OK and arrays is not None and plan is not None:
+            try:
+                if plan.inline_end <= geo.resp_bytes:
+                    cached = self._out_views.get(g)
+                    off = geo.resp_off(g)
+                    # Written every time, as the client does: a header another process overwrote heals.
+                    m.mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes
+                    if cached is None or cached[0] is not plan:
+                        cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
+                        self._out_views[g] = cached
+                    for name, view in cached[1].items():
+                        np.copyto(view, arrays[name], casting="no")
+                    n = plan.inline_end
+                else:
+                    n = self._answer_external(g, plan, arrays)
+            except QueueError as e:
+                status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
+        if status != ST_OK:
+            self._out_views.pop(g, None)
+            n = _write_message(m, g, message)
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
+        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        it.done = True
+        self._outstanding.pop(g, None)
+
+    def _answer_external(
+        self, g: int, plan: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
+    ) -> int:
+        geo = self._m.geo
+        need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
+        if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:
+            raise PayloadTooLarge(
+                f"answer of {need} bytes ({spec_text(plan.spec)}) exceeds the {geo.resp_bytes}-byte "
+                f"slot and the ndarray-slot limit of {limit} bytes"
+            )
+        self._out_views.pop(g, None)
+        nd = self._nd_resp.get(g)
+        if nd is None or nd.capacity < need:
+            if nd is not None:
+                self._pool.release(nd)
+            nd = self._pool.acquire(need)
+            self._nd_resp[g] = nd
+        nd.write(arrays, plan.spec)
+        return ndslot.write_header(self._m.buf, geo.resp_off(g), nd.name, plan.spec)
+
+    def _wake_parked(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        m = self._m
+        q = m.q
+        full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        if len(items) == 1:
+            lane = items[0].lane
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))
+            return
+        for lane in {it.lane for it in items}:
+            if q[self._parked_i[lane]]:
+                futex_wake(m.addr(self._count_i[lane]))
