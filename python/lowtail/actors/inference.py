@@ -655,6 +655,22 @@ class InferenceClient:
         self._record(p.t0_ns, p.samples)
         return out
 
+    def abandon(self, p: PendingInference) -> None:
+        """Nobody will wait for ``p`` any more (given up after ``QueueTimeout``).
+
+        Its slot returns to the queue once the worker answers or fences it, and it stops counting as in
+        flight: otherwise a lost attachment is never dropped and the client never re-resolves.
+        """
+        t = self._targets[p.target]
+        if t.client is None or p.pending.client is not t.client:
+            return  # that attachment is already gone (or replaced): nothing of it is counted
+        if p.pending.ticket.consumed:
+            return
+        t.client.abandon(p.pending.ticket)
+        t.in_flight -= 1
+        if t.broken is not None:
+            self._lose(t, RuntimeError(t.broken))
+
     def take_window(self) -> tuple[list[float], int]:
         """Round trips (ms) and samples since the last call."""
         rpc, self._rpc_ms = self._rpc_ms, []
@@ -797,7 +813,7 @@ class SamplerActor:
     ) -> SamplerResult:
         """Step the environment for ``seconds``: ``sync`` (infer, step) or ``async`` (two-phase with
         ``depth`` games in flight, their requests spread round robin over the inference actors)."""
-        from lowtail.shm.queue import QueueError
+        from lowtail.shm.queue import QueueError, QueueTimeout
 
         if mode not in ("sync", "async"):
             raise ValueError(f"mode {mode!r}: expected 'sync' or 'async'")
@@ -831,7 +847,10 @@ class SamplerActor:
                     time.sleep(max(0.0, min(e.retry_in_s, t_end - time.monotonic())))
                     continue
                 except (QueueError, RequestLost) as e:
-                    # A restarted worker or actor fails what it held: count it, keep sampling.
+                    # A restarted worker or actor fails what it held: count it, keep sampling. A request
+                    # that only timed out is given up here, so it must not stay counted in flight.
+                    if isinstance(e, QueueTimeout) and p is not None:
+                        self._client.abandon(p)
                     down_since = down_since or time.monotonic()
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
                     continue
@@ -854,6 +873,8 @@ class SamplerActor:
                     result.steps += 1
                     result.samples += envs[k].spec.heroes
                 except (QueueError, RequestLost) as e:
+                    if isinstance(e, QueueTimeout):
+                        self._client.abandon(p)
                     result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
         result.seconds = time.monotonic() - t0
         result.reattached = self._client.reattached
