@@ -65,7 +65,7 @@ class _ArraysUnpickler(pickle.Unpickler):
 
 
 def arrays_loads(data: bytes | memoryview) -> Any:
-    """``pickle.loads`` restricted to dicts/tuples/lists of numpy arrays and scalars."""
+    """Unpickle ``data`` allowing only numpy arrays and plain containers (never a named callable)."""
     return _ArraysUnpickler(io.BytesIO(data)).load()
 
 
