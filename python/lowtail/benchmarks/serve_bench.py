@@ -50,11 +50,13 @@ from lowtail.cli.options import (
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.serve import metrics
+from lowtail.serve.config import FIFO_SCOPES
 from lowtail.serve.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
 from lowtail.serve.pinning import (
     SchedFifo,
     pin_thread_to_cpu,
     raise_priority,
+    rt_budget_share,
     set_timer_slack_ns,
     start_pinned,
 )
@@ -75,7 +77,7 @@ class Setup:
     features: int
     duration: float
     sampler_cpus: frozenset[int]
-    fifo_scope: str = "call"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
+    fifo_scope: str = "work"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
     client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
 
     def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
@@ -114,6 +116,8 @@ class DesignResult:
     breakdown_us: dict[str, metrics.Percentiles] = field(default_factory=dict)
     worker_rss_mib: float = float("nan")
     queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
+    fifo_switches_per_call: float = float("nan")  # scheduling-policy system calls per engine call
+    fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
     note: str = ""
     error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
 
@@ -168,9 +172,11 @@ def register(bench_sub: Any) -> None:
     p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
     p.add_argument(
         "--fifo-scope",
-        choices=("call", "busy"),
-        default="call",
-        help="SCHED_FIFO around each batch (the seed's toggle, default) or for whole busy periods",
+        choices=FIFO_SCOPES,
+        default="work",
+        help="the worker's SCHED_FIFO scope (WorkerConfig.fifo_scope): while requests keep coming, "
+        "around each batch (the seed's toggle), or through idle spins too; the bare loop, never idle, "
+        "toggles per call only under 'call'",
     )
     p.set_defaults(func=run)
 
@@ -185,7 +191,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     pin_thread_to_cpu(setup.cpu)
     raise_priority(-20)
     set_timer_slack_ns(1)
-    fifo = SchedFifo(1)
+    fifo = SchedFifo(1, budget_share=rt_budget_share())
     fifo.detect()
     engine = Engine(setup.model, max_batch=setup.batch)
     x = setup.observations(0, setup.batch)
@@ -423,6 +429,7 @@ def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
         try:
             worker.wait_ready(120)
             results = _drive(setup, queue.descriptor, traffic)
+            report = worker.report(0)
             calls = worker.calls(0).rows
             rss = _worker_rss_mib(worker.pid)
         finally:
@@ -433,6 +440,8 @@ def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
         traffic.label.split(" x")[0], setup=setup, traffic=traffic, results=results, calls=calls, note=note
     )
     res.worker_rss_mib, res.queue_mib = rss, queue_mib
+    res.fifo_switches_per_call = report.fifo_switches / max(report.calls, 1)
+    res.fifo_cooldowns = report.fifo_cooldowns
     return res
 
 
@@ -559,9 +568,18 @@ def render_breakdown(results: list[DesignResult]) -> str:
         rows.append(
             [r.label, str(r.breakdown_us["overhead_us"].n)]
             + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in BREAKDOWN)]
+            + [_f(r.fifo_switches_per_call, ".2f"), str(r.fifo_cooldowns)]
             + [_f(r.worker_rss_mib, ".0f"), _f(r.queue_mib, ".2f")]
         )
-    headers = ["design", "n calls", *[k.removesuffix("_us") for k in BREAKDOWN], "RSS MiB", "queue MiB"]
+    headers = [
+        "design",
+        "n calls",
+        *[k.removesuffix("_us") for k in BREAKDOWN],
+        "FIFO sw/call",
+        "cooldowns",
+        "RSS MiB",
+        "queue MiB",
+    ]
     return table.render(
         headers, rows, title="worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
     )
