@@ -234,3 +234,23 @@ def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
             b = w.claim(timeout=0.05)
             if b is not None:
                 b.complete({"y": b.inputs["x"]})
+
+
+def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds: float) -> None:
+    """Serve ``y = x``, the k-th answer published ``latencies_s[k]`` (the last one from then on) after
+    its request's submit, busy-waiting the last stretch: the client meets waits it can predict."""
+    with QueueWorker.attach(desc) as w:
+        end = time.monotonic() + seconds
+        k = 0
+        while time.monotonic() < end:
+            b = w.claim(timeout=0.05)
+            if b is None:
+                continue
+            latency_ns = int(latencies_s[min(k, len(latencies_s) - 1)] * 1e9)
+            k += 1
+            due = b.claimed_ns - b.queue_wait_ns[0] + latency_ns  # the request's submit_ns + latency
+            if due - time.monotonic_ns() > 2_000_000:
+                time.sleep((due - time.monotonic_ns() - 1_000_000) / 1e9)
+            while time.monotonic_ns() < due:
+                pass
+            b.complete({"y": b.inputs["x"]})

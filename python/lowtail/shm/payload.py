@@ -78,6 +78,7 @@ class PayloadLayout:
     __slots__ = (
         "_rows",
         "batch",
+        "checks",
         "ext_bytes",
         "inline_end",
         "inline_layout",
@@ -96,7 +97,29 @@ class PayloadLayout:
         self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
         self.ext_bytes = layout(spec, 0)[1]
         self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
+        # What ``matches`` compares: numpy interns the dtypes of the allow-list, so an array of this
+        # layout has these very dtype objects (another equal dtype only takes the slow path).
+        self.checks = tuple((n, np.dtype(d), shape) for n, d, shape in spec)
         self._rows: dict[int, PayloadLayout] = {}
+
+    def matches(self, arrays: Mapping[str, Any]) -> bool:
+        """True when ``arrays`` has exactly this layout: the same names, numpy arrays of these dtypes
+        and shapes, nothing else.
+
+        The per-request check of a sender whose requests keep one shape: about half the cost of
+        ``plan_of`` (~0.2 against ~0.4 us for one array), which builds and hashes a key. False
+        sends the caller to ``plan_of``, which validates from scratch.
+        """
+        try:
+            if len(arrays) != len(self.checks):
+                return False
+            for name, dtype, shape in self.checks:
+                a = arrays[name]
+                if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
+                    return False
+        except (TypeError, KeyError, AttributeError):
+            return False  # not a mapping of arrays: plan_of says what is wrong
+        return True
 
     def with_batch(self, n: int) -> PayloadLayout:
         """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""

@@ -1,0 +1,212 @@
+"""The client's hot path: the cached request layout, and how a client waits (predictive park, spin).
+
+Mechanism, not latency: the wait counters say where each answer found the client (at once, spinning,
+parked), whatever the host's speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowtail.shm import client as client_mod
+from lowtail.shm import payload
+from lowtail.shm.client import MARGIN_NS, MIN_TIMED_PARK_NS, next_prediction_ns, park_until_ns
+from lowtail.shm.queue import BadRequest, InferenceQueue, QueueClient, QueueConfig, QueueWorker
+from tests.queue import helpers
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def server() -> Iterator[InferenceQueue]:
+    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as s:
+        yield s
+
+
+def _stop(p: Any) -> None:
+    if p.is_alive():
+        p.terminate()
+    p.join(10)
+    assert p.exitcode is not None, f"process {p.pid} did not exit"
+
+
+# -- the prediction and the decision to park ---------------------------------------------------------
+
+
+def test_prediction_takes_the_first_answer_drops_at_once_and_rises_by_a_quarter() -> None:
+    assert next_prediction_ns(0, 3 * MS) == 3 * MS  # nothing learned yet: the first answer
+    assert next_prediction_ns(3 * MS, 1 * MS) == 1 * MS  # an earlier answer: at once
+    assert next_prediction_ns(1 * MS, 5 * MS) == 2 * MS  # a later one: a quarter of the gap
+    p = 1 * MS
+    for _ in range(40):  # answers that stay late pull it up to them, never past
+        p = next_prediction_ns(p, 5 * MS)
+        assert p <= 5 * MS
+    assert p > 5 * MS - 1000
+
+
+def test_a_wait_sleeps_only_when_its_answer_is_predicted_beyond_the_margin() -> None:
+    submit = 1_000 * MS
+    # unknown, near, or already due: spin at once (0)
+    assert park_until_ns(submit, submit, 0, MARGIN_NS) == 0
+    assert park_until_ns(submit, submit, MARGIN_NS + MIN_TIMED_PARK_NS - 1, MARGIN_NS) == 0
+    assert park_until_ns(submit, submit + 2 * MS, 2 * MS, MARGIN_NS) == 0
+    # far: sleep until the margin before the predicted answer
+    assert park_until_ns(submit, submit, 2 * MS, MARGIN_NS) == submit + 2 * MS - MARGIN_NS
+    # a two-phase caller that comes back late sleeps only what is left
+    assert park_until_ns(submit, submit + 1 * MS, 2 * MS, MARGIN_NS) == submit + 2 * MS - MARGIN_NS
+
+
+def test_the_queue_round_trip_is_shorter_than_a_sleep_would_be() -> None:
+    # bench queue's ~15 us round trips (and anything under margin + min sleep) always spin
+    assert park_until_ns(0, 0, 15_000, MARGIN_NS) == 0
+    assert client_mod.PURE_SPIN_NS <= MARGIN_NS + MIN_TIMED_PARK_NS
+
+
+# -- the cached request layout ------------------------------------------------------------------------
+
+
+def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
+    x = np.zeros((4, 3), np.float32)
+    plan = payload.plan_of({"x": x, "m": np.zeros((4,), np.bool_)})
+    assert plan.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
+    assert plan.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
+    for other in (
+        {"x": x},  # one missing
+        {"x": x, "m": np.zeros((4,), np.bool_), "z": x},  # one more
+        {"x": x.astype(np.float64), "m": np.zeros((4,), np.bool_)},  # another dtype
+        {"x": np.zeros((1, 3), np.float32), "m": np.zeros((4,), np.bool_)},  # would broadcast
+        {"y": x, "m": np.zeros((4,), np.bool_)},  # another name
+        {"x": x.tolist(), "m": np.zeros((4,), np.bool_)},  # not an array
+        {"x": np.ma.masked_array(x), "m": np.zeros((4,), np.bool_)},  # a subclass: validated again
+        [x, x],  # not a mapping
+    ):
+        assert not plan.matches(other)  # type: ignore[arg-type]
+
+
+def test_a_request_of_another_layout_after_a_cached_one_is_sent_as_it_is(server: InferenceQueue) -> None:
+    """The layout cache must never cast or broadcast: each request arrives with its own dtype and shape."""
+    with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
+        xs = [
+            np.arange(12, dtype=np.float32).reshape(4, 3),
+            np.arange(12, dtype=np.float32).reshape(4, 3) + 1,  # the cached layout
+            np.arange(12, dtype=np.float64).reshape(4, 3),  # another dtype, same shape
+            np.arange(3, dtype=np.float64).reshape(1, 3),  # a shape that would broadcast
+            np.arange(12, dtype=np.float32).reshape(4, 3),  # back to the first
+        ]
+        for x in xs:
+            t = c.submit({"x": x})
+            b = w.claim(timeout=1.0)
+            assert b is not None
+            got = b.inputs["x"]
+            assert got.dtype == x.dtype and got.shape == x.shape
+            b.complete({"y": got})
+            np.testing.assert_array_equal(c.wait(t, timeout=1.0)["y"], x)
+        with pytest.raises(BadRequest, match="expected a numpy array"):
+            c.submit({"x": [[1.0, 2.0]]})  # type: ignore[dict-item]
+
+
+def test_an_answer_of_another_layout_in_the_same_slot_is_read_as_it_is(server: InferenceQueue) -> None:
+    with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
+        x = np.ones((2, 3), np.float32)
+        for y in (np.ones((2, 5), np.float32), np.ones((2, 5), np.int64) * 7, np.zeros((2,), np.uint8)):
+            t = c.submit({"x": x})
+            b = w.claim(timeout=1.0)
+            assert b is not None
+            b.complete({"y": y})
+            out = c.wait(t, timeout=1.0)["y"]
+            assert out.dtype == y.dtype
+            np.testing.assert_array_equal(out, y)
+
+
+# -- where the answer finds the client ---------------------------------------------------------------
+
+
+def test_an_answer_already_there_is_taken_without_spinning_or_parking(server: InferenceQueue) -> None:
+    with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
+        for k in range(5):
+            t = c.submit({"x": np.full((1, 4), k, np.float32)})
+            b = w.claim(timeout=1.0)
+            assert b is not None
+            b.complete({"y": b.inputs["x"]})
+            assert c.wait(t, timeout=1.0)["y"][0, 0] == k
+        counts = c.wait_counts
+        assert counts["immediate"] == 5
+        assert counts["spinning"] == counts["parked"] == counts["yields"] == counts["futex_waits"] == 0
+        timing = c.last_timing  # learned from the worker's stamps: submit to answer
+        assert 0 < c.predicted_ns <= timing["queue_wait_ns"] + timing["infer_ns"]
+
+
+def test_a_client_that_learned_its_wait_sleeps_then_meets_the_answer_spinning(
+    ctx: BaseContext, server: InferenceQueue
+) -> None:
+    """The worker answers 20 ms after each submit. The client learns that, sleeps until shortly before
+    it and spins: the answer finds it spinning, so the worker has no parked client to wake. (A spin
+    budget of 100 ms absorbs any lateness of the answer on a loaded host; lateness of the client's
+    own wake-up is what the majority bound allows for.)"""
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, [0.02], 30.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with QueueClient.attach(server.descriptor, spin_us=100_000) as c:
+            x = np.ones((1, 4), np.float32)
+            for _ in range(3):
+                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+            assert 20 * MS <= c.predicted_ns < 1000 * MS
+            before = c.wait_counts
+            n = 10
+            for _ in range(n):
+                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+            after = c.wait_counts
+        delta = {k: after[k] - before[k] for k in after}
+        assert delta["timed_parks"] == n, delta  # every wait slept first
+        assert delta["spinning"] + delta["parked"] == n, delta
+        assert delta["spinning"] > n // 2, delta  # and most answers found it spinning
+    finally:
+        _stop(worker)
+
+
+def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
+    ctx: BaseContext, server: InferenceQueue
+) -> None:
+    """The predictive sleep keeps the parked-flag handshake: an early answer is not left waiting for
+    the sleep's timeout. Four answers at 20 ms teach the client 20 ms; the fifth comes after 1 ms and
+    finds it parked (the worker wakes it), or already there."""
+    worker = ctx.Process(
+        target=helpers.serve_at_latencies, args=(server.descriptor, [0.02] * 4 + [0.001], 30.0)
+    )  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with QueueClient.attach(server.descriptor) as c:
+            x = np.ones((1, 4), np.float32)
+            for _ in range(4):
+                c.infer({"x": x}, timeout=30.0)
+            assert c.predicted_ns >= 20 * MS
+            before = c.wait_counts
+            np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+            after = c.wait_counts
+            delta = {k: after[k] - before[k] for k in after}
+            assert delta["parked"] + delta["immediate"] == 1 and delta["spinning"] == 0, delta
+            assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
+    finally:
+        _stop(worker)
+
+
+def test_a_client_with_no_spin_budget_parks_without_spinning_or_yielding(
+    ctx: BaseContext, server: InferenceQueue
+) -> None:
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, [0.005], 30.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with QueueClient.attach(server.descriptor, spin_us=0) as c:
+            x = np.ones((1, 4), np.float32)
+            for _ in range(5):
+                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+            counts = c.wait_counts
+        assert counts["yields"] == 0, counts
+        assert counts["futex_waits"] >= 1, counts
+    finally:
+        _stop(worker)
