@@ -40,6 +40,8 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert parts["overhead_us"]["mean"] == pytest.approx(total, rel=1e-6)
         assert r["overhead_us_mean"] == parts["overhead_us"]["mean"] > 0
         assert r["worker_rss_mib"] > 10 and r["queue_mib"] > 0
+        # the samplers' own CPU per request: at least the submit and read of one round trip
+        assert r["sampler_cpu_us_per_request"] > 1 and 0 < r["sampler_cpus_busy"] <= 1.05
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

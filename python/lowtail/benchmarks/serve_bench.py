@@ -118,6 +118,11 @@ class DesignResult:
     queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
     fifo_switches_per_call: float = float("nan")  # scheduling-policy system calls per engine call
     fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
+    # The samplers' own cost: CPU time per request (submit, wait, read the answer; spinning and parking
+    # included) and how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need
+    # more than that CPU has (bench serve's traffic designs on a 2-vCPU host).
+    sampler_cpu_us_per_request: float = float("nan")
+    sampler_cpus_busy: float = float("nan")
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
     note: str = ""
     error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
@@ -229,6 +234,7 @@ def _bare_child(setup: Setup, conn: Any) -> None:
 def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
     """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
+    cpu_ns = 0
     start = t = time.perf_counter_ns()
     start_mono = time.monotonic()
     try:
@@ -243,6 +249,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             while perf() < end:
                 client.start(x).finish(timeout=10.0)
             start_mono = time.monotonic()
+            cpu0 = time.process_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
@@ -250,6 +257,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1
+            cpu_ns = time.process_time_ns() - cpu0
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -259,6 +267,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             "elapsed_ns": t - start,
             "lat_ns": lat,
             "window": (start_mono, time.monotonic()),
+            "cpu_ns": cpu_ns,
             "error": error,
         }
     )
@@ -410,6 +419,8 @@ def _served_result(
     t_end = calls[:, col["t_end_s"]]
     calls = calls[(t_end >= lo) & (t_end <= hi)]
     res.duration_s = elapsed
+    res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
+    res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
     res.samples = samples
     res.samples_per_s = samples / elapsed
     res.latency_ms = metrics.percentiles(lat)
@@ -564,11 +575,14 @@ def render_table(results: list[DesignResult]) -> str:
                 _f(r.engine_ms_mean, ".3f"),
                 _f(r.overhead_us_mean, ".0f"),
                 _f(r.worker_busy, ".0%"),
+                _f(r.sampler_cpu_us_per_request, ".0f"),
+                _f(r.sampler_cpus_busy, ".0%"),
                 _short(r.error),
             ]
         )
     headers = ["design", "req", "samples/s", "vs bare", "lat p50 ms", "p99", "p99.9", "max", "n"]
-    headers += ["eng batch", "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy", "error"]
+    headers += ["eng batch", "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy"]
+    headers += ["sampler us/req", "sampler CPUs busy", "error"]
     return table.render(headers, rows, title=f"lowtail bench serve: bare at batch {results[0].batch}")
 
 
@@ -725,10 +739,13 @@ def verdicts(results: list[DesignResult], batch: int) -> list[str]:
     got = ratios.get("traffic 16x1")
     if got:
         ok = _median(got) >= TRAFFIC_TARGET_RATIO
-        batches = [r.engine_batch_mean for r in results if r.label == "traffic 16x1"]
+        runs = [r for r in results if r.label == "traffic 16x1"]
+        per_req = _median([r.sampler_cpu_us_per_request for r in runs])
         lines.append(
             f"traffic 16x1 >= {TRAFFIC_TARGET_RATIO:.0%} of bare: {'met' if ok else 'NOT met'} "
-            f"({_spread(got)}; mean engine batch {_median(batches):.1f})"
+            f"({_spread(got)}; mean engine batch {_median([r.engine_batch_mean for r in runs]):.1f}; "
+            f"the samplers used {per_req:.0f} us of CPU per request, "
+            f"{_median([r.sampler_cpus_busy for r in runs]):.0%} of their CPUs)"
         )
     over: dict[str, list[float]] = {}
     for r in results:

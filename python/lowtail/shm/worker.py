@@ -20,7 +20,7 @@ from lowtail.shm import ofd_lock
 from lowtail.shm import payload as ndslot
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
-from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
+from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
     H_DOORBELLS,
     H_WORKER_EPOCH,
@@ -181,6 +181,7 @@ class QueueWorker:
         self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
         self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._db_i = H_DOORBELLS >> 3
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -567,11 +568,12 @@ class QueueWorker:
         m = self._m
         q = m.q
         full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        parked_i, wake = self._parked_i, self._wake
         if len(items) == 1:
             lane = items[0].lane
-            if q[self._parked_i[lane]]:
-                futex_wake(m.addr(self._count_i[lane]))
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
             return
         for lane in {it.lane for it in items}:
-            if q[self._parked_i[lane]]:
-                futex_wake(m.addr(self._count_i[lane]))
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
