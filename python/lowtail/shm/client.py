@@ -88,6 +88,13 @@ PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 
 # A prediction that is too late costs what parking cost before (the worker wakes the client: the
 # Dekker handshake is unchanged); one too early costs at most the spin budget, as before.
 # Round trips shorter than the margin (``bench queue``: ~15 us) never sleep: the spin is the fast path.
+# Waits that vary more than the spin budget (16 samplers sharing a CPU, the worker coalescing) make
+# the prediction a poor guide: a sleep there is followed by the whole spin and a park, two sleeps and
+# a spin where the plain wait had one of each (``bench serve --traffic 16x1``: 120 against 81 us of
+# sampler CPU per request). So a client sleeps predictively only while at most MAX_LATE of its last 8
+# answers came later than prediction + spin budget (judged on every answer, slept or not).
+LATE_WINDOW = 0xFF
+MAX_LATE = 2
 PREDICT_UP_SHIFT = 2
 MARGIN_NS = 50_000
 MIN_TIMED_PARK_NS = 50_000  # a shorter sleep saves less spinning than its two context switches cost
@@ -159,6 +166,7 @@ class QueueClient:
         self._spin_ns = spin_us * 1000
         self._predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
         self._oversleep_ns = 0  # how late a timed futex wait returns, learned
+        self._late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
@@ -424,9 +432,13 @@ class QueueClient:
             now = clock()
             answered, deadline = False, 0
             # (a prediction below the margin never parks: the fast path skips the call)
-            if self._predicted_ns > MARGIN_NS and (
-                until := park_until_ns(
-                    ticket.submit_ns, now, self._predicted_ns, MARGIN_NS + self._oversleep_ns
+            if (
+                self._predicted_ns > MARGIN_NS
+                and self._late.bit_count() <= MAX_LATE
+                and (
+                    until := park_until_ns(
+                        ticket.submit_ns, now, self._predicted_ns, MARGIN_NS + self._oversleep_ns
+                    )
                 )
             ):
                 self._n_timed_parks += 1
@@ -461,7 +473,11 @@ class QueueClient:
         # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
         # sleep: a parked client is still woken by the answer, and the deadline bounds every sleep.
-        self._predicted_ns = next_prediction_ns(self._predicted_ns, done_ns - ticket.submit_ns)
+        latency = done_ns - ticket.submit_ns
+        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
+        late = latency > self._predicted_ns + self._spin_ns
+        self._late = ((self._late << 1) | late) & LATE_WINDOW
+        self._predicted_ns = next_prediction_ns(self._predicted_ns, latency)
         try:
             off = self._resp_off[s]
             cached = self._resp_views[s]
