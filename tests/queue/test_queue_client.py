@@ -6,9 +6,9 @@ parked), whatever the host's speed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,11 +28,27 @@ def server() -> Iterator[InferenceQueue]:
         yield s
 
 
-def _stop(p: Any) -> None:
-    if p.is_alive():
-        p.terminate()
-    p.join(10)
-    assert p.exitcode is not None, f"process {p.pid} did not exit"
+@contextlib.contextmanager
+def _worker_at(ctx: BaseContext, server: InferenceQueue, latencies_s: list[float]) -> Iterator[None]:
+    """A worker process answering the k-th request latencies_s[k] after its submit (then the last)."""
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, latencies_s, 30.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        yield
+    finally:
+        if worker.is_alive():
+            worker.terminate()
+        worker.join(10)
+        assert worker.exitcode is not None, f"worker {worker.pid} did not exit"
+
+
+def _rounds(c: QueueClient, n: int) -> dict[str, int]:
+    """n checked round trips; the change of the client's wait counts over them."""
+    before = c.wait_counts
+    x = np.ones((1, 4), np.float32)
+    for _ in range(n):
+        np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+    return {k: v - before[k] for k, v in c.wait_counts.items()}
 
 
 # -- the prediction and the decision to park ---------------------------------------------------------
@@ -149,25 +165,14 @@ def test_a_client_that_learned_its_wait_sleeps_then_meets_the_answer_spinning(
     budget of 100 ms absorbs any lateness of the answer on a loaded host. The client's own wake-up
     can be late by up to a millisecond on a loaded 2-vCPU guest: it learns that lateness, the bound
     below allows for the answers that find it still asleep meanwhile.)"""
-    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, [0.02], 30.0))  # type: ignore[attr-defined]
-    worker.start()
-    try:
-        with QueueClient.attach(server.descriptor, spin_us=100_000) as c:
-            x = np.ones((1, 4), np.float32)
-            for _ in range(8):
-                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            assert 20 * MS <= c.predicted_ns < 1000 * MS
-            before = c.wait_counts
-            n = 12
-            for _ in range(n):
-                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            after = c.wait_counts
-        delta = {k: after[k] - before[k] for k in after}
-        assert delta["timed_parks"] == n, delta  # every wait slept first
-        assert delta["spinning"] + delta["parked"] == n, delta
-        assert delta["spinning"] >= n // 4, delta  # and answers found it spinning
-    finally:
-        _stop(worker)
+    with _worker_at(ctx, server, [0.02]), QueueClient.attach(server.descriptor, spin_us=100_000) as c:
+        _rounds(c, 8)
+        assert 20 * MS <= c.predicted_ns < 1000 * MS
+        n = 12
+        delta = _rounds(c, n)
+    assert delta["timed_parks"] == n, delta  # every wait slept first
+    assert delta["spinning"] + delta["parked"] == n, delta
+    assert delta["spinning"] >= n // 4, delta  # and answers found it spinning
 
 
 def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
@@ -176,41 +181,20 @@ def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
     """The predictive sleep keeps the parked-flag handshake: an early answer is not left waiting for
     the sleep's timeout. Four answers at 20 ms teach the client 20 ms; the fifth comes after 1 ms and
     finds it parked (the worker wakes it), or already there."""
-    worker = ctx.Process(
-        target=helpers.serve_at_latencies, args=(server.descriptor, [0.02] * 4 + [0.001], 30.0)
-    )  # type: ignore[attr-defined]
-    worker.start()
-    try:
-        with QueueClient.attach(server.descriptor) as c:
-            x = np.ones((1, 4), np.float32)
-            for _ in range(4):
-                c.infer({"x": x}, timeout=30.0)
-            assert c.predicted_ns >= 20 * MS
-            before = c.wait_counts
-            np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            after = c.wait_counts
-            delta = {k: after[k] - before[k] for k in after}
-            assert delta["parked"] + delta["immediate"] == 1 and delta["spinning"] == 0, delta
-            assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
-    finally:
-        _stop(worker)
+    with _worker_at(ctx, server, [0.02] * 4 + [0.001]), QueueClient.attach(server.descriptor) as c:
+        _rounds(c, 4)
+        assert c.predicted_ns >= 20 * MS
+        delta = _rounds(c, 1)
+        assert delta["parked"] + delta["immediate"] == 1 and delta["spinning"] == 0, delta
+        assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
 
 
 def test_a_client_with_no_spin_budget_parks_without_spinning_or_yielding(
     ctx: BaseContext, server: InferenceQueue
 ) -> None:
-    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, [0.005], 30.0))  # type: ignore[attr-defined]
-    worker.start()
-    try:
-        with QueueClient.attach(server.descriptor, spin_us=0) as c:
-            x = np.ones((1, 4), np.float32)
-            for _ in range(5):
-                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            counts = c.wait_counts
-        assert counts["yields"] == 0, counts
-        assert counts["futex_waits"] >= 1, counts
-    finally:
-        _stop(worker)
+    with _worker_at(ctx, server, [0.005]), QueueClient.attach(server.descriptor, spin_us=0) as c:
+        delta = _rounds(c, 5)
+    assert delta["yields"] == 0 and delta["futex_waits"] >= 1, delta
 
 
 def test_a_client_whose_answers_often_come_past_prediction_and_budget_stops_sleeping(
@@ -219,20 +203,8 @@ def test_a_client_whose_answers_often_come_past_prediction_and_budget_stops_slee
     """Answers alternating 2 ms and 30 ms: half come later than the (low) prediction plus the 200 us
     spin budget, where a sleep would end in the whole spin and a park; the client then waits the plain
     way (spin, then park), without predictive sleeps."""
-    worker = ctx.Process(
-        target=helpers.serve_at_latencies, args=(server.descriptor, [0.002, 0.03] * 20, 30.0)
-    )  # type: ignore[attr-defined]
-    worker.start()
-    try:
-        with QueueClient.attach(server.descriptor, spin_us=200) as c:
-            x = np.ones((1, 4), np.float32)
-            for _ in range(12):
-                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            before = c.wait_counts
-            for _ in range(6):
-                np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
-            after = c.wait_counts
-        assert after["timed_parks"] == before["timed_parks"], (before, after)
-        assert after["futex_waits"] > before["futex_waits"]  # it still parks after its spin
-    finally:
-        _stop(worker)
+    with _worker_at(ctx, server, [0.002, 0.03] * 20), QueueClient.attach(server.descriptor, spin_us=200) as c:
+        _rounds(c, 12)
+        delta = _rounds(c, 6)
+    assert delta["timed_parks"] == 0, delta
+    assert delta["futex_waits"] > 0, delta  # it still parks after its spin
