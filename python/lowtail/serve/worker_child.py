@@ -9,7 +9,8 @@ Order of work (seed section 3.1.4, plus what it lacked):
  1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
  2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
  3. attach to the queue as its single consumer, freeze the GC, report ready to the parent;
- 4. serve: claim -> infer -> complete/fail, with SCHED_FIFO only around the work and per-call metrics.
+ 4. serve: claim -> infer -> complete/fail, with SCHED_FIFO while batches keep coming (within the RT budget)
+    and per-call metrics.
 """
 
 from __future__ import annotations
