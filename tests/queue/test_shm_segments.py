@@ -119,10 +119,23 @@ def test_page_report_does_not_fault_pages_in() -> None:
     mm.close()
 
 
-def test_futex_wakes_a_parked_thread_and_times_out() -> None:
+@pytest.mark.parametrize("waker", ["futex_wake", "futex_wake_all"])
+def test_futex_wakes_a_parked_thread_and_times_out(waker: str) -> None:
     mm = mmap.mmap(-1, mmap.PAGESIZE)
     anchor = ctypes.c_char.from_buffer(mm)
     addr = ctypes.addressof(anchor)
+    handle = futex.wake_handle(addr + 64)  # the worker's pre-converted form, on a word 64 bytes in
+    if waker == "futex_wake_all":
+        addr += 64
+
+        def wake() -> int:
+            return futex.futex_wake_all(handle)
+    else:
+
+        def wake() -> int:
+            return futex.futex_wake(addr)
+
+    assert wake() == 0  # nobody parked yet
     assert futex.futex_wait(addr, 0, 0.01) is False  # timed out
     assert futex.futex_wait(addr, 5, 1.0) is True  # value differs: returns at once
     woke: list[float] = []
@@ -138,7 +151,7 @@ def test_futex_wakes_a_parked_thread_and_times_out() -> None:
     deadline = time.monotonic() + 5
     while n == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-        n = futex.futex_wake(addr)
+        n = wake()
     th.join(5)
     assert n == 1 and woke and woke[0] < 5.0
     futex.full_barrier()

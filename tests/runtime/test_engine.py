@@ -24,6 +24,19 @@ def test_engine_matches_direct_openvino_at_every_batch_size(small_model: Path) -
             np.testing.assert_allclose(got[name], ref[name], rtol=1e-6, atol=1e-6)
 
 
+def test_engine_returns_its_pre_bound_output_buffers_in_a_dict_of_each_calls_own(small_model: Path) -> None:
+    """Outputs are written by OpenVINO straight into buffers the engine bound once per batch size."""
+    engine = Engine(small_model, max_batch=4)
+    first = engine.infer(example_inputs(64, 4, seed=1))
+    name = engine.output_names[0]
+    kept = first[name]
+    first[name] = np.zeros(1)  # a caller's dict is its own: this must not reach the engine
+    second = engine.infer(example_inputs(64, 4, seed=2))
+    assert second[name] is kept  # the same bound buffer, now holding the second call's answer
+    assert second[name].shape[0] == 4 and not np.array_equal(second[name], np.zeros(1))
+    assert engine.infer(example_inputs(64, 2))[name].shape[0] == 2  # another size, its own buffer
+
+
 def test_engine_compiles_one_thread_no_pinning_f32(small_model: Path) -> None:
     props = Engine(small_model).properties()
     assert props == {

@@ -10,11 +10,18 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lowtail.serve.pinning import CpuAffinityError, SchedFifo, pin_thread_to_cpu, set_timer_slack_ns
+from lowtail.serve.pinning import (
+    CpuAffinityError,
+    SchedFifo,
+    pin_thread_to_cpu,
+    rt_budget_share,
+    set_timer_slack_ns,
+)
 
 PR_CAPBSET_DROP = 24
 CAP_SYS_NICE = 23
@@ -153,3 +160,65 @@ def test_sched_fifo_enter_and_leave_are_idempotent() -> None:
         pytest.skip(f"SCHED_FIFO not permitted here ({fifo.reason}): nothing to check")
     fifo_p, other = os.SCHED_FIFO, os.SCHED_OTHER
     assert seen == [(True, fifo_p), (True, fifo_p), (False, other), (False, other)]
+
+
+def _rt_files(root: Path, runtime: int, period: int, name: str = "sched_rt") -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{name}_runtime_us").write_text(f"{runtime}\n")
+    (root / f"{name}_period_us").write_text(f"{period}\n")
+
+
+def test_rt_budget_share_reads_the_global_and_the_cgroup_v1_budget(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _rt_files(proc, 950000, 1000000)
+    cg = tmp_path / "cgroup"
+    cg.write_text("4:memory:/pod\n1:cpu,cpuacct:/kubepods/pod1\n0::/\n")
+    root = tmp_path / "fs"
+    assert rt_budget_share(str(proc), str(cg), str(root)) == pytest.approx(0.95)  # no cgroup file: global
+    _rt_files(root / "cpu,cpuacct/kubepods/pod1", 400000, 1000000, name="cpu.rt")
+    assert rt_budget_share(str(proc), str(cg), str(root)) == pytest.approx(0.40)  # the smaller one
+    _rt_files(proc, -1, 1000000)
+    _rt_files(root / "cpu,cpuacct/kubepods/pod1", -1, 1000000, name="cpu.rt")
+    assert rt_budget_share(str(proc), str(cg), str(root)) is None  # unlimited everywhere
+
+
+def test_sched_fifo_is_never_held_longer_than_the_rt_budget_allows() -> None:
+    """At a 95% budget SCHED_FIFO is held at most 90 ms of each 100 ms slice, then the thread runs
+    10 ms as SCHED_OTHER, so the kernel's RT throttling (which stops the whole CPU's RT tasks for the
+    rest of its period) never triggers. Driven by a fake clock; the policy changes are real."""
+    now = [0]
+    fifo = SchedFifo(1, budget_share=0.95, clock=lambda: now[0])
+    assert fifo.hold_ns == 90_000_000 and fifo.cool_ns == 10_000_000
+
+    def run() -> list[tuple[int, int]]:
+        if not fifo.detect():
+            return []
+        seen = []
+        for t in (0, 50_000_000, 90_000_001, 95_000_000, 100_000_002, 150_000_000):
+            now[0] = t
+            fifo.enter()
+            seen.append((t, os.sched_getscheduler(0)))
+        fifo.leave()
+        return seen
+
+    seen = in_thread(run)
+    if not seen:
+        pytest.skip(f"SCHED_FIFO not permitted here ({fifo.reason}): nothing to check")
+    fifo_, other = os.SCHED_FIFO, os.SCHED_OTHER
+    assert seen == [
+        (0, fifo_),
+        (50_000_000, fifo_),  # held, no system call
+        (90_000_001, other),  # held longer than 90 ms: cool down
+        (95_000_000, other),  # still cooling
+        (100_000_002, fifo_),  # cooled 10 ms: back in
+        (150_000_000, fifo_),
+    ]
+    assert fifo.cooldowns == 1 and fifo.switches == 4
+
+
+def test_sched_fifo_is_not_used_with_a_budget_too_small_to_hold() -> None:
+    fifo = SchedFifo(1, budget_share=0.04)
+    assert fifo.detect() is False and not fifo.available
+    assert "4%" in fifo.reason and "throttled" in fifo.reason
+    fifo.enter()
+    assert not fifo.active and fifo.switches == 0

@@ -40,6 +40,8 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert parts["overhead_us"]["mean"] == pytest.approx(total, rel=1e-6)
         assert r["overhead_us_mean"] == parts["overhead_us"]["mean"] > 0
         assert r["worker_rss_mib"] > 10 and r["queue_mib"] > 0
+        # the samplers' own CPU per request: at least the submit and read of one round trip
+        assert r["sampler_cpu_us_per_request"] > 1 and 0 < r["sampler_cpus_busy"] <= 1.05
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -95,3 +97,36 @@ def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_call_rows_carry_the_breakdown_columns() -> None:
     assert CALL_FIELDS[-1] == "overhead_us" and all(k in CALL_FIELDS for k in BREAKDOWN_PARTS)
+
+
+def test_rounds_interleave_designs_and_each_ratio_uses_its_own_rounds_bare(
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--model", str(small_model), "--seconds", "0.3", "--samplers", "2"]
+    code = main([*argv, "--traffic", "", "--rounds", "2", "--json", str(out), "--no-progress"])
+    report = json.loads(out.read_text())
+    assert code == 0, report["verdicts"]
+    seq = [(r["label"], r["round"]) for r in report["results"]]
+    assert seq == [("bare (limit)", 1), ("served x2", 1), ("bare (limit)", 2), ("served x2", 2)]
+    for bare, served in (report["results"][0:2], report["results"][2:4]):
+        assert served["ratio_to_bare"] == pytest.approx(served["samples_per_s"] / bare["samples_per_s"])
+        assert served["fifo_switches_per_call"] is not None and served["fifo_switches_per_call"] >= 0
+    text = capsys.readouterr().out
+    assert "served/bare per round" in text and "served x2 #2" in text
+
+
+def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
+    from lowtail.benchmarks.serve_bench import DesignResult, verdicts
+
+    rows = []
+    for rnd, ratio in enumerate((0.99, 0.96, 0.90), start=1):
+        rows.append(DesignResult("bare", 0, 16, round=rnd))
+        rows.append(DesignResult("served", 2, 16, ratio_to_bare=ratio, round=rnd))
+    (line,) = verdicts(rows, 16)
+    assert line.startswith(
+        "served x2 >= 95% of bare at batch 16: met"
+    )  # the median 0.96, not the last round's 0.90
+    assert "median of 3 rounds, 0.900-0.990" in line
+    rows[3].ratio_to_bare = 0.80  # round 2: 0.99, 0.80, 0.90 has the median 0.90
+    assert "NOT met (0.900" in verdicts(rows, 16)[0]

@@ -247,6 +247,71 @@ def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Pa
     assert not Path(f"/proc/{m.ready['pid']}").exists() or _state(m.ready["pid"]) == "Z"
 
 
+@pytest.mark.parametrize("scope", ["work", "call"])
+def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches(
+    small_model: Path, scope: str
+) -> None:
+    """Eight 16-sample requests queued at once are eight batches served back to back (16 = the batch
+    limit). "call" switches the policy twice per batch; "work" enters once, stays in SCHED_FIFO while
+    a batch is ready, and leaves when the queue is empty, so it switches at most once per batch (in
+    practice twice in all). Counted by the worker (SchedFifo.switches in the stats segment)."""
+    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=1.0)
+    with (
+        small_queue(slots_per_lane=8, max_batch_samples=16) as queue,
+        QueueClient.attach(queue.descriptor) as c,
+    ):
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model, cfg)
+        try:
+            info = w.wait_ready(120)
+            if not info["sched_fifo"]:
+                pytest.skip(f"SCHED_FIFO not permitted here ({info['sched_fifo_reason']}): nothing to count")
+            x = example_inputs(64, 16)
+            pending = [c.start(x) for _ in range(8)]
+            for p in pending:
+                assert next(iter(p.finish(timeout=30).values())).shape[0] == 16
+            deadline = time.monotonic() + 5
+            while os.sched_getscheduler(w.pid) != os.SCHED_OTHER and time.monotonic() < deadline:
+                time.sleep(0.001)  # idle: both scopes leave SCHED_FIFO
+            assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
+            report = w.report()
+            assert report.calls == 8
+            if scope == "call":
+                assert report.fifo_switches == 2 * report.calls
+            else:
+                assert 2 <= report.fifo_switches <= report.calls, report
+        finally:
+            assert w.stop() == 0
+
+
+def test_a_worker_busy_for_longer_than_the_rt_budget_slice_cools_down_and_serves_on(tmp_path: Path) -> None:
+    """Sixteen batches of 64 (0.03-0.1 s each) queued at once keep the worker busy 0.5-1.6 s without a
+    gap. In the "work" scope
+    it holds SCHED_FIFO across them, so its RT-budget limit (hold <= 90 ms of each 100 ms at the
+    default 95% budget) must switch it to SCHED_OTHER at least once, and every request is answered.
+    Without the limit the kernel's RT throttling would stop it for the rest of its period instead."""
+    from lowtail.serve.pinning import rt_budget_share
+
+    share = rt_budget_share()
+    if share is None:
+        pytest.skip("unlimited RT budget here (sched_rt_runtime_us = -1): the worker never cools down")
+    xml = write_slow_model(tmp_path / "slow")
+    x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
+    geometry = dict(request_bytes=266240, response_bytes=266240, max_batch_samples=64, slots_per_lane=16)
+    with small_queue(lanes=1, **geometry) as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="hot", max_batch=64))
+        try:
+            if not w.wait_ready(120)["sched_fifo"]:
+                pytest.skip("SCHED_FIFO not permitted here: nothing to cool down")
+            with QueueClient.attach(queue.descriptor) as c:
+                pending = [c.start(x) for _ in range(16)]
+                for p in pending:
+                    assert p.finish(timeout=60)["value"].shape == (64, 1024)
+            report = w.report()
+            assert report.calls == 16 and report.fifo_cooldowns >= 1, report
+        finally:
+            assert w.stop() == 0
+
+
 @pytest.mark.parametrize("scope", ["call", "busy"])
 def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
     small_model: Path, scope: str

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 SLOW_ENGINE_CPU_MS = 100.0
 SLOW_TOTAL_MS = 200.0
 
-FIFO_SCOPES = ("call", "busy")
+# "work": SCHED_FIFO while requests keep coming, dropped before any idle wait (default: no system call
+# between back-to-back batches). "call": around each batch (the seed's toggle, two system calls per
+# batch). "busy": also through the idle spin and park of a claim timeout after the last batch.
+FIFO_SCOPES = ("work", "call", "busy")
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,7 @@ class WorkerConfig:
     nice: int = -20
     sched_fifo: bool = True  # try SCHED_FIFO around inference (falls back to nice if not permitted)
     fifo_priority: int = 1
-    fifo_scope: str = "call"  # "call": FIFO around each batch; "busy": until the queue idles a claim timeout
+    fifo_scope: str = "work"  # see FIFO_SCOPES
     slow_engine_cpu_ms: float = SLOW_ENGINE_CPU_MS
     slow_total_ms: float = SLOW_TOTAL_MS
     claim_timeout_s: float = 0.05  # bounded wait per claim: the loop checks stop/parent at least this often

@@ -8,7 +8,10 @@ read back after compiling and a mismatch is an error, not a warning.
 Input tensors wrap preallocated numpy buffers and are set on the request once per batch size; a call
 copies the observations into the buffer (a ~32 kB memcpy at batch 16) and runs ``infer()`` in the
 calling thread. Field notes: pre-bound tensors + ``infer()`` were ~25% faster than a dict per call.
-Outputs are views into OpenVINO's buffers, overwritten by the next call.
+Output tensors are bound the same way (where the model's outputs have a static per-sample shape), so a
+call returns numpy arrays it already holds instead of asking OpenVINO for its tensors: that lookup cost
+1.3 us per output warm but 11 us inside the worker loop, right after ``infer()`` has evicted the
+caches. Outputs are overwritten by the next call.
 """
 
 from __future__ import annotations
@@ -80,6 +83,18 @@ class Engine:
                 tuple(d.get_length() for d in list(ps)[1:]),
             )
         self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        # name -> (dtype, per-sample shape) where it is static, so the output can be pre-bound
+        self._out_specs: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None = {}
+        for port in self.compiled.outputs:
+            ps = port.get_partial_shape()
+            if ps.rank.is_dynamic or not ps[0].is_dynamic or any(d.is_dynamic for d in list(ps)[1:]):
+                self._out_specs = None  # not [batch, static...]: OpenVINO allocates, we read its tensors
+                break
+            self._out_specs[port.get_any_name()] = (
+                np.dtype(port.get_element_type().to_dtype()),
+                tuple(d.get_length() for d in list(ps)[1:]),
+            )
+        self._outputs: dict[int, dict[str, np.ndarray]] = {}
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[int, list[tuple[str, ov.Tensor]]] = {}
         self._bound_batch = -1
@@ -97,6 +112,7 @@ class Engine:
             name: np.zeros((max_batch, *shape), dtype=dtype) for name, (dtype, shape) in self.inputs.items()
         }
         self._tensors.clear()
+        self._outputs = {}
         self._bound_batch = -1
 
     def check(self, inputs: Mapping[str, np.ndarray]) -> int:
@@ -144,14 +160,25 @@ class Engine:
         if n > self.max_batch:
             self._grow(n)
         if n != self._bound_batch:
-            tensors = self._tensors.get(n)
-            if tensors is None:
-                tensors = [(k, ov.Tensor(b[:n], shared_memory=True)) for k, b in self._buffers.items()]
-                self._tensors[n] = tensors
-            for name, t in tensors:
-                self.request.set_tensor(name, t)
-            self._bound_batch = n
+            self._bind(n)
         for name, buf in self._buffers.items():
             np.copyto(buf[:n], inputs[name])
         self.request.infer()
-        return {name: self.request.get_tensor(name).data for name in self.output_names}
+        outputs = self._outputs.get(n)
+        if outputs is None:
+            return {name: self.request.get_tensor(name).data for name in self.output_names}
+        return dict(outputs)  # a dict of its own per call; the arrays are the bound buffers
+
+    def _bind(self, n: int) -> None:
+        """Set the tensors of batch size ``n`` on the request (built once per size, then reused)."""
+        tensors = self._tensors.get(n)
+        if tensors is None:
+            tensors = [(k, ov.Tensor(b[:n], shared_memory=True)) for k, b in self._buffers.items()]
+            if self._out_specs is not None:
+                out = {name: np.empty((n, *shape), dtype) for name, (dtype, shape) in self._out_specs.items()}
+                tensors += [(k, ov.Tensor(a, shared_memory=True)) for k, a in out.items()]
+                self._outputs[n] = out
+            self._tensors[n] = tensors
+        for name, t in tensors:
+            self.request.set_tensor(name, t)
+        self._bound_batch = n

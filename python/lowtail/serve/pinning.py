@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,25 +86,101 @@ def set_timer_slack_ns(ns: int = 1) -> int:
     return int(libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0))
 
 
+# RT throttling: the kernel stops every SCHED_FIFO task of a CPU (or of an RT cgroup) once they ran
+# sched_rt_runtime_us of a sched_rt_period_us; the source document's 400-470 ms p999 deschedule was
+# exactly that (500000 of 1000000). A worker that holds SCHED_FIFO through back-to-back batches would be
+# stopped for the rest of every period; so it holds it for at most ``budget - RT_MARGIN`` of each
+# RT_SLICE_NS and runs the remainder as SCHED_OTHER (on its isolated core that loses nothing).
+RT_SLICE_NS = 100_000_000
+RT_MARGIN = 0.05
+PROC_RT = "/proc/sys/kernel"
+
+
+def _rt_pair(runtime_path: str, period_path: str) -> float | None:
+    """runtime/period from two files; None when unreadable or unlimited (runtime -1)."""
+    try:
+        with open(runtime_path) as f:
+            runtime = int(f.read())
+        with open(period_path) as f:
+            period = int(f.read())
+    except (OSError, ValueError):
+        return None
+    if runtime < 0 or period <= 0:
+        return None
+    return runtime / period
+
+
+def rt_budget_share(
+    proc_rt: str = PROC_RT, cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup"
+) -> float | None:
+    """The share of each RT period SCHED_FIFO may run here, or None when unlimited.
+
+    The smaller of the global budget and, with RT group scheduling (cgroup v1 ``cpu`` controller), the
+    calling process's cgroup budget. cgroup v2 has no RT budget of its own.
+    """
+    shares = [_rt_pair(f"{proc_rt}/sched_rt_runtime_us", f"{proc_rt}/sched_rt_period_us")]
+    try:
+        with open(cgroup_file) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and path not in ("", "/"):
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                d = f"{cgroup_root}/{mount}{path}"
+                if os.path.exists(f"{d}/cpu.rt_runtime_us"):
+                    shares.append(_rt_pair(f"{d}/cpu.rt_runtime_us", f"{d}/cpu.rt_period_us"))
+                    break
+    known = [x for x in shares if x is not None]
+    return min(known) if known else None
+
+
 class SchedFifo:
-    """SCHED_FIFO around each inference, SCHED_OTHER in between, only where the kernel permits it.
+    """SCHED_FIFO around inference, SCHED_OTHER otherwise, only where the kernel permits it.
 
     ``detect()`` tries once (FIFO then straight back to OTHER). Where it fails (no CAP_SYS_NICE,
     RLIMIT_RTPRIO 0, a cgroup without an RT budget) the fallback is logged once and ``enter``/``leave``
     do nothing: a worker never fails because of its priority. A later failure (for example the RT budget
     removed at run time) disables it with one more log line. Switching back to SCHED_OTHER keeps the
     nice value, so the nice -20 fallback still holds between inferences.
+
+    ``enter`` is cheap when already in SCHED_FIFO (no system call), so a caller may call it per batch.
+    It never holds SCHED_FIFO longer than ``hold_ns`` at a stretch: then it switches to SCHED_OTHER for
+    ``cool_ns`` (see RT_SLICE_NS), so the kernel's RT throttling never stops the worker.
     """
 
-    def __init__(self, priority: int = 1) -> None:
+    def __init__(
+        self,
+        priority: int = 1,
+        budget_share: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.priority = priority
         self.available = False
         self.active = False  # SCHED_FIFO now (enter/leave are idempotent: no syscall when unchanged)
         self.reason = "not detected yet"
+        self.cooldowns = 0  # times the hold limit switched to SCHED_OTHER (diagnostics, tests)
+        self.switches = 0  # policy changes made (two system calls per batch in the "call" scope)
         self._fifo = os.sched_param(priority)
         self._other = os.sched_param(0)
+        self._clock = clock
+        self.budget_share = budget_share
+        duty = 1.0 if budget_share is None else budget_share - RT_MARGIN
+        self.hold_ns = round(RT_SLICE_NS * duty) if duty < 1.0 else 1 << 62
+        self.cool_ns = RT_SLICE_NS - self.hold_ns if duty < 1.0 else 0
+        self._since = 0  # when SCHED_FIFO was entered
+        self._resume = 0  # no SCHED_FIFO before this (cooling down)
 
     def detect(self) -> bool:
+        if self.hold_ns <= 0:
+            self.available = False
+            self.reason = (
+                f"the RT budget is {self.budget_share:.0%} of each period: too small to hold "
+                f"SCHED_FIFO without being throttled"
+            )
+            log.warning("SCHED_FIFO unused, using nice only: %s", self.reason)
+            return False
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
             os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
@@ -116,10 +194,22 @@ class SchedFifo:
         return True
 
     def enter(self) -> None:
-        if self.available and not self.active:
+        if self.active:
+            now = self._clock()
+            if now - self._since > self.hold_ns:  # held a whole stretch: cool down before the throttle
+                self.leave()
+                self._resume = now + self.cool_ns
+                self.cooldowns += 1
+            return
+        if self.available:
+            now = self._clock()
+            if now < self._resume:
+                return
             try:
                 os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
                 self.active = True
+                self._since = now
+                self.switches += 1
             except OSError as e:
                 self._give_up(e)
 
@@ -128,6 +218,7 @@ class SchedFifo:
             try:
                 os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
                 self.active = False
+                self.switches += 1
             except OSError as e:
                 self._give_up(e)
 

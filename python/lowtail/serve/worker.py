@@ -99,6 +99,8 @@ class WorkerReport:
     slow_calls: int
     sched_fifo: bool
     threads: int
+    fifo_switches: int = 0  # scheduling-policy changes (the "call" scope makes two per batch)
+    fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
     percentiles: dict[str, metrics.Percentiles] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +213,8 @@ class WorkerProcess:
             slow_calls=s.word(workerstats.SLOW),
             sched_fifo=bool(s.word(workerstats.FIFO)),
             threads=s.word(workerstats.THREADS),
+            fifo_switches=s.word(workerstats.FIFO_SWITCHES),
+            fifo_cooldowns=s.word(workerstats.FIFO_COOLDOWNS),
             percentiles=metrics.summarize(batch.rows),
         )
 

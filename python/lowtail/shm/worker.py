@@ -20,7 +20,7 @@ from lowtail.shm import ofd_lock
 from lowtail.shm import payload as ndslot
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
-from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
+from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
     H_DOORBELLS,
     H_WORKER_EPOCH,
@@ -87,13 +87,21 @@ class Batch:
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
         self._items = items
+        if len(items) == 1:  # the common case, without the list building below
+            it = items[0]
+            self.sizes = [it.plan.batch] if it.plan is not None else []
+            self.queue_wait_ns = [it.claim_ns - it.submit_ns]
+            self.claimed_ns = it.claim_ns
+            if it.inputs is not None:
+                self.inputs: Arrays = it.inputs  # zero-copy views of the request slot (or ndarray slot)
+                return
         self.sizes = [it.plan.batch for it in items if it.plan is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
         # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
         self.claimed_ns = min([it.claim_ns for it in items], default=0)
         parts = [it.inputs for it in items if it.inputs is not None]
         if len(parts) == 1:
-            self.inputs: Arrays = parts[0]  # zero-copy views of the request slot (or ndarray slot)
+            self.inputs = parts[0]
         else:
             self.inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -173,6 +181,7 @@ class QueueWorker:
         self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
         self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._db_i = H_DOORBELLS >> 3
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -268,14 +277,18 @@ class QueueWorker:
         if self._carry:
             carried, self._carry = self._carry, []
             return self._batch(carried)
+        items: list[_Item] = []
+        doorbells, poll = self._doorbells, self._poll
+        if doorbells.tobytes() != self._drained:  # work waiting: no clock, no deadline
+            poll(items)
+            if items:
+                return self._coalesce(items)
         m = self._m
         q = m.q
         clock = time.monotonic_ns
         now = clock()
         deadline = deadline_ns(now, timeout)
         sleep_i = H_WORKER_SLEEP >> 3
-        items: list[_Item] = []
-        doorbells, poll = self._doorbells, self._poll
         while True:
             if doorbells.tobytes() != self._drained:
                 poll(items)
@@ -313,6 +326,18 @@ class QueueWorker:
         # per moved lane): idle attached lanes cost nothing. Unpacking and comparing all L lanes in
         # Python added ~5 us per claim at 256 lanes (``lowtail bench lanes``, docs/benchmarks.md).
         moved = int.from_bytes(raw, "little") ^ int.from_bytes(self._seen, "little")
+        if not items and not self._leftover and moved:
+            # The common case, one request in one lane (a lone sampler, or the next one in turn):
+            # take it without the round-robin bookkeeping below (same outcome, ~2 us less per claim).
+            low = ((moved & -moved).bit_length() - 1) >> 6
+            if not moved >> ((low + 1) << 6) and self._head_of(raw, low << 3)[0] - tails[low] == 1:
+                self._seen = raw
+                it = self._take(low, tails[low], time.monotonic_ns())
+                self._rr = (low + 1) % lanes
+                if it is not None and it.plan is not None:
+                    items.append(it)
+                self._drained = raw
+                return
         look = set(self._leftover)
         base = 0
         while moved:
@@ -543,11 +568,12 @@ class QueueWorker:
         m = self._m
         q = m.q
         full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        parked_i, wake = self._parked_i, self._wake
         if len(items) == 1:
             lane = items[0].lane
-            if q[self._parked_i[lane]]:
-                futex_wake(m.addr(self._count_i[lane]))
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
             return
         for lane in {it.lane for it in items}:
-            if q[self._parked_i[lane]]:
-                futex_wake(m.addr(self._count_i[lane]))
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
