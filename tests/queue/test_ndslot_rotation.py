@@ -7,6 +7,7 @@ addresses the worker sees: a rotating size never lands in the slot the worker re
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_a_rotating_size_never_rewrites_the_slot_the_worker_read_last(kib: int, 
     turn = rotation_spares(kib * 1024) + 1
     assert (turn > 1) == rotates
     if rotates:
-        assert all(a != b for a, b in zip(addrs, addrs[1:], strict=False))
+        assert all(a != b for a, b in itertools.pairwise(addrs))
         assert len(set(addrs)) == turn and addrs[turn:] == addrs[:-turn]  # the same turn, in order
     else:
         assert len(set(addrs)) == 1

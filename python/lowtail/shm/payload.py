@@ -458,13 +458,13 @@ class NdarraySlot:
 # client's stores to them each wait for a cross-core invalidation. A slot is therefore written again
 # only after about ROTATE_BYTES went through the worker's L2 since it read it: the other slots of the
 # rotation, and the worker's copy-in of about one slot. Measured on this 2-vCPU KVM guest (AMD EPYC,
-# 1 MiB L2; a two-process copy loop, issue 14; ``lowtail bench ndslot`` shows the write per size): the client's write of 1 MiB into the
-# slot the worker just read took 66-95 us (one run 426 us: the bimodal figure of docs/benchmarks.md),
-# 24 us with two slots in turn, as fast as a private copy; 2 MiB 108 -> 48 us with two; 512 KiB
-# 54 -> 14 us with four. Above ROTATE_MAX_CAP the worker's L2 holds only a slot's tail and a spare
-# costs memory without saving time (4 MiB 143 vs 139 us, 8 MiB 375 vs 506 us); below ROTATE_MIN_CAP
-# it takes 8 and more segments (file descriptors held by both processes) to save a few microseconds
-# (256 KiB: 29 -> 7 us with eight).
+# 1 MiB L2) with a two-process copy loop (issue 14; ``lowtail bench ndslot`` shows the write per
+# size): the client's write of 1 MiB into the slot the worker just read took 66-95 us (one run
+# 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two slots in turn, as fast as a
+# private copy; 2 MiB 108 -> 48 us with two; 512 KiB 54 -> 14 us with four. Above ROTATE_MAX_CAP the
+# worker's L2 holds only a slot's tail and a spare costs memory without saving time (4 MiB 143 vs
+# 139 us, 8 MiB 375 vs 506 us); below ROTATE_MIN_CAP it takes 8 and more segments (file descriptors
+# held by both processes) to save a few microseconds (256 KiB: 29 -> 7 us with eight).
 ROTATE_BYTES = 2 << 20
 ROTATE_MIN_CAP = 512 << 10
 ROTATE_MAX_CAP = 2 << 20
