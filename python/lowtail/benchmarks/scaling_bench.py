@@ -96,14 +96,17 @@ def _cpus(args: argparse.Namespace) -> tuple[int, frozenset[int]]:
 
 
 def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) -> None:
-    """Answer every request until ``stop`` is set; report claim costs (us) per batch."""
+    """Answer every request until ``stop`` is set; report claim costs per batch and copy-in times (ns)."""
+    from lowtail.shm.payload import NdarraySlot
     from lowtail.shm.queue import QueueWorker
 
     pin_thread_to_cpu(cpu)
     raise_priority(-20)
     set_timer_slack_ns(1)
     buf = np.empty(max(1, copy_bytes // 4), dtype=np.float32)  # the engine's bound input buffer
+    buf.fill(0)  # first touch here, not in the first measured request
     claim_ns: list[int] = []
+    copy_ns: list[int] = []
     mono = time.monotonic_ns
     with QueueWorker.attach(desc) as w:
         conn.send("ready")
@@ -111,12 +114,14 @@ def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) 
             batch = w.claim(timeout=0.05)
             if batch is None:
                 continue
-            claim_ns.append(mono() - batch.claimed_ns)
+            t = mono()
+            claim_ns.append(t - batch.claimed_ns)
             x = next(iter(batch.inputs.values()))
             if copy_bytes:
                 np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
+                copy_ns.append(mono() - t)
             batch.complete({"y": x[:, :1].copy()})
-    conn.send(claim_ns)
+    conn.send({"claim_ns": claim_ns, "copy_ns": copy_ns, "attached": NdarraySlot.attached})
     conn.close()
 
 
@@ -133,14 +138,19 @@ class _EchoWorker:
             self.close()
             raise RuntimeError("the echo worker did not start")
 
-    def finish(self) -> np.ndarray:
+    def finish(self) -> dict[str, Any]:
+        """The worker's report: claim and copy-in times (us) and the ndarray slots it attached."""
         self._stop.set()
         try:
-            got = self._conn.recv() if self._conn.poll(30) else []
+            got = self._conn.recv() if self._conn.poll(30) else {}
         except EOFError:
-            got = []
+            got = {}
         self.close()
-        return np.asarray(got, dtype=np.float64) / 1e3
+        return {
+            "claim_us": np.asarray(got.get("claim_ns", []), dtype=np.float64) / 1e3,
+            "copy_us": np.asarray(got.get("copy_ns", []), dtype=np.float64) / 1e3,
+            "attached": int(got.get("attached", -1)),
+        }
 
     def close(self) -> None:
         self._stop.set()
@@ -219,7 +229,7 @@ def lanes_case(
                     p.join()
             for c in idle:
                 c.close()
-            claim = worker.finish()
+            claim = worker.finish()["claim_us"]
     row["error"] = "; ".join(str(r["error"]) for r in reports if r["error"])
     lat = np.concatenate([np.asarray(r["lat_ns"], dtype=np.float64) for r in reports]) / 1e3
     row["rtt_us"] = metrics.percentiles(lat).to_dict()
@@ -370,21 +380,49 @@ def _gbps(nbytes: int, times_ns: np.ndarray) -> dict[str, float]:
     }
 
 
+WARMUP = 8  # requests before the measured ones: every slot of a rotation created and attached
+
+
 def ndslot_case(nbytes: int, cpu: int, duration: float) -> dict[str, Any]:
+    """Requests of ``nbytes`` through an ndarray slot: GB/s, and where the time goes.
+
+    ``write_us``: the client's submit (mostly its copy into the slot); ``worker_copy_us``: the
+    worker's copy-in; ``slots_created``: ndarray slots the client created during the measured
+    requests (0: nothing is created per request); ``slots_attached_total``: the ndarray slots the
+    worker attached in the whole run, warm-up included (the rotation's few, not one per request).
+    """
+    from lowtail.shm.payload import NdarraySlot
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
 
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096, min_batch_samples=1)
     x = {"obs": np.ones((1, nbytes // 4), dtype=np.float32)}
+    perf = time.perf_counter_ns
+    write_ns: list[int] = []
+
+    def request(c: Any) -> None:
+        t = perf()
+        ticket = c.submit(x)
+        write_ns.append(perf() - t)
+        c.wait(ticket, timeout=60)
+
     with InferenceQueue.create(cfg) as queue:
         worker = _EchoWorker(queue.descriptor, cpu, copy_bytes=nbytes)
         try:
             with QueueClient.attach(queue.descriptor) as c:
-                for _ in range(3):
+                for _ in range(WARMUP):
                     c.infer(x, timeout=60)
-                times = _repeat(lambda: c.infer(x, timeout=60), duration)
+                created = NdarraySlot.created
+                times = _repeat(lambda: request(c), duration)
+                created = NdarraySlot.created - created
         finally:
-            worker.finish()
-    return _gbps(nbytes, times)
+            report = worker.finish()
+    out: dict[str, Any] = dict(_gbps(nbytes, times))
+    out["write_us"] = metrics.percentiles(np.asarray(write_ns, dtype=np.float64) / 1e3).to_dict()
+    copy = report["copy_us"][WARMUP:]
+    out["worker_copy_us"] = metrics.percentiles(copy).to_dict()
+    out["slots_created"] = created
+    out["slots_attached_total"] = report["attached"]
+    return out
 
 
 @contextlib.contextmanager
@@ -449,12 +487,18 @@ def render_ndslot(rows: list[dict[str, Any]]) -> str:
                 f"{nd['us_median']:.0f}" if nd else "-",
                 f"{nd['gbps_p10']:.2f}" if nd else "-",
                 f"{nd['us_p10']:.0f}" if nd else "-",
+                f"{cp['us_median']:.0f}" if cp else "-",
+                _p(nd, "write_us", "p50"),
+                _p(nd, "worker_copy_us", "p50"),
+                nd.get("slots_created", "-"),
                 nd.get("n", 0),
                 r["error"][:60],
             ]
         )
+    # Where a request's time goes: the floor's one copy against the client's write into the slot
+    # (its copy) and the worker's copy-in; "new slots" is what the measured requests created.
     headers = ["KiB", "numpy copy GB/s", "ndslot GB/s", "ratio", "request us p50", "GB/s p10", "us p10"]
-    headers += ["n", "error"]
+    headers += ["copy us", "write us", "worker copy us", "new slots", "n", "error"]
     return table.render(headers, out, title="lowtail bench ndslot: request throughput vs one numpy copy")
 
 

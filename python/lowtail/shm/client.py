@@ -332,12 +332,14 @@ class QueueClient:
     def _write_external(self, s: int, g: int, plan: PayloadLayout, arrays: Mapping[str, Any]) -> int:
         """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
         self._req_views[s] = None  # the header written below replaces any cached inline one
+        need = plan.ext_bytes
         nd = self._nd_req.pop(s, None)
-        if nd is not None and nd.capacity < plan.ext_bytes:
-            self._pool.release(nd)
-            nd = None
-        if nd is None:
-            nd = self._pool.acquire(plan.ext_bytes)
+        if nd is None or nd.capacity < need or ndslot.rotation_spares(nd.capacity):
+            # Taken before the last one is given back: a rotating size class never rewrites at once
+            # the slot the worker read last (its lines are in the worker core's cache, payload.py).
+            last, nd = nd, self._pool.acquire(need, rotate=True)
+            if last is not None:
+                self._pool.release(last)
         self._nd_req[s] = nd
         nd.write(arrays, plan.spec)
         return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)

@@ -328,12 +328,20 @@ def external_nbytes(spec: Spec) -> int:
     return layout(spec, 0)[1]
 
 
+_prefixed: dict[tuple[str | None, Spec], bytes] = {}
+
+
 def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec: Spec) -> int:
     """Write the prefix and header at ``off`` of the uint8 array ``buf``; returns the data base offset."""
-    h = header(ext_name, spec)
-    _PREFIX.pack_into(buf, off, len(h), FLAG_EXTERNAL if ext_name is not None else 0)  # type: ignore[arg-type]
-    buf[off + 8 : off + 8 + len(h)] = np.frombuffer(h, np.uint8)
-    return 8 + len(h)
+    key = (ext_name, spec)
+    raw = _prefixed.get(key)
+    if raw is None:
+        h = header(ext_name, spec)
+        raw = _PREFIX.pack(len(h), FLAG_EXTERNAL if ext_name is not None else 0) + h
+        _bounded_put(_prefixed, key, raw)
+    # One memoryview slice store of the cached bytes (~0.3 us; packing and a numpy slice store: ~1.8 us)
+    buf.data[off : off + len(raw)] = raw
+    return len(raw)
 
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -382,11 +390,18 @@ def copy_in(dst: dict[str, np.ndarray[Any, Any]], src: Mapping[str, np.ndarray[A
 class NdarraySlot:
     """A segment holding one payload's arrays: the seed's SharedNdarraySlot, with a pooled lifetime."""
 
+    # Segments this process created and attached, since it started: the "nothing is mapped per
+    # request" property is checked through these, not through a timer.
+    created = 0
+    attached = 0
+
     def __init__(self, seg: Segment, shm_dir: str) -> None:
         self.segment = seg
         self.shm_dir = shm_dir
         self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
         self.capacity = seg.size
+        # The views of each payload shape this slot held, built once (~1.6 us per request otherwise).
+        self._views: dict[Spec, Arrays] = {}
 
     @property
     def name(self) -> str:
@@ -400,11 +415,15 @@ class NdarraySlot:
             if numa_node is not None:
                 numa.bind(mm, numa_node)
 
-        return cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
+        slot = cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
+        NdarraySlot.created += 1
+        return slot
 
     @classmethod
     def attach(cls, name: str, shm_dir: str = SHM_DIR, mode: int = 0o600) -> NdarraySlot:
-        return cls(attach_segment(name, shm_dir, mode), shm_dir)
+        slot = cls(attach_segment(name, shm_dir, mode), shm_dir)
+        NdarraySlot.attached += 1
+        return slot
 
     @classmethod
     def from_arrays(
@@ -416,17 +435,34 @@ class NdarraySlot:
         return slot, slot.write(arrays, spec)
 
     def write(self, arrays: Mapping[str, np.ndarray[Any, Any]], spec: Spec) -> dict[str, Any]:
-        lay, end = layout(spec, 0)
-        if end > self.capacity:
-            raise BadRequest(f"payload of {end} B does not fit ndarray slot {self.name} ({self.capacity} B)")
-        copy_in(views(self.buf, lay, 0), arrays)
+        cached = self._views.get(spec)
+        if cached is None:
+            lay, end = layout(spec, 0)
+            if end > self.capacity:
+                raise BadRequest(
+                    f"payload of {end} B does not fit ndarray slot {self.name} ({self.capacity} B)"
+                )
+            cached = self._cache_views(spec, views(self.buf, lay, 0))
+        copy_in(cached, arrays)
         return {"name": self.name, "shm_dir": self.shm_dir, "spec": spec}
 
     def arrays(self, spec: Spec) -> dict[str, np.ndarray[Any, Any]]:
-        lay, end = layout(spec, 0)
-        if end > self.capacity:
-            raise BadRequest(f"layout of {end} bytes exceeds ndarray slot {self.name} ({self.capacity} B)")
-        return views(self.buf, lay, 0)
+        """Zero-copy views of the payload ``spec`` (the same dict for the same spec: do not mutate it)."""
+        cached = self._views.get(spec)
+        if cached is None:
+            lay, end = layout(spec, 0)
+            if end > self.capacity:
+                raise BadRequest(
+                    f"layout of {end} bytes exceeds ndarray slot {self.name} ({self.capacity} B)"
+                )
+            cached = self._cache_views(spec, views(self.buf, lay, 0))
+        return cached
+
+    def _cache_views(self, spec: Spec, got: Arrays) -> Arrays:
+        if len(self._views) >= 16:
+            self._views.clear()  # a slot whose shapes vary without bound keeps no more than 16
+        self._views[spec] = got
+        return got
 
     @classmethod
     def open_bundle(cls, bundle: Mapping[str, Any]) -> tuple[NdarraySlot, dict[str, np.ndarray[Any, Any]]]:
@@ -435,12 +471,41 @@ class NdarraySlot:
         return slot, slot.arrays(bundle["spec"])
 
     def close(self) -> None:
+        self._views.clear()  # the views hold the mapping: drop them before it is unmapped
         del self.buf
         self.segment.close()
 
 
+# Rotation of request slots (``acquire(rotate=True)``, the client's writes). The worker's core read a
+# slot last, so its lines sit in that core's L2 (1 MiB here, 1-2 MiB on current server cores) and the
+# client's stores to them each wait for a cross-core invalidation. A slot is therefore written again
+# only after about ROTATE_BYTES went through the worker's L2 since it read it: the other slots of the
+# rotation, and the worker's copy-in of about one slot. Measured on this 2-vCPU KVM guest (AMD EPYC,
+# 1 MiB L2) with a two-process copy loop (issue 14; ``lowtail bench ndslot`` shows the write per
+# size): the client's write of 1 MiB into the slot the worker just read took 66-95 us (one run
+# 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two slots in turn, as fast as a
+# private copy; 2 MiB 108 -> 48 us with two; 512 KiB 54 -> 14 us with four. Above ROTATE_MAX_CAP the
+# worker's L2 holds only a slot's tail and a spare costs memory without saving time (4 MiB 143 vs
+# 139 us, 8 MiB 375 vs 506 us); below ROTATE_MIN_CAP it takes 8 and more segments (file descriptors
+# held by both processes) to save a few microseconds (256 KiB: 29 -> 7 us with eight).
+ROTATE_BYTES = 2 << 20
+ROTATE_MIN_CAP = 512 << 10
+ROTATE_MAX_CAP = 2 << 20
+
+
+def rotation_spares(capacity: int) -> int:
+    """Free slots of ``capacity`` a rotating pool keeps before it reuses one (0: reuse at once)."""
+    if not ROTATE_MIN_CAP <= capacity <= ROTATE_MAX_CAP:
+        return 0
+    return max(1, -(-ROTATE_BYTES // capacity) - 1)  # the worker's copy-in passes one slot's worth
+
+
 class NdarraySlotPool:
-    """Ndarray slots created by this process, reused by size (power-of-two capacities, at least 64 KiB)."""
+    """Ndarray slots created by this process, reused by size (power-of-two capacities, at least 64 KiB).
+
+    The free slots are taken least recently released first; with ``rotate`` a size class is first
+    grown to ``rotation_spares`` free slots, so the writer cycles through them (see ROTATE_BYTES).
+    """
 
     def __init__(self, shm_dir: str = SHM_DIR, mode: int = 0o600, numa_node: int | None = None) -> None:
         self.shm_dir = shm_dir
@@ -449,18 +514,23 @@ class NdarraySlotPool:
         self._free: list[NdarraySlot] = []
         self._all: list[NdarraySlot] = []
 
-    def acquire(self, nbytes: int) -> NdarraySlot:
+    def acquire(self, nbytes: int, rotate: bool = False) -> NdarraySlot:
         best: NdarraySlot | None = None
-        for s in self._free:
+        for s in self._free:  # in release order: the first of the smallest capacity is the oldest
             if s.capacity >= nbytes and (best is None or s.capacity < best.capacity):
                 best = s
         if best is not None:
-            self._free.remove(best)
-            return best
+            spares = rotation_spares(best.capacity) if rotate else 0
+            if spares <= 1 or sum(s.capacity == best.capacity for s in self._free) >= spares:
+                self._free.remove(best)
+                return best
         cap = max(1 << 16, 1 << (max(nbytes, 1) - 1).bit_length())
         slot = NdarraySlot.create(cap, self.shm_dir, self.mode, self.numa_node)
         self._all.append(slot)
         return slot
+
+    def __len__(self) -> int:
+        return len(self._all)
 
     def release(self, slot: NdarraySlot) -> None:
         self._free.append(slot)
