@@ -7,6 +7,7 @@ parked), whatever the host's speed.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 
@@ -152,7 +153,7 @@ def test_an_answer_already_there_is_taken_without_spinning_or_parking(server: In
             assert c.wait(t, timeout=1.0)["y"][0, 0] == k
         counts = c.wait_counts
         assert counts["immediate"] == 5
-        assert counts["spinning"] == counts["parked"] == counts["yields"] == counts["futex_waits"] == 0
+        assert counts["spinning"] == counts["parked"] == counts["futex_waits"] == 0
         timing = c.last_timing  # learned from the worker's stamps: submit to answer
         assert 0 < c.predicted_ns <= timing["queue_wait_ns"] + timing["infer_ns"]
 
@@ -189,12 +190,27 @@ def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
         assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
 
 
-def test_a_client_with_no_spin_budget_parks_without_spinning_or_yielding(
+def test_a_client_with_no_spin_budget_parks_without_spinning(
     ctx: BaseContext, server: InferenceQueue
 ) -> None:
     with _worker_at(ctx, server, [0.005]), QueueClient.attach(server.descriptor, spin_us=0) as c:
         delta = _rounds(c, 5)
-    assert delta["yields"] == 0 and delta["futex_waits"] >= 1, delta
+    assert delta["spinning"] == 0 and delta["futex_waits"] >= 1, delta
+
+
+def test_a_wait_never_gives_its_cpu_away_with_sched_yield(
+    ctx: BaseContext, server: InferenceQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU shared with a busy task, sched_yield hands the CPU over until the next tick (4 ms at
+    HZ=250): waits spin, then park (a woken nice -20 sampler preempts the busy task at once)."""
+
+    def no_yield() -> None:
+        raise AssertionError("QueueClient.wait called sched_yield")
+
+    monkeypatch.setattr(os, "sched_yield", no_yield)
+    with _worker_at(ctx, server, [0.005, 0.0002]), QueueClient.attach(server.descriptor) as c:
+        delta = _rounds(c, 12)  # a 5 ms answer (a first wait, parked), then 0.2 ms ones (spun for)
+    assert delta["spinning"] + delta["parked"] + delta["immediate"] == 12, delta
 
 
 def test_a_client_whose_answers_often_come_past_prediction_and_budget_stops_sleeping(

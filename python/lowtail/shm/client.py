@@ -2,7 +2,7 @@
 
 A client (``QueueClient.attach``) takes a free lane under its OFD byte lock, registers by bumping the
 lane's gen, and owns the lane's slots: it writes a request, publishes it with the doorbell, then
-spins, yields and parks on the lane's answer counter until the worker's resp_seq matches. Field
+spins and parks on the lane's answer counter until the worker's resp_seq matches. Field
 offsets and their single writers are in ``lowtail.shm.layout``.
 """
 
@@ -75,13 +75,18 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
     ST_WORKER_DIED: WorkerDied,
     ST_CLIENT_GONE: RequestFailed,
 }
-PURE_SPIN_NS = 20_000  # a client spins without system calls this long, then yields while spinning
+# A wait spins without system calls, then parks on the futex; it never calls sched_yield: on a CPU shared
+# with a busy task that hands the CPU over until the next scheduler tick (4 ms at HZ=250; a 1 MiB
+# request took 3-4 ms p50 instead of 77 us with 8 busy loops on the samplers' CPUs). It spins the
+# whole budget only when its answer is due within it (just after a predictive sleep, or answers that
+# usually come within the budget), else PURE_SPIN_NS and parks: a woken nice -20 sampler preempts.
+PURE_SPIN_NS = 20_000
 PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
 # Predictive waiting. A client learns how long its answers take from submit to the worker's answer
 # stamp (a low quantile: the prediction drops at once to a shorter answer and rises by
 # 1/2**PREDICT_UP_SHIFT of the gap after a longer one) and, when the answer is predicted far enough
 # off, sleeps on the futex until MARGIN_NS (plus the futex timeout's learned lateness) before it,
-# then spins (yielding) until the answer or its spin budget. The answer then usually lands while the
+# then spins until the answer or its spin budget. The answer then usually lands while the
 # client spins, so the worker finds no parked flag and makes no wake system call (10-20 us of the
 # worker's core per answer in ``bench serve --breakdown``), and a client spends about the margin
 # plus the prediction's error spinning instead of the whole budget (16 samplers may share one CPU).
@@ -221,7 +226,7 @@ class QueueClient:
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
         self._n_immediate = self._n_spinning = self._n_parked = 0
-        self._n_timed_parks = self._n_futex_waits = self._n_yields = 0
+        self._n_timed_parks = self._n_futex_waits = 0
         self._closed = False
 
     @classmethod
@@ -265,14 +270,13 @@ class QueueClient:
     @property
     def wait_counts(self) -> dict[str, int]:
         """How the waits went: answers found at once, while spinning, or while parked (then the worker
-        made a wake system call); predictive sleeps, futex waits and sched_yield calls made."""
+        made a wake system call); predictive sleeps and futex waits made."""
         return {
             "immediate": self._n_immediate,
             "spinning": self._n_spinning,
             "parked": self._n_parked,
             "timed_parks": self._n_timed_parks,
             "futex_waits": self._n_futex_waits,
-            "yields": self._n_yields,
         }
 
     def close(self) -> None:
@@ -450,24 +454,21 @@ class QueueClient:
             if answered:
                 self._n_parked += 1
             else:
-                spin_end = now + self._spin_ns
-                yield_from = now + min(PURE_SPIN_NS, self._spin_ns)
+                # The whole budget when the answer is due within it (a predictive sleep just ended
+                # before it, or answers usually come that fast); else a round trip's worth, then park.
+                due = bool(deadline) or self._predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
+                spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
                 while True:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
                         self._n_spinning += 1
                         break
-                    if now > yield_from:
-                        # Past a typical round trip: let other runnable tasks on this CPU (other
-                        # samplers) go first. sched_yield returns at once when nobody else is runnable.
-                        if now > spin_end:
-                            deadline = deadline or deadline_ns(now, timeout)
-                            self._park(ticket, si, deadline, deadline)
-                            self._n_parked += 1
-                            now = clock()
-                            break
-                        os.sched_yield()
-                        self._n_yields += 1
+                    if now > spin_end:
+                        deadline = deadline or deadline_ns(now, timeout)
+                        self._park(ticket, si, deadline, deadline)
+                        self._n_parked += 1
+                        now = clock()
+                        break
         # -- take the answer
         status = q[si + W_RESP_STATUS]
         done_ns = q[si + W_DONE_NS]
