@@ -195,6 +195,32 @@ def test_payload_too_large_names_the_sizes() -> None:
         c.submit({"x": np.zeros((2, 8), np.float32)})  # the lane still works
 
 
+def test_a_refused_request_leaves_the_cached_layout_and_sends_nothing_to_an_ndarray_slot() -> None:
+    """The client caches the last request layout and whether it fits inline; a request refused as too
+    large must not leave that flag behind for the next request of the cached layout."""
+    from lowtail.shm.payload import NdarraySlot
+
+    cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, max_ndslot_bytes=8192)
+    small = {"x": np.ones((2, 8), np.float32)}
+    with (
+        InferenceQueue.create(cfg) as s,
+        QueueClient.attach(s.descriptor) as c,
+        QueueWorker.attach(s.descriptor) as w,
+    ):
+        for arrays in (small, {"x": np.zeros((4, 1024), np.float32)}, small, small):
+            created = NdarraySlot.created
+            try:
+                t = c.submit(arrays)
+            except PayloadTooLarge:
+                assert arrays is not small
+                continue
+            b = w.claim(timeout=1.0)
+            assert b is not None
+            b.complete({"y": b.inputs["x"]})
+            np.testing.assert_array_equal(c.wait(t, timeout=1.0)["y"], small["x"])
+            assert NdarraySlot.created == created  # inline, as before the refused one
+
+
 def test_large_payloads_go_through_pooled_ndarray_slots() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096)
     with (

@@ -89,10 +89,13 @@ def set_timer_slack_ns(ns: int = 1) -> int:
 # RT throttling: the kernel stops every SCHED_FIFO task of a CPU (or of an RT cgroup) once they ran
 # sched_rt_runtime_us of a sched_rt_period_us; the source document's 400-470 ms p999 deschedule was
 # exactly that (500000 of 1000000). A worker that holds SCHED_FIFO through back-to-back batches would be
-# stopped for the rest of every period; so it holds it for at most ``budget - RT_MARGIN`` of each
-# RT_SLICE_NS and runs the remainder as SCHED_OTHER (on its isolated core that loses nothing).
-RT_SLICE_NS = 100_000_000
+# stopped for the rest of every period. So SchedFifo keeps a credit of SCHED_FIFO time that grows at
+# ``budget - RT_MARGIN`` of wall time (capped at RT_BURST_NS) and is spent 1:1 in SCHED_FIFO; at zero
+# the worker runs as SCHED_OTHER (on its isolated core that loses nothing) until half the burst is back.
+# Any window T then holds at most RT_BURST_NS + (budget - margin) * T of SCHED_FIFO, plus what one
+# batch overruns between two checks: 920 ms + 10% of a batch per second at the default 95%.
 RT_MARGIN = 0.05
+RT_BURST_NS = 20_000_000
 PROC_RT = "/proc/sys/kernel"
 
 
@@ -125,7 +128,10 @@ def rt_budget_share(
     except OSError:
         lines = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue  # not "id:controllers:path": nothing to read from it
+        _, controllers, path = fields
         if "cpu" in controllers.split(",") and path not in ("", "/"):
             for mount in (controllers, "cpu", "cpu,cpuacct"):
                 d = f"{cgroup_root}/{mount}{path}"
@@ -146,8 +152,10 @@ class SchedFifo:
     nice value, so the nice -20 fallback still holds between inferences.
 
     ``enter`` is cheap when already in SCHED_FIFO (no system call), so a caller may call it per batch.
-    It never holds SCHED_FIFO longer than ``hold_ns`` at a stretch: then it switches to SCHED_OTHER for
-    ``cool_ns`` (see RT_SLICE_NS), so the kernel's RT throttling never stops the worker.
+    Where the RT budget is limited it keeps a credit of SCHED_FIFO time (see RT_BURST_NS): short idle
+    gaps do not reset it and a batch longer than any slice is charged in full; when it is spent,
+    ``enter`` switches to SCHED_OTHER and stays there until half the burst is back. The check runs at
+    ``enter``, i.e. per batch, so the credit can overrun by one batch.
     """
 
     def __init__(
@@ -160,20 +168,27 @@ class SchedFifo:
         self.available = False
         self.active = False  # SCHED_FIFO now (enter/leave are idempotent: no syscall when unchanged)
         self.reason = "not detected yet"
-        self.cooldowns = 0  # times the hold limit switched to SCHED_OTHER (diagnostics, tests)
+        self.cooldowns = 0  # times the spent credit kept the thread in SCHED_OTHER (diagnostics, tests)
+        self._cooling = False
         self.switches = 0  # policy changes made (two system calls per batch in the "call" scope)
         self._fifo = os.sched_param(priority)
         self._other = os.sched_param(0)
         self._clock = clock
         self.budget_share = budget_share
-        duty = 1.0 if budget_share is None else budget_share - RT_MARGIN
-        self.hold_ns = round(RT_SLICE_NS * duty) if duty < 1.0 else 1 << 62
-        self.cool_ns = RT_SLICE_NS - self.hold_ns if duty < 1.0 else 0
-        self._since = 0  # when SCHED_FIFO was entered
-        self._resume = 0  # no SCHED_FIFO before this (cooling down)
+        # The share of wall time SCHED_FIFO may take; None: the RT budget is unlimited.
+        self.duty = None if budget_share is None else budget_share - RT_MARGIN
+        self._credit = float(RT_BURST_NS)
+        self._at = clock()  # when the credit was last brought up to date
+
+    def _account(self, now: int) -> None:
+        assert self.duty is not None
+        dt = now - self._at
+        self._at = now
+        credit = self._credit + self.duty * dt - (dt if self.active else 0)
+        self._credit = credit if credit < RT_BURST_NS else float(RT_BURST_NS)
 
     def detect(self) -> bool:
-        if self.hold_ns <= 0:
+        if self.duty is not None and self.duty <= 0:
             self.available = False
             self.reason = (
                 f"the RT budget is {self.budget_share:.0%} of each period: too small to hold "
@@ -194,27 +209,35 @@ class SchedFifo:
         return True
 
     def enter(self) -> None:
-        if self.active:
-            now = self._clock()
-            if now - self._since > self.hold_ns:  # held a whole stretch: cool down before the throttle
-                self.leave()
-                self._resume = now + self.cool_ns
-                self.cooldowns += 1
+        if not self.available:
             return
-        if self.available:
-            now = self._clock()
-            if now < self._resume:
+        if self.duty is not None:
+            self._account(self._clock())
+            if self.active:
+                if self._credit <= 0:  # spent: SCHED_OTHER before the kernel throttles us
+                    self.leave()
+                    self._cooling = True
+                    self.cooldowns += 1
                 return
-            try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
-                self.active = True
-                self._since = now
-                self.switches += 1
-            except OSError as e:
-                self._give_up(e)
+            if self._credit < RT_BURST_NS / 2:  # cooling down until half the burst is back
+                if not self._cooling:
+                    self._cooling = True
+                    self.cooldowns += 1
+                return
+            self._cooling = False
+        elif self.active:
+            return
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
+            self.active = True
+            self.switches += 1
+        except OSError as e:
+            self._give_up(e)
 
     def leave(self) -> None:
         if self.active:
+            if self.duty is not None:
+                self._account(self._clock())  # charge the stretch in SCHED_FIFO
             try:
                 os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
                 self.active = False

@@ -175,7 +175,7 @@ def serve(
 
     Everything between two ``infer()`` calls runs with cold caches (a call streams the model's weights
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
-    the queue's clock too), the stats header as a memoryview, bound methods, and no system call between
+    the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
     back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage).
     """
     from lowtail.serve import metrics as m

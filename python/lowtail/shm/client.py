@@ -269,8 +269,9 @@ class QueueClient:
 
     @property
     def wait_counts(self) -> dict[str, int]:
-        """How the waits went: answers found at once, while spinning, or while parked (then the worker
-        made a wake system call); predictive sleeps and futex waits made."""
+        """How the waits went: answers found at once, while spinning, or while parked (the worker made
+        a wake system call, unless the re-check after setting the parked flag found the answer); and the
+        predictive sleeps and futex waits made."""
         return {
             "immediate": self._n_immediate,
             "spinning": self._n_spinning,
@@ -341,9 +342,12 @@ class QueueClient:
         if nd is None or nd.capacity < need or ndslot.rotation_spares(nd.capacity):
             # Taken before the last one is given back: a rotating size class never rewrites at once
             # the slot the worker read last (its lines are in the worker core's cache, payload.py).
-            last, nd = nd, self._pool.acquire(need, rotate=True)
-            if last is not None:
-                self._pool.release(last)
+            last = nd
+            try:
+                nd = self._pool.acquire(need, rotate=True)
+            finally:
+                if last is not None:
+                    self._pool.release(last)  # also when acquire failed (ENOSPC): nothing held twice
         self._nd_req[s] = nd
         nd.write(arrays, plan.spec)
         return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
@@ -370,10 +374,10 @@ class QueueClient:
         plan = self._plan
         if plan is None or not plan.matches(arrays):  # a new layout: validated, then checked cheaply
             plan = ndslot.plan_of(arrays)
-            self._plan_inline = plan.inline_end <= self._req_bytes
-            if not self._plan_inline:
-                self._check_size(plan)
-            self._plan = plan
+            inline = plan.inline_end <= self._req_bytes
+            if not inline:
+                self._check_size(plan)  # a refused request leaves the cached layout as it was
+            self._plan, self._plan_inline = plan, inline
         q = self._q
         s = self._free.pop() if self._free else self._take_slot()
         si = self._si[s]

@@ -78,7 +78,7 @@ class QueueConfig:
     mode: int = 0o600
     shm_dir: str = SHM_DIR
     max_ndslot_bytes: int = 256 << 20  # a payload above this (or 0 to disable) raises PayloadTooLarge
-    client_spin_us: int = 200  # spin this long for an answer before parking
+    client_spin_us: int = 200  # spin up to this long for an answer that is due, then park (client.py)
     worker_idle_us: int = 2000  # the worker spins this long after its last request before parking
 
     def __post_init__(self) -> None:
