@@ -10,8 +10,8 @@ copies the observations into the buffer (a ~32 kB memcpy at batch 16) and runs `
 calling thread. Field notes: pre-bound tensors + ``infer()`` were ~25% faster than a dict per call.
 Output tensors are bound the same way (where the model's outputs have a static per-sample shape), so a
 call returns numpy arrays it already holds instead of asking OpenVINO for its tensors: that lookup cost
-1.3 us per output warm but 11 us inside the worker loop, right after ``infer()`` has evicted the
-caches. Outputs are overwritten by the next call.
+1.3 us per output warm but 11-13 us inside the worker loop (a temporary timer in one ``bench serve``
+run), right after ``infer()`` has evicted the caches. Outputs are overwritten by the next call.
 """
 
 from __future__ import annotations

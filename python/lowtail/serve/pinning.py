@@ -213,37 +213,33 @@ class SchedFifo:
             return
         if self.duty is not None:
             self._account(self._clock())
-            if self.active:
-                if self._credit <= 0:  # spent: SCHED_OTHER before the kernel throttles us
-                    self.leave()
-                    self._cooling = True
-                    self.cooldowns += 1
-                return
-            if self._credit < RT_BURST_NS / 2:  # cooling down until half the burst is back
+            if self._credit <= 0 or (not self.active and self._credit < RT_BURST_NS / 2):
+                # Spent, or not yet half back: SCHED_OTHER before the kernel throttles us.
                 if not self._cooling:
                     self._cooling = True
                     self.cooldowns += 1
+                self.leave()
                 return
             self._cooling = False
-        elif self.active:
-            return
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
-            self.active = True
-            self.switches += 1
-        except OSError as e:
-            self._give_up(e)
+        if not self.active:
+            self._switch(True)
 
     def leave(self) -> None:
         if self.active:
             if self.duty is not None:
                 self._account(self._clock())  # charge the stretch in SCHED_FIFO
-            try:
+            self._switch(False)
+
+    def _switch(self, fifo: bool) -> None:
+        try:
+            if fifo:
+                os.sched_setscheduler(0, os.SCHED_FIFO, self._fifo)
+            else:
                 os.sched_setscheduler(0, os.SCHED_OTHER, self._other)
-                self.active = False
-                self.switches += 1
-            except OSError as e:
-                self._give_up(e)
+            self.active = fifo
+            self.switches += 1
+        except OSError as e:
+            self._give_up(e)
 
     def _give_up(self, e: OSError) -> None:
         self.available = False
