@@ -56,9 +56,9 @@ def identity(ctx: BaseContext) -> Iterator[tuple[InferenceQueue, Any]]:
 
 
 def test_inline_max_is_the_edge_of_the_request_slot() -> None:
-    plan = payload.plan_of({"x": np.zeros((1, INLINE_MAX), np.uint8)})
-    assert plan.inline_end == REQ
-    assert payload.plan_of({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
+    layout = payload.layout_of({"x": np.zeros((1, INLINE_MAX), np.uint8)})
+    assert layout.inline_end == REQ
+    assert payload.layout_of({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
 
 
 def test_hammer_eight_staggered_clients_every_answer_is_its_own(

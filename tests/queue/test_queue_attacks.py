@@ -209,8 +209,8 @@ def test_a_poison_request_does_not_kill_restarted_workers() -> None:
 
 
 def _valid_header() -> bytes:
-    plan = payload.plan_of({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
-    return bytes(plan.prefix_header.tobytes()[8:])
+    layout = payload.layout_of({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
+    return bytes(layout.prefix_header.tobytes()[8:])
 
 
 def _mutations() -> list[tuple[str, bytes, bool]]:

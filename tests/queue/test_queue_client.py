@@ -89,9 +89,9 @@ def test_the_queue_round_trip_is_shorter_than_a_sleep_would_be() -> None:
 
 def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
     x = np.zeros((4, 3), np.float32)
-    plan = payload.plan_of({"x": x, "m": np.zeros((4,), np.bool_)})
-    assert plan.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
-    assert plan.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
+    layout = payload.layout_of({"x": x, "m": np.zeros((4,), np.bool_)})
+    assert layout.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
+    assert layout.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
     for other in (
         {"x": x},  # one missing
         {"x": x, "m": np.zeros((4,), np.bool_), "z": x},  # one more
@@ -102,7 +102,7 @@ def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
         {"x": np.ma.masked_array(x), "m": np.zeros((4,), np.bool_)},  # a subclass: validated again
         [x, x],  # not a mapping
     ):
-        assert not plan.matches(other)  # type: ignore[arg-type]
+        assert not layout.matches(other)  # type: ignore[arg-type]
 
 
 def test_a_request_of_another_layout_after_a_cached_one_is_sent_as_it_is(server: InferenceQueue) -> None:

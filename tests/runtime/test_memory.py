@@ -19,8 +19,8 @@ def test_default_queue_holds_a_16_by_512_batch_and_the_default_models_answer_inl
     answer = engine.infer(x)
     cfg = QueueConfig()
     assert spec.features == 512
-    assert payload.plan_of(x).inline_end <= cfg.request_bytes
-    assert payload.plan_of(answer).inline_end <= cfg.response_bytes
+    assert payload.layout_of(x).inline_end <= cfg.request_bytes
+    assert payload.layout_of(answer).inline_end <= cfg.response_bytes
     # Through a real queue of the default geometry: no ndarray-slot segment appears on either side.
     shm = Path(cfg.shm_dir)
     before = {p.name for p in shm.iterdir()}

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm import ofd_lock
-from lowtail.shm import payload as ndslot
+from lowtail.shm import ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import (
     BadRequest,
@@ -214,8 +213,8 @@ class QueueClient:
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
         # The layout of the last request sent, and whether it fits a slot inline.
-        self._plan: PayloadLayout | None = None
-        self._plan_inline = False
+        self._layout: PayloadLayout | None = None
+        self._layout_inline = False
         # Per slot: the inline layout written there last and the views of its arrays, and the
         # prefix and header bytes of the last inline answer read there with the views of its arrays.
         self._req_views: list[tuple[PayloadLayout, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
@@ -334,12 +333,12 @@ class QueueClient:
         if ticket.slot in self._inflight:
             self._inflight[ticket.slot] = None
 
-    def _write_external(self, s: int, g: int, plan: PayloadLayout, arrays: Mapping[str, Any]) -> int:
+    def _write_external(self, s: int, g: int, layout: PayloadLayout, arrays: Mapping[str, Any]) -> int:
         """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
         self._req_views[s] = None  # the header written below replaces any cached inline one
-        need = plan.ext_bytes
+        need = layout.ext_bytes
         nd = self._nd_req.pop(s, None)
-        if nd is None or nd.capacity < need or ndslot.rotation_spares(nd.capacity):
+        if nd is None or nd.capacity < need or payload.rotation_spares(nd.capacity):
             # Taken before the last one is given back: a rotating size class never rewrites at once
             # the slot the worker read last (its lines are in the worker core's cache, payload.py).
             last = nd
@@ -349,20 +348,20 @@ class QueueClient:
                 if last is not None:
                     self._pool.release(last)  # also when acquire failed (ENOSPC): nothing held twice
         self._nd_req[s] = nd
-        nd.write(arrays, plan.spec)
-        return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
+        nd.write(arrays, layout.spec)
+        return payload.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, layout.spec)
 
-    def _check_size(self, plan: PayloadLayout) -> None:
+    def _check_size(self, layout: PayloadLayout) -> None:
         geo = self._m.geo
         limit = self._cfg.max_ndslot_bytes
-        if plan.ext_bytes > limit:
+        if layout.ext_bytes > limit:
             raise PayloadTooLarge(
-                f"request of {plan.ext_bytes} bytes ({spec_text(plan.spec)}) exceeds the "
+                f"request of {layout.ext_bytes} bytes ({spec_text(layout.spec)}) exceeds the "
                 f"{geo.req_bytes}-byte slot and the ndarray-slot limit of {limit} bytes"
             )
-        if ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.req_bytes:
+        if payload.inline_nbytes(layout.spec, "x" * 64) > geo.req_bytes:
             raise PayloadTooLarge(
-                f"the header of {spec_text(plan.spec)} alone exceeds the {geo.req_bytes}-byte slot"
+                f"the header of {spec_text(layout.spec)} alone exceeds the {geo.req_bytes}-byte slot"
             )
 
     # -- hot path: submit, wait --------------------------------------------------------------------
@@ -371,36 +370,36 @@ class QueueClient:
         """Write the request into a slot of this lane and publish it; returns at once."""
         if self._closed:
             raise QueueError("submit on a closed QueueClient")
-        plan = self._plan
-        if plan is None or not plan.matches(arrays):  # a new layout: validated, then checked cheaply
-            plan = ndslot.plan_of(arrays)
-            inline = plan.inline_end <= self._req_bytes
+        layout = self._layout
+        if layout is None or not layout.matches(arrays):  # a new layout: validated, then checked cheaply
+            layout = payload.layout_of(arrays)
+            inline = layout.inline_end <= self._req_bytes
             if not inline:
-                self._check_size(plan)  # a refused request leaves the cached layout as it was
-            self._plan, self._plan_inline = plan, inline
+                self._check_size(layout)  # a refused request leaves the cached layout as it was
+            self._layout, self._layout_inline = layout, inline
         q = self._q
         s = self._free.pop() if self._free else self._take_slot()
         si = self._si[s]
         q[si + W_REQ_STATE] = WRITING
         try:
-            if self._plan_inline:
+            if self._layout_inline:
                 off = self._req_off[s]
                 # Written every time (~0.1 us): a header another process overwrote heals at once.
-                self._mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes
+                self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
                 cached = self._req_views[s]
-                if cached is None or cached[0] is not plan:
-                    cached = (plan, tuple(ndslot.views(self._m.buf, plan.inline_layout, off).items()))
+                if cached is None or cached[0] is not layout:
+                    cached = (layout, tuple(payload.views(self._m.buf, layout.inline_layout, off).items()))
                     self._req_views[s] = cached
                     nd = self._nd_req.pop(s, None)
                     if nd is not None:
                         self._pool.release(nd)
                 for name, view in cached[1]:
-                    # ``plan`` matches: same dtype and shape, so this neither casts nor broadcasts
+                    # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
                     # (np.copyto(..., casting="no") costs ~0.25 us more per array for its arguments).
                     view[...] = arrays[name]
-                nbytes = plan.inline_end
+                nbytes = layout.inline_end
             else:
-                nbytes = self._write_external(s, self._g0 + s, plan, arrays)
+                nbytes = self._write_external(s, self._g0 + s, layout, arrays)
         except BaseException:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
@@ -419,7 +418,7 @@ class QueueClient:
         if q[H_WORKER_SLEEP >> 3]:
             q[H_WORKER_SLEEP >> 3] = 0
             futex_wake(self._m.addr(H_WORKER_SLEEP >> 3))
-        ticket = Ticket(s, seq, plan.batch, now)
+        ticket = Ticket(s, seq, layout.batch, now)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
@@ -514,16 +513,16 @@ class QueueClient:
             raise _STATUS_ERRORS.get(status, RequestFailed)(
                 _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
             )
-        ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
         if ext is not None:
             self._resp_views[s] = None
-            views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(plan.spec)
+            views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(layout.spec)
         else:
-            if plan.inline_end > geo.resp_bytes:
+            if layout.inline_end > geo.resp_bytes:
                 raise RequestFailed(
-                    f"corrupt answer: {plan.inline_end}-byte layout in a {geo.resp_bytes} B slot"
+                    f"corrupt answer: {layout.inline_end}-byte layout in a {geo.resp_bytes} B slot"
                 )
-            views = ndslot.views(m.buf, plan.inline_layout, off)
+            views = payload.views(m.buf, layout.inline_layout, off)
             self._resp_views[s] = (raw, tuple(views.items()))
         out: Arrays = {}
         for name, view in views.items():
