@@ -38,7 +38,7 @@ def echo_worker(
     end = time.monotonic() + run_s
     try:
         while not stop and time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is None:
                 continue
             if delay_s:
@@ -63,12 +63,12 @@ def checking_client(desc: QueueDescriptor, seed: int, n: int, out: Any) -> None:
                 if len(pending) < 3:
                     continue
                 xs, p = pending.pop(0)
-                got = p.finish(timeout=10)
+                got = p.finish(timeout_s=10)
             else:
-                xs, got = x, c.infer({"x": x}, timeout=10)
+                xs, got = x, c.infer({"x": x}, timeout_s=10)
             bad += not _matches(xs, got)
         for xs, p in pending:
-            bad += not _matches(xs, p.finish(timeout=10))
+            bad += not _matches(xs, p.finish(timeout_s=10))
     out.put((seed, n, bad))
 
 
@@ -95,7 +95,7 @@ def wait_for_answer(desc: QueueDescriptor, timeout: float, out: Any) -> None:
         out.put(("submitted", c.lane))
         start = time.monotonic()
         try:
-            c.wait(t, timeout=timeout)
+            c.wait(t, timeout_s=timeout)
             result = "ok"
         except Exception as e:
             result = f"{type(e).__name__}: {e}"
@@ -120,7 +120,7 @@ def identity_worker(desc: QueueDescriptor, run_s: float = 120.0) -> None:
     end = time.monotonic() + run_s
     with QueueWorker.attach(desc) as w:
         while not stop and time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"y": b.inputs["x"]})
 
@@ -144,7 +144,7 @@ def hammer_client(desc: QueueDescriptor, cid: int, start_s: float, sizes: list[i
         def settle(x: np.ndarray[Any, Any], t: Any) -> None:
             nonlocal answered, errored, mismatched
             try:
-                got = c.wait(t, timeout=30.0)["y"]
+                got = c.wait(t, timeout_s=30.0)["y"]
             except Exception:
                 errored += 1
                 return
@@ -231,7 +231,7 @@ def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
         sys.settrace(_killer(getattr(queue_mod.QueueWorker, func).__code__, line_no))
         end = time.monotonic() + 30
         while time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"y": b.inputs["x"]})
 
@@ -243,7 +243,7 @@ def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds:
         end = time.monotonic() + seconds
         k = 0
         while time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is None:
                 continue
             latency_ns = int(latencies_s[min(k, len(latencies_s) - 1)] * 1e9)

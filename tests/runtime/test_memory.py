@@ -27,10 +27,10 @@ def test_default_queue_holds_a_16_by_512_batch_and_the_default_models_answer_inl
     with InferenceQueue.create(cfg) as queue:
         with QueueClient.attach(queue.descriptor) as client, QueueWorker.attach(queue.descriptor) as worker:
             pending = client.start(x)
-            batch = worker.claim(timeout=5)
+            batch = worker.claim(timeout_s=5)
             assert batch is not None
             batch.complete(engine.infer(batch.inputs))
-            got = pending.finish(timeout=5)
+            got = pending.finish(timeout_s=5)
             during = {p.name for p in shm.iterdir()} - before
         assert during == {queue.descriptor.name}  # only the control segment itself
     for name in answer:

@@ -240,7 +240,7 @@ class InferenceActor:
 
     def _restart_locked(self) -> None:
         old = self._worker
-        code = old.stop(timeout=0.5)
+        code = old.stop(timeout_s=0.5)
         self._push_metrics_locked()
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < 60.0] + [now]
@@ -632,7 +632,9 @@ class InferenceClient:
             while True:
                 left = deadline - time.monotonic()
                 try:
-                    out: dict[str, np.ndarray] = p.pending.finish(timeout=max(0.0, min(left, ORPHAN_CHECK_S)))
+                    out: dict[str, np.ndarray] = p.pending.finish(
+                        timeout_s=max(0.0, min(left, ORPHAN_CHECK_S))
+                    )
                     break
                 except QueueTimeout:
                     if self._orphaned(t):

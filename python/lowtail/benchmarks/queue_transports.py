@@ -140,7 +140,7 @@ def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any
     prepare(cpu, prio)
     with QueueWorker.attach(desc) as w:
         while not stop.is_set():
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"logits": echo(b.inputs["obs"])})
 
@@ -165,7 +165,7 @@ class LowtailTransport(Transport):
         self.client = QueueClient.attach(self.server.descriptor)
 
     def round_trip(self, arrays: Arrays) -> Arrays:
-        return self.client.infer(arrays, timeout=10.0)
+        return self.client.infer(arrays, timeout_s=10.0)
 
     def stop(self) -> None:
         if hasattr(self, "stop_event"):
@@ -714,7 +714,7 @@ def _fairness_client(  # noqa: PLR0917 - a process target: positional arguments
         inflight = [client.submit({"obs": obs}) for _ in range(depth)]
         while flag.value == 1:  # every lane keeps ``depth`` requests ready: the worker is never idle
             try:
-                client.wait(inflight[0], timeout=0.2)
+                client.wait(inflight[0], timeout_s=0.2)
             except QueueTimeout:
                 continue  # a starved lane: the ticket stays valid, look at the flag again
             inflight.pop(0)
@@ -723,7 +723,7 @@ def _fairness_client(  # noqa: PLR0917 - a process target: positional arguments
         unanswered = 0
         for t in inflight:
             try:
-                client.wait(t, timeout=2.0)
+                client.wait(t, timeout_s=2.0)
             except QueueTimeout:
                 unanswered += 1
     out.put((os.getpid(), np.asarray(waits, np.int64).tobytes(), unanswered))

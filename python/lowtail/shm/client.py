@@ -150,8 +150,8 @@ class Pending:
         """True when the answer is there (``finish`` then returns without waiting)."""
         return self.client.ready(self.ticket)
 
-    def finish(self, timeout: float = 1.0) -> Arrays:
-        return self.client.wait(self.ticket, timeout)
+    def finish(self, timeout_s: float = 1.0) -> Arrays:
+        return self.client.wait(self.ticket, timeout_s)
 
 
 class QueueClient:
@@ -425,7 +425,7 @@ class QueueClient:
     def ready(self, ticket: Ticket) -> bool:
         return bool(self._q[self._si[ticket.slot] + W_RESP_SEQ] == ticket.seq)
 
-    def wait(self, ticket: Ticket, timeout: float = 1.0) -> Arrays:
+    def wait(self, ticket: Ticket, timeout_s: float = 1.0) -> Arrays:
         """Outputs of ``ticket`` (copies owned by the caller). Raises QueueTimeout, WorkerDied, ..."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
@@ -451,7 +451,7 @@ class QueueClient:
                 )
             ):
                 self._n_timed_parks += 1
-                deadline = deadline_ns(now, timeout)
+                deadline = deadline_ns(now, timeout_s)
                 answered = self._park(ticket, si, min(until, deadline), deadline)
                 now = clock()
             if answered:
@@ -467,7 +467,7 @@ class QueueClient:
                         self._n_spinning += 1
                         break
                     if now > spin_end:
-                        deadline = deadline or deadline_ns(now, timeout)
+                        deadline = deadline or deadline_ns(now, timeout_s)
                         self._park(ticket, si, deadline, deadline)
                         self._n_parked += 1
                         now = clock()
@@ -592,8 +592,8 @@ class QueueClient:
             if answered:
                 return True
 
-    def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout: float = 1.0) -> Arrays:
-        return self.wait(self.submit(arrays), timeout)
+    def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0) -> Arrays:
+        return self.wait(self.submit(arrays), timeout_s)
 
     def start(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Pending:
         return Pending(self, self.submit(arrays))

@@ -225,11 +225,11 @@ def attach_mapped(desc: QueueDescriptor) -> Mapped:
     return m
 
 
-def deadline_ns(now: int, timeout: float) -> int:
-    """``now`` + ``timeout`` seconds in ns; ``math.inf`` waits without end (no OverflowError)."""
-    if not timeout >= 0:  # also NaN
-        raise QueueError(f"timeout={timeout!r}: expected seconds >= 0 (math.inf to wait without end)")
-    return now + int(timeout * 1e9) if timeout < 1e9 else now + (1 << 62)
+def deadline_ns(now: int, timeout_s: float) -> int:
+    """``now`` + ``timeout_s`` seconds in ns; ``math.inf`` waits without end (no OverflowError)."""
+    if not timeout_s >= 0:  # also NaN
+        raise QueueError(f"timeout_s={timeout_s!r}: expected seconds >= 0 (math.inf to wait without end)")
+    return now + int(timeout_s * 1e9) if timeout_s < 1e9 else now + (1 << 62)
 
 
 def spec_text(spec: Spec) -> str:

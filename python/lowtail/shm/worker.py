@@ -279,8 +279,8 @@ class QueueWorker:
 
     # -- hot path: claim, answer -------------------------------------------------------------------
 
-    def claim(self, timeout: float = 0.05) -> Batch | None:
-        """The next batch, or None after ``timeout`` seconds without a request."""
+    def claim(self, timeout_s: float = 0.05) -> Batch | None:
+        """The next batch, or None after ``timeout_s`` seconds without a request."""
         if self._closed:
             raise QueueError("claim on a closed QueueWorker")
         if self._carry:
@@ -296,7 +296,7 @@ class QueueWorker:
         q = m.q
         clock = time.monotonic_ns
         now = clock()
-        deadline = deadline_ns(now, timeout)
+        deadline = deadline_ns(now, timeout_s)
         sleep_i = H_WORKER_SLEEP >> 3
         while True:
             if doorbells.tobytes() != self._drained:
