@@ -192,6 +192,7 @@ def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> N
 
 def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed: int) -> None:
     """Write random garbage into one class of ``lane``'s words for ``seconds`` (a third process)."""
+    from lowtail.shm import layout
     from lowtail.shm import queue as qm
 
     rng = np.random.default_rng(seed)
@@ -204,9 +205,9 @@ def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed
             k = int(rng.integers(0, geo.spl))
             g = lane * geo.spl + k
             if field == "header":
-                q[(qm.H_WORKER_SLEEP >> 3) if rng.random() < 0.5 else (qm.H_WORKER_EPOCH >> 3)] = v
+                q[layout.HW_WORKER_SLEEP if rng.random() < 0.5 else layout.HW_WORKER_EPOCH] = v
             elif field == "doorbell":
-                q[(qm.H_DOORBELLS >> 3) + lane] = v
+                q[layout.HW_DOORBELLS + lane] = v
             elif field == "ring":
                 q[geo.lane(lane, qm.L_RING) + k] = v
             elif field == "slot":

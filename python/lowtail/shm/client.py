@@ -33,8 +33,8 @@ from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
 from lowtail.shm.layout import (
     FREE,
     H_DOORBELLS,
-    H_WORKER_PID,
-    H_WORKER_SLEEP,
+    HW_WORKER_PID,
+    HW_WORKER_SLEEP,
     L_GEN,
     L_PARKED,
     L_PID,
@@ -46,7 +46,6 @@ from lowtail.shm.layout import (
     S_REQ_SEQ,
     S_REQ_STATE,
     S_RESP_SEQ,
-    SLOT_BYTES,
     ST_BAD_REQUEST,
     ST_CLIENT_GONE,
     ST_FAILED,
@@ -181,7 +180,7 @@ class QueueClient:
         self._spl = geo.spl
         self._req_bytes = geo.req_bytes
         # per slot s of the lane: u64 index of its slot words, byte offsets of its regions
-        self._si = [(geo.slot_base >> 3) + (self._g0 + s) * (SLOT_BYTES >> 3) for s in range(geo.spl)]
+        self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
         self._req_off = [geo.req_off(self._g0 + s) for s in range(geo.spl)]
         self._resp_off = [geo.resp_off(self._g0 + s) for s in range(geo.spl)]
         self._head = int(q[H_DOORBELLS // 8 + lane])
@@ -415,9 +414,9 @@ class QueueClient:
         self._head = head + 1
         q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
         full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-        if q[H_WORKER_SLEEP >> 3]:
-            q[H_WORKER_SLEEP >> 3] = 0
-            futex_wake(self._m.addr(H_WORKER_SLEEP >> 3))
+        if q[HW_WORKER_SLEEP]:
+            q[HW_WORKER_SLEEP] = 0
+            futex_wake(self._m.addr(HW_WORKER_SLEEP))
         ticket = Ticket(s, seq, layout.batch, now)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
@@ -548,10 +547,10 @@ class QueueClient:
                 q[parked_i] = 0
                 return True
             now = clock()
-            if q[H_WORKER_PID >> 3] != 0 and not ofd_lock.held(m.seg.fd, 0):
+            if q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
-                dead_worker = int(q[H_WORKER_PID >> 3])
+                dead_worker = int(q[HW_WORKER_PID])
                 if q[si + W_CLAIM_SEQ] == seq:
                     q[parked_i] = 0
                     if q[resp_i] == seq:

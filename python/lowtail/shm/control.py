@@ -32,12 +32,12 @@ from lowtail.shm.errors import BadConfig, QueueError, SegmentNotFound
 from lowtail.shm.futex import is_supported_platform
 from lowtail.shm.layout import (
     FREE,
-    H_CREATOR,
-    H_GEOM0,
-    H_GEOM1,
-    H_GEOM2,
-    H_MAGIC,
-    H_WORKER_PID,
+    HW_CREATOR,
+    HW_GEOM0,
+    HW_GEOM1,
+    HW_GEOM2,
+    HW_MAGIC,
+    HW_WORKER_PID,
     L_GEN,
     L_PID,
     MAGIC,
@@ -219,7 +219,7 @@ def attach_mapped(desc: QueueDescriptor) -> Mapped:
     cfg = desc.config
     geo = Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
     m = Mapped(seg, geo)
-    if m.q[H_MAGIC >> 3] != MAGIC or seg.size < geo.total:
+    if m.q[HW_MAGIC] != MAGIC or seg.size < geo.total:
         m.close()
         raise SegmentNotFound(f"{desc.path} is not a lowtail queue of this geometry (magic or size mismatch)")
     return m
@@ -287,11 +287,11 @@ class InferenceQueue:
             seg.close()
             raise
         q = m.q
-        q[H_GEOM0 >> 3] = VERSION | (cfg.lanes << 32)
-        q[H_GEOM1 >> 3] = cfg.slots_per_lane | (cfg.request_bytes << 32)
-        q[H_GEOM2 >> 3] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
-        q[H_CREATOR >> 3] = os.getpid()
-        q[H_MAGIC >> 3] = MAGIC  # last: an attacher checks it
+        q[HW_GEOM0] = VERSION | (cfg.lanes << 32)
+        q[HW_GEOM1] = cfg.slots_per_lane | (cfg.request_bytes << 32)
+        q[HW_GEOM2] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
+        q[HW_CREATOR] = os.getpid()
+        q[HW_MAGIC] = MAGIC  # last: an attacher checks it
         desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), _boot_id())
         return cls(desc, m)
 
@@ -337,7 +337,7 @@ class InferenceQueue:
                 )
             )
         return QueueSnapshot(
-            self.descriptor.name, int(q[H_WORKER_PID >> 3]), ofd_lock.held(fd, 0), tuple(lanes), counts
+            self.descriptor.name, int(q[HW_WORKER_PID]), ofd_lock.held(fd, 0), tuple(lanes), counts
         )
 
 

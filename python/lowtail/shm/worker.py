@@ -21,17 +21,16 @@ from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
-    H_DOORBELLS,
-    H_WORKER_EPOCH,
-    H_WORKER_PID,
-    H_WORKER_SLEEP,
+    HW_DOORBELLS,
+    HW_WORKER_EPOCH,
+    HW_WORKER_PID,
+    HW_WORKER_SLEEP,
     L_GEN,
     L_PARKED,
     L_PID,
     L_RESP_COUNT,
     L_RING,
     L_TAIL,
-    SLOT_BYTES,
     ST_BAD_REQUEST,
     ST_CLIENT_GONE,
     ST_FAILED,
@@ -177,10 +176,10 @@ class QueueWorker:
         cfg, geo, q = desc.config, m.geo, m.q
         self._cfg = cfg
         self._idle_ns = idle_us * 1000
-        prev = int(q[H_WORKER_PID >> 3])
-        q[H_WORKER_PID >> 3] = os.getpid()
-        q[H_WORKER_EPOCH >> 3] = q[H_WORKER_EPOCH >> 3] + 1
-        q[H_WORKER_SLEEP >> 3] = 0
+        prev = int(q[HW_WORKER_PID])
+        q[HW_WORKER_PID] = os.getpid()
+        q[HW_WORKER_EPOCH] = q[HW_WORKER_EPOCH] + 1
+        q[HW_WORKER_SLEEP] = 0
         self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
         # u64 indices of each lane's fields, computed once for the hot path
         self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
@@ -189,7 +188,7 @@ class QueueWorker:
         self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
-        self._db_i = H_DOORBELLS >> 3
+        self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
         self._seen = bytes(8 * geo.lanes)  # the doorbells at the last poll (zeros: look at every used lane)
@@ -217,7 +216,7 @@ class QueueWorker:
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
         m = attach_mapped(desc)
         if not ofd_lock.try_lock(m.seg.fd, 0):
-            pid = m.q[H_WORKER_PID >> 3]
+            pid = m.q[HW_WORKER_PID]
             m.close()
             raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
         return cls(desc, m, desc.config.worker_idle_us if idle_us is None else idle_us)
@@ -260,7 +259,7 @@ class QueueWorker:
         self._in_views.clear()
         self._out_views.clear()
         self._doorbells.release()
-        self._m.q[H_WORKER_PID >> 3] = 0
+        self._m.q[HW_WORKER_PID] = 0
         # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
         # complete()) keeps the open file description, and with it the lock, alive after close(fd).
         ofd_lock.unlock(self._m.seg.fd, 0)
@@ -297,7 +296,7 @@ class QueueWorker:
         clock = time.monotonic_ns
         now = clock()
         deadline = deadline_ns(now, timeout_s)
-        sleep_i = H_WORKER_SLEEP >> 3
+        sleep_i = HW_WORKER_SLEEP
         while True:
             if doorbells.tobytes() != self._drained:
                 poll(items)
@@ -416,7 +415,7 @@ class QueueWorker:
             self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
             return None
         g = lane * geo.spl + s
-        si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+        si = geo.slot_word(g)
         seq = q[si + W_REQ_SEQ]
         if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
             q[self._tail_i[lane]] = tail + 1
@@ -445,7 +444,7 @@ class QueueWorker:
         gen = q[self._gen_i[lane]]
         for s in range(geo.spl):
             g = lane * geo.spl + s
-            si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+            si = geo.slot_word(g)
             seq = q[si + W_REQ_SEQ]
             # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
             if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
