@@ -18,18 +18,10 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.inference import (
-    CrossNodeAttach,
-    EnvSpec,
-    InferenceActorFailed,
-    InferenceClient,
-    InferenceSpec,
-    NoEndpoints,
-    SamplerSpec,
-    start_inference_actor,
-    start_sampler,
-    stop_actor,
-)
+from lowtail.actors.client import InferenceClient
+from lowtail.actors.endpoint import CrossNodeAttach, NoEndpoints
+from lowtail.actors.inference import InferenceActorFailed, InferenceSpec, start_inference_actor, stop_actor
+from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
 from lowtail.serve.model import example_inputs, find_model_xml
 from lowtail.serve.worker import WorkerConfig
 from lowtail.shm.queue import QueueConfig, WorkerDied

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtail.node.process import boot_id
 from lowtail.shm import numa, ofd_lock
 from lowtail.shm.errors import BadConfig, QueueError, SegmentNotFound
 from lowtail.shm.futex import is_supported_platform
@@ -108,13 +109,6 @@ class QueueConfig:
     @property
     def slots(self) -> int:
         return self.lanes * self.slots_per_lane
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 DESCRIPTOR_VERSION = 1
@@ -208,7 +202,7 @@ def attach_mapped(desc: QueueDescriptor) -> Mapped:
     """Map an existing queue for a client or worker: this host and boot, its magic, at least its size."""
     if not is_supported_platform():
         raise QueueError("the queue's publication protocol assumes x86-64 (TSO) store ordering on Linux")
-    local_boot = _boot_id()
+    local_boot = boot_id()
     if desc.boot_id and local_boot and desc.boot_id != local_boot:
         raise SegmentNotFound(
             f"queue {desc.name} lives on host {desc.hostname} (boot {desc.boot_id[:8]}), this is "
@@ -292,7 +286,7 @@ class InferenceQueue:
         q[HW_GEOM2] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
         q[HW_CREATOR] = os.getpid()
         q[HW_MAGIC] = MAGIC  # last: an attacher checks it
-        desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), _boot_id())
+        desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), boot_id())
         return cls(desc, m)
 
     def __enter__(self) -> InferenceQueue:
