@@ -219,7 +219,7 @@ class WorkerProcess:
         )
 
     def isolation(self) -> IsolationReport:
-        """The worker's threads, their CPU masks and the seed's 1:1 test (process CPU ~ thread CPU)."""
+        """The worker's threads, their CPU masks and the predecessor's 1:1 test (process CPU ~ thread CPU)."""
         s = self._segment()
         masks: dict[str, int] = {}
         cpu_s: dict[int, float] = {}  # utime + stime per thread, as psutil reads /proc/PID/task/TID/stat

@@ -137,7 +137,7 @@ class Ticket:
 
 
 class Pending:
-    """The seed's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
+    """The predecessor's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
 
     __slots__ = ("client", "ticket")
 

@@ -38,7 +38,7 @@ CPython writes a memoryview item of format "Q" with one 8-byte ``memcpy``, which
 a single ``mov``. On another architecture the queue refuses to run (``InferenceQueue.create`` and
 ``attach_mapped`` check ``is_supported_platform``).
 
-Slot states (the seed's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
+Slot states (the predecessor system's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
 PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
 until the client has read it and wrote FREE).
 

@@ -18,7 +18,7 @@ dtypes of the allow-list ``DTYPES`` and refuses any byte it does not expect (``B
 the caller then checks the computed end against the region's size. Both sides cache a decoded header
 by its bytes, so a steady stream of same-shaped requests parses nothing.
 
-An *ndarray slot* (the seed's SharedNdarraySlot) is a segment of its own holding the arrays of a
+An *ndarray slot* (the predecessor's SharedNdarraySlot) is a segment of its own holding the arrays of a
 payload too large for a queue slot; its *bundle* (segment name, directory, layout) is plain data
 (str and tuples) passed by the caller, never read back from shared memory; both sides map the same
 pages, so neither side copies more than the writer's one copy in. Slots are pooled by the process
@@ -388,7 +388,7 @@ def copy_in(dst: dict[str, np.ndarray[Any, Any]], src: Mapping[str, np.ndarray[A
 
 
 class NdarraySlot:
-    """A segment holding one payload's arrays: the seed's SharedNdarraySlot, with a pooled lifetime."""
+    """A segment holding one payload's arrays: the predecessor's SharedNdarraySlot, with a pooled lifetime."""
 
     # Segments this process created and attached, since it started: the "nothing is mapped per
     # request" property is checked through these, not through a timer.
@@ -481,7 +481,7 @@ class NdarraySlot:
 # client's stores to them each wait for a cross-core invalidation. A slot is therefore written again
 # only after about ROTATE_BYTES went through the worker's L2 since it read it: the other slots of the
 # rotation, and the worker's copy-in of about one slot. Measured on this 2-vCPU KVM guest (AMD EPYC,
-# 1 MiB L2) with a two-process copy loop (issue 14; ``lowtail bench ndslot`` shows the write per
+# 1 MiB L2) with a two-process copy loop (``lowtail bench ndslot`` shows the write per
 # size): the client's write of 1 MiB into the slot the worker just read took 66-95 us (one run
 # 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two slots in turn, as fast as a
 # private copy; 2 MiB 108 -> 48 us with two; 512 KiB 54 -> 14 us with four. Above ROTATE_MAX_CAP the

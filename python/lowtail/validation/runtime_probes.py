@@ -96,7 +96,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
-INFERENCE_BATCH = 16  # the seed's max batch
+INFERENCE_BATCH = 16  # the predecessor system's max batch
 
 
 def spread(cpus: frozenset[int], k: int) -> list[int]:
