@@ -14,9 +14,9 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import NAMESPACE, allocator_name
-from lowtail.actors.demo import DemoError, DemoOptions, lease_policy, run_demo
 from lowtail.actors.metrics import hub_name
 from lowtail.cli.main import main
+from lowtail.demo.local import DemoError, DemoOptions, lease_policy, run_demo
 from lowtail.lease import node_plan
 from lowtail.node.plan import Plan
 from lowtail.telemetry import tbreport
@@ -62,7 +62,7 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
     assert ray.is_initialized()  # it used the session's Ray and left it running
     assert result.samples > 0 and result.samples_per_s > 0 and result.errors == {}
     assert result.rpc_ms.n == result.requests > 0
-    assert result.worker["deschedule_ms"].n > 0 and result.worker["batch_size"].max <= 16
+    assert result.worker["deschedule_ms"].n > 0 and result.worker["worker_batch_size"].max <= 16
     assert {k: len(v) for k, v in result.leases_by_kind.items()} == {"infer": 2, "sample": 2, "other": 0}
     assert seen and seen[-1][1] > 0  # the progress callback saw samples arriving
     plan: Plan = node_plan()
