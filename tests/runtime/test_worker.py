@@ -334,3 +334,32 @@ def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
             assert policy == (os.SCHED_OTHER if scope == "call" else os.SCHED_FIFO)
         finally:
             assert w.stop() == 0
+
+
+def test_every_answer_carries_the_timing_of_its_engine_call(
+    served: tuple[InferenceQueue, WorkerProcess],
+) -> None:
+    queue, w = served
+    with QueueClient.attach(queue.descriptor) as c:
+        for batch in (1, 8, 16):
+            cursor = w.calls().cursor
+            p = c.start(example_inputs(64, batch))
+            p.finish(timeout_s=30)
+            t = p.timing
+            assert t is not None and t.batch_size == batch  # one client: the call held only this request
+            assert t.engine_s > 0 and t.call_deschedule_s >= 0 and t.client_overhead_s > 0
+            assert t.queue_wait_s >= 0 and t.queue_wait_s + t.engine_s <= t.round_trip_s
+            assert t.ready_to_return_s >= 0
+            rows = _rows_after(w, cursor)
+            col = {n: i for i, n in enumerate(CALL_FIELDS)}
+            # The same call as the worker's own row: its infer() wall time, to the nanosecond.
+            assert rows[-1, col["engine_wall_ms"]] == pytest.approx(t.engine_s * 1e3, abs=1e-6)
+            assert rows[-1, col["batch"]] == batch
+
+
+def _rows_after(w: WorkerProcess, cursor: int) -> np.ndarray:
+    deadline = time.monotonic() + 10
+    while (rows := w.calls(cursor).rows).shape[0] == 0:  # the row follows the answer
+        assert time.monotonic() < deadline, "the call's row never appeared"
+        time.sleep(0.001)
+    return rows

@@ -13,7 +13,7 @@ Layout (little-endian; every word has exactly one writer):
     24      8     stop_requested    parent   1: finish the current batch and exit
     64      8     count             worker   rows written so far; row k lives at k % capacity
     72      8     worker_pid        worker
-    80      8     state             worker   0 starting, 1 serving, 2 stopped, 3 failed
+    80      8     state             worker   0 starting, 1 serving, 2 stopped, 3 failed, 4 standby
     88      8     heartbeat_ns      worker   CLOCK_MONOTONIC at the last loop turn that checked in
     96      8     threads           worker   threads in the worker process (refreshed when idle)
     104     8     samples           worker   samples served
@@ -50,8 +50,14 @@ HEADER_BYTES = 4096
 CAPACITY, NCOLS, STOP = 1, 2, 3
 COUNT, PID, STATE, HEARTBEAT, THREADS, SAMPLES, FAILED, SLOW, ENGINE_CPU, ENGINE_THREAD, FIFO = range(8, 19)
 FIFO_SWITCHES, FIFO_COOLDOWNS = 19, 20
-STARTING, SERVING, STOPPED, FAILED_STATE = 0, 1, 2, 3
-STATE_NAMES = {STARTING: "starting", SERVING: "serving", STOPPED: "stopped", FAILED_STATE: "failed"}
+STARTING, SERVING, STOPPED, FAILED_STATE, STANDBY = 0, 1, 2, 3, 4
+STATE_NAMES = {
+    STARTING: "starting",
+    SERVING: "serving",
+    STOPPED: "stopped",
+    FAILED_STATE: "failed",
+    STANDBY: "standby",
+}
 
 
 class StatsSegmentError(LowtailError, RuntimeError):

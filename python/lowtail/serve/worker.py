@@ -14,6 +14,9 @@ Parent-side handle (stable API; the Ray inference actor uses exactly this)::
     w.stop(timeout_s=5)                    # ask, then SIGTERM, then SIGKILL; frees the stats segment
     # restart after a crash: WorkerProcess.start(...) again with the same descriptor; attaching fails
     # whatever the dead worker left in flight (WorkerDied) and serves new requests.
+    s = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", standby=True)
+    s.wait_ready(timeout_s=60)["role"]   # "standby": compiled, attached, parked in SCHED_IDLE, no CPU
+    s.serving()                          # False until the worker dies; then it serves at once
 
     m = measure_pinned(cpu=5, calls=3000)   # for validation: a queue + worker on CPU 5 driven by this
                                             # thread; PinnedMeasurement(rows, report, isolation, ready)
@@ -129,8 +132,21 @@ class WorkerProcess:
 
     @classmethod
     def start(
-        cls, descriptor: Any, cpu: int, model_dir: str | Path, config: WorkerConfig | None = None
+        cls,
+        descriptor: Any,
+        cpu: int,
+        model_dir: str | Path,
+        config: WorkerConfig | None = None,
+        *,
+        standby: bool = False,
     ) -> WorkerProcess:
+        """Spawn the worker of ``descriptor``'s queue on ``cpu`` (returns at once; ``wait_ready`` waits).
+
+        ``standby=True``: a hot standby on the same CPU. It compiles the model, maps the queue and reports
+        ready (``"role": "standby"``), then parks without using CPU until the queue's worker is gone, and
+        takes over at once: the requests the dead worker had claimed fail ``WorkerDied``, every other one
+        is served. ``serving()`` says which of the two it is now.
+        """
         config = config or WorkerConfig()
         xml = find_model_xml(model_dir)
         ctx = multiprocessing.get_context("spawn")
@@ -145,8 +161,9 @@ class WorkerProcess:
                 "stats_fd": worker_main.InheritedFd(stats.fd),
                 "conn": child_conn,
                 "config": asdict(config),
+                "standby": standby,
             },
-            name=f"lowtail-worker-{config.name or cpu}",
+            name=f"lowtail-worker-{config.name or cpu}" + ("-standby" if standby else ""),
             daemon=True,
         )
         try:
@@ -165,6 +182,10 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self._stats is not None and bool(self._proc.is_alive())
+
+    def serving(self) -> bool:
+        """Whether this process is the queue's worker now (a standby: only once it took over)."""
+        return self.alive() and self._segment().word(workerstats.STATE) == workerstats.SERVING
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
