@@ -168,3 +168,41 @@ def test_done_and_wait_first(replicas: list[Replica]) -> None:
             os.kill(a.worker.pid, signal.SIGCONT)
         assert wait_first([stuck], timeout_s=30) is stuck
         client.finish(stuck)
+
+
+def test_timings_on_the_handle_and_the_clients_series(replicas: list[Replica]) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        for k in range(6):
+            p = client.start(x_of(k))
+            assert p.timing is None  # only after finish
+            client.finish(p)
+            t = p.timing
+            assert t is not None and t.batch_size >= 1
+            assert t.queue_wait_s >= 0 and t.engine_s > 0 and t.client_overhead_s >= 0
+            assert t.queue_wait_s + t.engine_s <= t.round_trip_s
+        series, samples = client.take_series()
+        assert samples == 6 and {len(v) for v in series.values()} == {6}
+        assert set(series) == {"rpc_elapsed_ms", "queue_wait_ms", "infer_exec_ms", "client_overhead_ms"}
+
+
+def test_zero_copy_outputs_are_views_refused_after_release(
+    replicas: list[Replica], small_model: Path
+) -> None:
+    from lowtail.shm.queue import QueueError
+
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        x = x_of(3)
+        p = client.start(x)
+        out = client.finish(p, copy=False)
+        value = out["value"]
+        assert not value.flags.writeable and not value.flags.owndata  # a view of the answer
+        expected = value.copy()
+        with pytest.raises(QueueError, match="still referenced"):
+            p.release()  # an array taken from them is alive: the slot stays held
+        del value
+        p.release()
+        with pytest.raises(QueueError, match="released"):
+            out["value"]
+        assert np.array_equal(client.infer(x)["value"], expected)  # the slot is reused safely

@@ -202,7 +202,8 @@ class InferenceActorImpl:
     - ``status()``: lease, worker and standby (pid, alive, serving), restarts, promotions, failure.
     - ``report()``: the worker's per-field percentiles since it started and its isolation check.
     - ``queue_counts()``: the queue's slots per state, for diagnosis.
-    - ``kill_worker(while_processing=False)``: SIGKILL the serving worker, as a crash would (drills).
+    - ``kill_worker(while_processing=False)``: SIGKILL the serving worker, as a crash would (drills);
+      ``kills()``: what each kill cost (the requests the worker had claimed).
     - ``shutdown()``: stop the workers, unlink the queue, release the lease (call before ``ray.kill``).
 
     A supervisor thread watches the worker every ``supervise_interval_s``. With a standby, a dead
@@ -241,6 +242,7 @@ class InferenceActorImpl:
         self._restarts: list[float] = []
         self._deaths = 0
         self._promotions = 0
+        self._kills: list[dict[str, Any]] = []
         self._failed: str | None = None
         self._cursor = 0
         self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
@@ -263,9 +265,8 @@ class InferenceActorImpl:
     def _spawn(self, standby: bool) -> Any:
         from lowtail.serve.worker import WorkerProcess
 
-        role: dict[str, Any] = {"standby": True} if standby else {}
         worker = WorkerProcess.start(
-            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg, **role
+            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg, standby=standby
         )
         try:
             worker.wait_ready(self._spec.ready_timeout_s)
@@ -488,23 +489,30 @@ class InferenceActorImpl:
 
     def kill_worker(self, while_processing: bool = False, timeout_s: float = 10.0) -> int:
         """SIGKILL the serving worker, as a crash would (tests and drills); its standby takes over, or the
-        supervisor restarts it. ``while_processing``: freeze the worker (SIGSTOP) until a request is seen
-        PROCESSING, so the kill certainly lands mid-request. Returns the killed pid."""
+        supervisor restarts it. The worker is frozen (SIGSTOP) first and the requests it had claimed
+        counted (``kills()``); ``while_processing``: kept frozen until one is PROCESSING, so the kill
+        certainly lands mid-request. Returns the killed pid."""
         with self._lock:
             if self._worker is None:
                 raise InferenceActorFailed(f"{self._spec.owner}: no worker to kill")
             pid = int(self._worker.pid)
             deadline = time.monotonic() + timeout_s
-            while while_processing:
+            while True:
                 os.kill(pid, signal.SIGSTOP)
-                if self._queue.snapshot().counts.get("PROCESSING", 0) > 0:
+                claimed = self._queue.snapshot().counts.get("PROCESSING", 0)
+                if claimed > 0 or not while_processing:
                     break
                 os.kill(pid, signal.SIGCONT)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no request was PROCESSING within {timeout_s} s")
                 time.sleep(0.001)
             self._worker.kill()
+            self._kills.append({"pid": pid, "claimed": int(claimed), "at_s": time.monotonic()})
             return pid
+
+    def kills(self) -> list[dict[str, Any]]:
+        """Each ``kill_worker``: the pid, the requests it had claimed, when (CLOCK_MONOTONIC seconds)."""
+        return list(self._kills)
 
     def shutdown(self) -> None:
         """Stop the workers, unlink the queue, release the lease. Call before ``ray.kill``."""

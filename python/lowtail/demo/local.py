@@ -13,12 +13,13 @@ allocator (``pool``/``share``), never what a real node does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,6 @@ def run_demo(
     opts: DemoOptions, progress: ProgressCallback | None = None, model_dir: str | None = None
 ) -> DemoResult:
     """Run the demo. Uses the connected Ray if there is one (tests), else starts and stops a local one."""
-    import ray
 
     if opts.actors < 1 or opts.samplers < 1:
         raise DemoError(f"actors={opts.actors} samplers={opts.samplers}: expected at least 1 of each")
@@ -152,24 +152,33 @@ def run_demo(
     plan = node_plan()
     usable = usable_cpus()  # the cgroup's cpuset: under lowtail-ray.service the mask is housekeeping
     policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
-    work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
+    with local_ray("lt-demo-", policy.pool if policy.pool is not None else plan.isolated & usable) as work:
+        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
+
+
+@contextlib.contextmanager
+def local_ray(prefix: str, leasable: frozenset[int], namespace: str = "lowtail-demo") -> Iterator[Path]:
+    """A work directory, and a local single-user Ray unless one is connected already (tests): token
+    auth off, its session files in the work directory, one ``lowtail_isolated_cpu`` per leasable CPU
+    (what lowtail-ray.service declares). Everything is stopped and removed on exit."""
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     own_ray = not ray.is_initialized()
     saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
     try:
         if own_ray:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-            os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
-            leasable = policy.pool if policy.pool is not None else plan.isolated & usable
+            os.environ["RAY_TMPDIR"] = str(work)
             ray.init(
                 num_cpus=max(2, os.cpu_count() or 2),
-                # what lowtail-ray.service declares: one lowtail_isolated_cpu per leasable CPU
                 resources={"lowtail_isolated_cpu": float(len(leasable))},
                 include_dashboard=False,
                 log_to_driver=False,
-                namespace="lowtail-demo",
+                namespace=namespace,
             )
-        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
+        yield work
     finally:
         if own_ray and ray.is_initialized():
             ray.shutdown()
