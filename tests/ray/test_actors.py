@@ -292,3 +292,17 @@ def test_several_inference_actors_start_in_parallel(
     finally:
         for a in actors:
             stop_actor(a)
+
+
+def test_actors_emit_no_ray_deprecation_warning(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    stop_actor(start_inference_actor(infer_spec(model, alloc_cfg, 0, standby=False), ray_nodes.head))
+    logs = Path(os.environ["RAY_TMPDIR"])  # the session cluster's (conftest): every actor's stderr
+    hits = [
+        line
+        for f in logs.rglob("worker-*.err")
+        for line in f.read_text(errors="replace").splitlines()
+        if "DeprecationWarning" in line
+    ]
+    assert hits == []

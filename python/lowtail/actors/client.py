@@ -92,6 +92,7 @@ class PendingInference:
     inputs: Mapping[str, np.ndarray] | None = None
     moved: bool = False  # already sent to another replica once (never twice)
     timing: Any = None  # lowtail.shm.client.RequestTiming after finish
+    sent_s: float = 0.0  # CLOCK_MONOTONIC of its (last) publication: a moved request's is the move
 
     def release(self) -> None:
         """Give back the zero-copy outputs of ``finish(p, copy=False)``: refused (``QueueError``) while
@@ -328,7 +329,9 @@ class InferenceClient:
         t = self._targets[i]
         t0 = time.perf_counter_ns()
         pending = self._submit(t, inputs)
-        return PendingInference(i, pending, t0, len(next(iter(inputs.values()))), inputs)
+        return PendingInference(
+            i, pending, t0, len(next(iter(inputs.values()))), inputs, sent_s=time.monotonic()
+        )
 
     def _submit(self, t: _Target, inputs: Mapping[str, np.ndarray]) -> Any:
         try:
@@ -361,7 +364,7 @@ class InferenceClient:
             self._lose(old, old.broken or f"queue of {old.endpoint.actor} lost its actor")
         new = self._targets[j]
         p.pending = self._submit(new, p.inputs)
-        p.target, p.moved = j, True
+        p.target, p.moved, p.sent_s = j, True, time.monotonic()
         self.moved += 1
         return True
 

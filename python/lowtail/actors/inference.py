@@ -215,18 +215,36 @@ class InferenceActorImpl:
     """
 
     def __init__(self, spec: InferenceSpec) -> None:
+        # A constructor that raises reaches the caller as Ray's ActorDiedError, which keeps only the
+        # text of its cause: the error is kept instead and raised by the first call (ping), where Ray
+        # hands it over as itself (RayTaskError.cause); start_inference_actors then stops the actor.
+        self._init_error: Exception | None = None
+        try:
+            self._init(spec)
+        except Exception as e:
+            self._init_error = e
+
+    def _check_started(self) -> None:
+        if self._init_error is not None:
+            raise self._init_error
+
+    def _init(self, spec: InferenceSpec) -> None:
         from lowtail.shm.queue import InferenceQueue
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
-        if ctx.was_current_actor_reconstructed:
-            # The previous incarnation died without unlinking its queue: sweep segments of dead owners.
-            from lowtail.shm.segments import sweep_dead
+        # A previous incarnation (Ray restarts a dead actor) died without unlinking its queue: sweep the
+        # segments of dead owners. Ray's was_current_actor_reconstructed would say whether this is a
+        # restart, but it emits a RayDeprecationWarning of its own (it reads the deprecated actor_id).
+        from lowtail.shm.segments import sweep_dead
 
-            swept = sweep_dead()
-            log.warning("%s: restarted by Ray; swept %d dead segments", spec.owner, len(swept))
+        swept = sweep_dead()
+        if swept:
+            log.warning(
+                "%s: swept %d segments of dead owners (a previous incarnation's)", spec.owner, len(swept)
+            )
         self._alloc = get_node_allocator(self._node, spec.allocator)
         self._lease: Lease = ray.get(
             self._alloc.acquire.remote(
@@ -424,6 +442,7 @@ class InferenceActorImpl:
     def endpoint(self) -> Endpoint:
         """Where to send requests; never a dead worker's (a client re-resolving after a crash may ask
         before the supervisor has noticed: handle it here, under the same lock)."""
+        self._check_started()
         with self._lock:
             if self._failed is None:
                 self._check_workers_locked()
@@ -443,7 +462,8 @@ class InferenceActorImpl:
             )
 
     def ping(self) -> dict[str, Any]:
-        """Owner, node id and pid of this actor process."""
+        """Owner, node id and pid of this actor process (raises what made its construction fail)."""
+        self._check_started()
         return {"owner": self._spec.owner, "node_id": self._node, "pid": os.getpid()}
 
     def status(self) -> dict[str, Any]:
@@ -516,6 +536,8 @@ class InferenceActorImpl:
 
     def shutdown(self) -> None:
         """Stop the workers, unlink the queue, release the lease. Call before ``ray.kill``."""
+        if self._init_error is not None:
+            return  # the failed constructor released what it had taken
         self._stop.set()
         self._supervisor.join(timeout=5)
         with self._lock:
@@ -561,13 +583,7 @@ START_TIMEOUT_S = 120.0  # to be scheduled and constructed, besides the worker's
 def start_failure(error: BaseException) -> BaseException:
     """What made an actor's constructor fail, as itself (``ModelNotFound``, ``LeaseExhausted``, ...),
     rather than Ray's ``ActorDiedError`` around it; the Ray error is kept as its ``__cause__``."""
-    inner: object = None
-    if isinstance(error, ray.exceptions.RayTaskError):
-        inner = error.cause
-    else:
-        cause = getattr(error, "cause", None)  # ActorDiedError -> the creation task's RayTaskError
-        if isinstance(cause, ray.exceptions.RayTaskError):
-            inner = cause.cause
+    inner = error.cause if isinstance(error, ray.exceptions.RayTaskError) else None
     if isinstance(inner, Exception):
         inner.__cause__ = error
         return inner
@@ -598,6 +614,7 @@ def await_all_started(actors: Sequence[tuple[Any, Any, str]], node: str, timeout
                 f"(cluster) {free}: is every CPU or {ISOLATED_RESOURCE} of the node leased?"
             )
         except ray.exceptions.RayError as e:
+            ray.kill(handle, no_restart=True)  # a failed constructor left a shell that serves nothing
             failure = failure or start_failure(e)
     if failure is not None:
         raise failure

@@ -90,6 +90,7 @@ class HeroRun:
     reattached: int = 0
     answer_s: list[float] = field(default_factory=list)  # CLOCK_MONOTONIC of each answer (host-wide)
     replica: list[int] = field(default_factory=list)  # which replica answered (the client's index)
+    sent_s: list[float] = field(default_factory=list)  # when each answered request was published
 
     def longest_gap_s(self, start_s: float | None = None, end_s: float | None = None) -> float:
         """The longest time without an answer, between ``start_s`` and ``end_s`` (monotonic) if given."""
@@ -144,6 +145,14 @@ class SamplerActorImpl:
     """
 
     def __init__(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
+        # As InferenceActorImpl: a constructor's error is raised by the first call, as itself.
+        self._init_error: Exception | None = None
+        try:
+            self._init(spec, endpoints)
+        except Exception as e:
+            self._init_error = e
+
+    def _init(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
@@ -180,6 +189,9 @@ class SamplerActorImpl:
         self._env = SyntheticEnv(spec.env)
 
     def lease(self) -> Lease:
+        """This sampler's CPU lease (raises what made its construction fail)."""
+        if self._init_error is not None:
+            raise self._init_error
         return self._lease
 
     def affinity(self) -> list[int]:
@@ -297,6 +309,7 @@ class SamplerActorImpl:
             run.answered += 1
             run.answer_s.append(now)
             run.replica.append(p.target)
+            run.sent_s.append(p.sent_s)
             if self._down_since is not None:
                 result.recovery_s.append(now - self._down_since)
                 self._down_since = None
@@ -317,6 +330,8 @@ class SamplerActorImpl:
             self._metrics.push.remote(self._owner, {k: v for k, v in merged.items() if v}, samples)
 
     def shutdown(self) -> None:
+        if self._init_error is not None:
+            return  # the failed constructor released its lease
         for c in self._clients.values():
             c.close()
         ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))

@@ -52,6 +52,7 @@ class Kill:
     claimed: int
     failed: int = 0
     first_answer_of_killed_ms: float = float("nan")  # any sampler's first answer from the killed replica
+    errors: dict[str, int] = field(default_factory=dict)  # the run's failed requests by class
 
 
 @dataclass
@@ -188,7 +189,9 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
                                 0,
                             )
                         )
-                    after = t[(rep == victim) & (t > k.at_s)]
+                    # answered by the killed replica again: published after the kill (its standby,
+                    # restarted worker or restarted actor), not an answer ready before and read late
+                    after = t[(rep == victim) & (np.asarray(h.sent_s) > k.at_s)]
                     if after.size:
                         firsts.append(float(after[0] - k.at_s))
         k.first_answer_of_killed_ms = 1e3 * min(firsts) if firsts else float("nan")
@@ -196,6 +199,10 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
     # total is compared with the sum of what both dead workers had claimed.
     total_failed = sum(h.failed for r in results for h in r.heroes.values())
     kills[0].failed = total_failed
+    for r in results:
+        for h in r.heroes.values():
+            for name, n in h.errors.items():
+                kills[0].errors[name] = kills[0].errors.get(name, 0) + n
     kills[1].failed = -1
     report.kills.extend(kills)
 
@@ -272,7 +279,7 @@ def render(report: Report) -> str:
                     k.config,
                     k.kill,
                     k.claimed,
-                    "-" if k.failed < 0 else k.failed,
+                    "-" if k.failed < 0 else f"{k.failed} {k.errors or ''}",
                     "-" if math.isnan(k.first_answer_of_killed_ms) else f"{k.first_answer_of_killed_ms:.1f}",
                 ]
                 for k in report.kills
