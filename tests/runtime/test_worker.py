@@ -12,8 +12,9 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from lowtail.errors import LowtailError
 from lowtail.serve.metrics import CALL_FIELDS
-from lowtail.serve.model import example_inputs, find_model_xml
+from lowtail.serve.model import ModelNotFound, example_inputs, find_model_xml
 from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerStartFailed
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.runtime.conftest import write_slow_model
@@ -137,8 +138,9 @@ def test_a_worker_that_cannot_start_says_why(small_model: Path, tmp_path: Path) 
             w.wait_ready(120)
         w.stop()
         assert not w.alive()
-    with pytest.raises(FileNotFoundError, match=r"exactly one OpenVINO \.xml"):
+    with pytest.raises(ModelNotFound, match=r"exactly one OpenVINO \.xml") as missing:
         WorkerProcess.start(queue.descriptor, CPU, tmp_path)
+    assert isinstance(missing.value, LowtailError) and isinstance(missing.value, FileNotFoundError)
 
 
 def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tmp_path: Path) -> None:

@@ -194,73 +194,67 @@ class HeldOutputs(Mapping[str, np.ndarray]):
 
     The slot is not reused while they are held. ``release()`` (or leaving a ``with`` block) gives it
     back, and refuses with ``QueueError`` while an array taken from here, or any view of one, is still
-    referenced (numpy views keep their base array alive, so weak references to the arrays handed out
-    see every one): nothing can read a later answer through them. Every access after release raises.
-    Dropped without ``release()``, the slot returns once this object and all its arrays are gone.
+    referenced: every view is made from one base array per answer, numpy keeps that base alive under
+    every view made from them, and the client holds it only weakly, so a live base means a live view
+    and nothing can read a later answer through one. Every access after release raises. Dropped
+    without ``release()``, the slot returns once this object and every array over it are gone.
     """
 
-    __slots__ = ("__weakref__", "_arrays", "_client", "_handed", "_mv", "_ticket")
+    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_ticket", "_views")
 
     def __init__(
         self,
         client: QueueClient,
         ticket: Ticket,
-        mv: memoryview,
-        arrays: tuple[tuple[str, Any, Any, int], ...],
-        handed: list[weakref.ref[np.ndarray[Any, Any]]],
+        base: np.ndarray[Any, Any],
+        plan: tuple[tuple[str, Any, Any, int, int], ...],
     ) -> None:
         self._client: QueueClient | None = client
         self._ticket = ticket
-        self._mv: memoryview | None = mv
-        self._arrays = arrays  # (name, dtype, shape, byte offset in mv)
-        self._handed = handed  # weak references to every array given out (shared with the client)
+        self._plan = plan  # (name, dtype, shape, byte offset in the base, nbytes)
+        self._base = weakref.ref(base)
+        self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, plan)
 
-    def _view(self) -> memoryview:
-        if self._mv is None:
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self._valid()[name]
+
+    def _valid(self) -> dict[str, np.ndarray[Any, Any]]:
+        if self._views is None:
             raise QueueError(
                 f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} were released"
             )
-        return self._mv
-
-    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
-        mv = self._view()
-        for n, dtype, shape, off in self._arrays:
-            if n == name:
-                a: np.ndarray[Any, Any] = np.ndarray(shape, dtype, buffer=mv, offset=off)
-                a.flags.writeable = False
-                self._handed.append(weakref.ref(a))
-                return a
-        raise KeyError(name)
+        return self._views
 
     def __iter__(self) -> Iterator[str]:
-        self._view()
-        return iter([a[0] for a in self._arrays])
+        return iter(self._valid())
 
     def __len__(self) -> int:
-        return len(self._arrays)
+        return len(self._plan)
 
     @property
     def released(self) -> bool:
-        return self._mv is None
+        return self._views is None
 
     def release(self) -> None:
         """Give the answer slot back; ``QueueError`` while an array taken from here is still referenced."""
         client = self._client
-        if self._mv is None or client is None:
+        if self._views is None or client is None:
             return
-        if _referenced(self._handed):
+        self._views = None  # our own references: if nobody else holds a view, the base goes with them
+        base = self._base()
+        if base is not None:
+            self._views = _views_of(base, self._plan)
             raise QueueError(
                 f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} are still referenced "
                 f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
                 f"the slot stays held"
             )
-        self._mv.release()
-        self._mv = self._client = None
+        self._client = None
         client._free_held(self._ticket)
 
     def copy(self) -> Arrays:
         """Owned copies of the outputs (valid after release)."""
-        return {name: np.array(self[name]) for name, *_ in self._arrays}
+        return {name: v.copy() for name, v in self._valid().items()}
 
     def __enter__(self) -> HeldOutputs:
         return self
@@ -269,9 +263,10 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self.release()
 
 
-def _referenced(handed: list[weakref.ref[np.ndarray[Any, Any]]]) -> bool:
-    handed[:] = [r for r in handed if r() is not None]
-    return bool(handed)
+def _views_of(
+    base: np.ndarray[Any, Any], plan: tuple[tuple[str, Any, Any, int, int], ...]
+) -> dict[str, np.ndarray[Any, Any]]:
+    return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in plan}
 
 
 class Pending:
@@ -420,7 +415,8 @@ class QueueClient:
         self._timing = (0, 0, 0, 0)
         # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
         # export. Reused only once released, or once both it and every array over it are gone.
-        self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, list[weakref.ref[Any]]]] = {}
+        self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
+        self._hold_plans: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
         self._n_immediate = self._n_spinning = self._n_parked = 0
@@ -498,11 +494,11 @@ class QueueClient:
     def _drop_held(self) -> bool:
         """Invalidate every held zero-copy answer; True when arrays over one are still referenced."""
         in_use = False
-        for ref, mv, handed in self._held.values():
+        for ref, mv, base in self._held.values():
             held = ref()
             if held is not None:
-                held._mv = held._client = None
-            if _referenced(handed):
+                held._views = held._client = None
+            if base() is not None:
                 in_use = True  # the arrays keep ``mv`` and with it the mapping: never unmapped under them
             else:
                 mv.release()
@@ -512,7 +508,10 @@ class QueueClient:
     def _free_held(self, ticket: Ticket) -> None:
         """``HeldOutputs.release`` succeeded: the slot is free again."""
         ticket.held = None
-        if self._held.pop(ticket.slot, None) is not None and not self._closed:
+        entry = self._held.pop(ticket.slot, None)
+        if entry is not None:
+            entry[1].release()
+        if entry is not None and not self._closed:
             self._m.q[self._si[ticket.slot] + W_REQ_STATE] = FREE
             self._free.append(ticket.slot)
 
@@ -534,8 +533,8 @@ class QueueClient:
         if self._free:
             return self._free.pop()
         q, geo = self._m.q, self._m.geo
-        for s, (held, mv, handed) in list(self._held.items()):
-            if held() is None and not _referenced(handed):  # dropped without release(), nothing over it
+        for s, (held, mv, base) in list(self._held.items()):
+            if held() is None and base() is None:  # dropped without release(), no array over it left
                 mv.release()
                 del self._held[s]
                 q[geo.slot(self._g0 + s, S_REQ_STATE)] = FREE
@@ -795,25 +794,34 @@ class QueueClient:
         """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray slot), held."""
         m = self._m
         geo = m.geo
-        ext, layout, _ = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        plan = self._hold_plans.get(raw)
+        if plan is None:
+            # Offsets from the start of the memoryview below: the response region, or the ndarray slot.
+            lay, end = (
+                (layout.inline_layout, layout.inline_end) if ext is None else payload.layout(layout.spec, 0)
+            )
+            plan = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
+            if len(self._hold_plans) >= 64:
+                self._hold_plans.clear()
+            self._hold_plans[raw] = plan
+        arrays, end = plan
         if ext is not None:
             nd = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode)
-            lay, end = payload.layout(layout.spec, 0)
             if end > nd.capacity:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray slot {ext} ({nd.capacity} B)"
                 )
             mv = memoryview(nd.segment.mm)[:end]
         else:
-            lay, end = layout.inline_layout, layout.inline_end
             if end > geo.resp_bytes:
                 raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
-            mv = m.mem[off : off + end]
-        # Offsets are from the start of ``mv``: the response region inline, the segment's start outside.
-        handed: list[weakref.ref[Any]] = []
-        held = HeldOutputs(self, ticket, mv, tuple((a.name, a.dtype, a.shape, a.offset) for a in lay), handed)
+            mv = self._mem[off : off + end]
+        base: np.ndarray[Any, Any] = np.ndarray((end,), np.uint8, buffer=mv)  # owns nothing: views keep it
+        base.flags.writeable = False
+        held = HeldOutputs(self, ticket, base, arrays)
         ticket.held = held
-        self._held[s] = (weakref.ref(held), mv, handed)
+        self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
         return held
 
     def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
