@@ -46,6 +46,7 @@ def test_a_standby_reports_ready_parks_without_cpu_and_stops_cleanly(small_model
             assert primary.wait_ready(120)["role"] == "primary"
             info = standby.wait_ready(120)
             assert info["role"] == "standby" and info["affinity"] == [CPU]
+            assert info["warm_up_s"] > 0  # every batch size ran once before it parked
             assert primary.serving() and not standby.serving()
             assert standby.took_over_ns == 0
             assert standby.report().state == "standby"
@@ -100,7 +101,7 @@ def test_killing_the_primary_fails_exactly_what_it_had_claimed_and_the_standby_s
     xml = write_slow_model(tmp_path / "slow")
     rng = np.random.default_rng(1)
     with InferenceQueue.create(QueueConfig(lanes=4, slots_per_lane=4, **SLOW_GEOMETRY)) as queue:
-        cfg = WorkerConfig(name="hero", max_batch=64)
+        cfg = WorkerConfig(name="hero", max_batch=64, warm_up=False)
         primary = WorkerProcess.start(queue.descriptor, CPU, xml, cfg)
         standby = WorkerProcess.start(queue.descriptor, CPU, xml, cfg, standby=True)
         clients = [QueueClient.attach(queue.descriptor) for _ in range(3)]

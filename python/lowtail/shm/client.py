@@ -345,6 +345,33 @@ def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
 WAIT_FIRST_SLICE_S = 0.001
 
 
+class _Prediction:
+    """What a client learned about its answers (the predictive wait above ``next_prediction_ns``)."""
+
+    __slots__ = ("late", "oversleep_ns", "predicted_ns")
+
+    def __init__(self) -> None:
+        self.predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
+        self.oversleep_ns = 0  # how late a timed futex wait returns, learned
+        self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+
+    def learn(self, latency_ns: int, spin_ns: int) -> None:
+        """An answer came ``latency_ns`` after its submit (the worker's stamp)."""
+        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
+        late = latency_ns > self.predicted_ns + spin_ns
+        self.late = ((self.late << 1) | late) & LATE_WINDOW
+        self.predicted_ns = next_prediction_ns(self.predicted_ns, latency_ns)
+
+
+class _WaitCounts:
+    """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
+
+    __slots__ = ("futex_waits", "immediate", "parked", "spinning", "timed_parks")
+
+    def __init__(self) -> None:
+        self.immediate = self.spinning = self.parked = self.timed_parks = self.futex_waits = 0
+
+
 class QueueClient:
     """A sampler's end of the queue: one lane, up to ``slots_per_lane`` requests in flight.
 
@@ -359,9 +386,7 @@ class QueueClient:
         cfg, geo = desc.config, m.geo
         self._cfg = cfg
         self._spin_ns = spin_us * 1000
-        self._predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
-        self._oversleep_ns = 0  # how late a timed futex wait returns, learned
-        self._late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+        self._pred = _Prediction()
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
@@ -386,20 +411,7 @@ class QueueClient:
         # is reusable as soon as the worker answered it (or fenced it): the worker writes nothing
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
-        published = self._published_slots()
-        for s in range(geo.spl):
-            g = self._g0 + s
-            req = q[geo.slot(g, S_REQ_SEQ)]
-            if req == q[geo.slot(g, S_RESP_SEQ)] or (
-                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
-            ):
-                # answered, or written by a predecessor killed before its doorbell: the worker can
-                # never reach it (it is in no ring position it will read), so it is ours at once
-                q[geo.slot(g, S_REQ_STATE)] = FREE
-                self._free.append(s)
-            else:
-                self._inflight[s] = None
-        self._free.reverse()  # pop() hands out slot 0 first
+        self._recover_slots()
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
@@ -419,8 +431,7 @@ class QueueClient:
         self._hold_plans: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
-        self._n_immediate = self._n_spinning = self._n_parked = 0
-        self._n_timed_parks = self._n_futex_waits = 0
+        self._counts = _WaitCounts()
         self._closed = False
 
     @classmethod
@@ -459,19 +470,20 @@ class QueueClient:
     @property
     def predicted_ns(self) -> int:
         """The learned submit-to-answer time (0 until an answer was waited for)."""
-        return self._predicted_ns
+        return self._pred.predicted_ns
 
     @property
     def wait_counts(self) -> dict[str, int]:
         """How the waits went: answers found at once, while spinning, or while parked (the worker made
         a wake system call, unless the re-check after setting the parked flag found the answer); and the
         predictive sleeps and futex waits made."""
+        c = self._counts
         return {
-            "immediate": self._n_immediate,
-            "spinning": self._n_spinning,
-            "parked": self._n_parked,
-            "timed_parks": self._n_timed_parks,
-            "futex_waits": self._n_futex_waits,
+            "immediate": c.immediate,
+            "spinning": c.spinning,
+            "parked": c.parked,
+            "timed_parks": c.timed_parks,
+            "futex_waits": c.futex_waits,
         }
 
     def close(self) -> None:
@@ -490,6 +502,24 @@ class QueueClient:
         self._attached.close()
         self._pool.close()
         self._m.close()
+
+    def _recover_slots(self) -> None:
+        """Sort this lane's slots, as a predecessor client may have left them, into free and in flight."""
+        q, geo = self._m.q, self._m.geo
+        published = self._published_slots()
+        for s in range(geo.spl):
+            g = self._g0 + s
+            req = q[geo.slot(g, S_REQ_SEQ)]
+            if req == q[geo.slot(g, S_RESP_SEQ)] or (
+                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
+            ):
+                # answered, or written by a predecessor killed before its doorbell: the worker can
+                # never reach it (it is in no ring position it will read), so it is ours at once
+                q[geo.slot(g, S_REQ_STATE)] = FREE
+                self._free.append(s)
+            else:
+                self._inflight[s] = None
+        self._free.reverse()  # pop() hands out slot 0 first
 
     def _drop_held(self) -> bool:
         """Invalidate every held zero-copy answer; True when arrays over one are still referenced."""
@@ -692,7 +722,7 @@ class QueueClient:
         q[parked_i] = 1
         full_barrier()  # order the parked store before the re-check (Dekker)
         if not any(p.client.ready(p.ticket) for p in pendings):
-            self._n_futex_waits += 1
+            self._counts.futex_waits += 1
             futex_wait(self._m.addr(count_i), expected, timeout_s)
         q[parked_i] = 0
 
@@ -713,40 +743,40 @@ class QueueClient:
         clock = time.monotonic_ns
         if q[resp_i] == seq:
             now = clock()
-            self._n_immediate += 1
+            self._counts.immediate += 1
         else:
             now = clock()
             answered, deadline = False, 0
             # (a prediction below the margin never parks: the fast path skips the call)
             if (
-                self._predicted_ns > MARGIN_NS
-                and self._late.bit_count() <= MAX_LATE
+                self._pred.predicted_ns > MARGIN_NS
+                and self._pred.late.bit_count() <= MAX_LATE
                 and (
                     until := park_until_ns(
-                        ticket.submit_ns, now, self._predicted_ns, MARGIN_NS + self._oversleep_ns
+                        ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
                     )
                 )
             ):
-                self._n_timed_parks += 1
+                self._counts.timed_parks += 1
                 deadline = deadline_ns(now, timeout_s)
                 answered = self._park(ticket, si, min(until, deadline), deadline)
                 now = clock()
             if answered:
-                self._n_parked += 1
+                self._counts.parked += 1
             else:
                 # The whole budget when the answer is due within it (a predictive sleep just ended
                 # before it, or answers usually come that fast); else a round trip's worth, then park.
-                due = bool(deadline) or self._predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
+                due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
                 spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
                 while True:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
-                        self._n_spinning += 1
+                        self._counts.spinning += 1
                         break
                     if now > spin_end:
                         deadline = deadline or deadline_ns(now, timeout_s)
                         self._park(ticket, si, deadline, deadline)
-                        self._n_parked += 1
+                        self._counts.parked += 1
                         now = clock()
                         break
         # -- take the answer
@@ -758,10 +788,7 @@ class QueueClient:
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
         # sleep: a parked client is still woken by the answer, and the deadline bounds every sleep.
         latency = done_ns - ticket.submit_ns
-        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
-        late = latency > self._predicted_ns + self._spin_ns
-        self._late = ((self._late << 1) | late) & LATE_WINDOW
-        self._predicted_ns = next_prediction_ns(self._predicted_ns, latency)
+        self._pred.learn(latency, self._spin_ns)
         held = False
         try:
             off = self._resp_off[s]
@@ -893,7 +920,7 @@ class QueueClient:
                     f"no answer within {(now - start) / 1e9:.3f} s for request seq {seq} in lane {self.lane} "
                     f"of queue {self.descriptor.name} ({why}; wait again, abandon() or drop the ticket)"
                 )
-            self._n_futex_waits += 1
+            self._counts.futex_waits += 1
             futex_wait(m.addr(count_i), expected, min((until - now) / 1e9, PARK_SLICE_S))
             q[parked_i] = 0
             answered = q[resp_i] == seq
@@ -905,8 +932,8 @@ class QueueClient:
                 # bound: the estimate grows until the timeout comes first and the sleep ends before
                 # the answer.
                 late = min(now - until, MAX_OVERSLEEP_NS)
-                over = self._oversleep_ns
-                self._oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
+                over = self._pred.oversleep_ns
+                self._pred.oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
                 return answered
             if answered:
                 return True
