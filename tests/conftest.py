@@ -50,6 +50,7 @@ SLOW_MODULES = {
     "tests/runtime/test_serve_bench.py",
     "tests/queue/test_queue_bench.py",
     "tests/queue/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
+    "tests/queue/test_queue_withdraw.py",  # withdraw raced against claims, thousands of rounds
 }
 SLOW_DIRS = ("tests/ray/",)  # one Ray cluster per session
 SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}

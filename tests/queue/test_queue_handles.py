@@ -78,6 +78,7 @@ def test_timing_names_every_part_of_the_request_and_adds_up(server: InferenceQue
         time.sleep(0.003)  # the "engine"
         engine_ns = time.monotonic_ns() - e0
         b.complete(echo(b.inputs["x"]), engine_ns=engine_ns, deschedule_ns=1_234_567)
+        answered_ns = time.monotonic_ns()
         time.sleep(0.002)  # the caller comes back late: not part of the round trip
         p.finish(1)
         t = p.timing
@@ -87,7 +88,7 @@ def test_timing_names_every_part_of_the_request_and_adds_up(server: InferenceQue
         assert t.call_deschedule_s == pytest.approx(0.001234567, abs=1e-6)  # carried in microseconds
         assert t.queue_wait_s + t.engine_s <= t.round_trip_s
         assert t.ready_to_return_s >= 0.002  # the answer waited for the caller
-        assert t.round_trip_s < t.queue_wait_s + t.engine_s + 0.002  # ...and the round trip did not
+        assert t.round_trip_s * 1e9 <= answered_ns - p.ticket.submit_ns  # ...and the round trip did not
         assert 0 < t.client_overhead_s < t.ready_to_return_s
         with pytest.raises(AttributeError):
             t.engine_s = 0.0  # type: ignore[misc]  # frozen and slotted

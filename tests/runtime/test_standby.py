@@ -12,7 +12,7 @@ import openvino as ov
 import pytest
 
 from lowtail.serve.model import example_inputs
-from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.serve.worker import WorkerConfig, WorkerProcess, WorkerStopped
 from lowtail.shm.queue import InferenceQueue, Pending, QueueClient, QueueConfig, WorkerDied
 from tests.runtime.conftest import write_slow_model
 
@@ -46,10 +46,12 @@ def test_a_standby_reports_ready_parks_without_cpu_and_stops_cleanly(small_model
             assert primary.wait_ready(120)["role"] == "primary"
             info = standby.wait_ready(120)
             assert info["role"] == "standby" and info["affinity"] == [CPU]
+            assert info["warm_up_s"] > 0  # every batch size ran once before it parked
             assert primary.serving() and not standby.serving()
+            assert standby.took_over_ns == 0
             assert standby.report().state == "standby"
-            if info["standby_sched_idle"]:
-                assert os.sched_getscheduler(standby.pid) == os.SCHED_IDLE
+            # Compiled in SCHED_IDLE, parked back in SCHED_OTHER (a wake-up must not wait for an idle CPU).
+            assert os.sched_getscheduler(standby.pid) == os.SCHED_OTHER
             with QueueClient.attach(queue.descriptor) as c:
                 before = _cpu_s(standby.pid)
                 for _ in range(200):  # the primary serves; the standby stays parked
@@ -60,6 +62,9 @@ def test_a_standby_reports_ready_parks_without_cpu_and_stops_cleanly(small_model
             t0 = time.monotonic()
             assert standby.stop(timeout_s=10) == 0  # it saw the stop word: no SIGTERM/SIGKILL needed
             assert time.monotonic() - t0 < 5
+            assert not standby.serving()
+            with pytest.raises(WorkerStopped, match="was stopped"):
+                standby.calls()
             assert primary.serving()
         finally:
             standby.stop()
@@ -75,8 +80,6 @@ def test_a_standby_without_a_live_primary_serves_at_once(small_model: Path) -> N
         try:
             standby.wait_ready(120)
             _wait_until(standby.serving, 10, "a standby with no worker to wait for never served")
-            if standby.ready_info and standby.ready_info["standby_sched_idle"]:
-                assert os.sched_getscheduler(standby.pid) == os.SCHED_OTHER  # left SCHED_IDLE to serve
             with QueueClient.attach(queue.descriptor) as c:
                 assert c.infer(example_inputs(64, 2), timeout_s=30)["value"].shape == (2, 1)
         finally:
@@ -98,7 +101,7 @@ def test_killing_the_primary_fails_exactly_what_it_had_claimed_and_the_standby_s
     xml = write_slow_model(tmp_path / "slow")
     rng = np.random.default_rng(1)
     with InferenceQueue.create(QueueConfig(lanes=4, slots_per_lane=4, **SLOW_GEOMETRY)) as queue:
-        cfg = WorkerConfig(name="hero", max_batch=64)
+        cfg = WorkerConfig(name="hero", max_batch=64, warm_up=False)
         primary = WorkerProcess.start(queue.descriptor, CPU, xml, cfg)
         standby = WorkerProcess.start(queue.descriptor, CPU, xml, cfg, standby=True)
         clients = [QueueClient.attach(queue.descriptor) for _ in range(3)]
@@ -154,6 +157,7 @@ def test_killing_the_primary_fails_exactly_what_it_had_claimed_and_the_standby_s
             assert len(served) == 9 - len(claimed)
             assert (time.monotonic_ns() - kill_ns) / 1e9 < 30  # no hang (the milliseconds are a benchmark's)
             assert standby.serving() and queue.snapshot().worker_pid == standby.pid
+            assert kill_ns < standby.took_over_ns < time.monotonic_ns()
             _wait_until(
                 lambda: standby.report().calls - calls_before_kill >= 9 - len(claimed) - answered_by_primary,
                 10,

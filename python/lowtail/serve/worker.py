@@ -52,13 +52,16 @@ from lowtail.serve.model import find_model_xml
 from lowtail.serve.pinning import start_pinned
 
 __all__ = [
+    "BadMeasurement",
     "IsolationReport",
     "PinnedMeasurement",
     "WorkerConfig",
     "WorkerProcess",
     "WorkerReport",
+    "WorkerRowsMissing",
     "WorkerStartFailed",
     "WorkerStartTimeout",
+    "WorkerStopped",
     "measure_pinned",
 ]
 
@@ -73,6 +76,18 @@ class WorkerStartTimeout(LowtailError, TimeoutError):
 
 class WorkerExited(LowtailError, ProcessLookupError):
     """The worker process is gone, so its threads cannot be read."""
+
+
+class WorkerStopped(LowtailError, RuntimeError):
+    """The handle was stopped: its stats segment (rows, counters, state) is gone."""
+
+
+class BadMeasurement(LowtailError, ValueError):
+    """``measure_pinned`` was asked for no calls or empty batches."""
+
+
+class WorkerRowsMissing(LowtailError, RuntimeError):
+    """The worker did not write the call rows a measurement waited for."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,11 @@ class WorkerProcess:
         """Whether this process is the queue's worker now (a standby: only once it took over)."""
         return self.alive() and self._segment().word(workerstats.STATE) == workerstats.SERVING
 
+    @property
+    def took_over_ns(self) -> int:
+        """A standby: CLOCK_MONOTONIC when it became the queue's worker (0: it has not, or not a standby)."""
+        return self._segment().word(workerstats.TAKEOVER_NS)
+
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
         if self.ready_info is not None:
@@ -215,7 +235,7 @@ class WorkerProcess:
 
     def _segment(self) -> workerstats.StatsSegment:
         if self._stats is None:
-            raise RuntimeError(f"worker pid {self.pid} was stopped; its stats are gone")
+            raise WorkerStopped(f"worker pid {self.pid} was stopped; its stats are gone")
         return self._stats
 
     def calls(self, since: int = 0) -> workerstats.CallBatch:
@@ -347,7 +367,7 @@ def measure_pinned(
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
 
     if calls < 1 or batch < 1:
-        raise ValueError(f"calls={calls}, batch={batch}: expected both >= 1")
+        raise BadMeasurement(f"calls={calls}, batch={batch}: expected both >= 1")
     with tempfile.TemporaryDirectory(prefix="lowtail-measure-") as tmp:
         spec = ModelSpec()
         xml = find_model_xml(model_dir) if model_dir is not None else write_model(tmp, spec)
@@ -391,6 +411,6 @@ def _wait_for_rows(w: WorkerProcess, count: int, timeout_s: float = 10.0) -> int
     deadline = time.monotonic() + timeout_s
     while (cursor := w.calls(count).cursor) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
+            raise WorkerRowsMissing(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
         time.sleep(0.001)
     return count

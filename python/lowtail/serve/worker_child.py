@@ -9,8 +9,8 @@ Order of work (the predecessor system, plus what it lacked):
  1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
  2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
  3. attach to the queue as its single consumer, freeze the GC, report ready to the parent; a standby
-    (``WorkerProcess.start(..., standby=True)``) instead maps the queue, compiles and parks in
-    SCHED_IDLE, and becomes the consumer the moment the live worker is gone (``WorkerStandby``);
+    (``WorkerProcess.start(..., standby=True)``) instead compiles in SCHED_IDLE, maps the queue, parks,
+    and becomes the consumer the moment the live worker is gone (``WorkerStandby``);
  4. serve: claim -> infer -> complete/fail, with SCHED_FIFO while batches keep coming (within the RT budget)
     and per-call metrics.
 """
@@ -105,8 +105,8 @@ def main(
         ready["sched_fifo"] = fifo.available
         ready["sched_fifo_reason"] = fifo.reason
         if standby:
-            # Compile and park in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
-            # was granted: leaving SCHED_IDLE at takeover needs the same permission.
+            # Import and compile in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
+            # was granted: leaving SCHED_IDLE before parking needs the same permission.
             why = (
                 pinning.enter_idle_class()
                 if nice.error is None
@@ -126,6 +126,10 @@ def main(
         ready["compiled"] = engine.properties()
         ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
         ready["outputs"] = engine.output_names
+        if cfg.warm_up:
+            t_warm = time.monotonic()
+            warm_up(engine, cfg.max_batch)
+            ready["warm_up_s"] = round(time.monotonic() - t_warm, 3)
         if cfg.probe_cpu_view:
             # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
             probe = engine.core.compile_model(str(engine.xml), "CPU")
@@ -155,6 +159,13 @@ def main(
 
     stats.header[ws.PID] = os.getpid()
     stats.header[ws.HEARTBEAT] = time.monotonic_ns()
+    if idle_class:
+        # Parked it uses no CPU in any class; woken in SCHED_IDLE it would wait for its CPU to have
+        # nothing else to run (a shared CPU, the dead worker's last moments): leave it before parking.
+        err = pinning.leave_idle_class(nice.achieved)
+        ready["standby_sched_idle_reason"] = f"left before parking: {err or 'ok'}"
+        if err:
+            log.warning("the standby stays in SCHED_IDLE: %s", err)
     stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
     conn.send({"ready": True, **ready})
     conn.close()
@@ -166,8 +177,6 @@ def main(
             qworker = wait_to_take_over(holder, stats, ppid)
             if qworker is None:
                 return
-            if idle_class and (err := pinning.leave_idle_class(nice.achieved)):
-                log.warning("serving in SCHED_IDLE after takeover: %s", err)
             log.info(
                 "took over the queue: %d requests the dead worker had claimed answered WorkerDied",
                 qworker.restarted_failed,
@@ -183,6 +192,19 @@ def main(
     sys.exit(code)
 
 
+def warm_up(engine: Engine, max_batch: int) -> None:
+    """One inference of zeros at every batch size up to ``max_batch``, before serving.
+
+    OpenVINO sets a dynamic-batch model up for a shape at its first inference of it (shape inference,
+    memory, kernels): 14-64 ms per size measured here against ~1 ms warm, which the first request of
+    each size would pay, and all of them right after a standby takes over.
+    """
+    import numpy as np
+
+    for n in range(1, max_batch + 1):
+        engine.infer({k: np.zeros((n, *shape), dtype) for k, (dtype, shape) in engine.inputs.items()}, n)
+
+
 # A standby checks for stop requests and its parent this often while it waits (no CPU in between).
 STANDBY_CHECK_S = 0.25
 
@@ -195,6 +217,7 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
     while not _stop["signalled"] and not h[ws.STOP]:
         worker: QueueWorker | None = holder.take_over(STANDBY_CHECK_S)
         if worker is not None:
+            h[ws.TAKEOVER_NS] = time.monotonic_ns()
             return worker
         h[ws.HEARTBEAT] = time.monotonic_ns()
         if os.getppid() != ppid:

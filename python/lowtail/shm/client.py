@@ -194,73 +194,67 @@ class HeldOutputs(Mapping[str, np.ndarray]):
 
     The slot is not reused while they are held. ``release()`` (or leaving a ``with`` block) gives it
     back, and refuses with ``QueueError`` while an array taken from here, or any view of one, is still
-    referenced (numpy views keep their base array alive, so weak references to the arrays handed out
-    see every one): nothing can read a later answer through them. Every access after release raises.
-    Dropped without ``release()``, the slot returns once this object and all its arrays are gone.
+    referenced: every view is made from one base array per answer, numpy keeps that base alive under
+    every view made from them, and the client holds it only weakly, so a live base means a live view
+    and nothing can read a later answer through one. Every access after release raises. Dropped
+    without ``release()``, the slot returns once this object and every array over it are gone.
     """
 
-    __slots__ = ("__weakref__", "_arrays", "_client", "_handed", "_mv", "_ticket")
+    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_ticket", "_views")
 
     def __init__(
         self,
         client: QueueClient,
         ticket: Ticket,
-        mv: memoryview,
-        arrays: tuple[tuple[str, Any, Any, int], ...],
-        handed: list[weakref.ref[np.ndarray[Any, Any]]],
+        base: np.ndarray[Any, Any],
+        plan: tuple[tuple[str, Any, Any, int, int], ...],
     ) -> None:
         self._client: QueueClient | None = client
         self._ticket = ticket
-        self._mv: memoryview | None = mv
-        self._arrays = arrays  # (name, dtype, shape, byte offset in mv)
-        self._handed = handed  # weak references to every array given out (shared with the client)
+        self._plan = plan  # (name, dtype, shape, byte offset in the base, nbytes)
+        self._base = weakref.ref(base)
+        self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, plan)
 
-    def _view(self) -> memoryview:
-        if self._mv is None:
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self._valid()[name]
+
+    def _valid(self) -> dict[str, np.ndarray[Any, Any]]:
+        if self._views is None:
             raise QueueError(
                 f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} were released"
             )
-        return self._mv
-
-    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
-        mv = self._view()
-        for n, dtype, shape, off in self._arrays:
-            if n == name:
-                a: np.ndarray[Any, Any] = np.ndarray(shape, dtype, buffer=mv, offset=off)
-                a.flags.writeable = False
-                self._handed.append(weakref.ref(a))
-                return a
-        raise KeyError(name)
+        return self._views
 
     def __iter__(self) -> Iterator[str]:
-        self._view()
-        return iter([a[0] for a in self._arrays])
+        return iter(self._valid())
 
     def __len__(self) -> int:
-        return len(self._arrays)
+        return len(self._plan)
 
     @property
     def released(self) -> bool:
-        return self._mv is None
+        return self._views is None
 
     def release(self) -> None:
         """Give the answer slot back; ``QueueError`` while an array taken from here is still referenced."""
         client = self._client
-        if self._mv is None or client is None:
+        if self._views is None or client is None:
             return
-        if _referenced(self._handed):
+        self._views = None  # our own references: if nobody else holds a view, the base goes with them
+        base = self._base()
+        if base is not None:
+            self._views = _views_of(base, self._plan)
             raise QueueError(
                 f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} are still referenced "
                 f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
                 f"the slot stays held"
             )
-        self._mv.release()
-        self._mv = self._client = None
+        self._client = None
         client._free_held(self._ticket)
 
     def copy(self) -> Arrays:
         """Owned copies of the outputs (valid after release)."""
-        return {name: np.array(self[name]) for name, *_ in self._arrays}
+        return {name: v.copy() for name, v in self._valid().items()}
 
     def __enter__(self) -> HeldOutputs:
         return self
@@ -269,9 +263,10 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self.release()
 
 
-def _referenced(handed: list[weakref.ref[np.ndarray[Any, Any]]]) -> bool:
-    handed[:] = [r for r in handed if r() is not None]
-    return bool(handed)
+def _views_of(
+    base: np.ndarray[Any, Any], plan: tuple[tuple[str, Any, Any, int, int], ...]
+) -> dict[str, np.ndarray[Any, Any]]:
+    return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in plan}
 
 
 class Pending:
@@ -350,6 +345,33 @@ def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
 WAIT_FIRST_SLICE_S = 0.001
 
 
+class _Prediction:
+    """What a client learned about its answers (the predictive wait above ``next_prediction_ns``)."""
+
+    __slots__ = ("late", "oversleep_ns", "predicted_ns")
+
+    def __init__(self) -> None:
+        self.predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
+        self.oversleep_ns = 0  # how late a timed futex wait returns, learned
+        self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+
+    def learn(self, latency_ns: int, spin_ns: int) -> None:
+        """An answer came ``latency_ns`` after its submit (the worker's stamp)."""
+        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
+        late = latency_ns > self.predicted_ns + spin_ns
+        self.late = ((self.late << 1) | late) & LATE_WINDOW
+        self.predicted_ns = next_prediction_ns(self.predicted_ns, latency_ns)
+
+
+class _WaitCounts:
+    """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
+
+    __slots__ = ("futex_waits", "immediate", "parked", "spinning", "timed_parks")
+
+    def __init__(self) -> None:
+        self.immediate = self.spinning = self.parked = self.timed_parks = self.futex_waits = 0
+
+
 class QueueClient:
     """A sampler's end of the queue: one lane, up to ``slots_per_lane`` requests in flight.
 
@@ -364,9 +386,7 @@ class QueueClient:
         cfg, geo = desc.config, m.geo
         self._cfg = cfg
         self._spin_ns = spin_us * 1000
-        self._predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
-        self._oversleep_ns = 0  # how late a timed futex wait returns, learned
-        self._late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+        self._pred = _Prediction()
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
@@ -391,20 +411,7 @@ class QueueClient:
         # is reusable as soon as the worker answered it (or fenced it): the worker writes nothing
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
-        published = self._published_slots()
-        for s in range(geo.spl):
-            g = self._g0 + s
-            req = q[geo.slot(g, S_REQ_SEQ)]
-            if req == q[geo.slot(g, S_RESP_SEQ)] or (
-                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
-            ):
-                # answered, or written by a predecessor killed before its doorbell: the worker can
-                # never reach it (it is in no ring position it will read), so it is ours at once
-                q[geo.slot(g, S_REQ_STATE)] = FREE
-                self._free.append(s)
-            else:
-                self._inflight[s] = None
-        self._free.reverse()  # pop() hands out slot 0 first
+        self._recover_slots()
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
@@ -420,11 +427,11 @@ class QueueClient:
         self._timing = (0, 0, 0, 0)
         # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
         # export. Reused only once released, or once both it and every array over it are gone.
-        self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, list[weakref.ref[Any]]]] = {}
+        self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
+        self._hold_plans: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
-        self._n_immediate = self._n_spinning = self._n_parked = 0
-        self._n_timed_parks = self._n_futex_waits = 0
+        self._counts = _WaitCounts()
         self._closed = False
 
     @classmethod
@@ -463,19 +470,20 @@ class QueueClient:
     @property
     def predicted_ns(self) -> int:
         """The learned submit-to-answer time (0 until an answer was waited for)."""
-        return self._predicted_ns
+        return self._pred.predicted_ns
 
     @property
     def wait_counts(self) -> dict[str, int]:
         """How the waits went: answers found at once, while spinning, or while parked (the worker made
         a wake system call, unless the re-check after setting the parked flag found the answer); and the
         predictive sleeps and futex waits made."""
+        c = self._counts
         return {
-            "immediate": self._n_immediate,
-            "spinning": self._n_spinning,
-            "parked": self._n_parked,
-            "timed_parks": self._n_timed_parks,
-            "futex_waits": self._n_futex_waits,
+            "immediate": c.immediate,
+            "spinning": c.spinning,
+            "parked": c.parked,
+            "timed_parks": c.timed_parks,
+            "futex_waits": c.futex_waits,
         }
 
     def close(self) -> None:
@@ -495,14 +503,32 @@ class QueueClient:
         self._pool.close()
         self._m.close()
 
+    def _recover_slots(self) -> None:
+        """Sort this lane's slots, as a predecessor client may have left them, into free and in flight."""
+        q, geo = self._m.q, self._m.geo
+        published = self._published_slots()
+        for s in range(geo.spl):
+            g = self._g0 + s
+            req = q[geo.slot(g, S_REQ_SEQ)]
+            if req == q[geo.slot(g, S_RESP_SEQ)] or (
+                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
+            ):
+                # answered, or written by a predecessor killed before its doorbell: the worker can
+                # never reach it (it is in no ring position it will read), so it is ours at once
+                q[geo.slot(g, S_REQ_STATE)] = FREE
+                self._free.append(s)
+            else:
+                self._inflight[s] = None
+        self._free.reverse()  # pop() hands out slot 0 first
+
     def _drop_held(self) -> bool:
         """Invalidate every held zero-copy answer; True when arrays over one are still referenced."""
         in_use = False
-        for ref, mv, handed in self._held.values():
+        for ref, mv, base in self._held.values():
             held = ref()
             if held is not None:
-                held._mv = held._client = None
-            if _referenced(handed):
+                held._views = held._client = None
+            if base() is not None:
                 in_use = True  # the arrays keep ``mv`` and with it the mapping: never unmapped under them
             else:
                 mv.release()
@@ -512,7 +538,10 @@ class QueueClient:
     def _free_held(self, ticket: Ticket) -> None:
         """``HeldOutputs.release`` succeeded: the slot is free again."""
         ticket.held = None
-        if self._held.pop(ticket.slot, None) is not None and not self._closed:
+        entry = self._held.pop(ticket.slot, None)
+        if entry is not None:
+            entry[1].release()
+        if entry is not None and not self._closed:
             self._m.q[self._si[ticket.slot] + W_REQ_STATE] = FREE
             self._free.append(ticket.slot)
 
@@ -534,8 +563,8 @@ class QueueClient:
         if self._free:
             return self._free.pop()
         q, geo = self._m.q, self._m.geo
-        for s, (held, mv, handed) in list(self._held.items()):
-            if held() is None and not _referenced(handed):  # dropped without release(), nothing over it
+        for s, (held, mv, base) in list(self._held.items()):
+            if held() is None and base() is None:  # dropped without release(), no array over it left
                 mv.release()
                 del self._held[s]
                 q[geo.slot(self._g0 + s, S_REQ_STATE)] = FREE
@@ -693,7 +722,7 @@ class QueueClient:
         q[parked_i] = 1
         full_barrier()  # order the parked store before the re-check (Dekker)
         if not any(p.client.ready(p.ticket) for p in pendings):
-            self._n_futex_waits += 1
+            self._counts.futex_waits += 1
             futex_wait(self._m.addr(count_i), expected, timeout_s)
         q[parked_i] = 0
 
@@ -714,40 +743,40 @@ class QueueClient:
         clock = time.monotonic_ns
         if q[resp_i] == seq:
             now = clock()
-            self._n_immediate += 1
+            self._counts.immediate += 1
         else:
             now = clock()
             answered, deadline = False, 0
             # (a prediction below the margin never parks: the fast path skips the call)
             if (
-                self._predicted_ns > MARGIN_NS
-                and self._late.bit_count() <= MAX_LATE
+                self._pred.predicted_ns > MARGIN_NS
+                and self._pred.late.bit_count() <= MAX_LATE
                 and (
                     until := park_until_ns(
-                        ticket.submit_ns, now, self._predicted_ns, MARGIN_NS + self._oversleep_ns
+                        ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
                     )
                 )
             ):
-                self._n_timed_parks += 1
+                self._counts.timed_parks += 1
                 deadline = deadline_ns(now, timeout_s)
                 answered = self._park(ticket, si, min(until, deadline), deadline)
                 now = clock()
             if answered:
-                self._n_parked += 1
+                self._counts.parked += 1
             else:
                 # The whole budget when the answer is due within it (a predictive sleep just ended
                 # before it, or answers usually come that fast); else a round trip's worth, then park.
-                due = bool(deadline) or self._predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
+                due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
                 spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
                 while True:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
-                        self._n_spinning += 1
+                        self._counts.spinning += 1
                         break
                     if now > spin_end:
                         deadline = deadline or deadline_ns(now, timeout_s)
                         self._park(ticket, si, deadline, deadline)
-                        self._n_parked += 1
+                        self._counts.parked += 1
                         now = clock()
                         break
         # -- take the answer
@@ -759,10 +788,7 @@ class QueueClient:
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
         # sleep: a parked client is still woken by the answer, and the deadline bounds every sleep.
         latency = done_ns - ticket.submit_ns
-        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
-        late = latency > self._predicted_ns + self._spin_ns
-        self._late = ((self._late << 1) | late) & LATE_WINDOW
-        self._predicted_ns = next_prediction_ns(self._predicted_ns, latency)
+        self._pred.learn(latency, self._spin_ns)
         held = False
         try:
             off = self._resp_off[s]
@@ -795,25 +821,34 @@ class QueueClient:
         """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray slot), held."""
         m = self._m
         geo = m.geo
-        ext, layout, _ = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        plan = self._hold_plans.get(raw)
+        if plan is None:
+            # Offsets from the start of the memoryview below: the response region, or the ndarray slot.
+            lay, end = (
+                (layout.inline_layout, layout.inline_end) if ext is None else payload.layout(layout.spec, 0)
+            )
+            plan = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
+            if len(self._hold_plans) >= 64:
+                self._hold_plans.clear()
+            self._hold_plans[raw] = plan
+        arrays, end = plan
         if ext is not None:
             nd = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode)
-            lay, end = payload.layout(layout.spec, 0)
             if end > nd.capacity:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray slot {ext} ({nd.capacity} B)"
                 )
             mv = memoryview(nd.segment.mm)[:end]
         else:
-            lay, end = layout.inline_layout, layout.inline_end
             if end > geo.resp_bytes:
                 raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
-            mv = m.mem[off : off + end]
-        # Offsets are from the start of ``mv``: the response region inline, the segment's start outside.
-        handed: list[weakref.ref[Any]] = []
-        held = HeldOutputs(self, ticket, mv, tuple((a.name, a.dtype, a.shape, a.offset) for a in lay), handed)
+            mv = self._mem[off : off + end]
+        base: np.ndarray[Any, Any] = np.ndarray((end,), np.uint8, buffer=mv)  # owns nothing: views keep it
+        base.flags.writeable = False
+        held = HeldOutputs(self, ticket, base, arrays)
         ticket.held = held
-        self._held[s] = (weakref.ref(held), mv, handed)
+        self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
         return held
 
     def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
@@ -885,7 +920,7 @@ class QueueClient:
                     f"no answer within {(now - start) / 1e9:.3f} s for request seq {seq} in lane {self.lane} "
                     f"of queue {self.descriptor.name} ({why}; wait again, abandon() or drop the ticket)"
                 )
-            self._n_futex_waits += 1
+            self._counts.futex_waits += 1
             futex_wait(m.addr(count_i), expected, min((until - now) / 1e9, PARK_SLICE_S))
             q[parked_i] = 0
             answered = q[resp_i] == seq
@@ -897,8 +932,8 @@ class QueueClient:
                 # bound: the estimate grows until the timeout comes first and the sleep ends before
                 # the answer.
                 late = min(now - until, MAX_OVERSLEEP_NS)
-                over = self._oversleep_ns
-                self._oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
+                over = self._pred.oversleep_ns
+                self._pred.oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
                 return answered
             if answered:
                 return True

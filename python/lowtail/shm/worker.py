@@ -189,6 +189,15 @@ class Batch:
             self._worker._wake_parked([it])
 
 
+class WorkerCounts:
+    """What a worker did besides serving (diagnostics, tests)."""
+
+    __slots__ = ("fenced", "orphans_failed", "withdrawn")
+
+    def __init__(self) -> None:
+        self.fenced = self.orphans_failed = self.withdrawn = 0
+
+
 class QueueWorker:
     """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
 
@@ -230,11 +239,10 @@ class QueueWorker:
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
         self._active: list[int] = []
         self._rr = 0
-        self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
-        self.withdrawn = 0  # requests found withdrawn at their claim, answered ST_WITHDRAWN unrun
+        self.counts = WorkerCounts()
         self._call_engine_ns = self._call_word = 0  # the call words Batch.complete gives its answers
         self._closed = False
-        self.restarted_failed = self._fail_orphans(prev)
+        self.counts.orphans_failed = self._fail_orphans(prev)
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
@@ -250,6 +258,21 @@ class QueueWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def fenced(self) -> int:
+        """Lanes fenced for an impossible control word."""
+        return self.counts.fenced
+
+    @property
+    def withdrawn(self) -> int:
+        """Requests found withdrawn at their claim, answered ST_WITHDRAWN without running."""
+        return self.counts.withdrawn
+
+    @property
+    def restarted_failed(self) -> int:
+        """Requests a dead predecessor had claimed, answered WorkerDied when this worker attached."""
+        return self.counts.orphans_failed
 
     def _fail_orphans(self, prev_pid: int) -> int:
         """Answer WorkerDied for every request a previous worker left PROCESSING."""
@@ -452,7 +475,7 @@ class QueueWorker:
         if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
             self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
             self._wake_parked([it])
-            self.withdrawn += 1
+            self.counts.withdrawn += 1
             return None
         self._lane_seen_ns[lane] = now
         self._decode(it)
@@ -484,7 +507,7 @@ class QueueWorker:
                 failed.append(it)
         self._tails[lane] = head
         q[self._tail_i[lane]] = head
-        self.fenced += 1
+        self.counts.fenced += 1
         self._wake_parked(failed)
 
     def _decode(self, it: _Item) -> None:
