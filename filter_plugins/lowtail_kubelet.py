@@ -44,7 +44,7 @@ def kubelet_policy(
     if wanted not in ("auto", None) and not isinstance(wanted, Mapping):
         raise AnsibleFilterError(f"cpu manager policy options {wanted!r}: expected 'auto' or a map")
     try:
-        result = ko.plan(
+        result = ko.choose_options(
             str(version), None if wanted in ("auto", None) else wanted, gates or {}, topology_policy
         )
     except ko.KubeletVersionError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lowtail.node import kubelet_options as ko
-from lowtail.node.kubelet_options import KubeletVersionError, check, eviction_hard, plan
+from lowtail.node.kubelet_options import KubeletVersionError, check, choose_options, eviction_hard
 
 # The role's historic default: kubelet 1.31-1.33 refused it (issue 12, item 1).
 OLD_DEFAULT = {
@@ -105,20 +105,22 @@ def test_versions_outside_the_table_are_refused_with_the_range(version: str) -> 
     ],
 )
 def test_recommended_options_never_need_the_alpha_gate(version: str, options: dict[str, str]) -> None:
-    result = plan(version, None, {}, "single-numa-node")
+    result = choose_options(version, None, {}, "single-numa-node")
     assert result.options == options
     assert result.gates == {}
     assert result.problems == []
 
 
 def test_explicit_alpha_option_gets_its_gate() -> None:
-    result = plan("v1.32.0", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node")
+    result = choose_options("v1.32.0", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node")
     assert result.gates == {ko.ALPHA_GATE: True}
     assert result.problems == []
 
 
 def test_explicit_alpha_option_with_the_gate_turned_off_is_a_problem() -> None:
-    result = plan("v1.32.0", {"strict-cpu-reservation": "true"}, {ko.ALPHA_GATE: False}, "single-numa-node")
+    result = choose_options(
+        "v1.32.0", {"strict-cpu-reservation": "true"}, {ko.ALPHA_GATE: False}, "single-numa-node"
+    )
     assert result.problems == [
         "option 'strict-cpu-reservation' is alpha in kubelet 1.32 and needs "
         "featureGates.CPUManagerPolicyAlphaOptions: true"
@@ -126,7 +128,9 @@ def test_explicit_alpha_option_with_the_gate_turned_off_is_a_problem() -> None:
 
 
 def test_explicit_option_this_version_lacks_is_a_problem_naming_it() -> None:
-    result = plan("Kubernetes v1.31.2", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node")
+    result = choose_options(
+        "Kubernetes v1.31.2", {"prefer-align-cpus-by-uncorecache": "true"}, {}, "single-numa-node"
+    )
     assert result.problems == [
         "unknown CPU Manager Policy option 'prefer-align-cpus-by-uncorecache' for kubelet 1.31"
     ]

@@ -213,7 +213,7 @@ def check(
     )
 
 
-def plan(
+def choose_options(
     version: str,
     wanted: Mapping[str, object] | None,
     gates: Mapping[str, object] | None = None,
