@@ -36,25 +36,49 @@ def _module(name: str) -> ModuleType:
 
 
 def kubelet_policy(
-    version: str, wanted: Any, gates: Mapping[str, Any] | None = None, topology_policy: str = "none"
+    version: str,
+    wanted: Any,
+    gates: Mapping[str, Any] | None = None,
+    topology_policy: str = "none",
+    numa_nodes: int = 0,
 ) -> dict[str, Any]:
-    """{minor, options, gates, problems} for kubelet ``version``; ``wanted`` 'auto' is lowtail's
-    recommendation for that version, a map is taken as asked. An unsupported version is a problem."""
+    """{minor, options, gates, topology_options, problems} for kubelet ``version`` on a host with
+    ``numa_nodes`` NUMA nodes; ``wanted`` 'auto' is lowtail's recommendation for that version, a map is
+    taken as asked. An unsupported version is a problem."""
     ko = _module("kubelet_options")
     if wanted not in ("auto", None) and not isinstance(wanted, Mapping):
         raise AnsibleFilterError(f"cpu manager policy options {wanted!r}: expected 'auto' or a map")
     try:
         result = ko.choose_options(
-            str(version), None if wanted in ("auto", None) else wanted, gates or {}, topology_policy
+            str(version),
+            None if wanted in ("auto", None) else wanted,
+            gates or {},
+            topology_policy,
+            int(numa_nodes or 0),
         )
     except ko.KubeletVersionError as e:
-        return {"minor": None, "options": {}, "gates": {}, "problems": [str(e)]}
+        return {"minor": None, "options": {}, "gates": {}, "topology_options": {}, "problems": [str(e)]}
     return {
         "minor": result.minor,
         "options": result.options,
         "gates": result.gates,
+        "topology_options": result.topology_options,
         "problems": result.problems,
     }
+
+
+def kubelet_config_check(config: Any, version: str, numa_nodes: int = 0) -> dict[str, list[str]]:
+    """{problems, warnings} for the whole configuration kubelet ``version`` will read (the merged file),
+    on a host with ``numa_nodes`` NUMA nodes. An unsupported version or a file that is not a map is a
+    problem."""
+    ko = _module("kubelet_options")
+    if not isinstance(config, Mapping):
+        return {"problems": [f"the kubelet configuration is {config!r}; expected a map"], "warnings": []}
+    try:
+        result = ko.check_config(str(version), config, int(numa_nodes or 0))
+    except ko.KubeletVersionError as e:
+        return {"problems": [str(e)], "warnings": []}
+    return {"problems": list(result.problems), "warnings": list(result.warnings)}
 
 
 def kubelet_eviction_hard(existing: Mapping[str, Any] | None, memory_available: str) -> dict[str, str]:
@@ -82,6 +106,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "lowtail_kubelet_policy": kubelet_policy,
+            "lowtail_kubelet_config_check": kubelet_config_check,
             "lowtail_kubelet_eviction_hard": kubelet_eviction_hard,
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,

@@ -23,7 +23,13 @@ def kf() -> ModuleType:
 def test_policy_filter_renders_what_each_version_accepts(kf: ModuleType) -> None:
     old = kf.kubelet_policy("Kubernetes v1.31.4", "auto", {}, "single-numa-node")
     new = kf.kubelet_policy("Kubernetes v1.34.0", "auto", {}, "single-numa-node")
-    assert old == {"minor": 31, "options": {"full-pcpus-only": "true"}, "gates": {}, "problems": []}
+    assert old == {
+        "minor": 31,
+        "options": {"full-pcpus-only": "true"},
+        "gates": {},
+        "topology_options": {},
+        "problems": [],
+    }
     assert new["options"] == {
         "full-pcpus-only": "true",
         "strict-cpu-reservation": "true",
@@ -102,3 +108,17 @@ def test_unreadable_runtime_version_is_a_problem() -> None:
     assert affinity_problems({"crun": "garbage"}, "6.12.0") == [
         "crun --version printed 'garbage'; expected a version such as '1.3.1'"
     ]
+
+
+def test_config_check_filter_reports_the_merged_files_problems(kf: ModuleType) -> None:
+    merged = {"cpuManagerPolicy": "static", "featureGates": {"CPUManagerPolicyOptions": False}}
+    result = kf.kubelet_config_check(merged, "Kubernetes v1.34.1", 2)
+    assert result["problems"] == [
+        "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true (kubelet 1.34)"
+    ]
+    assert kf.kubelet_config_check("garbage", "v1.34.1")["problems"] == [
+        "the kubelet configuration is 'garbage'; expected a map"
+    ]
+    assert kf.kubelet_config_check({}, "v1.27.1")["problems"][0].startswith(
+        "kubelet v1.27.1 is not supported"
+    )

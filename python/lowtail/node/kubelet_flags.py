@@ -20,6 +20,7 @@ FLAG_FIELDS: dict[str, str] = {
     "--reserved-cpus": "reservedSystemCPUs",
     "--topology-manager-policy": "topologyManagerPolicy",
     "--topology-manager-scope": "topologyManagerScope",
+    "--topology-manager-policy-options": "topologyManagerPolicyOptions",
     "--memory-manager-policy": "memoryManagerPolicy",
     "--reserved-memory": "reservedMemory",
     "--kube-reserved": "kubeReserved",
