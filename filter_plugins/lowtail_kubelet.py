@@ -1,8 +1,9 @@
-"""Jinja filters for kubelet versions: what a kubelet of a given version accepts, which flags override
-lowtail's settings, whether the OCI runtime resets inherited CPU affinity.
+"""Jinja filters backed by lowtail.node: what a kubelet of a given version accepts, which flags override
+lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which kernel arguments are
+not shell-inert.
 
-The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime), which the
-stand-in kubelet of the molecule scenario reads too. Filters run on the controller; the package is
+The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args), which
+preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on the controller; the package is
 loaded from module_utils/lowtail next to this file so an Ansible installed apart from lowtail's venv
 finds it as well.
 """
@@ -102,6 +103,11 @@ def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) 
     return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
 
 
+def kernel_args_unsafe(args: list[Any]) -> list[Any]:
+    """Kernel arguments that are not shell-inert (the rule preflight applies, lowtail.node.kernel_args)."""
+    return list(_module("kernel_args").unsafe(list(args)))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -111,4 +117,5 @@ class FilterModule:
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
             "lowtail_runtime_affinity_problems": runtime_affinity_problems,
+            "lowtail_kernel_args_unsafe": kernel_args_unsafe,
         }
