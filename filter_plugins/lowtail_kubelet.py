@@ -2,8 +2,8 @@
 lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which kernel arguments are
 not shell-inert.
 
-The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args), which
-preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on the controller; the package is
+The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args),
+which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on the controller; the package is
 loaded from module_utils/lowtail next to this file so an Ansible installed apart from lowtail's venv
 finds it as well.
 """
