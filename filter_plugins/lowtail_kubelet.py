@@ -3,9 +3,9 @@ lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which
 not shell-inert.
 
 The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args),
-which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on the controller; the package is
-loaded from module_utils/lowtail next to this file so an Ansible installed apart from lowtail's venv
-finds it as well.
+which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on
+the controller; the package is loaded from module_utils/lowtail next to this file so an Ansible
+installed apart from lowtail's venv finds it as well.
 """
 
 from __future__ import annotations
