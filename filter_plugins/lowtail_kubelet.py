@@ -103,6 +103,64 @@ def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) 
     return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
 
 
+def kubelet_unit_env_files(unit_text: str) -> list[str]:
+    """The EnvironmentFile= paths of kubelet's unit (``systemctl cat`` output)."""
+    return list(_module("kubelet_flags").env_files(str(unit_text or "")))
+
+
+def kubelet_command_line(unit_text: str, env_files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kubelet's command line from its unit and environment files: {flags, config, config_dir, kubeadm}."""
+    cmd = _module("kubelet_flags").command_line(str(unit_text or ""), dict(env_files or {}))
+    return {"flags": cmd.flags, "config": cmd.config, "config_dir": cmd.config_dir, "kubeadm": cmd.kubeadm}
+
+
+def kubelet_command_line_overrides(cmd: Mapping[str, Any], fields: list[str], source: str) -> list[str]:
+    """Problems for flags on kubelet's command line that override ``fields``."""
+    kf = _module("kubelet_flags")
+    line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
+    return list(kf.command_line_overrides(line, list(fields), str(source)))
+
+
+def kubelet_dropins(texts: Mapping[str, str]) -> list[list[Any]]:
+    """[[path, content], ...] of --config-dir drop-ins (path -> YAML text) in the order kubelet merges
+    them (by file name); a file that is not a YAML map becomes {} and is left to check_config."""
+    import yaml
+
+    out = []
+    for path in sorted(texts, key=lambda p: Path(p).name):
+        try:
+            content = yaml.safe_load(texts[path])
+        except yaml.YAMLError as e:
+            raise AnsibleFilterError(f"kubelet drop-in {path} is not YAML: {e}") from None
+        out.append([path, content if isinstance(content, Mapping) else {}])
+    return out
+
+
+def kubelet_merge_dropins(config: Mapping[str, Any], dropins: list[list[Any]]) -> dict[str, Any]:
+    """The configuration with the drop-ins ([[path, content], ...]) merged over it, as kubelet does."""
+    ko = _module("kubelet_options")
+    merged = dict(config)
+    for _path, content in dropins:
+        merged = ko.merge_dropin(merged, content)
+    return merged
+
+
+def kubelet_dropin_overrides(dropins: list[list[Any]], fields: list[str]) -> list[str]:
+    """Problems for drop-ins that set a field lowtail writes to the main file."""
+    return list(_module("kubelet_flags").dropin_overrides({p: c for p, c in dropins}, list(fields)))
+
+
+def kubelet_ownership(cmd: Mapping[str, Any], config_path: str, version: str) -> list[str]:
+    """Notes on who else writes kubelet's configuration and what a kubeadm upgrade does to it."""
+    kf, ko = _module("kubelet_flags"), _module("kubelet_options")
+    try:
+        minor: int | None = ko.parse_version(str(version))[1]
+    except ko.KubeletVersionError:
+        minor = None
+    line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
+    return list(kf.ownership(line, str(config_path), minor, ko.CONFIG_DIR_MIN_MINOR))
+
+
 def kernel_args_unsafe(args: list[Any]) -> list[Any]:
     """Kernel arguments that are not shell-inert (the rule preflight applies, lowtail.node.kernel_args)."""
     return list(_module("kernel_args").unsafe(list(args)))
@@ -118,4 +176,11 @@ class FilterModule:
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
             "lowtail_runtime_affinity_problems": runtime_affinity_problems,
             "lowtail_kernel_args_unsafe": kernel_args_unsafe,
+            "lowtail_kubelet_unit_env_files": kubelet_unit_env_files,
+            "lowtail_kubelet_command_line": kubelet_command_line,
+            "lowtail_kubelet_command_line_overrides": kubelet_command_line_overrides,
+            "lowtail_kubelet_dropins": kubelet_dropins,
+            "lowtail_kubelet_merge_dropins": kubelet_merge_dropins,
+            "lowtail_kubelet_dropin_overrides": kubelet_dropin_overrides,
+            "lowtail_kubelet_ownership": kubelet_ownership,
         }

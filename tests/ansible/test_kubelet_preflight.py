@@ -36,10 +36,49 @@ def node(numa_nodes: int) -> dict[str, Any]:
     }
 
 
+# kubeadm's kubelet drop-in as the deb/rpm packages install it (kubernetes/release, 10-kubeadm.conf), as
+# `systemctl cat kubelet.service` prints it after the packaged unit.
+KUBEADM_UNIT = """# /usr/lib/systemd/system/kubelet.service
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+
+# /usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf
+# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \\
+ --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=@CONFIG@"
+EnvironmentFile=-@FLAGS_ENV@
+EnvironmentFile=-/etc/default/kubelet-does-not-exist
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS \\
+ $KUBELET_EXTRA_ARGS
+"""
+KUBEADM_FLAGS = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock"\n'
+
+
 def run_preflight(
-    tmp_path: Path, version: str, existing: dict[str, Any], numa_nodes: int = 2, **extra: Any
+    tmp_path: Path,
+    version: str,
+    existing: dict[str, Any],
+    numa_nodes: int = 2,
+    *,
+    unit: str | None = KUBEADM_UNIT,
+    flags_env: str = KUBEADM_FLAGS,
+    **extra: Any,
 ) -> tuple[int, str]:
-    """Run tasks/preflight.yml with the stand-in kubelet of ``version`` and ``existing`` as the file."""
+    """Run tasks/preflight.yml with the stand-in kubelet of ``version``, ``existing`` as the file and
+    ``unit`` as what systemctl cat prints (@CONFIG@ and @FLAGS_ENV@ replaced by this run's paths;
+    None: systemctl cat fails as it does for a unit that does not exist)."""
     state = tmp_path / "etc/lowtail-standin"
     state.mkdir(parents=True, exist_ok=True)
     (state / "kubelet-version").write_text(version + "\n")
@@ -53,6 +92,21 @@ def run_preflight(
     kubelet.chmod(0o755)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(existing))
+    (tmp_path / "kubeadm-flags.env").write_text(flags_env)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    # A stand-in for `systemctl cat`: prints the unit or fails like systemctl does for an unknown unit.
+    (tmp_path / "unit.txt").write_text(
+        (unit or "")
+        .replace("@CONFIG@", str(config))
+        .replace("@FLAGS_ENV@", str(tmp_path / "kubeadm-flags.env"))
+    )
+    failing = 'echo "No files found for kubelet.service." >&2; exit 1'
+    (bin_dir / "systemctl").write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "cat -- kubelet.service" ] || exit 2\n'
+        + (f"cat {tmp_path / 'unit.txt'}\n" if unit is not None else failing + "\n")
+    )
+    (bin_dir / "systemctl").chmod(0o755)
     playbook = tmp_path / "preflight.yml"
     playbook.write_text(
         yaml.safe_dump(
@@ -61,6 +115,7 @@ def run_preflight(
                     "name": "Kubelet preflight",
                     "hosts": "all",
                     "gather_facts": False,
+                    "environment": {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
                     "vars": {
                         "lowtail_node": node(numa_nodes),
                         "lowtail_versions": {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}},
@@ -173,3 +228,71 @@ def test_24_numa_nodes_pass_on_1_34_and_are_refused_on_1_30_naming_the_count(tmp
     rc, out = run_preflight(tmp_path, "1.30.2", KUBEADM, numa_nodes=24)
     assert rc != 0, out
     assert "more than 8 NUMA nodes and this host has 24" in out, out
+
+
+def test_flag_in_kubeadm_flags_env_that_overrides_a_lowtail_field_fails(tmp_path: Path) -> None:
+    flags = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///x --cpu-manager-policy none"\n'
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, flags_env=flags)
+    assert rc != 0, out
+    assert (
+        "kubelet.service: kubelet is started with --cpu-manager-policy, which overrides cpuManagerPolicy"
+        in out
+    ), out
+
+
+def test_flag_in_an_execstart_drop_in_fails_and_kubeadm_ownership_is_reported(tmp_path: Path) -> None:
+    unit = KUBEADM_UNIT + (
+        "\n# /etc/systemd/system/kubelet.service.d/20-extra.conf\n[Service]\nExecStart=\n"
+        "ExecStart=/usr/bin/kubelet --config=@CONFIG@ --reserved-cpus=0-3\n"
+    )
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert "kubelet is started with --reserved-cpus, which overrides reservedSystemCPUs" in out, out
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM)
+    assert rc == 0, out
+    assert (
+        "`kubeadm upgrade node` (phase kubelet-config) rewrites it from the kube-system/kubelet-config" in out
+    )
+
+
+def test_config_flag_naming_another_file_fails(tmp_path: Path) -> None:
+    unit = KUBEADM_UNIT.replace("--config=@CONFIG@", "--config /etc/kubernetes/kubelet-config.yaml")
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert (
+        "starts kubelet with --config=/etc/kubernetes/kubelet-config.yaml but lowtail_kubelet_config_path"
+        in out
+    )
+
+
+def test_config_dir_drop_ins_are_part_of_the_file_kubelet_reads(tmp_path: Path) -> None:
+    dropins = tmp_path / "kubelet.conf.d"
+    dropins.mkdir()
+    unit = KUBEADM_UNIT.replace("--config=@CONFIG@", f"--config=@CONFIG@ --config-dir={dropins}")
+    header = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}
+    (dropins / "10-gates.conf").write_text(
+        yaml.safe_dump({**header, "featureGates": {"MemoryManager": True}})
+    )
+    (dropins / "README").write_text("not a drop-in: kubelet reads *.conf only\n")
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc == 0, out
+    assert f"kubelet reads drop-ins from {dropins}: they merge over" in out, out
+    # A drop-in that sets a field lowtail writes would win over lowtail's file.
+    (dropins / "20-policy.conf").write_text(yaml.safe_dump({**header, "cpuManagerPolicy": "none"}))
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert f"{dropins}/20-policy.conf sets cpuManagerPolicy, which overrides cpuManagerPolicy" in out, out
+    # A drop-in's gate is part of the merged result kubelet would refuse.
+    (dropins / "20-policy.conf").unlink()
+    (dropins / "30-locked.conf").write_text(
+        yaml.safe_dump({**header, "featureGates": {"CPUManagerPolicyOptions": False}})
+    )
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert "the configuration kubelet would read: cannot set feature gate CPUManagerPolicyOptions" in out, out
+
+
+def test_unreadable_unit_is_a_problem_not_a_silent_skip(tmp_path: Path) -> None:
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=None)
+    assert rc != 0, out
+    assert "systemctl cat kubelet.service failed (rc 1): No files found for kubelet.service." in out, out

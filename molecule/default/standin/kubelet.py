@@ -137,17 +137,6 @@ def decode(path: str) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k in FIELDS}
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """A drop-in over the configuration: maps field by field, everything else (lists too) replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_config(minor: int) -> dict[str, Any]:
     cfg = decode(flag("config") or f"{ROOT}/config.yaml")
     config_dir = flag("config-dir")
@@ -161,7 +150,7 @@ def load_config(minor: int) -> dict[str, Any]:
     except OSError as e:
         refuse(f"failed to read the drop-in directory {config_dir}: {e}")
     for name in names:
-        cfg = merge(cfg, decode(os.path.join(config_dir, name)))
+        cfg = kubelet_options.merge_dropin(cfg, decode(os.path.join(config_dir, name)))
     return cfg
 
 

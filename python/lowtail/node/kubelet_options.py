@@ -450,6 +450,18 @@ def _topology_problems(
     return problems
 
 
+def merge_dropin(base: Mapping[str, object], over: Mapping[str, object]) -> dict[str, object]:
+    """A --config-dir drop-in over the configuration as kubelet merges it (kubernetes.io "Kubelet
+    Configuration Directory Merging"): structures and maps field by field, lists and scalars replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = (
+            merge_dropin(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
+        )
+    return out
+
+
 def eviction_hard(existing: Mapping[str, object] | None, memory_available: str) -> dict[str, str]:
     """evictionHard with kubelet's defaults for the signals the file leaves unset, the file's own
     values kept, and lowtail's memory.available (it balances reservedMemory)."""
