@@ -69,7 +69,7 @@ def run(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env_extra: 
 
 def refused(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: str) -> str:
     proc = run(tree, version, cfg, *args, **env)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     return err
 
@@ -79,7 +79,7 @@ def started(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: st
     proc = run(tree, version, cfg, *args, **env)
     try:
         pid_file = tree / "run/lowtail-standin/kubelet.pid"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not pid_file.exists():
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "stand-in kubelet did not start"
@@ -88,7 +88,7 @@ def started(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: st
         (tree / "configz-seen.json").write_text(json.dumps(configz))
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert not (tree / "run/lowtail-standin/kubelet.pid").exists()
     return err
