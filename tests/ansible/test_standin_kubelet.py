@@ -261,6 +261,12 @@ def test_more_than_8_numa_nodes_need_max_allowable_numa_nodes(tree: Path) -> Non
     )
     numa(tree, 8)
     started(tree, "1.30.2", cfg)
+    # A fixture machine's sysfs elsewhere (as in the molecule containers) counts instead.
+    fixture = tree / "fixture/sys/devices/system/node/online"
+    fixture.parent.mkdir(parents=True)
+    fixture.write_text("0-23\n")
+    err = refused(tree, "1.34.0", cfg, LOWTAIL_STANDIN_SYSFS=str(tree / "fixture/sys"))
+    assert "this host has 24" in err
 
 
 def kubectl(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -51,7 +51,8 @@ _PREFIX = os.environ.get("LOWTAIL_STANDIN_PREFIX", "")
 STATE = _PREFIX + "/etc/lowtail-standin"
 RUN = _PREFIX + "/run/lowtail-standin"
 ROOT = _PREFIX + "/var/lib/kubelet"
-NODE_ONLINE = _PREFIX + "/sys/devices/system/node/online"
+# The NUMA nodes come from this sysfs tree: a fixture machine's (LOWTAIL_STANDIN_SYSFS) when the node is one.
+NODE_ONLINE = os.environ.get("LOWTAIL_STANDIN_SYSFS", _PREFIX + "/sys") + "/devices/system/node/online"
 
 API_VERSION, KIND = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
 # The top-level fields of KubeletConfiguration (json names in staging/src/k8s.io/kubelet/config/v1beta1/
