@@ -69,7 +69,13 @@ def run(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env_extra: 
 
 def refused(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: str) -> str:
     proc = run(tree, version, cfg, *args, **env)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # It started instead of refusing: stop it, so a failing test leaves no process behind.
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the stand-in kubelet started instead of refusing: {err}") from None
     assert proc.returncode == 1, err
     return err
 
