@@ -157,9 +157,8 @@ class Batch:
             raise BadRequest(msg)
         worker = self._worker
         worker._call_engine_ns = engine_ns
-        worker._call_word = (total & CALL_BATCH_MASK) | (
-            max(0, deschedule_ns) // 1000 << CALL_DESCHEDULE_SHIFT
-        )
+        deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK)  # 32 bits: 71 minutes
+        worker._call_word = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)
         if len(self._items) == 1:
             it = self._items[0]
             if not it.done:
