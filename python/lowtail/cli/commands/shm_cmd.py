@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 from typing import Any
 
 from lowtail.cli.main import UsageError
@@ -30,18 +31,38 @@ def _check_dir(path: str) -> None:
         raise UsageError(f"--dir {path!r} is not a directory; expected a tmpfs such as /dev/shm")
 
 
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _flags(s: segments.SegmentInfo) -> str:
+    return f"FOREIGN: {s.foreign}" if s.foreign else ""
+
+
 def _rows(infos: list[segments.SegmentInfo]) -> list[list[object]]:
-    return [[s.name, s.kind, s.pid, s.liveness, s.size, s.mode] for s in infos]
+    return [[s.name, s.kind, s.pid, s.liveness, _user(s.uid), s.size, s.mode, _flags(s)] for s in infos]
+
+
+HEADERS = ["segment", "kind", "owner pid", "owner", "user", "bytes", "mode", "flags"]
 
 
 def run_ls(args: argparse.Namespace) -> int:
     _check_dir(args.dir)
-    infos = segments.list_segments(args.dir)
-    write_json(args.json, {"dir": args.dir, "segments": [s.to_dict() for s in infos]})
+    found = segments.scan(args.dir)
+    infos = found.segments
+    write_json(
+        args.json,
+        {"dir": found.dir, "segments": [s.to_dict() for s in infos], "ignored_entries": found.ignored},
+    )
     if json_to_stdout(args):
         return 0
-    headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]
-    print(table.render(headers, _rows(infos), title=f"lowtail segments in {args.dir}: {len(infos)}"))
+    title = f"lowtail segments in {found.dir}: {len(infos)}"
+    if found.ignored:
+        title += f" ({found.ignored} other entries ignored)"
+    print(table.render(HEADERS, _rows(infos), title=title))
     return 0
 
 
@@ -54,6 +75,5 @@ def run_gc(args: argparse.Namespace) -> int:
     if json_to_stdout(args):
         return 0
     verb = "would remove" if args.dry_run else "removed"
-    headers = ["segment", "kind", "owner pid", "owner", "bytes", "mode"]
-    print(table.render(headers, _rows(removed), title=f"{verb} {len(removed)} segment(s) of dead owners"))
+    print(table.render(HEADERS, _rows(removed), title=f"{verb} {len(removed)} segment(s) of dead owners"))
     return 0
