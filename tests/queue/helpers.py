@@ -277,3 +277,11 @@ def as_nobody(fn: Any) -> int:
         finally:
             os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def hold_ndslot(desc: QueueDescriptor, out: Any) -> None:
+    """Submit one request through an ndarray slot, report the slot's name, then wait to be killed."""
+    c = QueueClient.attach(desc)
+    c.submit({"x": np.full((16, 64), 9.0, np.float32)})
+    out.put(next(iter(c._nd_req.values())).name)
+    time.sleep(60)

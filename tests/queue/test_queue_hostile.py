@@ -19,9 +19,9 @@ import pytest
 
 from lowtail.cli.main import main
 from lowtail.shm import payload, segments
-from lowtail.shm.errors import QueueError, QueueTimeout, ShmDirUnsafe
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor
-from tests.queue.helpers import NOBODY, as_nobody, checking_client, echo_worker
+from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError, QueueTimeout, ShmDirUnsafe
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
+from tests.queue.helpers import NOBODY, as_nobody, checking_client, echo_worker, hold_ndslot
 
 # -- names: strict, and only in this uid's 0700 directory ---------------------------------------
 
@@ -213,3 +213,57 @@ def test_a_client_vandalising_its_own_slot_fails_alone(ctx: BaseContext) -> None
         finally:
             w.terminate()
             w.join(10)
+
+
+# -- a request names only its own client's slots, inside the directory ------------------------------
+
+
+def _rename_slot(c: QueueClient, t: Any, name: str, spec: payload.Spec | None = None) -> None:
+    """Rewrite the header of ``c``'s published request ``t`` to name ``name`` (what a hostile client can)."""
+    m = c._m
+    off = m.geo.req_off(c._g0 + t.slot)
+    old = payload.read_layout(m.mem, m.q, off, m.geo.req_bytes)[1].spec
+    payload.write_header(m.buf, off, name, old if spec is None else spec)
+
+
+@pytest.mark.parametrize("trick", ["other client", "path", "too large"])
+def test_a_request_naming_a_slot_not_its_own_fails_alone(ctx: BaseContext, trick: str) -> None:
+    cfg = QueueConfig(
+        lanes=3, slots_per_lane=2, request_bytes=512, response_bytes=4096, max_ndslot_bytes=1 << 20
+    )
+    with InferenceQueue.create(cfg) as q:
+        out = ctx.Queue()
+        other = ctx.Process(target=hold_ndslot, args=(q.descriptor, out))
+        other.start()
+        try:
+            victim = out.get(timeout=30)
+            with QueueWorker.attach(q.descriptor) as w, QueueClient.attach(q.descriptor) as c:
+                x = np.full((16, 64), 1.0, np.float32)
+                t = c.submit({"x": x})
+                mine = next(iter(c._nd_req.values())).name
+                if trick == "other client":
+                    _rename_slot(c, t, victim)
+                    expected: tuple[type[Exception], str] = (BadRequest, "is not one the client of lane")
+                elif trick == "path":
+                    _rename_slot(c, t, mine[:-4] + "/../" + mine[-4:])
+                    expected = (BadRequest, "is not a lowtail.nd")
+                else:
+                    _rename_slot(c, t, mine, (("x", "<f4", (16, 1 << 16)),))  # 4 MiB named, 1 MiB limit
+                    expected = (PayloadTooLarge, "exceeds max_ndslot_bytes=1048576")
+                computed = []
+                for _ in range(40):  # the hostile request fails at decode; only the victim's is computed
+                    b = w.claim(timeout_s=0.05)
+                    if b is not None:
+                        computed.append(b.inputs["x"].copy())
+                        b.complete({"y": b.inputs["x"][:, :1].copy()})
+                with pytest.raises(expected[0], match=expected[1]):
+                    c.wait(t, timeout_s=2.0)
+                assert len(computed) == 1 and (computed[0] == 9.0).all()  # the victim's own data only
+                t = c.submit({"x": x})  # the same client goes on
+                b = w.claim(timeout_s=1.0)
+                assert b is not None
+                b.complete({"y": b.inputs["x"][:, :1].copy()})
+                np.testing.assert_array_equal(c.wait(t, timeout_s=1.0)["y"], x[:, :1])
+        finally:
+            other.kill()
+            other.join(10)
