@@ -267,3 +267,29 @@ def test_a_request_naming_a_slot_not_its_own_fails_alone(ctx: BaseContext, trick
         finally:
             other.kill()
             other.join(10)
+
+
+# -- a killed client's slots go while the queue lives -------------------------------------------------
+
+
+def test_a_killed_clients_slot_files_are_swept_while_the_queue_lives(ctx: BaseContext) -> None:
+    with InferenceQueue.create(CFG) as q:
+        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 30.0))
+        w.start()
+        try:
+            out = ctx.Queue()
+            victim = ctx.Process(target=hold_ndslot, args=(q.descriptor, out))
+            victim.start()
+            name = out.get(timeout=30)
+            path = segments.private_dir(CFG.shm_dir) / name
+            assert path.exists()
+            victim.kill()
+            victim.join(10)
+            deadline = time.monotonic() + 10
+            while path.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not path.exists(), "a killed client's ndarray slot outlived it while the queue lives"
+            assert w.is_alive()
+        finally:
+            w.terminate()
+            w.join(10)

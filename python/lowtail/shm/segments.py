@@ -368,10 +368,14 @@ def list_segments(shm_dir: str = SHM_DIR) -> list[SegmentInfo]:
     return scan(shm_dir).segments
 
 
-def sweep_dead(shm_dir: str = SHM_DIR, dry_run: bool = False) -> list[SegmentInfo]:
-    """Unlink this uid's segments whose owner is dead (same PID namespace only); returns what was
-    (would be) removed. A foreign entry (another uid's, a symlink, a directory) is never touched."""
-    removed = [s for s in list_segments(shm_dir) if s.liveness == "dead" and not s.foreign]
+def sweep_dead(
+    shm_dir: str = SHM_DIR, dry_run: bool = False, kinds: tuple[str, ...] = KINDS
+) -> list[SegmentInfo]:
+    """Unlink this uid's segments of ``kinds`` whose owner is dead (same PID namespace only); returns
+    what was (would be) removed. A foreign entry (another uid's, a symlink, a directory) is never touched."""
+    removed = [
+        s for s in list_segments(shm_dir) if s.liveness == "dead" and not s.foreign and s.kind in kinds
+    ]
     if not dry_run:
         for s in removed:
             unlink_segment(shm_dir, s.name)

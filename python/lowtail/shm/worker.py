@@ -47,6 +47,7 @@ from lowtail.shm.layout import (
     W_SUBMIT_NS,
 )
 from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
+from lowtail.shm.segments import sweep_dead
 
 WORKER_PARK_SLICE_S = 0.25
 
@@ -199,6 +200,7 @@ class QueueWorker:
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_resp: dict[int, NdarraySlot] = {}
         self._slots_in = SlotReader()  # clients' ndarray slots: read, never mapped (see SlotReader)
+        self._swept_ns = 0
         self._in_views: dict[int, tuple[bytes, Arrays]] = {}
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
@@ -267,6 +269,17 @@ class QueueWorker:
         self._pool.close()
         self._m.close()
 
+    def _sweep_departed(self, now_ns: int) -> None:
+        """At most once a second, when idle: close what dead clients' lanes sent and unlink the ndarray
+        slots of dead owners, so a killed client's slots do not hold tmpfs for the queue's whole life
+        (this uid's directory only: a few entries, not the whole mount)."""
+        if now_ns - self._swept_ns < 1_000_000_000:
+            return
+        self._swept_ns = now_ns
+        for lane in self.reclaimable_lanes():
+            self._slots_in.drop_lane(lane)
+        sweep_dead(self._cfg.shm_dir, kinds=("nd",))
+
     def reclaimable_lanes(self) -> list[int]:
         """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
         m = self._m
@@ -304,6 +317,7 @@ class QueueWorker:
                     return self._coalesce(items)
             now = clock()
             if now >= deadline:
+                self._sweep_departed(now)
                 return None
             if now - self._last_work_ns < self._idle_ns:
                 continue
