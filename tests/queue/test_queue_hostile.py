@@ -293,3 +293,24 @@ def test_a_killed_clients_slot_files_are_swept_while_the_queue_lives(ctx: BaseCo
         finally:
             w.terminate()
             w.join(10)
+
+
+def _round_trip_through_ndslots(shm_dir: str) -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=256, response_bytes=256, shm_dir=shm_dir)
+    x = np.arange(16 * 64, dtype=np.float32).reshape(16, 64)
+    with InferenceQueue.create(cfg) as q, QueueClient.attach(q.descriptor) as c:
+        with QueueWorker.attach(q.descriptor) as w:
+            t = c.submit({"x": x})
+            b = w.claim(timeout_s=1.0)
+            assert b is not None
+            b.complete({"y": b.inputs["x"] * 2})
+            np.testing.assert_array_equal(c.wait(t, timeout_s=1.0)["y"], x * 2)
+        st = segments.private_dir(shm_dir).stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
+
+
+def test_the_slot_path_works_for_root_and_for_a_second_uid(shared_dir: Path) -> None:
+    _round_trip_through_ndslots(str(shared_dir))
+    assert as_nobody(lambda: _round_trip_through_ndslots(str(shared_dir))) == 0
+    assert sorted(os.listdir(shared_dir)) == [f"lowtail-{os.geteuid()}", f"lowtail-{NOBODY}"]
+    assert os.listdir(segments.private_dir(str(shared_dir), NOBODY)) == []
