@@ -37,6 +37,7 @@ from lowtail.cli.options import add_html, add_json, add_plot, json_to_stdout, wr
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.telemetry.percentiles import quantiles
+from lowtail.validation.evidence import shortfall
 
 ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the
@@ -219,45 +220,51 @@ def fairness_report(per_client: list[tuple[np.ndarray[Any, Any], int]], seconds:
     return out
 
 
+# (target, the other transport, the statistic, the factor, inverse: lowtail / other must be <= factor)
+TARGETS: tuple[tuple[str, str, str, float, bool], ...] = (
+    ("lowtail p50 within 2x of spin_floor", "spin_floor", "p50_us", 2.0, True),
+    ("lowtail p50 >= 40x lower than seed_flock_poll", "seed_flock_poll", "p50_us", 40.0, False),
+    ("lowtail p50 >= 30x lower than seed_flock_poll", "seed_flock_poll", "p50_us", 30.0, False),
+    ("lowtail p50 >= 20x lower than ray_actor", "ray_actor", "p50_us", 20.0, False),
+    ("lowtail p99.9 >= 10x lower than seed_flock_poll", "seed_flock_poll", "p999_us", 10.0, False),
+    ("lowtail p50 within 10x of spin_floor", "spin_floor", "p50_us", 10.0, True),
+)
+QUANTILE = {"p50_us": 0.5, "p99_us": 0.99, "p999_us": 0.999}
+
+
+def _too_few(key: str, *rows: dict[str, Any]) -> str:
+    """The evidence rule (lowtail.validation.evidence) for a target on a percentile of these rows."""
+    return next((why for r in rows if (why := shortfall(int(r["n"]), QUANTILE[key]))), "")
+
+
 def targets(res: dict[str, dict[str, Any]], priority: str = "fifo") -> list[dict[str, Any]]:
-    """The issues' targets (14 first, then 3's), each with the measured ratio and whether it is met."""
+    """The design targets, each with the measured ratio and whether it is met (None: not decided, and
+    ``why`` says why: not measured, too few samples for the percentile, or decided under fifo only)."""
     out: list[dict[str, Any]] = []
     lt = res.get("lowtail")
-
-    def ratio(name: str, key: str) -> float | None:
+    for desc, name, key, need, inverse in TARGETS:
         other = res.get(name)
         if lt is None or other is None:
-            return None
-        return float(other[key]) / float(lt[key])
-
-    for desc, name, key, need, inverse in (
-        ("lowtail p50 within 2x of spin_floor (issue 14)", "spin_floor", "p50_us", 2.0, True),
-        (
-            "lowtail p50 >= 40x lower than seed_flock_poll (issue 14)",
-            "seed_flock_poll",
-            "p50_us",
-            40.0,
-            False,
-        ),
-        ("lowtail p50 >= 30x lower than seed_flock_poll", "seed_flock_poll", "p50_us", 30.0, False),
-        ("lowtail p50 >= 20x lower than ray_actor", "ray_actor", "p50_us", 20.0, False),
-        ("lowtail p999 >= 10x lower than seed_flock_poll", "seed_flock_poll", "p999_us", 10.0, False),
-        ("lowtail p50 within 10x of spin_floor", "spin_floor", "p50_us", 10.0, True),
-    ):
-        r = ratio(name, key)
-        if r is None:
-            out.append({"target": desc, "ratio": None, "met": None})
+            out.append({"target": desc, "ratio": None, "met": None, "why": "not measured"})
             continue
+        r = float(other[key]) / float(lt[key])
         measured = (1.0 / r) if inverse else r  # inverse: lowtail / floor
         met = measured <= need if inverse else measured >= need
-        out.append({"target": desc, "ratio": round(measured, 2), "met": bool(met)})
+        short = _too_few(key, lt, other)
+        out.append(
+            {"target": desc, "ratio": round(measured, 2), "met": None if short else bool(met), "why": short}
+        )
     # p99.9 within 3x of lowtail's own p50: a target under --priority fifo only (at nice the other
     # tenants' CPU time is the tail); shown at every priority, decided at fifo.
     own = round(float(lt["p999_us"]) / float(lt["p50_us"]), 2) if lt else None
+    why = "not measured" if lt is None else _too_few("p999_us", lt)
+    if not why and priority != "fifo":
+        why = "decided under --priority fifo only"
     out.append({
-        "target": "lowtail p99.9 within 3x of its own p50 under --priority fifo (issue 14)",
+        "target": "lowtail p99.9 within 3x of its own p50 under --priority fifo",
         "ratio": own,
-        "met": None if own is None or priority != "fifo" else bool(own <= 3.0),
+        "met": None if why or own is None else bool(own <= 3.0),
+        "why": why,
     })  # fmt: skip
     return out
 
@@ -325,16 +332,16 @@ def render_tables(report: dict[str, Any]) -> str:
             )
         )
     trows = [
-        [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", _verdict(t["met"], t["ratio"])]
+        [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", _verdict(t["met"], t.get("why", ""))]
         for t in report["targets"]
     ]
     parts.append(table.render(["target", "measured", "verdict"], trows, title="targets"))
     return "\n\n".join(parts)
 
 
-def _verdict(met: bool | None, ratio: float | None = None) -> str:
+def _verdict(met: bool | None, why: str = "") -> str:
     if met is None:
-        return "not measured" if ratio is None else "fifo only"
+        return f"not decided: {why}" if why else "not decided"
     return "met" if met else "NOT MET"
 
 

@@ -46,6 +46,8 @@ class Check:
     data: dict[str, Any] = field(default_factory=dict)  # structured detail (per-CPU stats...)
     # Raw samples per CPU, for the plots of the HTML report; too large for the JSON.
     samples: dict[int, list[float]] = field(default_factory=dict, repr=False)
+    # ... or, for rt-tests, their histograms per CPU as (value, count) pairs, overflows at the maximum.
+    histograms: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

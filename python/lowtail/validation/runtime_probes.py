@@ -70,13 +70,17 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
                 raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
             os.sched_setaffinity(0, {client_cpu})
             obs = np.zeros((1, 64), dtype=np.float32)
+            bar = Progress(f"shm_rtt cpus {client_cpu}->{worker_cpu}", opts.samples, enabled=opts.progress)
             with queue.QueueClient.attach(server.descriptor) as client:
                 for _ in range(200):  # warm-up: page faults, first futex waits
                     client.infer({"obs": obs}, timeout=5.0)
-                for _ in range(opts.samples):
+                for i in range(opts.samples):
                     t0 = time.perf_counter_ns()
                     client.infer({"obs": obs}, timeout=5.0)
                     samples.append((time.perf_counter_ns() - t0) / 1e6)
+                    if i % 500 == 0:
+                        bar.update(i)
+            bar.finish()
         finally:
             os.sched_setaffinity(0, saved)
             proc.terminate()
@@ -96,7 +100,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
-INFERENCE_BATCH = 16  # the seed's max batch
+INFERENCE_BATCH = 16  # the predecessor system's max batch
 
 
 def spread(cpus: frozenset[int], k: int) -> list[int]:
