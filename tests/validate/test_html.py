@@ -57,7 +57,7 @@ def test_validate_page_puts_the_headline_against_the_source_documents_figure() -
     r.summary["headline"] = head
     page = report.render_html(r)
     assert (
-        '<p class="head">headline: p99.9 deschedule 0.02 ms on CPU 3 (n=1,000, max 0.05 ms); the source '
+        '<p class="head">headline: p99.9 deschedule 0.02 ms on CPU 3 (n=1000, max 0.05 ms); the source '
         "document: 400-470 ms on VMware with sched_rt_runtime_us=500000, 0.02 ms at 950000</p>"
     ) in page
 
@@ -94,3 +94,53 @@ def test_compare_page_escapes_hosts_colours_each_side_and_words_each_change() ->
 def test_a_missing_template_field_is_an_error_not_an_empty_cell() -> None:
     with pytest.raises(jinja2.UndefinedError, match="worse"):
         html.render("compare.html.j2", title="t")
+
+
+def _failing_cyclictest() -> Check:
+    """cyclictest's own JSON from a 2-vCPU KVM guest (a 400 us histogram and overflows beyond it), graded
+    under a limit its maximum exceeds."""
+    import json
+    from pathlib import Path
+
+    from lowtail.validation import rttests
+    from lowtail.validation.check import Limits
+
+    doc = json.loads((Path(__file__).parent / "data/cyclictest-kvm-2vcpu.json").read_text())
+    check = rttests._grade("cyclictest", doc, rttests.parse_cyclictest(doc), Limits(0.05, 0.2))
+    check.histograms = rttests.histograms(doc)
+    return check
+
+
+def test_the_failing_cyclictest_plot_runs_to_the_maximum_and_marks_it() -> None:
+    from lowtail.validation import plots
+
+    check = _failing_cyclictest()
+    assert check.status is Status.FAIL
+    peak = check.value  # cyclictest is graded on the maximum: 20 ms, far beyond its 0.4 ms histogram
+    assert peak > 0.4
+    series = check.histograms[1]
+    assert sum(c for _, c in series) == check.data["per_cpu"]["1"]["n"]  # overflows counted, at the max
+    fig = plots.histogram_figure("t", check.histograms, (0.05, 0.2), ("max", peak))
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert ax.get_xlim()[1] > peak  # the axis reaches past the value the check fails on
+    texts = [t.get_text() for t in ax.texts]
+    assert f"max {peak:.4g} ms (CPU 1)" in texts
+    assert {"pass <= 0.05 ms", "warn <= 0.2 ms"} <= {t.get_text() for t in ax.get_legend().get_texts()}
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_the_validate_page_shows_failures_first_and_each_plot_with_n_and_its_graded_figure() -> None:
+    check = _failing_cyclictest()
+    checks = [Check("thp", Status.PASS, "never", "never", ["never"]), check]
+    r = Report(host={"hostname": "kvm"}, checks=checks, summary=summarize(checks, frozenset({1}), 1.0))
+    page = report.render_html(r)
+    attention = page.index("<h2>Needs attention</h2>")
+    assert attention < page.index("<h2>Plots</h2>") < page.index("<h2>All checks</h2>")
+    n = check.data["per_cpu"]["1"]["n"]
+    caption = f"cyclictest: FAIL, graded on the worst CPU&#39;s max = {check.value:.4g} ms; n={n}"
+    assert f"<figcaption>{caption}</figcaption>" in page
+    assert f"max {check.value:.4g} ms on CPU 1 (n={n})" in page[attention:]
+    assert "Fix: find what shares the CPU" in page

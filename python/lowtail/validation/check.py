@@ -66,6 +66,14 @@ class Check:
         return out
 
 
+def fmt(x: Any) -> str:
+    """The one rounding of a figure wherever it is shown (table, reason, headline, HTML, plot titles):
+    4 significant digits, so 0.02038, 8.038 and 470.1 each read the same everywhere."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
 def skip(name: str, reason: str, kind: str = "static") -> Check:
     return Check(name=name, status=Status.SKIP, reason=reason, kind=kind)
 

@@ -128,7 +128,7 @@ def histogram_figure(
     fig, ax = plt.subplots(figsize=(9, 4.8))
     for cpu, counts in sorted(_binned(per_cpu, bins).items())[:MAX_LEGEND]:
         n = int(sum(c for _, c in per_cpu[cpu]))
-        patch = ax.stairs(counts, bins, label=f"cpu{cpu} (n={n:,})", lw=1.2)
+        patch = ax.stairs(counts, bins, label=f"cpu{cpu} (n={n})", lw=1.2)
         if cpu in tops:
             ax.axvline(tops[cpu], color=patch.get_edgecolor(), ls=":", lw=1)
     if limits:

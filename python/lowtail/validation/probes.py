@@ -21,7 +21,7 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, merge_ladders, tail_stats
+from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats
 from lowtail.validation.evidence import beyond, min_samples, shortfall
 from lowtail.validation.static import read_steal
 
@@ -133,8 +133,8 @@ def grade(
         stats["status"] = str(cpu_status)
         per_cpu[cpu] = stats
         evidence.append(
-            f"cpu{cpu}: n={stats['n']} p50={stats['p50']:.4f} p99={stats['p99']:.4f} "
-            f"p99.9={stats['p999']:.4f} max={stats['max']:.3f} ms, {stats['over']} over "
+            f"cpu{cpu}: n={stats['n']} p50={fmt(stats['p50'])} p99={fmt(stats['p99'])} "
+            f"p99.9={fmt(stats['p999'])} max={fmt(stats['max'])} ms, {stats['over']} over "
             f"{limits.pass_max:g} ms, p99.9 rests on {beyond(stats['n'], 0.999)} beyond it{note}"
         )
     worst_cpu = max(per_cpu, key=lambda c: per_cpu[c]["p999"])
@@ -146,7 +146,7 @@ def grade(
     w = per_cpu[worst_cpu]
     reason = ""
     if status is not Status.PASS:
-        reason = f"{what} p99.9 {value:.3f} ms on CPU {worst_cpu} (n={w['n']}, max {w['max']:.3f} ms)"
+        reason = f"{what} p99.9 {fmt(value)} ms on CPU {worst_cpu} (n={w['n']}, max {fmt(w['max'])} ms)"
     # Every CPU is graded, so the CPU with the fewest samples decides whether the p99.9 is evidence.
     fewest = min(per_cpu, key=lambda c: per_cpu[c]["n"])
     short = shortfall(per_cpu[fewest]["n"], 0.999)

@@ -7,13 +7,14 @@ Ansible and opened anywhere.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lowtail.render import html, table
 from lowtail.validation import plots
-from lowtail.validation.check import Check, Status
+from lowtail.validation.check import Check, Status, fmt
 from lowtail.validation.runner import Report
 
 STATUS_COLOR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
@@ -49,13 +50,6 @@ PROBE_FIX = (
     "find what shares the CPU: leased_threads, irq_affinity, steal and the evidence (docs/validation.md)"
 )
 SAMPLES_FIX = "run again with --samples {n} or more (docs/validation.md: how many samples a p99.9 needs)"
-
-
-def fmt(x: Any) -> str:
-    """The one rounding of a figure in every rendering: 4 significant digits (0.02038, 8.038, 470.1)."""
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return str(x)
 
 
 def _fmt_value(c: dict[str, Any]) -> str:
@@ -102,7 +96,7 @@ def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _headline(head: dict[str, Any]) -> str:
     return (
         f"headline: p99.9 deschedule {fmt(float(head['p999_deschedule_ms']))} ms on CPU {head['cpu']} "
-        f"(n={head['n']:,}, max {fmt(float(head['max_ms']))} ms); the source document: 400-470 ms on VMware "
+        f"(n={head['n']}, max {fmt(float(head['max_ms']))} ms); the source document: 400-470 ms on VMware "
         "with sched_rt_runtime_us=500000, 0.02 ms at 950000"
     )
 
@@ -135,7 +129,7 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
         out.append(f"result: {s['status'].upper()} ({counts})")
     head = s.get("headline")
     if head:
-        out.append(_headline(head))
+        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
     return "\n".join(out)
 
 
@@ -171,17 +165,16 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
         graded = "p99.9" if c.data.get("metric", "p999") == "p999" else "max"
         n = min((int(s["n"]) for s in per_cpu.values() if s.get("n")), default=0)
         peak = max((float(s["max"]) for s in per_cpu.values() if s.get("n")), default=0.0)
-        title = (
-            f"{c.name}: {c.status.upper()}, graded on the worst CPU's {graded} = {fmt(c.value)} ms; "
-            f"max {fmt(peak)} ms; n={n:,} per CPU"
-        )
+        title = f"{c.name}: {c.status.upper()}, graded on the worst CPU's {graded} = {fmt(c.value)} ms"
+        title += f"; max {fmt(peak)} ms" if graded != "max" else ""
+        title += f"; n={n} per CPU" if len(per_cpu) > 1 else f"; n={n}"
         if series:
             png = plots.latency_histogram(title, series, _limits(c), (graded, float(c.value or 0.0)))
         else:  # a report without samples (rebuilt from JSON): the quantile ladder
             ladders = {int(cpu): s["ladder"] for cpu, s in per_cpu.items() if s.get("ladder")}
             png = plots.latency_cdf(title, None, ladders, _limits(c))
         out.append((title, png))
-    if heat:
+    if heat and len({cpu for row in heat.values() for cpu in row}) > 1:  # one CPU: the tables say it all
         out.append(
             ("Per-CPU tail, one colour scale per metric (ms)", plots.heat_strip(heat, "per-CPU tail (ms)"))
         )

@@ -20,7 +20,7 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, histogram_stats, merge_ladders, skip
+from lowtail.validation.check import Check, Limits, Status, fmt, histogram_stats, merge_ladders, skip
 
 SHM_STATS = "/dev/shm/cyclictest"  # + pid: cyclictest's running statistics (rt-tests src/cyclictest)
 HIST_US = 1000  # cyclictest histogram range in us; later samples count as overflows at the maximum
@@ -149,11 +149,12 @@ def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], l
     for cpu, s in sorted(per_cpu.items()):
         s["status"] = str(limits.grade(s["max"]))
         evidence.append(
-            f"cpu{cpu}: n={s['n']} p50={s['p50']:.3f} p99={s['p99']:.3f} p999={s['p999']:.3f} "
-            f"max={s['max']:.3f} ms"
+            f"cpu{cpu}: n={s['n']} p50={fmt(s['p50'])} p99={fmt(s['p99'])} p99.9={fmt(s['p999'])} "
+            f"max={fmt(s['max'])} ms"
         )
     worst_cpu = max(per_cpu, key=lambda c: per_cpu[c]["max"])
-    value = per_cpu[worst_cpu]["max"]
+    w = per_cpu[worst_cpu]
+    value = w["max"]
     status = limits.grade(value)
     return Check(
         name=name,
@@ -162,7 +163,7 @@ def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], l
         unit="ms",
         threshold="max per CPU: " + limits.describe("ms"),
         evidence=evidence,
-        reason="" if status is Status.PASS else f"max {value:.3f} ms on CPU {worst_cpu}",
+        reason="" if status is Status.PASS else f"max {fmt(value)} ms on CPU {worst_cpu} (n={w['n']})",
         kind="probe",
         data={
             "metric": "max",
