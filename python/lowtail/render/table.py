@@ -12,20 +12,23 @@ from collections.abc import Sequence
 
 GAP = 2
 MIN_COLUMN = 8  # a column is not wrapped narrower than this (a number or a status word)
+MAX_FLOOR = 24  # ... nor narrower than its longest word, up to this (a longer word is broken)
 
 
 def terminal_width() -> int:
     return shutil.get_terminal_size((120, 24)).columns
 
 
-def _fit(widths: list[int], width: int) -> list[int]:
-    """Narrow the widest column, one character at a time, until the row fits ``width`` or every column
-    is down to MIN_COLUMN (a table that still does not fit is wider than the terminal, never cut)."""
+def _fit(widths: list[int], floors: list[int], width: int) -> list[int]:
+    """Narrow the widest column that may still narrow, one character at a time, until the row fits
+    ``width`` or every column is at its floor (its longest word, at least MIN_COLUMN, at most
+    MAX_FLOOR): words are not broken, and a table that still does not fit is wide, never cut."""
     out = list(widths)
     while sum(out) + GAP * (len(out) - 1) > width:
-        i = max(range(len(out)), key=out.__getitem__)
-        if out[i] <= MIN_COLUMN:
+        narrowable = [i for i in range(len(out)) if out[i] > floors[i]]
+        if not narrowable:
             break
+        i = max(narrowable, key=out.__getitem__)
         out[i] -= 1
     return out
 
@@ -42,7 +45,12 @@ def render(
     """The table, its columns wrapped to fit ``width`` (default: the terminal's width)."""
     cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in r] for r in rows]
     natural = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    widths = _fit(natural, terminal_width() if width is None else width)
+
+    def longest(i: int) -> int:
+        return max((len(word) for row in cells for word in row[i].split()), default=0)
+
+    floors = [min(natural[i], max(MIN_COLUMN, min(longest(i), MAX_FLOOR))) for i in range(len(headers))]
+    widths = _fit(natural, floors, terminal_width() if width is None else width)
     lines = textwrap.wrap(title, max(sum(widths) + GAP * (len(widths) - 1), 40)) if title else []
 
     def emit(row: list[str]) -> None:

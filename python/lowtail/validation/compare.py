@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,9 @@ def _side(r: dict[str, Any], side: str) -> str:
 
 
 def render_table(cmp: dict[str, Any], width: int | None = None) -> str:
-    out = [*cmp["warnings"], _headline(cmp), ""]
+    width = width or table.terminal_width()
+    out = [line for text in (*cmp["warnings"], _headline(cmp)) for line in textwrap.wrap(text, width)]
+    out.append("")
     rows = [
         [r["name"], _side(r, "before"), _side(r, "after"), f"{r['change']}: {r['why']}"]
         for r in cmp["checks"]

@@ -105,11 +105,12 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
     width = width or table.terminal_width()
     s = report["summary"]
     h = report["host"]
-    out = [
+    out = textwrap.wrap(
         f"lowtail validate on {h.get('hostname')} ({h.get('cpu_model')}, kernel {h.get('kernel') or '-'}), "
         f"probe CPUs {s.get('probe_cpus') or '-'}; figures in ms unless stated",
-        "",
-    ]
+        width,
+    )
+    out.append("")
     bad = problems(report)
     if bad:
         rows = [[p["status"].upper(), p["name"], f"{p['why']}. Fix: {p['fix']}"] for p in bad]

@@ -135,7 +135,8 @@ def probe_inference(opts: ProbeOptions) -> Check:
     extra: dict[int, dict[str, Any]] = {}
     progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus), enabled=opts.progress)
     for i, cpu in enumerate(cpus):
-        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls)
+        quiet = worker.WorkerConfig(name="measure", log_level="WARNING")  # info lines would break the bar
+        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls, config=quiet)
         rows = m.rows
         per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
         wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])

@@ -17,6 +17,8 @@ from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.evidence import min_samples
 from lowtail.validation.runner import (
     ALL_CHECKS,
+    DEFAULT_DURATION_S,
+    DEFAULT_SAMPLES,
     QUICK_DURATION_S,
     QUICK_SAMPLES,
     THRESHOLDS,
@@ -58,7 +60,7 @@ def register(sub: Any) -> None:
         "--samples",
         type=int,
         metavar="N",
-        help=f"samples per CPU (default: 10000, {QUICK_SAMPLES} with --quick; a p99.9 below "
+        help=f"samples per CPU (default: {DEFAULT_SAMPLES}, {QUICK_SAMPLES} with --quick; a p99.9 below "
         f"{min_samples(0.999):,} cannot pass)",
     )
     p.add_argument(
@@ -67,7 +69,8 @@ def register(sub: Any) -> None:
         dest="duration",
         type=float,
         metavar="S",
-        help=f"seconds per rt-tests run and hwlat/leased_threads window (default: 10, {QUICK_DURATION_S:g} "
+        help=f"seconds per rt-tests run and hwlat/leased_threads window (default: {DEFAULT_DURATION_S:g}, "
+        f"{QUICK_DURATION_S:g} "
         "with --quick)",
     )
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
@@ -176,7 +179,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
     except (cpulist.CpuListError, ValidationError) as e:
         raise UsageError(str(e)) from None
     if args.samples is not None and args.samples < 1:
-        raise UsageError(f"--samples {args.samples}: expected a positive count (10000 gives a solid p99.9)")
+        raise UsageError(
+            f"--samples {args.samples}: expected a positive count "
+            f"(a p99.9 verdict needs {min_samples(0.999):,})"
+        )
     if args.pid is not None and args.pid < 1:
         raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
