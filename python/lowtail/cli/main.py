@@ -1,4 +1,4 @@
-"""The ``lowtail`` command. Thin: it parses, calls the library, and renders.
+"""The ``lowtail`` command: it parses the arguments, calls the library, and renders the result.
 
 Subcommands live in ``lowtail.cli.commands``: every module there with a ``register(subparsers)`` function
 adds its own, so a new command is a new file rather than an edit here. Registering must stay cheap
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -61,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `lowtail ... | head`: the reader left; no traceback (Python docs, SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
