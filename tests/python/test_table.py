@@ -61,3 +61,18 @@ def test_validate_and_compare_tables_fit_100_columns(
         import shutil
 
         shutil.rmtree(tmp)
+
+
+def test_shm_ls_shows_sizes_in_binary_units_and_modes_as_chmod_writes_them() -> None:
+    from lowtail.cli.commands.shm_cmd import _rows, human_bytes
+    from lowtail.shm.segments import SegmentInfo
+
+    assert [human_bytes(n) for n in (512, 4096, 1536, 25 * 2**20, 3 * 2**30)] == [
+        "512 B",
+        "4 KiB",
+        "1.5 KiB",
+        "25 MiB",
+        "3 GiB",
+    ]
+    info = SegmentInfo("lowtail.q.1.2.ab", "/dev/shm/lowtail.q.1.2.ab", "q", 2, "alive", 24576, "0o600", 0)
+    assert _rows([info])[0][4:] == ["24 KiB", "0600"]

@@ -29,7 +29,7 @@ class UsageError(LowtailError):
 
 def _label_subcommands(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)parser's namespace its full name ("lowtail bench queue") for error messages."""
-    parser.set_defaults(command_name=parser.prog)
+    parser.set_defaults(command_name=parser.prog, command_parser=parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
@@ -54,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lowtail {__version__}")  # without importing a single command module
         return 0
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand that was given them, with its usage
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except LowtailError as e:
