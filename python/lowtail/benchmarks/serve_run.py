@@ -158,13 +158,13 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
         with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
             end = perf() + int(warmup * 1e9)
             while perf() < end:
-                client.start(x).finish(timeout=10.0)
+                client.start(x).finish(timeout_s=10.0)
             start_mono = time.monotonic()
             cpu0 = time.process_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
-                client.start(x).finish(timeout=10.0)  # the two-phase client of the seed
+                client.start(x).finish(timeout_s=10.0)  # the predecessor's two-phase client
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1

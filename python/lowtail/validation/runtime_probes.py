@@ -73,10 +73,10 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
             bar = Progress(f"shm_rtt cpus {client_cpu}->{worker_cpu}", opts.samples, enabled=opts.progress)
             with queue.QueueClient.attach(server.descriptor) as client:
                 for _ in range(200):  # warm-up: page faults, first futex waits
-                    client.infer({"obs": obs}, timeout=5.0)
+                    client.infer({"obs": obs}, timeout_s=5.0)
                 for i in range(opts.samples):
                     t0 = time.perf_counter_ns()
-                    client.infer({"obs": obs}, timeout=5.0)
+                    client.infer({"obs": obs}, timeout_s=5.0)
                     samples.append((time.perf_counter_ns() - t0) / 1e6)
                     if i % 500 == 0:
                         bar.update(i)
