@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtail.errors import LowtailError
-from lowtail.render import html, table
+from lowtail.render import html, style, table
 from lowtail.render.schema import stamp
 from lowtail.validation import plots, report
 from lowtail.validation.check import SEVERITY, Status
@@ -283,7 +283,7 @@ def render_table(cmp: dict[str, Any], width: int | None = None) -> str:
         for r in cmp["checks"]
     ]
     out.append(table.render(HEADERS, rows, title=_title(cmp), width=width))
-    out.append(_verdict_line(cmp))
+    out.append(style.paint(_verdict_line(cmp), WORSE if cmp["worse"] else BETTER))
     return "\n".join(out)
 
 
