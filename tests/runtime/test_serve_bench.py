@@ -15,8 +15,9 @@ BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us",
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
-    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--model", str(small_model), "--duration", "0.5", "--samplers", "2"]
     argv += ["--traffic", "3x2", "--breakdown"]
@@ -48,6 +49,15 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
     assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, text  # the tables fit the terminal
+    page = (tmp_path / "s.html").read_text()
+    assert page.index("<h2>Targets</h2>") < page.index("<h2>Plots</h2>") < page.index("<h2>JSON</h2>")
+    assert "<details><summary>Show the JSON</summary>" in page and "<th>p99.9 ms</th>" in page
+    assert (report["schema"], report["complete"], report["interrupted"]) == (
+        "lowtail.bench.serve",
+        True,
+        False,
+    )
 
 
 def write_static_batch_model(out: Path, features: int = 8) -> Path:
