@@ -274,9 +274,11 @@ def _finish(
     report["host"] = {
         "name": platform.node(),
         "cpus": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
     }
+    keys = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope", "client_spin_us", "duration_s")
+    report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     report["targets_met"] = targets(results, args.batch) if results else []
     lines = verdicts(results, args.batch) if results else ["no design finished"]
