@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -165,9 +168,6 @@ def test_a_truncated_model_is_a_clean_error_and_the_json_says_so(
 
 
 def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_path: Path) -> None:
-    import os
-    import signal
-    import subprocess
     import sys
     import time
 
@@ -179,14 +179,17 @@ def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_pa
     )
     assert proc.stderr is not None
     seen = []
-    while True:  # the bar logs each design as it starts (not a terminal: one line each)
-        line = proc.stderr.readline()
-        seen.append(line)
-        if not line or "served x1" in line:
-            break
-    time.sleep(2.0)  # the worker compiles, the samplers measure
-    os.killpg(proc.pid, signal.SIGINT)
-    stdout, err = proc.communicate(timeout=120)
+    try:
+        while True:  # the bar logs each design as it starts (not a terminal: one line each)
+            line = proc.stderr.readline()
+            seen.append(line)
+            if not line or "served x1" in line:
+                break
+        time.sleep(2.0)  # the worker compiles, the samplers measure
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
     err = "".join(seen) + err
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -196,3 +199,18 @@ def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_pa
     assert [r["label"] for r in report["results"]][:1] == ["bare (limit)"]  # what finished is kept
     assert "served x2" not in [r["label"] for r in report["results"]]
     assert "INTERRUPTED" in stdout
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """A step of the test failed with the run still going: Ctrl-C it, then kill what is left, and
+    remove the segments it named after itself, so a failing test leaves nothing behind."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    for name in os.listdir("/dev/shm"):
+        if f".{proc.pid}." in name:
+            os.unlink(f"/dev/shm/{name}")
