@@ -6,6 +6,7 @@ A smoke run: it checks behaviour (schema, counts, files, cleanup), never a laten
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
         [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--quick", "--json", str(out),
          "--png", str(png), "--html", str(page), "--throughput-seconds", "0.3"],
         check=False, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},  # wide enough that no header wraps
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -45,7 +47,19 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     assert sum(lt["client_wait_counts"][k] for k in ("immediate", "spinning", "parked")) >= lt["n"]
     assert lt["client_gc_collections"] >= 0 and isinstance(lt["timer_interrupts_per_cpu"], dict)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "<img" in page.read_text()
+    html = page.read_text()
+    assert "<img" in html
+    # a report, not a terminal dump: the targets first, tables as tables, the JSON folded
+    assert html.index("<h2>Targets</h2>") < html.index("<h2>Plots</h2>") < html.index("<h2>JSON</h2>")
+    assert (
+        "<pre>" not in html.split("<h2>JSON</h2>")[0] and "<details><summary>Show the JSON</summary>" in html
+    )
+    assert "<th>p50 us</th>" in html and "Workload and settings" in html
+    assert (doc["schema"], doc["complete"], doc["interrupted"]) == ("lowtail.bench.queue", True, False)
+    # a quick run's p99.9 targets rest on a few hundred samples: never decided (lowtail.validation.evidence)
+    p999 = [t for t in doc["targets"] if "p99.9" in t["target"]]
+    assert p999 and all(t["met"] is None and "too few samples for p99.9" in t["why"] for t in p999)
+    assert not any("issue" in t["target"] for t in doc["targets"])
     assert "p50 vs lowtail" in proc.stdout and "seed_flock_poll" in proc.stdout
 
 

@@ -117,7 +117,8 @@ def test_rounds_interleave_designs_and_each_ratio_uses_its_own_rounds_bare(
 
 
 def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
-    from lowtail.benchmarks.serve_bench import DesignResult, verdicts
+    from lowtail.benchmarks.serve_report import verdicts
+    from lowtail.benchmarks.serve_run import DesignResult
 
     rows = []
     for rnd, ratio in enumerate((0.99, 0.96, 0.90), start=1):
@@ -130,3 +131,58 @@ def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
     assert "median of 3 rounds, 0.900-0.990" in line
     rows[3].ratio_to_bare = 0.80  # round 2: 0.99, 0.80, 0.90 has the median 0.90
     assert "NOT met (0.900" in verdicts(rows, 16)[0]
+
+
+def test_a_truncated_model_is_a_clean_error_and_the_json_says_so(
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(small_model, broken)
+    (weights,) = broken.glob("*.bin")
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--model", str(broken), "--seconds", "0.3", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"lowtail bench serve: --model {broken}: OpenVINO cannot read" in err
+    assert "Incorrect weights in bin file" in err and "Traceback" not in err
+    report = json.loads(out.read_text())
+    assert (
+        report["complete"] is False and report["results"] == [] and "OpenVINO cannot read" in report["error"]
+    )
+    assert (report["schema"], report["schema_version"]) == ("lowtail.bench.serve", 1)
+
+
+def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "serve.json"
+    argv = [sys.executable, "-m", "lowtail.cli.main", "bench", "serve", "--model", str(small_model)]
+    argv += ["--seconds", "3", "--samplers", "1,2", "--traffic", "", "--json", str(out)]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stderr is not None
+    seen = []
+    while True:  # the bar logs each design as it starts (not a terminal: one line each)
+        line = proc.stderr.readline()
+        seen.append(line)
+        if not line or "served x1" in line:
+            break
+    time.sleep(2.0)  # the worker compiles, the samplers measure
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and report["complete"] is False
+    assert report["verdicts"][0].startswith("INTERRUPTED: a partial run")
+    assert [r["label"] for r in report["results"]][:1] == ["bare (limit)"]  # what finished is kept
+    assert "served x2" not in [r["label"] for r in report["results"]]
+    assert "INTERRUPTED" in stdout

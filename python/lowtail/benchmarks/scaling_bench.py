@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.benchmarks.serve_bench import json_safe
+from lowtail.benchmarks.report import json_safe
 from lowtail.cli.main import UsageError
 from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table

@@ -64,6 +64,15 @@ class Progress:
             self._last_draw = now
             self._write(self.line() + "\n")
 
+    def phase(self, done: float, note: str) -> None:
+        """A new step begins (``note`` names it): redrawn on a terminal, one line in a log."""
+        if self.enabled and not self.tty and not self._finished and note != self.note:
+            self.done, self.note = min(max(done, 0.0), self.total), note
+            self._last_draw = time.monotonic()
+            self._write(self.line() + "\n")
+            return
+        self.update(done, note)
+
     def finish(self, note: str = "") -> None:
         """End the bar once (later calls do nothing); ``note`` replaces the running note."""
         if not self.enabled or self._finished:
