@@ -61,3 +61,34 @@ def test_validate_and_compare_tables_fit_100_columns(
         import shutil
 
         shutil.rmtree(tmp)
+
+
+def test_shm_ls_shows_sizes_in_binary_units_and_modes_as_chmod_writes_them() -> None:
+    from lowtail.cli.commands.shm_cmd import _rows, human_bytes
+    from lowtail.shm.segments import SegmentInfo
+
+    assert [human_bytes(n) for n in (512, 4096, 1536, 25 * 2**20, 3 * 2**30)] == [
+        "512 B",
+        "4 KiB",
+        "1.5 KiB",
+        "25 MiB",
+        "3 GiB",
+    ]
+    info = SegmentInfo("lowtail.q.1.2.ab", "/dev/shm/lowtail.q.1.2.ab", "q", 2, "alive", 24576, "0o600", 0)
+    assert _rows([info])[0][4:] == ["24 KiB", "0600"]
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from lowtail.render import style
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert style.paint("result: FAIL", "fail", Tty()) == "\033[1;31mresult: FAIL\033[0m"
+    assert style.paint("result: FAIL", "fail", io.StringIO()) == "result: FAIL"  # piped
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert style.paint("result: FAIL", "fail", Tty()) == "result: FAIL"

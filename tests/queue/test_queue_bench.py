@@ -95,8 +95,8 @@ def test_bench_rejects_unknown_transport(capsys) -> None:  # type: ignore[no-unt
     assert "unknown ['carrier_pigeon']" in capsys.readouterr().err
 
 
-def test_seed_baseline_unpickles_only_numpy_arrays() -> None:
-    """The seed design's pickled dicts are kept for the comparison, but a pickle naming any other
+def test_predecessor_baseline_unpickles_only_numpy_arrays() -> None:
+    """The predecessor system's pickled dicts are kept for the comparison, but a pickle naming any other
     callable (here os.system) is refused before it runs."""
     import os
     import pickle

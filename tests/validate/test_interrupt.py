@@ -74,9 +74,11 @@ def test_ctrl_c_during_a_probe_stops_cleanly_with_a_partial_report(probe: str, t
         if not line or line.startswith(PROBES[probe]):
             break
     assert seen[-1].startswith(PROBES[probe]), "".join(seen)
-    time.sleep(1.0)  # the probe's children are measuring
-    children = _session(proc.pid)
+    wait_until = time.monotonic() + 60  # the probe's children start (inference builds a model first)
+    while len(children := _session(proc.pid)) < 2 and time.monotonic() < wait_until:
+        time.sleep(0.1)
     assert len(children) >= 2, children  # the validator and at least one measuring child
+    time.sleep(1.0)  # ... and measure
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)

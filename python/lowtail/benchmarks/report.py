@@ -58,5 +58,7 @@ def write_bench_html(path: str, title: str, report: dict[str, Any], sections: li
     extra = []
     for key, heading in (("settings", "Settings"), ("workload", "Workload and settings"), ("host", "Host")):
         if isinstance(report.get(key), dict):
-            extra.append(html.Section(heading, table=html.Table(["", ""], _flat("", report[key]))))
+            extra.append(
+                html.Section(heading, table=html.Table(["setting", "value"], _flat("", report[key])))
+            )
     write_text(path, html.report(title, [*sections, *extra], data=json_safe(report)))

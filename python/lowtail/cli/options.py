@@ -68,14 +68,15 @@ def _writable(path: Path) -> str:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         return f"{str(parent)!r} {'is not a directory' if parent.exists() else 'does not exist'}"
+    exists = path.exists()
     try:
-        if path.exists():
+        if exists:
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
         else:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
             path.unlink()
     except OSError as e:
-        return f"cannot be written ({e.strerror})"
+        return f"cannot be written ({'opening' if exists else 'creating'} it failed: {e.strerror})"
     return ""
 
 

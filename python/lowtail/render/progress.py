@@ -47,7 +47,10 @@ class Progress:
         filled = int(frac * WIDTH)
         elapsed = time.monotonic() - self.t0
         note = f"  {self.note}" if self.note else ""
-        return f"{self.label:<28} [{'#' * filled}{'.' * (WIDTH - filled)}] {frac:4.0%} {elapsed:5.1f}s{note}"
+        # The remaining time where the total is known and some of it is done (a linear estimate).
+        eta = f" ETA {elapsed * (1 - frac) / frac:4.0f}s" if 0.02 <= frac < 1 else ""
+        bar = "#" * filled + "." * (WIDTH - filled)
+        return f"{self.label:<28} [{bar}] {frac:4.0%} {elapsed:5.1f}s{eta}{note}"
 
     def update(self, done: float, note: str = "") -> None:
         """Progress so far, in the unit of ``total``; ``note`` is shown after the bar (counts, rates)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtail.errors import LowtailError
-from lowtail.render import html, table
+from lowtail.render import html, style, table
 from lowtail.render.schema import stamp
 from lowtail.validation import plots, report
 from lowtail.validation.check import SEVERITY, Status
@@ -153,7 +153,15 @@ def warnings(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     cb, ca = _context(before), _context(after)
     for key, vb in cb.items():
         va = ca[key]
-        if vb != va:
+        if isinstance(vb, dict) and isinstance(va, dict) and vb != va:  # name only what differs
+            diff = [k for k in sorted(vb.keys() | va.keys()) if vb.get(k) != va.get(k)]
+            out.append(
+                f"warning: {key} differ: "
+                + "; ".join(
+                    f"{k} before {json.dumps(vb.get(k))}, after {json.dumps(va.get(k))}" for k in diff
+                )
+            )
+        elif vb != va:
             out.append(
                 f"warning: {key} differ: before {json.dumps(vb) if vb is not None else 'not recorded'}, "
                 f"after {json.dumps(va) if va is not None else 'not recorded'}"
@@ -275,7 +283,7 @@ def render_table(cmp: dict[str, Any], width: int | None = None) -> str:
         for r in cmp["checks"]
     ]
     out.append(table.render(HEADERS, rows, title=_title(cmp), width=width))
-    out.append(_verdict_line(cmp))
+    out.append(style.paint(_verdict_line(cmp), WORSE if cmp["worse"] else BETTER))
     return "\n".join(out)
 
 
@@ -300,15 +308,20 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
             )
         )
     ladders = []
+    counts = []
     for doc in (before, after):
         d = next(
             (c for c in doc["checks"] if c["name"] == "deschedule" and isinstance(c.get("data"), dict)), None
         )
-        lad = ((d or {}).get("data", {}).get("all") or {}).get("ladder_worst_cpu") if d else None
+        everything = ((d or {}).get("data", {}).get("all") or {}) if d else {}
+        lad = everything.get("ladder_worst_cpu")
         ladders.append(lad if isinstance(lad, list) else [])
+        per_cpu = (d or {}).get("data", {}).get("per_cpu") or {}
+        counts.append(min((int(s.get("n", 0)) for s in per_cpu.values() if isinstance(s, dict)), default=0))
     if ladders[0] and ladders[1]:
         title = "deschedule CDF, worst CPU at each quantile"
-        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title)))
+        n = (counts[0], counts[1])
+        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title, n=n)))
     return out
 
 

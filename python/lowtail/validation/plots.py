@@ -189,13 +189,32 @@ def ratio_bars(labels: Iterable[str], before: Sequence[float], after: Sequence[f
 
 
 def ladder_compare(
-    before: Sequence[Sequence[float]], after: Sequence[Sequence[float]], title: str, unit: str = "ms"
+    before: Sequence[Sequence[float]],
+    after: Sequence[Sequence[float]],
+    title: str,
+    unit: str = "ms",
+    n: tuple[int, int] = (0, 0),
 ) -> bytes:
+    """The two reports' quantile ladders on a logit axis; with the sample counts, each maximum is drawn
+    at 1 - 1/n (where the last sample sits) and annotated, so the tail runs to the value that was seen."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, ladder in (("before", before), ("after", after)):
+    for (label, ladder), count in zip((("before", before), ("after", after)), n, strict=True):
         pts = [(q, v) for q, v in ladder if 0 < q < 1]
+        top = next((float(v) for q, v in ladder if q >= 1), None)
+        if pts and top is not None and count > 1 and 1 - 1 / count > pts[-1][0]:
+            pts.append((1 - 1 / count, top))
         if pts:
-            ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=label)
+            (line,) = ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=label)
+            if count > 1 and top is not None:
+                ax.annotate(
+                    f"{label} max {top:.4g} {unit} (n={count})",
+                    xy=(_floor(pts[-1][1]), pts[-1][0]),
+                    xytext=(-10, 6),
+                    textcoords="offset points",
+                    ha="right",
+                    fontsize=8,
+                    color=line.get_color(),
+                )
     ax.set_xscale("log")
     ax.set_yscale("logit")
     ax.set_xlabel(f"latency ({unit}, log)")

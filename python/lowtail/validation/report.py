@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lowtail.render import html, table
+from lowtail.render import html, style, table
 from lowtail.validation import plots
 from lowtail.validation.check import Check, Status, fmt
 from lowtail.validation.runner import Report
@@ -125,9 +125,10 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
     out.append("")
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
     if s.get("interrupted"):
-        out.append(f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130")
+        line = f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
     else:
-        out.append(f"result: {s['status'].upper()} ({counts})")
+        line = f"result: {s['status'].upper()} ({counts})"
+    out.append(style.paint(line, s["status"]))
     head = s.get("headline")
     if head:
         out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")

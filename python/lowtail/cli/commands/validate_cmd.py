@@ -46,8 +46,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_SAMPLES:,} samples per CPU (the least a p99.9 verdict accepts) and "
-        f"{QUICK_DURATION_S:g} s rt-tests runs",
+        help=f"{QUICK_SAMPLES:,} samples per CPU (just above the least a p99.9 verdict accepts) and "
+        f"{QUICK_DURATION_S:g} s rt-tests and sampling windows; every check on a 2-CPU host then takes about "
+        "half a minute (the inference probe compiles a model)",
     )
     p.add_argument("--only", metavar="NAME[,NAME...]", help="run only these checks (default: all)")
     p.add_argument(
