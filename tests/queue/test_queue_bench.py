@@ -87,6 +87,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
         "lowtail p50 at or below iceoryx2_waitset's", "lowtail p99.9 at or below iceoryx2_waitset's",
     ]  # fmt: skip
     assert all(isinstance(t["ratio"], float) for t in peer)
+    assert doc["workload"]["iceoryx2"] == "0.10.0"  # python/constraints.txt's pin
     assert iceoryx2_files() <= before
 
 

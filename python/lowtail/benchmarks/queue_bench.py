@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.metadata
 import io
 import os
 import platform
@@ -488,6 +489,7 @@ def run(args: argparse.Namespace) -> int:
             "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "iceoryx2": None if "iceoryx2_busy" in MISSING else importlib.metadata.version("iceoryx2"),
         },
         "transports": {},
     }  # fmt: skip
