@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +18,9 @@ BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us",
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
-    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--model", str(small_model), "--duration", "0.5", "--samplers", "2"]
     argv += ["--traffic", "3x2", "--breakdown"]
@@ -48,6 +52,15 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
     assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, text  # the tables fit the terminal
+    page = (tmp_path / "s.html").read_text()
+    assert page.index("<h2>Targets</h2>") < page.index("<h2>Plots</h2>") < page.index("<h2>JSON</h2>")
+    assert "<details><summary>Show the JSON</summary>" in page and "<th>p99.9 ms</th>" in page
+    assert (report["schema"], report["complete"], report["interrupted"]) == (
+        "lowtail.bench.serve",
+        True,
+        False,
+    )
 
 
 def write_static_batch_model(out: Path, features: int = 8) -> Path:
@@ -155,9 +168,6 @@ def test_a_truncated_model_is_a_clean_error_and_the_json_says_so(
 
 
 def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_path: Path) -> None:
-    import os
-    import signal
-    import subprocess
     import sys
     import time
 
@@ -169,14 +179,17 @@ def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_pa
     )
     assert proc.stderr is not None
     seen = []
-    while True:  # the bar logs each design as it starts (not a terminal: one line each)
-        line = proc.stderr.readline()
-        seen.append(line)
-        if not line or "served x1" in line:
-            break
-    time.sleep(2.0)  # the worker compiles, the samplers measure
-    os.killpg(proc.pid, signal.SIGINT)
-    stdout, err = proc.communicate(timeout=120)
+    try:
+        while True:  # the bar logs each design as it starts (not a terminal: one line each)
+            line = proc.stderr.readline()
+            seen.append(line)
+            if not line or "served x1" in line:
+                break
+        time.sleep(2.0)  # the worker compiles, the samplers measure
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
     err = "".join(seen) + err
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -186,3 +199,18 @@ def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_pa
     assert [r["label"] for r in report["results"]][:1] == ["bare (limit)"]  # what finished is kept
     assert "served x2" not in [r["label"] for r in report["results"]]
     assert "INTERRUPTED" in stdout
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """A step of the test failed with the run still going: Ctrl-C it, then kill what is left, and
+    remove the segments it named after itself, so a failing test leaves nothing behind."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    for name in os.listdir("/dev/shm"):
+        if f".{proc.pid}." in name:
+            os.unlink(f"/dev/shm/{name}")

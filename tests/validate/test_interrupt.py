@@ -45,6 +45,21 @@ def _session(sid: int) -> dict[int, str]:
     return out
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """A step of the test failed with the run still going: Ctrl-C it, then kill what is left, and
+    remove the segments it named after itself, so a failing test leaves nothing behind."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    for name in os.listdir("/dev/shm"):
+        if f".{proc.pid}." in name:
+            os.unlink(f"/dev/shm/{name}")
+
+
 @pytest.mark.parametrize("probe", list(PROBES))
 def test_ctrl_c_during_a_probe_stops_cleanly_with_a_partial_report(probe: str, tmp_path: Path) -> None:
     if probe in ("cyclictest", "oslat") and not any(
@@ -65,24 +80,27 @@ def test_ctrl_c_during_a_probe_stops_cleanly_with_a_partial_report(probe: str, t
         start_new_session=True,  # its own process group, as a shell gives a foreground job
         env={**os.environ, "TMPDIR": str(scratch)},
     )
-    assert proc.stderr is not None
-    seen = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        seen.append(line)
-        if not line or line.startswith(PROBES[probe]):
-            break
-    assert seen[-1].startswith(PROBES[probe]), "".join(seen)
-    wait_until = time.monotonic() + 60  # the probe's children start (inference builds a model first)
-    while len(children := _session(proc.pid)) < 2 and time.monotonic() < wait_until:
-        time.sleep(0.1)
-    assert len(children) >= 2, children  # the validator and at least one measuring child
-    time.sleep(1.0)  # ... and measure
-    os.killpg(proc.pid, signal.SIGINT)
-    t0 = time.monotonic()
-    out, err = proc.communicate(timeout=60)
-    stopped_s = time.monotonic() - t0
+    try:
+        assert proc.stderr is not None
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if not line or line.startswith(PROBES[probe]):
+                break
+        assert seen[-1].startswith(PROBES[probe]), "".join(seen)
+        wait_until = time.monotonic() + 60  # the probe's children start (inference builds a model first)
+        while len(children := _session(proc.pid)) < 2 and time.monotonic() < wait_until:
+            time.sleep(0.1)
+        assert len(children) >= 2, children  # the validator and at least one measuring child
+        time.sleep(1.0)  # ... and measure
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_s = time.monotonic() - t0
+    finally:
+        _end(proc)
     err = "".join(seen) + err
     assert proc.returncode == 130, err[-3000:]
     assert stopped_s < 30, stopped_s  # "at once": a generous bound that proves no hang

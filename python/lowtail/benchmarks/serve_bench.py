@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from lowtail.cli.options import (
     write_json,
     write_text,
 )
+from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
 from lowtail.serve.config import FIFO_SCOPES
@@ -272,9 +274,11 @@ def _finish(
     report["host"] = {
         "name": platform.node(),
         "cpus": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
     }
+    keys = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope", "client_spin_us", "duration_s")
+    report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     report["targets_met"] = targets(results, args.batch) if results else []
     lines = verdicts(results, args.batch) if results else ["no design finished"]
@@ -291,8 +295,8 @@ def _finish(
         if args.breakdown:
             text += "\n\n" + render_breakdown(results)
         print(text)
-        print("\n".join(lines))
-        print(host)
+        width = table.terminal_width()
+        print("\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in [*lines, host]))
     write_json(args.json, json_safe(report))
     if results and results[0].design == "bare" and (args.png or args.html):
         png = plot(results)

@@ -107,30 +107,46 @@ def render_rounds(results: list[DesignResult]) -> str:
     return table.render(headers, rows, title="served/bare per round (each against its own round's bare loop)")
 
 
-def render_breakdown(results: list[DesignResult]) -> str:
-    rows = []
+def breakdown_tables(results: list[DesignResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows): the worker's cost per engine call beyond infer(), stage by stage (us
+    p50/mean/p99, CALL_FIELDS), split in two tables so each fits a terminal, then its scheduling and
+    memory."""
     rounds = max(r.round for r in results)
-    for r in results:
-        if not r.breakdown_us:
-            continue
-        rows.append(
+    served = [r for r in results if r.breakdown_us]
+    half = (len(BREAKDOWN) + 1) // 2
+
+    def stages(keys: tuple[str, ...]) -> list[list[str]]:
+        return [
             [_row_label(r, rounds), str(r.breakdown_us["overhead_us"].n)]
-            + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in BREAKDOWN)]
-            + [_f(r.fifo_switches_per_call, ".2f"), str(r.fifo_cooldowns)]
-            + [_f(r.worker_rss_mib, ".0f"), _f(r.queue_mib, ".2f")]
-        )
-    headers = [
-        "design",
-        "n calls",
-        *[k.removesuffix("_us") for k in BREAKDOWN],
-        "FIFO sw/call",
-        "cooldowns",
-        "RSS MiB",
-        "queue MiB",
+            + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in keys)]
+            for r in served
+        ]
+
+    names = [k.removesuffix("_us") for k in BREAKDOWN]
+    title = "worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
+    rest = [
+        [
+            _row_label(r, rounds),
+            _f(r.fifo_switches_per_call, ".2f"),
+            str(r.fifo_cooldowns),
+            _f(r.worker_rss_mib, ".0f"),
+            _f(r.queue_mib, ".2f"),
+        ]
+        for r in served
     ]
-    return table.render(
-        headers, rows, title="worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
-    )
+    return [
+        (f"{title}, 1 of 2", ["design", "n calls", *names[:half]], stages(BREAKDOWN[:half])),
+        (f"{title}, 2 of 2", ["design", "n calls", *names[half:]], stages(BREAKDOWN[half:])),
+        (
+            "the worker's scheduling and memory",
+            ["design", "FIFO sw/call", "cooldowns", "RSS MiB", "queue MiB"],
+            rest,
+        ),
+    ]
+
+
+def render_breakdown(results: list[DesignResult]) -> str:
+    return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in breakdown_tables(results))
 
 
 def plot(results: list[DesignResult]) -> bytes:
@@ -270,7 +286,10 @@ def write_html(path: str, report: dict[str, Any], results: list[DesignResult], p
     from lowtail.render import html
 
     sections = [targets_table(report.get("targets_met", []))]
-    sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in result_tables(results)]
+    tables = result_tables(results) + (
+        breakdown_tables(results) if any(r.breakdown_us for r in results) else []
+    )
+    sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in tables]
     if png:
         sections.append(
             html.Section("Plots", images=[html.Image("throughput, latency and worker cost", png)])

@@ -5,11 +5,14 @@ drive them. Each design returns a ``DesignResult``; a design that fails returns 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,21 +195,37 @@ def _ms(ns: list[int] | np.ndarray) -> np.ndarray:
     return np.asarray(ns, dtype=np.float64) / 1e6
 
 
-def _reap(procs: list[Any]) -> None:
+def _reap(procs: list[Any], at_once: bool = False) -> None:
+    """Join the children (killed after 10 s, or at once when the run is being interrupted)."""
     for p in procs:
-        p.join(10)
+        p.join(0 if at_once else 10)
         if p.is_alive():
             p.kill()
             p.join()
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c() -> Iterator[None]:
+    """Start children with SIGINT ignored: the disposition survives exec, and a Python started with
+    SIGINT ignored keeps it so (signal module start-up), so Ctrl-C to the process group cannot raise a
+    KeyboardInterrupt traceback in a child still importing numpy. The benchmark ends them itself. A
+    Ctrl-C in these few milliseconds of spawning is lost, not mishandled."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def run_bare(setup: Setup) -> DesignResult:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_bare_child, args=(setup, child), daemon=True)
-    start_pinned(proc, setup.cpu)
+    with _deaf_to_ctrl_c():
+        start_pinned(proc, setup.cpu)
     child.close()
     batch = setup.batch
+    interrupted = False
     try:
         if not parent.poll(setup.duration + REPORT_GRACE_S):
             raise RuntimeError(f"the bare loop did not report within {setup.duration + REPORT_GRACE_S:g} s")
@@ -214,8 +233,11 @@ def run_bare(setup: Setup) -> DesignResult:
             r = parent.recv()
         except EOFError:
             raise RuntimeError("the bare loop died before reporting (see its traceback above)") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        _reap([proc])
+        _reap([proc], at_once=interrupted)
     wall = _ms(r["wall_ns"])
     desched = np.maximum(0.0, wall - _ms(r["cpu_ns"]))
     elapsed = r["elapsed_ns"] / 1e9
@@ -273,7 +295,8 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
             saved = os.sched_getaffinity(0)
             os.sched_setaffinity(0, setup.sampler_cpus)
             try:
-                p.start()
+                with _deaf_to_ctrl_c():
+                    p.start()
             finally:
                 os.sched_setaffinity(0, saved)
             child.close()
@@ -291,6 +314,9 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
                 why = f"exited with code {procs[i].exitcode} without reporting"
             results.append({"requests": 0, "elapsed_ns": 0, "lat_ns": [], "error": f"sampler {i}: {why}"})
         return results
+    except KeyboardInterrupt:
+        _reap(procs, at_once=True)
+        raise
     finally:
         _reap(procs)
 
@@ -355,7 +381,8 @@ def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
     with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
         # Warnings only: the worker's info lines would land on the progress bar.
         config = WorkerConfig(name="bench", max_batch=16, fifo_scope=setup.fifo_scope, log_level="WARNING")
-        worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
+        with _deaf_to_ctrl_c():
+            worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
         try:
             worker.wait_ready(120)
             results = _drive(setup, queue.descriptor, traffic)

@@ -50,8 +50,11 @@ def render(
         return max((len(word) for row in cells for word in row[i].split()), default=0)
 
     floors = [min(natural[i], max(MIN_COLUMN, min(longest(i), MAX_FLOOR))) for i in range(len(headers))]
-    widths = _fit(natural, floors, terminal_width() if width is None else width)
-    lines = textwrap.wrap(title, max(sum(widths) + GAP * (len(widths) - 1), 40)) if title else []
+    limit = terminal_width() if width is None else width
+    # Headers wrap first ("desched p99.9 ms" over two lines), then the cells of the widest columns.
+    data = [max([len(row[i]) for row in cells[1:]] + [floors[i]]) for i in range(len(headers))]
+    widths = _fit(_fit(natural, data, limit), floors, limit)
+    lines = textwrap.wrap(title, max(limit, 40)) if title else []
 
     def emit(row: list[str]) -> None:
         wrapped = [_lines(v, w) for v, w in zip(row, widths, strict=True)]
