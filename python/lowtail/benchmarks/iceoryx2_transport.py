@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -107,20 +108,19 @@ def _server(root: str, prefix: str, waitset: bool, cpu: int | None, prio: str, r
         guard = ws.attach_notification(requests)
         timeout = iox2.Duration.from_secs_f64(POLL_S)
     ready.set()
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches the whole group: the parent reports it
-        while not stop.is_set() and os.getppid() == parent:  # a killed client leaves no orphan spinning
-            if waitset:
-                ws.wait_and_process_with_timeout(timeout)  # woken by the client's notify, or the timeout
-                requests.try_wait()  # consume the notifications, or the WaitSet stays ready
-                while (active := server.receive()) is not None:
-                    _answer(active)
-                    answers.notify()
-            else:
-                deadline = time.monotonic() + POLL_S
-                while (active := server.receive()) is None and time.monotonic() < deadline:
-                    pass
-                if active is not None:
-                    _answer(active)
+    while not stop.is_set() and os.getppid() == parent:  # a killed client leaves no orphan spinning
+        if waitset:
+            ws.wait_and_process_with_timeout(timeout)  # woken by the client's notify, or the timeout
+            requests.try_wait()  # consume the notifications, or the WaitSet stays ready
+            while (active := server.receive()) is not None:
+                _answer(active)
+                answers.notify()
+        else:
+            deadline = time.monotonic() + POLL_S
+            while (active := server.receive()) is None and time.monotonic() < deadline:
+                pass
+            if active is not None:
+                _answer(active)
     if waitset:
         guard.delete()
 
@@ -181,7 +181,13 @@ class Iceoryx2Transport(Transport):
             target=_server,
             args=(self.root, self.prefix, self.waitset, self.worker_cpu, self.prio, ready, self.stop_event),
         )
-        self.proc.start()
+        # Started deaf to Ctrl-C (SIG_IGN survives the spawn's exec, and Python keeps it): a Ctrl-C to the
+        # process group ends the run in the caller, which stops the server; none prints a traceback.
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.proc.start()
+        finally:
+            signal.signal(signal.SIGINT, old)
         deadline = time.monotonic() + 60  # a spawned child takes seconds to import numpy on a loaded host
         while not ready.wait(0.05):
             if not self.proc.is_alive() or time.monotonic() > deadline:
