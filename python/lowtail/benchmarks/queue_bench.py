@@ -12,7 +12,9 @@ targets, the tables and the plot (``--html``). ``--check`` exits 1 when a target
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib.metadata
 import io
 import os
 import platform
@@ -23,7 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from lowtail.benchmarks.co_tenant import co_tenants
 from lowtail.benchmarks.queue_transports import (
+    MISSING,
+    PEER_PACKAGES,
     PRIORITIES,
     TRANSPORTS,
     Transport,
@@ -42,11 +47,22 @@ from lowtail.render.schema import stamp
 from lowtail.telemetry.percentiles import quantiles
 from lowtail.validation.evidence import shortfall
 
-ORDER = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
+ORDER = [
+    "lowtail",
+    "iceoryx2_busy",
+    "iceoryx2_waitset",
+    "seed_flock_poll",
+    "mp_pipe",
+    "tcp_pickle",
+    "ray_actor",
+    "spin_floor",
+]
 # Round trips per transport: >= 10,000 for lowtail and the floor (a p99.9 needs thousands), fewer for the
 # slow baselines (seed_flock_poll at ~1 ms per round trip, Ray at ~0.5-1 ms).
 FULL_N = {
     "lowtail": 20000,
+    "iceoryx2_busy": 20000,
+    "iceoryx2_waitset": 20000,
     "spin_floor": 20000,
     "seed_flock_poll": 5000,
     "mp_pipe": 10000,
@@ -55,6 +71,8 @@ FULL_N = {
 }
 QUICK_N = {
     "lowtail": 300,
+    "iceoryx2_busy": 300,
+    "iceoryx2_waitset": 300,
     "spin_floor": 300,
     "seed_flock_poll": 100,
     "mp_pipe": 200,
@@ -81,8 +99,15 @@ def register(sub: Any) -> None:
     add_html(p)
     p.add_argument(
         "--transports",
-        default=",".join(ORDER),
-        help=f"comma-separated subset of {','.join(ORDER)} (default: all)",
+        default=",".join(n for n in ORDER if n in TRANSPORTS),
+        help=f"comma-separated subset of {','.join(ORDER)} (default: all whose package imports; "
+        "iceoryx2_* need the optional group 'peer')",
+    )
+    p.add_argument(
+        "--co-tenant",
+        action="store_true",
+        help="run a busy loop at normal priority pinned on the client's and the server's CPU through the "
+        "measurement (lowtail.benchmarks.co_tenant): a shared host, reproducibly",
     )
     p.add_argument(
         "--samples",
@@ -236,6 +261,11 @@ TARGETS: tuple[tuple[str, str, str, float, bool], ...] = (
     ("lowtail p50 >= 20x lower than ray_actor", "ray_actor", "p50_us", 20.0, False),
     ("lowtail p99.9 >= 10x lower than seed_flock_poll", "seed_flock_poll", "p999_us", 10.0, False),
     ("lowtail p50 within 10x of spin_floor", "spin_floor", "p50_us", 10.0, True),
+    # The best production peer, in the same run: at or below it (lowtail / iceoryx2 <= 1).
+    ("lowtail p50 at or below iceoryx2_busy's", "iceoryx2_busy", "p50_us", 1.0, True),
+    ("lowtail p99.9 at or below iceoryx2_busy's", "iceoryx2_busy", "p999_us", 1.0, True),
+    ("lowtail p50 at or below iceoryx2_waitset's", "iceoryx2_waitset", "p50_us", 1.0, True),
+    ("lowtail p99.9 at or below iceoryx2_waitset's", "iceoryx2_waitset", "p999_us", 1.0, True),
 )
 QUANTILE = {"p50_us": 0.5, "p99_us": 0.99, "p999_us": 0.999}
 
@@ -416,6 +446,13 @@ def write_html(path: str, report: dict[str, Any], png: bytes) -> None:
 
 def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.transports.split(",") if n.strip()]
+    if absent := [n for n in names if n in MISSING]:
+        pkgs = sorted({PEER_PACKAGES[n] for n in absent})
+        raise UsageError(
+            f"--transports {','.join(absent)}: needs the Python package {', '.join(pkgs)}, which does not "
+            f"import ({MISSING[absent[0]]}); install it with: pip install 'lowtail[peer]' "
+            "(in a checkout: .venv/bin/pip install -c python/constraints.txt iceoryx2)"
+        )
     unknown = [n for n in names if n not in TRANSPORTS]
     if unknown or not names:
         raise UsageError(f"--transports {args.transports!r}: unknown {unknown}; expected a subset of {ORDER}")
@@ -452,14 +489,22 @@ def run(args: argparse.Namespace) -> int:
             "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "iceoryx2": None if "iceoryx2_busy" in MISSING else importlib.metadata.version("iceoryx2"),
         },
         "transports": {},
     }  # fmt: skip
+    tenant_cpus = sorted({c for c in (client_cpu, worker_cpu) if c is not None})
+    tenant_cpus = tenant_cpus or [min(os.sched_getaffinity(0))]
+    tenants = contextlib.ExitStack()
+    if args.co_tenant:
+        report["workload"]["co_tenant"] = {"cpus": tenant_cpus, "priority": "SCHED_OTHER nice 0", "pids": []}
     samples: dict[str, np.ndarray[Any, Any]] = {}
     saved = os.sched_getaffinity(0)
     saved_nice = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         try:
+            if args.co_tenant:  # before the first transport starts, stopped after the last run
+                report["workload"]["co_tenant"]["pids"] = tenants.enter_context(co_tenants(tenant_cpus))
             for i, name in enumerate(n for n in ORDER if n in names):
                 n = args.n or counts[name]
                 t = TRANSPORTS[name](worker_cpu, prio)
@@ -498,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 report["fairness"] = fairness_report(per_client, seconds)
         finally:
+            tenants.close()  # the co-tenant loops end here, Ctrl-C and errors included
             restore_priority(saved_nice)
             os.sched_setaffinity(0, saved)
         report["complete"] = True
