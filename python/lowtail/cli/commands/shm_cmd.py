@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
     gc = shm_sub.add_parser("gc", help="unlink segments whose owner process is dead")
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     for q in (ls, gc):
-        q.add_argument("--dir", default=segments.SHM_DIR, help="shared-memory directory (default /dev/shm)")
+        q.add_argument("--dir", default=segments.SHM_DIR, help="shared-memory directory")
         add_json(q, "the segments")
     ls.set_defaults(func=run_ls)
     gc.set_defaults(func=run_gc)
@@ -29,6 +29,24 @@ def register(sub: Any) -> None:
 def _check_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise UsageError(f"--dir {path!r} is not a directory; expected a tmpfs such as /dev/shm")
+
+
+def human_bytes(n: int) -> str:
+    """4096 -> '4 KiB', 25165824 -> '24 MiB' (binary units, as tmpfs sizes are given); exact in the JSON."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _mode(text: str) -> str:
+    """'0o600' -> '0600', as ls and chmod write it."""
+    try:
+        return f"{int(text, 8):04o}"
+    except ValueError:
+        return text
 
 
 def _user(uid: int) -> str:
@@ -43,10 +61,13 @@ def _flags(s: segments.SegmentInfo) -> str:
 
 
 def _rows(infos: list[segments.SegmentInfo]) -> list[list[object]]:
-    return [[s.name, s.kind, s.pid, s.liveness, _user(s.uid), s.size, s.mode, _flags(s)] for s in infos]
+    return [
+        [s.name, s.kind, s.pid, s.liveness, human_bytes(s.size), _mode(s.mode), _user(s.uid), _flags(s)]
+        for s in infos
+    ]
 
 
-HEADERS = ["segment", "kind", "owner pid", "owner", "user", "bytes", "mode", "flags"]
+HEADERS = ["segment", "kind", "owner pid", "owner", "size", "mode", "user", "flags"]
 
 
 def run_ls(args: argparse.Namespace) -> int:
