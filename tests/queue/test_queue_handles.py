@@ -163,13 +163,18 @@ def test_zero_copy_outputs_dropped_without_release_free_their_slot(server: Infer
             assert out.released
         p = _answered(c, w, 7.0)
         kept = p.finish(1, copy=False)["rowsum"]  # type: ignore[attr-defined]
-        del p
-        gc.collect()
+        del p  # no reference cycle: freed at once, no gc.collect() needed
         q = _answered(c, w, 8.0)  # the other slot
         q.finish(1)  # type: ignore[attr-defined]
         r = _answered(c, w, 9.0)  # reuses the free slot, never the one ``kept`` reads
         r.finish(1)  # type: ignore[attr-defined]
         assert (kept == 28.0).all()
+        del kept
+        both = [c.start(_x(10.0)), c.start(_x(11.0))]  # both slots again: nothing reads the dropped answer
+        b = w.claim(timeout_s=1)
+        assert b is not None and len(b) == 2
+        b.complete(echo(b.inputs["x"]))
+        assert [float(p.finish(1)["twice"][0, 0]) for p in both] == [21.0, 23.0]
 
 
 # -- done, wait_first --------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ def _one_round(xml: Path, cpu: int, standby: bool, warm: int) -> dict[str, Any]:
         try:
             workers[0].wait_ready(300)
             if standby:
-                before = {s.name for s in segments.list_segments()}
                 workers.append(
                     WorkerProcess.start(queue.descriptor, cpu, xml, WorkerConfig(name="gap"), standby=True)
                 )
@@ -43,7 +42,7 @@ def _one_round(xml: Path, cpu: int, standby: bool, warm: int) -> dict[str, Any]:
                 mem = psutil.Process(workers[1].pid).memory_full_info()
                 out["standby_rss_mib"] = mem.rss / 2**20
                 out["standby_uss_mib"] = mem.uss / 2**20
-                out["standby_new_segments"] = len({s.name for s in segments.list_segments()} - before)
+                out["standby_segments"] = sum(s.pid == workers[1].pid for s in segments.list_segments())
             primary = psutil.Process(workers[0].pid).memory_full_info()
             out["primary_rss_mib"], out["primary_uss_mib"] = primary.rss / 2**20, primary.uss / 2**20
             with QueueClient.attach(queue.descriptor) as c:

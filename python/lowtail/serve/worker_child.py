@@ -86,6 +86,7 @@ def main(
         stream=sys.stderr,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
     ppid = os.getppid()
     ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu, "role": role}
     idle_class = False

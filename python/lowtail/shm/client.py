@@ -200,7 +200,7 @@ class HeldOutputs(Mapping[str, np.ndarray]):
     without ``release()``, the slot returns once this object and every array over it are gone.
     """
 
-    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_ticket", "_views")
+    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_seq", "_slot", "_views")
 
     def __init__(
         self,
@@ -210,7 +210,8 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         plan: tuple[tuple[str, Any, Any, int, int], ...],
     ) -> None:
         self._client: QueueClient | None = client
-        self._ticket = ticket
+        # The slot and seq, not the ticket: the ticket holds this object (no cycle for the GC to find).
+        self._slot, self._seq = ticket.slot, ticket.seq
         self._plan = plan  # (name, dtype, shape, byte offset in the base, nbytes)
         self._base = weakref.ref(base)
         self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, plan)
@@ -220,9 +221,7 @@ class HeldOutputs(Mapping[str, np.ndarray]):
 
     def _valid(self) -> dict[str, np.ndarray[Any, Any]]:
         if self._views is None:
-            raise QueueError(
-                f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} were released"
-            )
+            raise QueueError(f"zero-copy outputs of slot {self._slot} seq {self._seq} were released")
         return self._views
 
     def __iter__(self) -> Iterator[str]:
@@ -245,12 +244,12 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         if base is not None:
             self._views = _views_of(base, self._plan)
             raise QueueError(
-                f"zero-copy outputs of slot {self._ticket.slot} seq {self._ticket.seq} are still referenced "
+                f"zero-copy outputs of slot {self._slot} seq {self._seq} are still referenced "
                 f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
                 f"the slot stays held"
             )
         self._client = None
-        client._free_held(self._ticket)
+        client._free_held(self._slot)
 
     def copy(self) -> Arrays:
         """Owned copies of the outputs (valid after release)."""
@@ -535,15 +534,14 @@ class QueueClient:
         self._held.clear()
         return in_use
 
-    def _free_held(self, ticket: Ticket) -> None:
+    def _free_held(self, slot: int) -> None:
         """``HeldOutputs.release`` succeeded: the slot is free again."""
-        ticket.held = None
-        entry = self._held.pop(ticket.slot, None)
+        entry = self._held.pop(slot, None)
         if entry is not None:
             entry[1].release()
         if entry is not None and not self._closed:
-            self._m.q[self._si[ticket.slot] + W_REQ_STATE] = FREE
-            self._free.append(ticket.slot)
+            self._m.q[self._si[slot] + W_REQ_STATE] = FREE
+            self._free.append(slot)
 
     def _published_slots(self) -> set[int]:
         """Slots the worker may still take: ring positions [tail, doorbell) of this lane.
