@@ -24,7 +24,7 @@ from lowtail.actors.allocator import AllocatorConfig
 from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
 from lowtail.actors.sampler import EnvSpec, SamplerResult, SamplerSpec, start_sampler
 from tests.ray.conftest import RayNodes
-from tests.ray.test_restart import freeze_and_count
+from tests.ray.test_restart import crash_actor_process, freeze_and_count
 from tests.runtime.conftest import SMALL_SPEC
 
 SAMPLERS = 3
@@ -95,7 +95,7 @@ def test_a_replicas_whole_actor_killed_costs_only_what_its_worker_had_claimed(
     def crash(actors: list[Any]) -> int:
         victim = actors[1]  # a.1: Ray restarts it with a new queue; its unclaimed requests go to a.0
         pid, claimed = freeze_and_count(victim, ("PROCESSING",))
-        ray.kill(victim, no_restart=False)
+        crash_actor_process(victim)
         os.kill(pid, signal.SIGKILL)  # frozen: it would only exit once resumed
         return claimed
 

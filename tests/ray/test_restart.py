@@ -49,6 +49,18 @@ def freeze_and_count(actor: Any, states: tuple[str, ...]) -> tuple[int, int]:
     return pid, sum(int(counts[s]) for s in states)
 
 
+def crash_actor_process(actor: Any, timeout_s: float = 10.0) -> int:
+    """SIGKILL an inference actor's process, as a crash would (Ray restarts it), and wait until it is
+    gone (reaped): its queue is then orphaned before its frozen worker is killed, so every client sees
+    the actor gone when it sees the worker gone. Returns the actor's pid."""
+    pid = int(ray.get(actor.ping.remote())["pid"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
+
+
 def run_samplers(
     ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig, crash: Any
 ) -> tuple[list[SamplerResult], int]:
@@ -105,9 +117,8 @@ def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is
 
     def crash(actor: Any) -> int:
         pid, in_flight = freeze_and_count(actor, ("WRITING", "READY", "PROCESSING"))
-        pids["actor"] = int(ray.get(actor.ping.remote())["pid"])
         pids["worker"] = pid
-        ray.kill(actor, no_restart=False)  # the actor process dies; Ray restarts it (max_restarts)
+        pids["actor"] = crash_actor_process(actor)  # Ray restarts it (max_restarts)
         os.kill(pid, signal.SIGKILL)  # its frozen worker would otherwise only exit once resumed
         return in_flight
 

@@ -215,8 +215,11 @@ def kill_actor(actor: Any) -> tuple[float, int]:
     pids = [p for p in (st["worker_pid"], st["standby_pid"]) if p]
     os.kill(int(st["worker_pid"]), signal.SIGSTOP)
     claimed = int(ray.get(actor.queue_counts.remote())["PROCESSING"])
+    actor_pid = int(ray.get(actor.ping.remote())["pid"])
     at = time.monotonic()
-    ray.kill(actor, no_restart=False)  # Ray restarts it (max_actor_restarts) with a new queue
+    os.kill(actor_pid, signal.SIGKILL)  # a crash: Ray restarts it (max_actor_restarts) with a new queue
+    while os.path.exists(f"/proc/{actor_pid}") and time.monotonic() - at < 10:
+        time.sleep(0.01)  # reaped: its queue is orphaned before its workers die, as in a real crash
     for pid in pids:
         os.kill(int(pid), signal.SIGKILL)
     return at, claimed
