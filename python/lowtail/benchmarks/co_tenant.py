@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from lowtail.node.signals import deaf_to_ctrl_c
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 MAX_S = 4 * 3600.0  # no benchmark runs this long: a bound, not a duration
 
@@ -46,17 +48,15 @@ def co_tenants(cpus: list[int], max_s: float = MAX_S) -> Iterator[list[int]]:
     flag = ctx.RawValue("i", 0)
     ready = ctx.Semaphore(0)
     procs = [ctx.Process(target=_busy, args=(cpu, os.getpid(), flag, ready, max_s)) for cpu in cpus]
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # deaf to the group's Ctrl-C: stopped below
     try:
-        for p in procs:
-            p.start()
-        signal.signal(signal.SIGINT, old)
+        with deaf_to_ctrl_c():  # the group's Ctrl-C ends the caller, which stops them below
+            for p in procs:
+                p.start()
         for _ in procs:
             if not ready.acquire(timeout=60):
                 raise RuntimeError(f"co-tenant on CPUs {cpus}: a busy loop did not start in 60 s")
         yield [p.pid for p in procs if p.pid is not None]
     finally:
-        signal.signal(signal.SIGINT, old)
         flag.value = 1
         for p in procs:
             if p.pid is not None:

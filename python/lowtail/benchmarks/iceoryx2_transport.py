@@ -28,7 +28,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ import iceoryx2 as iox2
 import numpy as np
 
 from lowtail.benchmarks.queue_transports import TRANSPORTS, Arrays, Transport, _ctx, echo, prepare
+from lowtail.node.signals import deaf_to_ctrl_c
 
 ROWS, COLS, OUT_COLS = 16, 512, 64
 SHM_DIR = Path("/dev/shm")
@@ -181,13 +181,9 @@ class Iceoryx2Transport(Transport):
             target=_server,
             args=(self.root, self.prefix, self.waitset, self.worker_cpu, self.prio, ready, self.stop_event),
         )
-        # Started deaf to Ctrl-C (SIG_IGN survives the spawn's exec, and Python keeps it): a Ctrl-C to the
-        # process group ends the run in the caller, which stops the server; none prints a traceback.
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        # A Ctrl-C to the process group ends the run in the caller, which stops the server.
+        with deaf_to_ctrl_c():
             self.proc.start()
-        finally:
-            signal.signal(signal.SIGINT, old)
         deadline = time.monotonic() + 60  # a spawned child takes seconds to import numpy on a loaded host
         while not ready.wait(0.05):
             if not self.proc.is_alive() or time.monotonic() > deadline:

@@ -5,20 +5,18 @@ drive them. Each design returns a ``DesignResult``; a design that fails returns 
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lowtail.node.signals import deaf_to_ctrl_c
 from lowtail.serve import metrics
 from lowtail.serve.pinning import (
     SchedFifo,
@@ -204,24 +202,11 @@ def _reap(procs: list[Any], at_once: bool = False) -> None:
             p.join()
 
 
-@contextlib.contextmanager
-def _deaf_to_ctrl_c() -> Iterator[None]:
-    """Start children with SIGINT ignored: the disposition survives exec, and a Python started with
-    SIGINT ignored keeps it so (signal module start-up), so Ctrl-C to the process group cannot raise a
-    KeyboardInterrupt traceback in a child still importing numpy. The benchmark ends them itself. A
-    Ctrl-C in these few milliseconds of spawning is lost, not mishandled."""
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def run_bare(setup: Setup) -> DesignResult:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_bare_child, args=(setup, child), daemon=True)
-    with _deaf_to_ctrl_c():
+    with deaf_to_ctrl_c():
         start_pinned(proc, setup.cpu)
     child.close()
     batch = setup.batch
@@ -295,7 +280,7 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
             saved = os.sched_getaffinity(0)
             os.sched_setaffinity(0, setup.sampler_cpus)
             try:
-                with _deaf_to_ctrl_c():
+                with deaf_to_ctrl_c():
                     p.start()
             finally:
                 os.sched_setaffinity(0, saved)
@@ -381,7 +366,7 @@ def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
     with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
         # Warnings only: the worker's info lines would land on the progress bar.
         config = WorkerConfig(name="bench", max_batch=16, fifo_scope=setup.fifo_scope, log_level="WARNING")
-        with _deaf_to_ctrl_c():
+        with deaf_to_ctrl_c():
             worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
         try:
             worker.wait_ready(120)

@@ -2,7 +2,7 @@
 
 Parent-side handle (stable API; the Ray inference actor uses exactly this)::
 
-    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.serve.worker import WorkerConfig, WorkerProcess
 
     w = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", config=WorkerConfig(name="hero3"))
     info = w.wait_ready(timeout_s=60)      # dict: pid, affinity, nice, sched_fifo, precision, threads, ...
@@ -44,6 +44,7 @@ import psutil
 
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
+from lowtail.node.signals import deaf_to_ctrl_c
 from lowtail.serve import metrics
 from lowtail.serve import stats_segment as workerstats
 from lowtail.serve import worker_child as worker_main
@@ -182,7 +183,8 @@ class WorkerProcess:
             daemon=True,
         )
         try:
-            start_pinned(proc, cpu)
+            with deaf_to_ctrl_c():  # its own SIGINT handler (a quiet stop) is set once it runs
+                start_pinned(proc, cpu)
         except BaseException:
             stats.close()
             parent_conn.close()

@@ -1,0 +1,27 @@
+"""Children that their parent ends: started deaf to the terminal's Ctrl-C.
+
+Standard library only (``lowtail.node`` is shipped to hosts by Ansible).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def deaf_to_ctrl_c() -> Iterator[None]:
+    """Start children with SIGINT ignored inside this block.
+
+    The disposition survives exec, and a Python started with SIGINT ignored keeps it so (the signal
+    module installs its KeyboardInterrupt handler only over the default), so a Ctrl-C to the process
+    group cannot raise a traceback in a child still importing numpy or OpenVINO; the parent, which
+    does get the KeyboardInterrupt, ends its children itself (a child may install its own SIGINT
+    handler once it runs). A Ctrl-C in the few milliseconds of spawning is lost, not mishandled.
+    """
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
