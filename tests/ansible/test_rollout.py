@@ -37,11 +37,13 @@ def provision_output(out: str) -> str:
     return out[out.index("PLAY [Provision") :]
 
 
-def run(inventory: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
+def ansible_playbook(*args: str, bin_dir: Path | None = None) -> tuple[int, str]:
+    """ansible-playbook from the repository root, with `bin_dir` (the stand-ins) first on PATH."""
     env = ansible_env()
-    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = subprocess.run(
-        ["ansible-playbook", "-i", str(inventory), "site.yml", *extra],
+        ["ansible-playbook", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -50,6 +52,10 @@ def run(inventory: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
         check=False,
     )
     return result.returncode, result.stdout + result.stderr
+
+
+def run(inventory: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
+    return ansible_playbook("-i", str(inventory), "site.yml", *extra, bin_dir=tmp_path / "bin")
 
 
 @pytest.mark.slow
@@ -170,3 +176,43 @@ def test_rerun_after_a_failure_applies_the_tuning_the_failed_run_did_not(
     # Applied and recorded: a third run applies nothing again.
     rc, out = run(inventory, tmp_path, *private)
     assert rc == 0 and calls(tmp_path) == made, (calls(tmp_path), out)
+
+
+@pytest.mark.slow
+def test_kubelet_version_failure_names_its_cause(tmp_path: Path) -> None:
+    """A kubelet binary that cannot run: the preflight problem says why, not just the return code."""
+    playbook = tmp_path / "kubelet-preflight.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "The kubelet role's preflight alone",
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "vars": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        "lowtail_versions": {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}},
+                        "lowtail_kubelet_binary": str(tmp_path / "no-such-kubelet"),
+                        "lowtail_kubelet_flag_files": [],
+                        "lowtail_drain_delegate": "localhost",
+                    },
+                    "tasks": [
+                        {
+                            "name": "Check kubelet",
+                            "ansible.builtin.include_role": {
+                                "name": "lowtail_kubelet",
+                                "tasks_from": "preflight",
+                            },
+                        }
+                    ],
+                }
+            ],
+            sort_keys=False,
+        )
+    )
+    rc, out = ansible_playbook(str(playbook))
+    words = " ".join(out.split())
+    assert rc != 0, words
+    cause = f"no output; {tmp_path}/no-such-kubelet: Error executing"
+    assert f"kubelet --version failed (rc 2): {cause}" in words, words
