@@ -1,12 +1,12 @@
 """CPU leases: one node's isolated CPUs handed out to exactly one owner each.
 
-This is the seed's ``NodeCpuAffinityAllocator`` without Ray (``ray_lease`` wraps it in a per-node
-actor), with what the seed lacked: the pool is the plan's isolated CPUs rather than whatever the
+This is the predecessor's ``NodeCpuAffinityAllocator`` without Ray (``ray_lease`` wraps it in a per-node
+actor), with what the predecessor system lacked: the pool is the plan's isolated CPUs rather than whatever the
 allocator's own affinity mask happened to be; an owner can ask to be near a CPU or a NUMA node (same
 L3 group first, then same node); dead owners are reclaimed (a process that is gone, a Ray actor that
 is dead); and the table lives in a JSON file on the node so a restarted allocator rebuilds it.
 
-Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>`` (the seed's three
+Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>`` (the predecessor's three
 kinds, which the audit line groups by).
 
 Concurrency: every operation holds a thread lock and, when the table has a state file, an ``flock`` on
@@ -35,6 +35,7 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan, load_plan, make_plan
+from lowtail.node.process import boot_id, process_start_time
 from lowtail.node.topology import read_topology
 
 log = logging.getLogger(__name__)
@@ -103,130 +104,12 @@ def owner_kind(owner: str) -> str:
 # --- liveness ------------------------------------------------------------------------------------------
 
 
-def process_start_time(pid: int, proc_root: str | Path = "/proc") -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None if gone.
-
-    Recorded with every lease so a recycled pid is not mistaken for the owner. A zombie counts as gone.
-    """
-    try:
-        raw = (Path(proc_root) / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # comm (field 2) may contain spaces and parentheses: fields after it start past the last ')'.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    if not fields or fields[0] in ("Z", "X", "x"):
-        return None
-    return int(fields[19])
-
-
 def pid_alive(lease: Lease) -> bool:
     """The default liveness check: the owner's process exists and is the same process (start time)."""
     if lease.pid is None:
         return True  # a lease without a process (``other:`` taken by hand) lives until released
     start = process_start_time(lease.pid)
     return start is not None and (lease.pid_start is None or start == lease.pid_start)
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-# --- where this node's leases may run ------------------------------------------------------------------
-
-
-class CpusetError(LeaseError):
-    """The cgroup's cpuset cannot be read, or it shares no CPU with the plan's isolated set."""
-
-
-@dataclass(frozen=True)
-class Cpuset:
-    """The CPUs a process's cgroup lets it (and its children) run on, and the file that said so."""
-
-    cpus: frozenset[int]
-    source: str  # the cpuset file read, e.g. /sys/fs/cgroup/cpuset/.../cpuset.effective_cpus
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo (proc_pid_mountinfo(5))
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _cgroup_dirs(proc: Path, fs_root: Path) -> list[tuple[str, Path, Path]]:
-    """(version, mount point, cgroup directory) of each hierarchy carrying cpusets, v1 first."""
-    memberships: dict[str, str] = {}
-    for line in (proc / "cgroup").read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        if hid == "0" and controllers == "":
-            memberships["v2"] = path
-        elif "cpuset" in controllers.split(","):
-            memberships["v1"] = path
-    found: list[tuple[str, Path, Path]] = []
-    for line in (proc / "mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        root, mount = _unescape(fields[3]), _unescape(fields[4])
-        fstype, superopts = tail[0], tail[2].split(",")
-        if fstype == "cgroup" and "cpuset" in superopts and "v1" in memberships:
-            version = "v1"
-        elif fstype == "cgroup2" and "v2" in memberships:
-            version = "v2"
-        else:
-            continue
-        path = memberships[version]
-        # A cgroup namespace shows paths relative to its root; a bind-mounted subtree has root != "/".
-        rel = os.path.relpath(path, root) if path.startswith(root) else path.lstrip("/")
-        mount_dir = fs_root / mount.lstrip("/")
-        found.append((version, mount_dir, (mount_dir / rel).resolve() if rel != "." else mount_dir))
-    return sorted(found, key=lambda x: x[0])
-
-
-def cgroup_cpuset(proc_root: str | Path = "/proc/self", fs_root: str | Path = "/") -> Cpuset | None:
-    """The effective cpuset of the process's cgroup (cgroup v1 or v2), or None when none is visible.
-
-    This, not the process's affinity mask, is what the kernel allows ``sched_setaffinity`` to reach
-    (cpuset(7)): a daemon confined by systemd's ``CPUAffinity=`` to housekeeping CPUs may still pin a
-    child to an isolated CPU of its cpuset, and in a pod the cpuset is what the kubelet granted.
-    v2: ``cpuset.cpus.effective``, from the nearest ancestor where the controller is enabled; v1:
-    ``cpuset.effective_cpus`` (``effective_cpus`` with the ``noprefix`` mount option), else
-    ``cpuset.cpus``. ``proc_root``/``fs_root`` point at fixture trees in tests.
-    """
-    proc, root = Path(proc_root), Path(fs_root)
-    try:
-        dirs = _cgroup_dirs(proc, root)
-    except OSError:
-        return None
-    names = {
-        "v1": ("cpuset.effective_cpus", "effective_cpus", "cpuset.cpus", "cpus"),
-        "v2": ("cpuset.cpus.effective",),
-    }
-    for version, mount, cgdir in dirs:
-        d = cgdir
-        while True:
-            for name in names[version]:
-                f = d / name
-                try:
-                    text = f.read_text().strip()
-                except OSError:
-                    continue
-                try:
-                    return Cpuset(frozenset(cpulist.parse(text)), str(f))
-                except ValueError as e:
-                    raise CpusetError(f"{f}: {text!r} is not a CPU list: {e}") from None
-            if d == mount or mount not in d.parents:
-                break
-            d = d.parent
-    return None
-
-
-def usable_cpus() -> frozenset[int]:
-    """CPUs this process may move itself or a child onto: its cgroup's cpuset, else its affinity mask."""
-    cpuset = cgroup_cpuset()
-    return cpuset.cpus if cpuset is not None else frozenset(os.sched_getaffinity(0))
 
 
 # --- the table -----------------------------------------------------------------------------------------

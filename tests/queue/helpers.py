@@ -38,7 +38,7 @@ def echo_worker(
     end = time.monotonic() + run_s
     try:
         while not stop and time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is None:
                 continue
             if delay_s:
@@ -63,12 +63,12 @@ def checking_client(desc: QueueDescriptor, seed: int, n: int, out: Any) -> None:
                 if len(pending) < 3:
                     continue
                 xs, p = pending.pop(0)
-                got = p.finish(timeout=10)
+                got = p.finish(timeout_s=10)
             else:
-                xs, got = x, c.infer({"x": x}, timeout=10)
+                xs, got = x, c.infer({"x": x}, timeout_s=10)
             bad += not _matches(xs, got)
         for xs, p in pending:
-            bad += not _matches(xs, p.finish(timeout=10))
+            bad += not _matches(xs, p.finish(timeout_s=10))
     out.put((seed, n, bad))
 
 
@@ -95,7 +95,7 @@ def wait_for_answer(desc: QueueDescriptor, timeout: float, out: Any) -> None:
         out.put(("submitted", c.lane))
         start = time.monotonic()
         try:
-            c.wait(t, timeout=timeout)
+            c.wait(t, timeout_s=timeout)
             result = "ok"
         except Exception as e:
             result = f"{type(e).__name__}: {e}"
@@ -120,7 +120,7 @@ def identity_worker(desc: QueueDescriptor, run_s: float = 120.0) -> None:
     end = time.monotonic() + run_s
     with QueueWorker.attach(desc) as w:
         while not stop and time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"y": b.inputs["x"]})
 
@@ -144,7 +144,7 @@ def hammer_client(desc: QueueDescriptor, cid: int, start_s: float, sizes: list[i
         def settle(x: np.ndarray[Any, Any], t: Any) -> None:
             nonlocal answered, errored, mismatched
             try:
-                got = c.wait(t, timeout=30.0)["y"]
+                got = c.wait(t, timeout_s=30.0)["y"]
             except Exception:
                 errored += 1
                 return
@@ -192,6 +192,7 @@ def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> N
 
 def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed: int) -> None:
     """Write random garbage into one class of ``lane``'s words for ``seconds`` (a third process)."""
+    from lowtail.shm import layout
     from lowtail.shm import queue as qm
 
     rng = np.random.default_rng(seed)
@@ -204,9 +205,9 @@ def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed
             k = int(rng.integers(0, geo.spl))
             g = lane * geo.spl + k
             if field == "header":
-                q[(qm.H_WORKER_SLEEP >> 3) if rng.random() < 0.5 else (qm.H_WORKER_EPOCH >> 3)] = v
+                q[layout.HW_WORKER_SLEEP if rng.random() < 0.5 else layout.HW_WORKER_EPOCH] = v
             elif field == "doorbell":
-                q[(qm.H_DOORBELLS >> 3) + lane] = v
+                q[layout.HW_DOORBELLS + lane] = v
             elif field == "ring":
                 q[geo.lane(lane, qm.L_RING) + k] = v
             elif field == "slot":
@@ -231,7 +232,7 @@ def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
         sys.settrace(_killer(getattr(queue_mod.QueueWorker, func).__code__, line_no))
         end = time.monotonic() + 30
         while time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"y": b.inputs["x"]})
 
@@ -243,7 +244,7 @@ def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds:
         end = time.monotonic() + seconds
         k = 0
         while time.monotonic() < end:
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is None:
                 continue
             latency_ns = int(latencies_s[min(k, len(latencies_s) - 1)] * 1e9)

@@ -56,9 +56,9 @@ def identity(ctx: BaseContext) -> Iterator[tuple[InferenceQueue, Any]]:
 
 
 def test_inline_max_is_the_edge_of_the_request_slot() -> None:
-    plan = payload.plan_of({"x": np.zeros((1, INLINE_MAX), np.uint8)})
-    assert plan.inline_end == REQ
-    assert payload.plan_of({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
+    layout = payload.layout_of({"x": np.zeros((1, INLINE_MAX), np.uint8)})
+    assert layout.inline_end == REQ
+    assert payload.layout_of({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
 
 
 def test_hammer_eight_staggered_clients_every_answer_is_its_own(
@@ -116,13 +116,13 @@ def test_a_client_killed_at_each_line_of_submit_loses_no_slot(ctx: BaseContext) 
                     if len(ts) < 2:
                         with contextlib.suppress(LaneBusy):  # until the dead client's request is answered
                             ts.append(c.submit({"x": xs[len(ts)]}))
-                    b = w.claim(timeout=0.02)
+                    b = w.claim(timeout_s=0.02)
                     if b is not None:
                         stale += sum(bytes(row[:4]) != struct.pack("<I", 7) for row in b.inputs["x"])
                         b.complete({"y": b.inputs["x"]})
                 for x, t in zip(xs, ts, strict=True):
-                    assert bytes(c.wait(t, timeout=1.0)["y"]) == bytes(x), f"killed at line {line}"
-                assert w.claim(timeout=0.05) is None, f"killed at line {line}: a request came back"
+                    assert bytes(c.wait(t, timeout_s=1.0)["y"]) == bytes(x), f"killed at line {line}"
+                assert w.claim(timeout_s=0.05) is None, f"killed at line {line}: a request came back"
             assert stale <= 1, f"killed at line {line}: the dead client's request ran {stale} times"
 
 
@@ -148,7 +148,7 @@ def test_a_worker_killed_at_each_line_of_claim_or_answer_answers_at_most_once(
             claimed_by_dead = s._m.q[s._m.geo.slot(t.slot, S_CLAIM_SEQ)] == t.seq
             with QueueWorker.attach(s.descriptor) as w2:
                 runs = 0
-                while (b := w2.claim(timeout=0.05)) is not None:
+                while (b := w2.claim(timeout_s=0.05)) is not None:
                     runs += len(b)
                     b.complete({"y": b.inputs["x"]})
                 if claimed_by_dead:
@@ -156,16 +156,16 @@ def test_a_worker_killed_at_each_line_of_claim_or_answer_answers_at_most_once(
                 else:
                     assert runs == 1, f"{func} line {line}: an unclaimed request was not served"
                 try:
-                    assert bytes(c.wait(t, timeout=5.0)["y"]) == bytes(x), f"{func} line {line}"
+                    assert bytes(c.wait(t, timeout_s=5.0)["y"]) == bytes(x), f"{func} line {line}"
                 except WorkerDied:
                     assert claimed_by_dead, f"{func} line {line}: WorkerDied for a request never claimed"
                 for k in range(2):  # both slots are usable: nothing was lost
                     xk = helpers.tagged(9, 1000 + k, 64, np.random.default_rng(k))
                     tk = c.submit({"x": xk})
-                    b = w2.claim(timeout=1.0)
+                    b = w2.claim(timeout_s=1.0)
                     assert b is not None
                     b.complete({"y": b.inputs["x"]})
-                    assert bytes(c.wait(tk, timeout=5.0)["y"]) == bytes(xk)
+                    assert bytes(c.wait(tk, timeout_s=5.0)["y"]) == bytes(xk)
 
 
 @pytest.mark.parametrize("field", ["header", "doorbell", "ring", "slot", "payload"])
@@ -184,7 +184,7 @@ def test_garbage_from_a_third_process_fences_one_lane_and_the_others_go_on(
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
                 x = helpers.tagged(2, answered, int(rng.integers(8, 2 * REQ)), rng)
-                assert bytes(good.infer({"x": x}, timeout=10.0)["y"]) == bytes(x)
+                assert bytes(good.infer({"x": x}, timeout_s=10.0)["y"]) == bytes(x)
                 answered += 1
         finally:
             fuzz.join(30)
@@ -212,7 +212,7 @@ def test_a_real_openvino_worker_answers_a_poison_request_with_an_error_and_serve
         try:
             w.wait_ready(120)
             with QueueClient.attach(s.descriptor) as c:
-                assert c.infer(example_inputs(64, 2), timeout=30)["value"].shape == (2, 1)
+                assert c.infer(example_inputs(64, 2), timeout_s=30)["value"].shape == (2, 1)
                 # Freeze the worker, plant a poison header in a published request, let it go.
                 os.kill(w.pid, signal.SIGSTOP)
                 try:
@@ -223,8 +223,8 @@ def test_a_real_openvino_worker_answers_a_poison_request_with_an_error_and_serve
                 finally:
                     os.kill(w.pid, signal.SIGCONT)
                 with pytest.raises(BadRequest, match="corrupt payload header"):
-                    c.wait(t, timeout=30)
-                assert c.infer(example_inputs(64, 3), timeout=30)["value"].shape == (3, 1)
+                    c.wait(t, timeout_s=30)
+                assert c.infer(example_inputs(64, 3), timeout_s=30)["value"].shape == (3, 1)
             assert w.alive()
         finally:
             assert w.stop() == 0

@@ -49,7 +49,7 @@ def _x(tag: float, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:
 
 def _serve(w: QueueWorker, timeout: float = 0.5) -> list[int]:
     """Claim one batch, answer it with ``echo``; returns the lanes it held ([] if none came)."""
-    b = w.claim(timeout=timeout)
+    b = w.claim(timeout_s=timeout)
     if b is None:
         return []
     lanes = b.lanes
@@ -61,7 +61,7 @@ def _round_trip(c: QueueClient, w: QueueWorker, tag: float) -> None:
     """One request through the worker, answered and checked against its own tag."""
     t = c.submit(_x(tag))
     assert _serve(w) == [c.lane]
-    assert c.wait(t, timeout=1.0)["twice"][0, 0] == tag * 2 + 1
+    assert c.wait(t, timeout_s=1.0)["twice"][0, 0] == tag * 2 + 1
 
 
 @contextlib.contextmanager
@@ -98,7 +98,7 @@ def test_new_lane_is_claimed_while_a_known_lane_keeps_having_work(one_at_a_time:
             a.submit(_x(4.0))  # lane a never runs dry
             served.append(_serve(w))
         assert [b.lane] in served[:2], f"lane {b.lane} not served among the first two batches: {served}"
-        assert b.wait(tb, timeout=1.0)["twice"][0, 0] == 7.0
+        assert b.wait(tb, timeout_s=1.0)["twice"][0, 0] == 7.0
 
 
 def test_a_lane_published_alongside_another_is_claimed_without_further_traffic(
@@ -113,7 +113,7 @@ def test_a_lane_published_alongside_another_is_claimed_without_further_traffic(
         first = _serve(w)
         second = _serve(w, timeout=0.5)  # nobody publishes anything more
         assert sorted(first + second) == sorted([a.lane, b.lane])
-        b.wait(tb, timeout=1.0)
+        b.wait(tb, timeout_s=1.0)
 
 
 def test_eight_saturating_lanes_each_wait_at_most_one_round() -> None:
@@ -137,7 +137,7 @@ def test_eight_saturating_lanes_each_wait_at_most_one_round() -> None:
             seq = depth
             by_lane = {c.lane: c for c in clients}
             for batch_no in range(1, 200):
-                b = w.claim(timeout=1.0)
+                b = w.claim(timeout_s=1.0)
                 assert b is not None
                 tags = [float(v) for v in b.inputs["x"][:, 0]]
                 for lane, tag in zip(b.lanes, tags, strict=True):
@@ -146,7 +146,7 @@ def test_eight_saturating_lanes_each_wait_at_most_one_round() -> None:
                 for lane in b.lanes:  # each answered client refills at once: every lane stays full
                     c = by_lane[lane]
                     tag, t = tickets[lane].pop(0)
-                    assert c.wait(t, timeout=1.0)["twice"][0, 0] == tag * 2 + 1
+                    assert c.wait(t, timeout_s=1.0)["twice"][0, 0] == tag * 2 + 1
                     seq += 1
                     new_tag = float(lane * 1000 + seq)
                     tickets[lane].append((new_tag, c.submit(_x(new_tag))))
@@ -188,7 +188,7 @@ def test_a_pickle_planted_in_a_request_header_is_not_executed(tmp_path: Path) ->
         s._m.mem[off + 8 : off + 8 + len(evil)] = evil
         assert _serve(w) == []  # the only request was bad: answered at claim, no batch
         with pytest.raises(BadRequest, match="corrupt payload header"):
-            c.wait(t, timeout=1.0)
+            c.wait(t, timeout_s=1.0)
         assert not marker.exists(), "the worker ran code planted in shared memory"
         _round_trip(c, w, 5.0)
 
@@ -204,13 +204,13 @@ def test_a_poison_request_does_not_kill_restarted_workers() -> None:
             with QueueWorker.attach(s.descriptor) as w:
                 _serve(w, timeout=0.2)
         with pytest.raises(BadRequest):
-            c.wait(t, timeout=1.0)
-        assert c.wait(t2, timeout=1.0)["twice"][0, 0] == 5.0
+            c.wait(t, timeout_s=1.0)
+        assert c.wait(t2, timeout_s=1.0)["twice"][0, 0] == 5.0
 
 
 def _valid_header() -> bytes:
-    plan = payload.plan_of({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
-    return bytes(plan.prefix_header.tobytes()[8:])
+    layout = payload.layout_of({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
+    return bytes(layout.prefix_header.tobytes()[8:])
 
 
 def _mutations() -> list[tuple[str, bytes, bool]]:
@@ -279,7 +279,7 @@ def test_tickets_dropped_after_a_timeout_return_their_slots_once_answered() -> N
         for tag in (1.0, 2.0):
             t = c.submit(_x(tag))
             with pytest.raises(QueueTimeout):
-                c.wait(t, timeout=0.01)
+                c.wait(t, timeout_s=0.01)
             del t  # what the Ray client does on any error
         with pytest.raises(LaneBusy):  # not answered yet: the worker may still write those slots
             c.submit(_x(3.0))
@@ -325,7 +325,7 @@ def test_a_worker_killed_between_claim_and_tail_does_not_answer_twice() -> None:
         with QueueWorker.attach(s.descriptor) as w:
             assert w.restarted_failed == 1
             with pytest.raises(WorkerDied):
-                c.wait(t, timeout=1.0)
+                c.wait(t, timeout_s=1.0)
             assert _serve(w, timeout=0.2) == [], "the orphan was answered WorkerDied and then run again"
             _round_trip(c, w, 2.0)
 
@@ -355,9 +355,9 @@ def test_a_corrupt_control_word_fences_its_lane_and_the_others_go_on(word: str) 
             lanes += _serve(w, timeout=0.05)
         assert lanes == [a.lane], f"phantom or missing batches: {len(lanes)} batches, first {lanes[:10]}"
         assert w.fenced >= 1
-        assert a.wait(ta, timeout=1.0)["twice"][0, 0] == 5.0
+        assert a.wait(ta, timeout_s=1.0)["twice"][0, 0] == 5.0
         with pytest.raises(BadRequest, match=f"lane {b.lane} fenced"):
-            b.wait(tb, timeout=1.0)
+            b.wait(tb, timeout_s=1.0)
 
 
 @pytest.mark.parametrize("garbage", [2**63 + 7, 3], ids=["ahead", "behind"])
@@ -373,7 +373,7 @@ def test_a_lane_fenced_by_a_garbage_doorbell_fails_one_more_honest_request_then_
         assert _serve(w, timeout=0.05) == []
         assert w.fenced == 2
         with pytest.raises(BadRequest, match=f"lane {c.lane} fenced: doorbell 11 with tail {garbage}"):
-            c.wait(t, timeout=1.0)
+            c.wait(t, timeout_s=1.0)
         _round_trip(c, w, 2.0)  # the tail is back in step with the client's doorbell
         assert w.fenced == 2
 
@@ -389,16 +389,16 @@ def test_infinite_timeouts_wait_instead_of_overflowing() -> None:
         QueueClient.attach(s.descriptor) as c,
     ):
         t = c.submit(_x(1.0))
-        b = w.claim(timeout=math.inf)
+        b = w.claim(timeout_s=math.inf)
         assert b is not None
         timer = threading.Timer(0.1, lambda: b.complete(echo(b.inputs["x"])))
         timer.start()
         try:
-            assert c.wait(t, timeout=math.inf)["twice"][0, 0] == 3.0
+            assert c.wait(t, timeout_s=math.inf)["twice"][0, 0] == 3.0
         finally:
             timer.join()
-        with pytest.raises(Exception, match="timeout=nan"):
-            c.wait(c.submit(_x(1.0)), timeout=math.nan)
+        with pytest.raises(Exception, match="timeout_s=nan"):
+            c.wait(c.submit(_x(1.0)), timeout_s=math.nan)
 
 
 # -- the descriptor crosses processes as validated bytes, never as a pickle ----------------------
@@ -441,10 +441,10 @@ def test_worker_unmaps_a_departed_clients_ndarray_slots() -> None:
         for _ in range(5):  # five restarted clients of the same lane
             with QueueClient.attach(s.descriptor) as c:
                 t = c.submit(big)
-                b = w.claim(timeout=1.0)
+                b = w.claim(timeout_s=1.0)
                 assert b is not None
                 b.complete({"y": np.zeros((64, 1), np.float32)})
-                c.wait(t, timeout=1.0)
+                c.wait(t, timeout_s=1.0)
             assert len(w._attached) <= 1, "the worker keeps departed clients' slots mapped"
         assert w._attached.mapped_bytes <= 4 << 20
 
@@ -553,7 +553,7 @@ def test_a_closed_worker_frees_its_lock_even_while_a_batch_view_is_held() -> Non
     with InferenceQueue.create(cfg) as s, QueueClient.attach(s.descriptor) as c:
         w = QueueWorker.attach(s.descriptor)
         c.submit(_x(1.0))
-        b = w.claim(timeout=1.0)
+        b = w.claim(timeout_s=1.0)
         assert b is not None
         kept = b.inputs["x"]  # a zero-copy view of the segment, alive past close()
         w.close()

@@ -47,13 +47,13 @@ def test_round_trip_walks_the_seed_slot_states(server: InferenceQueue) -> None:
         x = np.arange(24, dtype=np.float32).reshape(3, 8)
         t = c.submit({"x": x})
         assert lane_states(server, c.lane)[t.slot] == "READY"
-        b = w.claim(timeout=1.0)
+        b = w.claim(timeout_s=1.0)
         assert b is not None and b.sizes == [3] and len(b.queue_wait_ns) == 1 and b.queue_wait_ns[0] >= 0
         assert lane_states(server, c.lane)[t.slot] == "PROCESSING"
         np.testing.assert_array_equal(b.inputs["x"], x)
         b.complete(echo(b.inputs["x"]))
         assert lane_states(server, c.lane)[t.slot] == "DONE"
-        out = c.wait(t, timeout=1.0)
+        out = c.wait(t, timeout_s=1.0)
         assert lane_states(server, c.lane)[t.slot] == "FREE"
         np.testing.assert_allclose(out["twice"], x * 2 + 1)
         assert out["rowsum"].dtype == np.float64 and out["rowsum"].shape == (3, 1)
@@ -120,20 +120,20 @@ def test_a_lone_request_below_min_batch_is_not_held(server: InferenceQueue) -> N
         QueueWorker.attach(s.descriptor) as w,
     ):
         c.submit({"x": np.zeros((1, 8), np.float32)})
-        b = w.claim(timeout=1.0)
+        b = w.claim(timeout_s=1.0)
         assert b is not None and b.sizes == [1]
 
 
 def test_claim_returns_none_after_its_timeout(server: InferenceQueue) -> None:
     with QueueWorker.attach(server.descriptor, idle_us=0) as w:
-        assert w.claim(timeout=0.01) is None
+        assert w.claim(timeout_s=0.01) is None
 
 
 def test_wait_times_out_and_the_request_can_be_waited_for_again(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
         t = c.submit({"x": np.ones((1, 8), np.float32)})
         with pytest.raises(QueueTimeout, match="no answer within") as ei:
-            c.wait(t, timeout=0.02)
+            c.wait(t, timeout_s=0.02)
         assert isinstance(ei.value, TimeoutError)
         b = w.claim(1.0)
         assert b is not None
@@ -214,10 +214,10 @@ def test_a_refused_request_leaves_the_cached_layout_and_sends_nothing_to_an_ndar
             except PayloadTooLarge:
                 assert arrays is not small
                 continue
-            b = w.claim(timeout=1.0)
+            b = w.claim(timeout_s=1.0)
             assert b is not None
             b.complete({"y": b.inputs["x"]})
-            np.testing.assert_array_equal(c.wait(t, timeout=1.0)["y"], small["x"])
+            np.testing.assert_array_equal(c.wait(t, timeout_s=1.0)["y"], small["x"])
             assert NdarraySlot.created == created  # inline, as before the refused one
 
 
@@ -318,7 +318,7 @@ def test_two_phase_start_returns_before_the_answer_and_finish_collects_it(server
         assert b is not None
         b.complete(echo(b.inputs["x"]))
         assert pending.done()
-        np.testing.assert_allclose(pending.finish(timeout=1.0)["twice"], x * 2 + 1)
+        np.testing.assert_allclose(pending.finish(timeout_s=1.0)["twice"], x * 2 + 1)
 
 
 def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active() -> None:

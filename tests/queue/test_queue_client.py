@@ -48,7 +48,7 @@ def _rounds(c: QueueClient, n: int) -> dict[str, int]:
     before = c.wait_counts
     x = np.ones((1, 4), np.float32)
     for _ in range(n):
-        np.testing.assert_array_equal(c.infer({"x": x}, timeout=30.0)["y"], x)
+        np.testing.assert_array_equal(c.infer({"x": x}, timeout_s=30.0)["y"], x)
     return {k: v - before[k] for k, v in c.wait_counts.items()}
 
 
@@ -89,9 +89,9 @@ def test_the_queue_round_trip_is_shorter_than_a_sleep_would_be() -> None:
 
 def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
     x = np.zeros((4, 3), np.float32)
-    plan = payload.plan_of({"x": x, "m": np.zeros((4,), np.bool_)})
-    assert plan.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
-    assert plan.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
+    layout = payload.layout_of({"x": x, "m": np.zeros((4,), np.bool_)})
+    assert layout.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
+    assert layout.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
     for other in (
         {"x": x},  # one missing
         {"x": x, "m": np.zeros((4,), np.bool_), "z": x},  # one more
@@ -102,7 +102,7 @@ def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
         {"x": np.ma.masked_array(x), "m": np.zeros((4,), np.bool_)},  # a subclass: validated again
         [x, x],  # not a mapping
     ):
-        assert not plan.matches(other)  # type: ignore[arg-type]
+        assert not layout.matches(other)  # type: ignore[arg-type]
 
 
 def test_a_request_of_another_layout_after_a_cached_one_is_sent_as_it_is(server: InferenceQueue) -> None:
@@ -117,12 +117,12 @@ def test_a_request_of_another_layout_after_a_cached_one_is_sent_as_it_is(server:
         ]
         for x in xs:
             t = c.submit({"x": x})
-            b = w.claim(timeout=1.0)
+            b = w.claim(timeout_s=1.0)
             assert b is not None
             got = b.inputs["x"]
             assert got.dtype == x.dtype and got.shape == x.shape
             b.complete({"y": got})
-            np.testing.assert_array_equal(c.wait(t, timeout=1.0)["y"], x)
+            np.testing.assert_array_equal(c.wait(t, timeout_s=1.0)["y"], x)
         with pytest.raises(BadRequest, match="expected a numpy array"):
             c.submit({"x": [[1.0, 2.0]]})  # type: ignore[dict-item]
 
@@ -132,10 +132,10 @@ def test_an_answer_of_another_layout_in_the_same_slot_is_read_as_it_is(server: I
         x = np.ones((2, 3), np.float32)
         for y in (np.ones((2, 5), np.float32), np.ones((2, 5), np.int64) * 7, np.zeros((2,), np.uint8)):
             t = c.submit({"x": x})
-            b = w.claim(timeout=1.0)
+            b = w.claim(timeout_s=1.0)
             assert b is not None
             b.complete({"y": y})
-            out = c.wait(t, timeout=1.0)["y"]
+            out = c.wait(t, timeout_s=1.0)["y"]
             assert out.dtype == y.dtype
             np.testing.assert_array_equal(out, y)
 
@@ -147,10 +147,10 @@ def test_an_answer_already_there_is_taken_without_spinning_or_parking(server: In
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
         for k in range(5):
             t = c.submit({"x": np.full((1, 4), k, np.float32)})
-            b = w.claim(timeout=1.0)
+            b = w.claim(timeout_s=1.0)
             assert b is not None
             b.complete({"y": b.inputs["x"]})
-            assert c.wait(t, timeout=1.0)["y"][0, 0] == k
+            assert c.wait(t, timeout_s=1.0)["y"][0, 0] == k
         counts = c.wait_counts
         assert counts["immediate"] == 5
         assert counts["spinning"] == counts["parked"] == counts["futex_waits"] == 0

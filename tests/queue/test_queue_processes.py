@@ -71,7 +71,7 @@ def test_killed_client_lane_is_reclaimed_and_others_go_on(ctx: BaseContext) -> N
         victim.start()
         lane = ready.get(timeout=30)
         with QueueClient.attach(s.descriptor) as other:
-            b = w.claim(timeout=1.0)  # the victim's request, now PROCESSING
+            b = w.claim(timeout_s=1.0)  # the victim's request, now PROCESSING
             assert b is not None and b.lanes == [lane]
             assert s.snapshot().lanes[lane].states.count("PROCESSING") == 1
             old_gen = s.snapshot().lanes[lane].gen
@@ -93,7 +93,7 @@ def test_killed_client_lane_is_reclaimed_and_others_go_on(ctx: BaseContext) -> N
                 # ... and both the newcomer and the other client are served.
                 for c in (newcomer, other):
                     t = c.submit({"x": np.full((3, 8), c.lane, np.float32)})
-                    b2 = w.claim(timeout=1.0)
+                    b2 = w.claim(timeout_s=1.0)
                     assert b2 is not None
                     b2.complete(helpers.echo(b2.inputs["x"]))
                     np.testing.assert_allclose(c.wait(t, 1.0)["twice"], np.full((3, 8), 2 * c.lane + 1))
@@ -154,7 +154,7 @@ def test_restarted_worker_fails_orphans_with_worker_died(ctx: BaseContext) -> No
         with QueueWorker.attach(s.descriptor) as w2:
             assert w2.restarted_failed == 1
         with pytest.raises(WorkerDied, match=f"worker restarted: the previous worker \\(pid {worker.pid}\\)"):
-            c.wait(t, timeout=1.0)
+            c.wait(t, timeout_s=1.0)
 
 
 def test_a_client_exiting_does_not_unlink_the_queue(ctx: BaseContext, server: InferenceQueue) -> None:
@@ -175,7 +175,7 @@ def test_idle_worker_and_parked_client_do_not_spin(ctx: BaseContext, server: Inf
     waiter = ctx.Process(target=helpers.wait_for_answer, args=(server.descriptor, 3.0, out))  # type: ignore[attr-defined]
     try:
         with QueueClient.attach(server.descriptor) as c:
-            c.infer({"x": np.ones((1, 8), np.float32)}, timeout=10)  # the worker is up and has worked
+            c.infer({"x": np.ones((1, 8), np.float32)}, timeout_s=10)  # the worker is up and has worked
         time.sleep(0.1)  # past the worker's idle window (2 ms)
         wp = psutil.Process(worker.pid)
         t0, w0 = time.monotonic(), sum(wp.cpu_times()[:2])

@@ -18,18 +18,10 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.inference import (
-    CrossNodeAttach,
-    EnvSpec,
-    InferenceActorFailed,
-    InferenceClient,
-    InferenceSpec,
-    NoEndpoints,
-    SamplerSpec,
-    start_inference_actor,
-    start_sampler,
-    stop_actor,
-)
+from lowtail.actors.client import InferenceClient
+from lowtail.actors.endpoint import CrossNodeAttach, NoEndpoints
+from lowtail.actors.inference import InferenceActorFailed, InferenceSpec, start_inference_actor, stop_actor
+from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
 from lowtail.serve.model import example_inputs, find_model_xml
 from lowtail.serve.worker import WorkerConfig
 from lowtail.shm.queue import QueueConfig, WorkerDied
@@ -252,7 +244,7 @@ def test_each_node_has_its_own_allocator_and_inference_actors(
 
 def test_the_default_queue_carries_an_8_x_512_float32_batch_inline() -> None:
     from lowtail.actors.inference import default_queue_config
-    from lowtail.shm.payload import plan_of
+    from lowtail.shm.payload import layout_of
 
     batch = {"obs": np.zeros((8, 512), np.float32)}
-    assert plan_of(batch).inline_end <= default_queue_config().request_bytes
+    assert layout_of(batch).inline_end <= default_queue_config().request_bytes

@@ -21,8 +21,8 @@ from lowtail.lease import node_plan
 from lowtail.node.plan import Plan
 from lowtail.telemetry import tbreport
 from lowtail.telemetry.export import P999_DESCHEDULE_TAG
+from tests.fixtures.plans import tiny_plan
 from tests.ray.conftest import RayNodes
-from tests.ray.plans import tiny_plan
 from tests.runtime.conftest import SMALL_SPEC
 
 

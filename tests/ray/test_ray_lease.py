@@ -27,8 +27,8 @@ from lowtail.actors.allocator import (
     stop_node_allocator,
 )
 from lowtail.lease import LeaseExhausted
+from tests.fixtures.plans import tiny_plan
 from tests.ray.conftest import RayNodes
-from tests.ray.plans import tiny_plan
 
 
 @pytest.fixture

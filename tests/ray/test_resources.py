@@ -16,15 +16,8 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.inference import (
-    ISOLATED_RESOURCE,
-    EnvSpec,
-    InferenceSpec,
-    SamplerSpec,
-    start_inference_actor,
-    start_sampler,
-    stop_actor,
-)
+from lowtail.actors.inference import ISOLATED_RESOURCE, InferenceSpec, start_inference_actor, stop_actor
+from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
 from tests.ray.conftest import RayNodes
 from tests.runtime.conftest import SMALL_SPEC
 

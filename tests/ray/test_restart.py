@@ -20,15 +20,8 @@ from typing import Any
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.inference import (
-    EnvSpec,
-    InferenceSpec,
-    SamplerResult,
-    SamplerSpec,
-    start_inference_actor,
-    start_sampler,
-    stop_actor,
-)
+from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
+from lowtail.actors.sampler import EnvSpec, SamplerResult, SamplerSpec, start_sampler
 from lowtail.shm.segments import list_segments
 from tests.ray.conftest import RayNodes
 from tests.runtime.conftest import SMALL_SPEC

@@ -19,15 +19,15 @@ def test_every_request_of_many_lanes_is_claimed_once_across_full_batches() -> No
             seen: list[float] = []
             with QueueWorker.attach(queue.descriptor) as worker:
                 while len(seen) < 200:
-                    batch = worker.claim(timeout=2)
+                    batch = worker.claim(timeout_s=2)
                     assert batch is not None, f"{200 - len(seen)} requests were never claimed"
                     assert len(batch) <= 16
                     seen += [float(v) for v in batch.inputs["x"][:, 0]]
                     batch.complete({"y": batch.inputs["x"] * 2})
-                assert worker.claim(timeout=0.05) is None  # nothing left, nothing claimed twice
+                assert worker.claim(timeout_s=0.05) is None  # nothing left, nothing claimed twice
             assert sorted(seen) == [float(i) for i in range(200)]
             for i, (c, t) in enumerate(tickets):
-                np.testing.assert_array_equal(c.wait(t, timeout=1)["y"], np.full((1, 4), 2 * i))
+                np.testing.assert_array_equal(c.wait(t, timeout_s=1)["y"], np.full((1, 4), 2 * i))
         finally:
             for c in clients:
                 c.close()

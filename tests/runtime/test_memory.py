@@ -19,18 +19,18 @@ def test_default_queue_holds_a_16_by_512_batch_and_the_default_models_answer_inl
     answer = engine.infer(x)
     cfg = QueueConfig()
     assert spec.features == 512
-    assert payload.plan_of(x).inline_end <= cfg.request_bytes
-    assert payload.plan_of(answer).inline_end <= cfg.response_bytes
+    assert payload.layout_of(x).inline_end <= cfg.request_bytes
+    assert payload.layout_of(answer).inline_end <= cfg.response_bytes
     # Through a real queue of the default geometry: no ndarray-slot segment appears on either side.
     shm = Path(cfg.shm_dir)
     before = {p.name for p in shm.iterdir()}
     with InferenceQueue.create(cfg) as queue:
         with QueueClient.attach(queue.descriptor) as client, QueueWorker.attach(queue.descriptor) as worker:
             pending = client.start(x)
-            batch = worker.claim(timeout=5)
+            batch = worker.claim(timeout_s=5)
             assert batch is not None
             batch.complete(engine.infer(batch.inputs))
-            got = pending.finish(timeout=5)
+            got = pending.finish(timeout_s=5)
             during = {p.name for p in shm.iterdir()} - before
         assert during == {queue.descriptor.name}  # only the control segment itself
     for name in answer:

@@ -54,7 +54,7 @@ def test_outputs_through_the_queue_equal_direct_openvino(
         for batch in (1, 5, 16):
             xa, xb = example_inputs(64, batch, seed=batch), example_inputs(64, batch, seed=100 + batch)
             pa, pb = a.start(xa), b.start(xb)  # both in flight: may be merged into one engine call
-            got_a, got_b = pa.finish(timeout=30), pb.finish(timeout=30)
+            got_a, got_b = pa.finish(timeout_s=30), pb.finish(timeout_s=30)
             for x, got in ((xa, got_a), (xb, got_b)):
                 ref = direct_outputs(small_model, x)
                 assert set(got) == set(ref) == {"action", "move", "value"}
@@ -90,7 +90,7 @@ def test_per_call_metrics_and_isolation_after_serving(served: tuple[InferenceQue
     cursor = w.calls().cursor
     with QueueClient.attach(queue.descriptor) as c:
         for _ in range(50):
-            c.infer(example_inputs(64, 8), timeout=30)
+            c.infer(example_inputs(64, 8), timeout_s=30)
     batch = w.calls(cursor)
     assert batch.rows.shape == (50, len(CALL_FIELDS)) and batch.lost == 0
     col = {n: i for i, n in enumerate(CALL_FIELDS)}
@@ -121,11 +121,11 @@ def test_a_malformed_request_fails_alone(served: tuple[InferenceQueue, WorkerPro
         with pytest.raises(
             RequestFailed, match=r"malformed request: .*float32\[3, 63\]: expected float32\[batch, 64\]"
         ):
-            pb.finish(timeout=30)
-        assert pg.finish(timeout=30)["value"].shape == (3, 1)
+            pb.finish(timeout_s=30)
+        assert pg.finish(timeout_s=30)["value"].shape == (3, 1)
         with pytest.raises(RequestFailed, match=r"the model expects exactly \['obs'\]"):
-            bad.infer({"observation": np.zeros((1, 64), np.float32)}, timeout=30)
-        assert good.infer(example_inputs(64, 2), timeout=30)["value"].shape == (2, 1)
+            bad.infer({"observation": np.zeros((1, 64), np.float32)}, timeout_s=30)
+        assert good.infer(example_inputs(64, 2), timeout_s=30)["value"].shape == (2, 1)
     assert w.alive()
     assert w.report().failed_requests == failed_before + 2
 
@@ -148,7 +148,7 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
         w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="victim", max_batch=64))
         w.wait_ready(120)
         with QueueClient.attach(queue.descriptor) as c:
-            assert c.infer(x, timeout=30)["value"].shape == (64, 1024)
+            assert c.infer(x, timeout_s=30)["value"].shape == (64, 1024)
             for _ in range(20):
                 pending = c.start(x)
                 deadline = time.monotonic() + 30
@@ -157,18 +157,18 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
                 while queue.snapshot().counts["PROCESSING"] == 0 and not pending.done():
                     assert time.monotonic() < deadline, "the worker never claimed the request"
                 if pending.done():
-                    pending.finish(timeout=30)
+                    pending.finish(timeout_s=30)
                     continue
                 os.kill(w.pid, signal.SIGSTOP)  # frozen: what we see now is what the kill will hit
                 if queue.snapshot().counts["PROCESSING"] == 1:
                     break
                 os.kill(w.pid, signal.SIGCONT)  # it finished before it froze (a loaded host): again
-                pending.finish(timeout=30)
+                pending.finish(timeout_s=30)
             else:
                 pytest.fail("never caught the worker with a request in PROCESSING")
             os.kill(w.pid, signal.SIGKILL)
             with pytest.raises(WorkerDied):
-                pending.finish(timeout=30)
+                pending.finish(timeout_s=30)
             os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
             with pytest.raises(WorkerExited, match=f"worker pid {w.pid} on CPU {CPU} has exited"):
                 w.isolation()  # not the zombie's one leftover thread reported as the worker's
@@ -181,7 +181,7 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
                 snap = queue.snapshot()
                 assert snap.worker_alive and snap.worker_pid == w2.pid
                 assert snap.counts["PROCESSING"] == 0
-                out = c.infer(x, timeout=30)
+                out = c.infer(x, timeout_s=30)
                 assert out["value"].shape == (64, 1024)
             finally:
                 assert w2.stop() == 0
@@ -192,7 +192,7 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
         with small_queue() as queue:
             w = WorkerProcess.start(queue.descriptor, CPU, small_model)
             w.wait_ready(120)
-            assert w.stop(timeout=10) == 0
+            assert w.stop(timeout_s=10) == 0
             assert w.stop() == 0 and not w.alive()  # idempotent
             return w.pid
 
@@ -268,7 +268,7 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
             x = example_inputs(64, 16)
             pending = [c.start(x) for _ in range(8)]
             for p in pending:
-                assert next(iter(p.finish(timeout=30).values())).shape[0] == 16
+                assert next(iter(p.finish(timeout_s=30).values())).shape[0] == 16
             deadline = time.monotonic() + 5
             while os.sched_getscheduler(w.pid) != os.SCHED_OTHER and time.monotonic() < deadline:
                 time.sleep(0.001)  # idle: both scopes leave SCHED_FIFO
@@ -305,7 +305,7 @@ def test_a_worker_busy_for_longer_than_the_rt_budget_slice_cools_down_and_serves
             with QueueClient.attach(queue.descriptor) as c:
                 pending = [c.start(x) for _ in range(16)]
                 for p in pending:
-                    assert p.finish(timeout=60)["value"].shape == (64, 1024)
+                    assert p.finish(timeout_s=60)["value"].shape == (64, 1024)
             report = w.report()
             assert report.calls == 16 and report.fifo_cooldowns >= 1, report
         finally:
@@ -322,7 +322,7 @@ def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
         try:
             info = w.wait_ready(120)
             assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER  # idle: never FIFO
-            c.infer(example_inputs(64, 4), timeout=30)
+            c.infer(example_inputs(64, 4), timeout_s=30)
             if not info["sched_fifo"]:  # not permitted here: the worker serves on nice alone
                 assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
                 return

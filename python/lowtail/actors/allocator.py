@@ -32,11 +32,11 @@ from lowtail.lease import (
     Lease,
     LeaseAllocator,
     LeaseError,
-    cgroup_cpuset,
     locate_plan,
     pid_alive,
 )
 from lowtail.node import cpulist
+from lowtail.node.cpuset import cgroup_cpuset
 from lowtail.node.plan import Plan
 
 NAMESPACE = "lowtail"

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.lease import KINDS, node_plan, usable_cpus
+from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
+from lowtail.node.cpuset import usable_cpus
 from lowtail.node.plan import Plan
 from lowtail.telemetry.export import WindowStats
 from lowtail.telemetry.percentiles import quantile
@@ -182,15 +183,9 @@ def _run(
     import ray
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
-    from lowtail.actors.inference import (
-        EnvSpec,
-        InferenceSpec,
-        SamplerSpec,
-        start_inference_actor,
-        start_sampler,
-        stop_actor,
-    )
+    from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
     from lowtail.actors.metrics import MetricsConfig, get_node_metrics, stop_node_metrics
+    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.serve.model import ModelSpec, write_model
     from lowtail.telemetry.export import window_stats
 

@@ -3,7 +3,7 @@
 A request of 16 x 512 float32 and a response of 16 x 64 float32, round trips timed closed-loop from the
 client (each request sent when the previous answer arrived), client and server pinned to different
 CPUs when there are two. Reports p50/p99/p99.9/max with the sample count per transport, ratios against
-lowtail, requests/s with 4 concurrent clients for lowtail and the seed's design, and the issue's
+lowtail, requests/s with 4 concurrent clients for lowtail and the predecessor system's design, and the issue's
 targets with met/not met. Output: a terminal table, JSON (``--json``), a latency plot (``--png``) and
 an HTML report with the plot and the tables (``--html``).
 """
@@ -62,7 +62,7 @@ WARMUP = {"quick": 20, "full": 500}
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "queue", help="the shared-memory queue vs the seed's flock+poll queue, pipes, TCP, Ray"
+        "queue", help="the shared-memory queue vs the predecessor system's flock+poll queue, pipes, TCP, Ray"
     )
     p.add_argument("--quick", action="store_true", help="a smoke run with few round trips (CI)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

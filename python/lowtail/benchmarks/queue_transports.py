@@ -1,7 +1,7 @@
 """The transports ``lowtail bench queue`` compares, each a server process plus a client in the caller.
 
 - ``lowtail``: ``lowtail.shm.queue``.
-- ``seed_flock_poll``: the baseline, a faithful re-implementation of the seed's SharedInferenceQueue
+- ``seed_flock_poll``: the baseline, a faithful re-implementation of the predecessor's SharedInferenceQueue
   (its sections 3.1.5, 3.1.6 and 3.2): 256 slots with int32 states FREE/WRITING/READY/PROCESSING/
   DONE/ERROR, ``fcntl.flock`` around slot allocation and claiming, pickled request/response dicts in
   16 KiB / 32 KiB slot regions, arrays in preallocated, reused shared ndarray slots described by
@@ -9,7 +9,7 @@
   8 samples the same way). One simplification: the worker reads each request's sample count from an
   int32 array beside the lengths instead of unpickling the request during its pre-scan.
 - ``mp_pipe``: ``multiprocessing.Pipe`` with pickle. ``tcp_pickle``: length-prefixed pickle over TCP
-  loopback (the seed's socket version). ``ray_actor``: a plain Ray actor method call.
+  loopback (the predecessor's socket version). ``ray_actor``: a plain Ray actor method call.
 - ``spin_floor``: two pinned processes ping-ponging a sequence word and copying the same payload through
   shared memory: what Python can do at best, the floor.
 
@@ -50,7 +50,7 @@ from lowtail.shm.queue import (
 Arrays = dict[str, np.ndarray[Any, Any]]
 RoundTrip = Callable[[Arrays], Arrays]
 
-# The baselines keep their pickled dicts (that is the seed design's cost), but even here nothing is
+# The baselines keep their pickled dicts (that is the predecessor design's cost), but even here nothing is
 # unpickled that could name arbitrary code: only numpy arrays and plain containers are allowed back.
 _PICKLE_ALLOWED = {("numpy._core.numeric", "_frombuffer"), ("numpy", "dtype"), ("numpy", "ndarray")}
 
@@ -140,7 +140,7 @@ def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any
     prepare(cpu, prio)
     with QueueWorker.attach(desc) as w:
         while not stop.is_set():
-            b = w.claim(timeout=0.05)
+            b = w.claim(timeout_s=0.05)
             if b is not None:
                 b.complete({"logits": echo(b.inputs["obs"])})
 
@@ -165,7 +165,7 @@ class LowtailTransport(Transport):
         self.client = QueueClient.attach(self.server.descriptor)
 
     def round_trip(self, arrays: Arrays) -> Arrays:
-        return self.client.infer(arrays, timeout=10.0)
+        return self.client.infer(arrays, timeout_s=10.0)
 
     def stop(self) -> None:
         if hasattr(self, "stop_event"):
@@ -179,7 +179,7 @@ class LowtailTransport(Transport):
             self.server.close()
 
 
-# -- the seed's design ----------------------------------------------------------------------------
+# -- the predecessor's design ----------------------------------------------------------------------------
 
 SEED_SLOTS = 256
 SEED_REQ_BYTES = 16384
@@ -191,7 +191,7 @@ S_FREE, S_WRITING, S_READY, S_PROCESSING, S_DONE, S_ERROR = range(6)
 
 
 class SeedNdarraySlot:
-    """The seed's SharedNdarraySlot: arrays in their own segment, described by a picklable bundle."""
+    """The predecessor's SharedNdarraySlot: arrays in their own segment, described by a picklable bundle."""
 
     def __init__(self, seg: segments.Segment, spec: dict[str, tuple[tuple[int, ...], str]]) -> None:
         self.seg = seg
@@ -218,7 +218,7 @@ class SeedNdarraySlot:
 
 
 class SeedQueue:
-    """The seed's SharedInferenceQueue: int32 state array, flock-protected allocation, sleep polling."""
+    """The predecessor's SharedInferenceQueue: int32 state array, flock-guarded allocation, sleep polling."""
 
     def __init__(self, seg: segments.Segment, lock_path: str) -> None:
         self.seg = seg
@@ -347,7 +347,7 @@ def _seed_worker(name: str, lock_path: str, cpu: int | None, prio: str, stop: An
 
 
 class SeedClient:
-    """The seed's InferenceShmClientAsync, reduced to one endpoint: pooled input/output ndarray slots."""
+    """The predecessor's InferenceShmClientAsync, one endpoint: pooled input/output ndarray slots."""
 
     def __init__(self, name: str, lock_path: str, obs_shape: tuple[int, int]) -> None:
         self.q = SeedQueue(segments.attach_segment(name), lock_path)
@@ -714,7 +714,7 @@ def _fairness_client(  # noqa: PLR0917 - a process target: positional arguments
         inflight = [client.submit({"obs": obs}) for _ in range(depth)]
         while flag.value == 1:  # every lane keeps ``depth`` requests ready: the worker is never idle
             try:
-                client.wait(inflight[0], timeout=0.2)
+                client.wait(inflight[0], timeout_s=0.2)
             except QueueTimeout:
                 continue  # a starved lane: the ticket stays valid, look at the flag again
             inflight.pop(0)
@@ -723,7 +723,7 @@ def _fairness_client(  # noqa: PLR0917 - a process target: positional arguments
         unanswered = 0
         for t in inflight:
             try:
-                client.wait(t, timeout=2.0)
+                client.wait(t, timeout_s=2.0)
             except QueueTimeout:
                 unanswered += 1
     out.put((os.getpid(), np.asarray(waits, np.int64).tobytes(), unanswered))

@@ -111,7 +111,7 @@ def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) 
     with QueueWorker.attach(desc) as w:
         conn.send("ready")
         while not stop.is_set():
-            batch = w.claim(timeout=0.05)
+            batch = w.claim(timeout_s=0.05)
             if batch is None:
                 continue
             t = mono()
@@ -175,11 +175,11 @@ def _sampler(*, desc: Any, duration: float, cpus: frozenset[int], conn: Any) -> 
         perf = time.perf_counter_ns
         with QueueClient.attach(desc) as c:
             for _ in range(200):  # warm-up: page faults, the worker's first sight of this lane
-                c.infer(x, timeout=10)
+                c.infer(x, timeout_s=10)
             t = perf()
             end = t + int(duration * 1e9)
             while t < end:
-                c.infer(x, timeout=10)
+                c.infer(x, timeout_s=10)
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1
@@ -207,7 +207,7 @@ def lanes_case(
             x = {"obs": np.ones((1, OBS), dtype=np.float32)}
             for _ in range(lanes - active):  # idle clients: each used its lane once, then went quiet
                 c = QueueClient.attach(queue.descriptor)
-                c.infer(x, timeout=10)
+                c.infer(x, timeout_s=10)
                 idle.append(c)
             conns = []
             for _ in range(active):
@@ -403,14 +403,14 @@ def ndslot_case(nbytes: int, cpu: int, duration: float) -> dict[str, Any]:
         t = perf()
         ticket = c.submit(x)
         write_ns.append(perf() - t)
-        c.wait(ticket, timeout=60)
+        c.wait(ticket, timeout_s=60)
 
     with InferenceQueue.create(cfg) as queue:
         worker = _EchoWorker(queue.descriptor, cpu, copy_bytes=nbytes)
         try:
             with QueueClient.attach(queue.descriptor) as c:
                 for _ in range(WARMUP):
-                    c.infer(x, timeout=60)
+                    c.infer(x, timeout_s=60)
                 created = NdarraySlot.created
                 times = _repeat(lambda: request(c), duration)
                 created = NdarraySlot.created - created

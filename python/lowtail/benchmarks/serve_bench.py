@@ -6,7 +6,7 @@ queue, driven by sampler processes in a closed loop (throughput is what the desi
 the sampler's submit-to-result time, which includes queueing behind the other samplers):
 
 - ``served xN``: N samplers each submitting batches of B samples (one request per engine call);
-- ``traffic NxK``: the predecessor system's traffic: N samplers each sending K observations per step
+- ``traffic NxK``: the predecessor's traffic: N samplers each sending K observations per step
   with the two-phase client (``start`` then ``finish``), the worker coalescing them into engine batches
   of 8-16 samples (the queue's defaults: ``min_batch_samples`` 8, ``max_batch_samples`` 16).
 
@@ -187,7 +187,7 @@ def register(bench_sub: Any) -> None:
         choices=FIFO_SCOPES,
         default="work",
         help="the worker's SCHED_FIFO scope (WorkerConfig.fifo_scope): while requests keep coming, "
-        "around each batch (the seed's toggle), or through idle spins too; the bare loop, never idle, "
+        "around each batch (the predecessor's toggle), or through idle spins too; the bare loop, never idle, "
         "toggles per call only under 'call'",
     )
     p.set_defaults(func=run)
@@ -247,13 +247,13 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
         with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
             end = perf() + int(warmup * 1e9)
             while perf() < end:
-                client.start(x).finish(timeout=10.0)
+                client.start(x).finish(timeout_s=10.0)
             start_mono = time.monotonic()
             cpu0 = time.process_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
-                client.start(x).finish(timeout=10.0)  # the two-phase client of the seed
+                client.start(x).finish(timeout_s=10.0)  # the predecessor's two-phase client
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1

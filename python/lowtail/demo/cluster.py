@@ -86,7 +86,8 @@ def ray_nodes() -> list[dict[str, Any]]:
 
 def _node_facts() -> dict[str, Any]:
     """Runs on a node: what it is, its plan (its own /etc/lowtail/plan.json) and its cgroup cpuset."""
-    from lowtail.lease import node_plan, usable_cpus
+    from lowtail.lease import node_plan
+    from lowtail.node.cpuset import usable_cpus
 
     return {
         "host": socket.gethostname(),
@@ -110,7 +111,8 @@ def _attach_elsewhere(endpoint: Any) -> str:
     """Runs on a node: try to reach another node's inference actor; returns the refusal."""
     import ray
 
-    from lowtail.actors.inference import CrossNodeAttach, InferenceClient
+    from lowtail.actors.client import InferenceClient
+    from lowtail.actors.endpoint import CrossNodeAttach
 
     try:
         InferenceClient([endpoint], node_id=ray.get_runtime_context().get_node_id()).close()
@@ -171,13 +173,8 @@ def set_up(opts: Options, say: Say) -> list[Node]:
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
     from lowtail.actors.demo import lease_policy
-    from lowtail.actors.inference import (
-        EnvSpec,
-        InferenceSpec,
-        SamplerSpec,
-        start_inference_actor,
-        start_sampler,
-    )
+    from lowtail.actors.inference import InferenceSpec, start_inference_actor
+    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.node.plan import Plan
 
     head_id = ray.get_runtime_context().get_node_id()

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The seed's slow_infer thresholds (section 3.1.4).
+# The predecessor's slow_infer thresholds.
 SLOW_ENGINE_CPU_MS = 100.0
 SLOW_TOTAL_MS = 200.0
 
 # "work": SCHED_FIFO while requests keep coming, dropped before any idle wait (default: no system call
-# between back-to-back batches). "call": around each batch (the seed's toggle, two system calls per
+# between back-to-back batches). "call": around each batch (the predecessor's toggle, two system calls per
 # batch). "busy": also through the idle spin and park of a claim timeout after the last batch.
 FIFO_SCOPES = ("work", "call", "busy")
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    name: str = ""  # the seed's "hero" label in slow_infer lines
+    name: str = ""  # the predecessor's "hero" label in slow_infer lines
     precision: str = "f32"
     nice: int = -20
     sched_fifo: bool = True  # try SCHED_FIFO around inference (falls back to nice if not permitted)

@@ -1,7 +1,7 @@
 """Per-call inference metrics, the ``slow_infer`` line and windowed percentiles.
 
-Per call the worker records wall time, process CPU time and thread CPU time, and the seed's
-deschedule = max(0, wall - process CPU) (section 1.3): time the call was runnable or waiting but not
+Per call the worker records wall time, process CPU time and thread CPU time, and the predecessor system's
+deschedule = max(0, wall - process CPU): time the call was runnable or waiting but not
 running. The kernel's own view is recorded next to it: the growth of ``run_delay`` (ns spent runnable
 but waiting for a CPU, /proc/thread-self/schedstat field 2) and of involuntary context switches. When
 the cause is CPU contention deschedule ~ run_delay growth; preemption by a hypervisor is counted as CPU
@@ -40,7 +40,7 @@ CALL_FIELDS: tuple[str, ...] = (
     "wall_ms",  # claim returned -> results written back
     "cpu_ms",  # process CPU time over the same interval on sampled calls, else the thread's (see below)
     "thread_cpu_ms",  # the serving thread's CPU time over the same interval
-    "deschedule_ms",  # max(0, wall - cpu_ms): the seed's formula
+    "deschedule_ms",  # max(0, wall - cpu_ms): the predecessor system's formula
     "engine_wall_ms",  # model execution only (the exporters' infer_exec_ms)
     "engine_cpu_ms",  # as cpu_ms, inside infer()
     "engine_thread_cpu_ms",
@@ -61,7 +61,7 @@ CALL_FIELDS: tuple[str, ...] = (
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 
 
-# The seed's format (section 3.1.4), with the kernel's counters appended after its fields.
+# The predecessor system's format, with the kernel's counters appended after its fields.
 SLOW_INFER_FORMAT = (
     "slow_infer hero=%s cpu=%d slots=%d total_batch=%d "
     "engine_cpu_ms=%.1f engine_thread_cpu_ms=%.1f engine_wait_ms=%.1f "

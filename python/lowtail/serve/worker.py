@@ -5,13 +5,13 @@ Parent-side handle (stable API; the Ray inference actor uses exactly this)::
     from lowtail.serve.worker import WorkerConfig, WorkerProcess
 
     w = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", config=WorkerConfig(name="hero3"))
-    info = w.wait_ready(timeout=60)      # dict: pid, affinity, nice, sched_fifo, precision, threads, ...
+    info = w.wait_ready(timeout_s=60)      # dict: pid, affinity, nice, sched_fifo, precision, threads, ...
                                          # raises WorkerStartFailed with the child's error
     w.pid, w.cpu, w.alive()
     batch = w.calls(since=cursor)        # CallBatch(rows, cursor, lost): per-call rows (metrics.CALL_FIELDS)
     rep = w.report(since=cursor)         # WorkerReport: percentiles per field, counters, state
     iso = w.isolation()                  # IsolationReport: threads, masks, the 1:1 CPU test
-    w.stop(timeout=5)                    # ask, then SIGTERM, then SIGKILL; frees the stats segment
+    w.stop(timeout_s=5)                    # ask, then SIGTERM, then SIGKILL; frees the stats segment
     # restart after a crash: WorkerProcess.start(...) again with the same descriptor; attaching fails
     # whatever the dead worker left in flight (WorkerDied) and serves new requests.
 
@@ -166,12 +166,12 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self._stats is not None and bool(self._proc.is_alive())
 
-    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
         if self.ready_info is not None:
             return self.ready_info
         try:
-            got = self._conn.poll(timeout)
+            got = self._conn.poll(timeout_s)
             msg = self._conn.recv() if got else None
         except (EOFError, OSError):
             msg = None
@@ -179,7 +179,7 @@ class WorkerProcess:
         if msg is None:
             if not got and self.alive():
                 raise WorkerStartTimeout(
-                    f"worker pid {self.pid} on CPU {self.cpu}: not ready after {timeout} s"
+                    f"worker pid {self.pid} on CPU {self.cpu}: not ready after {timeout_s} s"
                 )
             self._proc.join(5)
             raise WorkerStartFailed(
@@ -219,7 +219,7 @@ class WorkerProcess:
         )
 
     def isolation(self) -> IsolationReport:
-        """The worker's threads, their CPU masks and the seed's 1:1 test (process CPU ~ thread CPU)."""
+        """The worker's threads, their CPU masks and the predecessor's 1:1 test (process CPU ~ thread CPU)."""
         s = self._segment()
         masks: dict[str, int] = {}
         cpu_s: dict[int, float] = {}  # utime + stime per thread, as psutil reads /proc/PID/task/TID/stat
@@ -267,12 +267,12 @@ class WorkerProcess:
         """SIGKILL, as a crash would (for tests and for a hung worker)."""
         self._proc.kill()
 
-    def stop(self, timeout: float = 5.0) -> int | None:
+    def stop(self, timeout_s: float = 5.0) -> int | None:
         """Ask the worker to finish its batch and exit; SIGTERM, then SIGKILL if it does not. Idempotent."""
         if self._stats is not None:
             if self.alive():
                 self._stats.header[workerstats.STOP] = 1
-                self._proc.join(timeout)
+                self._proc.join(timeout_s)
             if self.alive():
                 self._proc.terminate()
                 self._proc.join(2.0)
@@ -352,12 +352,12 @@ def measure_pinned(
                 warm = min(100, calls)  # page faults, first futex waits
                 with QueueClient.attach(queue.descriptor) as client:
                     for _ in range(warm):
-                        client.infer(x, timeout=30)
+                        client.infer(x, timeout_s=30)
                     # One request per engine call (one client, closed loop); the worker writes a call's
                     # row just after answering it, so wait for the row before taking the cursor.
                     cursor = _wait_for_rows(w, warm)
                     for _ in range(calls):
-                        client.infer(x, timeout=30)
+                        client.infer(x, timeout_s=30)
                     _wait_for_rows(w, warm + calls)
                 rows = w.calls(cursor).rows
                 return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)
@@ -366,8 +366,8 @@ def measure_pinned(
                 w.stop()
 
 
-def _wait_for_rows(w: WorkerProcess, count: int, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
+def _wait_for_rows(w: WorkerProcess, count: int, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
     while (cursor := w.calls(count).cursor) < count:
         if time.monotonic() > deadline:
             raise RuntimeError(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm import ofd_lock
-from lowtail.shm import payload as ndslot
+from lowtail.shm import ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import (
     BadRequest,
@@ -34,8 +33,8 @@ from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
 from lowtail.shm.layout import (
     FREE,
     H_DOORBELLS,
-    H_WORKER_PID,
-    H_WORKER_SLEEP,
+    HW_WORKER_PID,
+    HW_WORKER_SLEEP,
     L_GEN,
     L_PARKED,
     L_PID,
@@ -47,7 +46,6 @@ from lowtail.shm.layout import (
     S_REQ_SEQ,
     S_REQ_STATE,
     S_RESP_SEQ,
-    SLOT_BYTES,
     ST_BAD_REQUEST,
     ST_CLIENT_GONE,
     ST_FAILED,
@@ -139,7 +137,7 @@ class Ticket:
 
 
 class Pending:
-    """The seed's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
+    """The predecessor's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
 
     __slots__ = ("client", "ticket")
 
@@ -151,8 +149,8 @@ class Pending:
         """True when the answer is there (``finish`` then returns without waiting)."""
         return self.client.ready(self.ticket)
 
-    def finish(self, timeout: float = 1.0) -> Arrays:
-        return self.client.wait(self.ticket, timeout)
+    def finish(self, timeout_s: float = 1.0) -> Arrays:
+        return self.client.wait(self.ticket, timeout_s)
 
 
 class QueueClient:
@@ -182,7 +180,7 @@ class QueueClient:
         self._spl = geo.spl
         self._req_bytes = geo.req_bytes
         # per slot s of the lane: u64 index of its slot words, byte offsets of its regions
-        self._si = [(geo.slot_base >> 3) + (self._g0 + s) * (SLOT_BYTES >> 3) for s in range(geo.spl)]
+        self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
         self._req_off = [geo.req_off(self._g0 + s) for s in range(geo.spl)]
         self._resp_off = [geo.resp_off(self._g0 + s) for s in range(geo.spl)]
         self._head = int(q[H_DOORBELLS // 8 + lane])
@@ -214,8 +212,8 @@ class QueueClient:
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
         # The layout of the last request sent, and whether it fits a slot inline.
-        self._plan: PayloadLayout | None = None
-        self._plan_inline = False
+        self._layout: PayloadLayout | None = None
+        self._layout_inline = False
         # Per slot: the inline layout written there last and the views of its arrays, and the
         # prefix and header bytes of the last inline answer read there with the views of its arrays.
         self._req_views: list[tuple[PayloadLayout, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
@@ -334,12 +332,12 @@ class QueueClient:
         if ticket.slot in self._inflight:
             self._inflight[ticket.slot] = None
 
-    def _write_external(self, s: int, g: int, plan: PayloadLayout, arrays: Mapping[str, Any]) -> int:
+    def _write_external(self, s: int, g: int, layout: PayloadLayout, arrays: Mapping[str, Any]) -> int:
         """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
         self._req_views[s] = None  # the header written below replaces any cached inline one
-        need = plan.ext_bytes
+        need = layout.ext_bytes
         nd = self._nd_req.pop(s, None)
-        if nd is None or nd.capacity < need or ndslot.rotation_spares(nd.capacity):
+        if nd is None or nd.capacity < need or payload.rotation_spares(nd.capacity):
             # Taken before the last one is given back: a rotating size class never rewrites at once
             # the slot the worker read last (its lines are in the worker core's cache, payload.py).
             last = nd
@@ -349,20 +347,20 @@ class QueueClient:
                 if last is not None:
                     self._pool.release(last)  # also when acquire failed (ENOSPC): nothing held twice
         self._nd_req[s] = nd
-        nd.write(arrays, plan.spec)
-        return ndslot.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, plan.spec)
+        nd.write(arrays, layout.spec)
+        return payload.write_header(self._m.buf, self._m.geo.req_off(g), nd.name, layout.spec)
 
-    def _check_size(self, plan: PayloadLayout) -> None:
+    def _check_size(self, layout: PayloadLayout) -> None:
         geo = self._m.geo
         limit = self._cfg.max_ndslot_bytes
-        if plan.ext_bytes > limit:
+        if layout.ext_bytes > limit:
             raise PayloadTooLarge(
-                f"request of {plan.ext_bytes} bytes ({spec_text(plan.spec)}) exceeds the "
+                f"request of {layout.ext_bytes} bytes ({spec_text(layout.spec)}) exceeds the "
                 f"{geo.req_bytes}-byte slot and the ndarray-slot limit of {limit} bytes"
             )
-        if ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.req_bytes:
+        if payload.inline_nbytes(layout.spec, "x" * 64) > geo.req_bytes:
             raise PayloadTooLarge(
-                f"the header of {spec_text(plan.spec)} alone exceeds the {geo.req_bytes}-byte slot"
+                f"the header of {spec_text(layout.spec)} alone exceeds the {geo.req_bytes}-byte slot"
             )
 
     # -- hot path: submit, wait --------------------------------------------------------------------
@@ -371,36 +369,36 @@ class QueueClient:
         """Write the request into a slot of this lane and publish it; returns at once."""
         if self._closed:
             raise QueueError("submit on a closed QueueClient")
-        plan = self._plan
-        if plan is None or not plan.matches(arrays):  # a new layout: validated, then checked cheaply
-            plan = ndslot.plan_of(arrays)
-            inline = plan.inline_end <= self._req_bytes
+        layout = self._layout
+        if layout is None or not layout.matches(arrays):  # a new layout: validated, then checked cheaply
+            layout = payload.layout_of(arrays)
+            inline = layout.inline_end <= self._req_bytes
             if not inline:
-                self._check_size(plan)  # a refused request leaves the cached layout as it was
-            self._plan, self._plan_inline = plan, inline
+                self._check_size(layout)  # a refused request leaves the cached layout as it was
+            self._layout, self._layout_inline = layout, inline
         q = self._q
         s = self._free.pop() if self._free else self._take_slot()
         si = self._si[s]
         q[si + W_REQ_STATE] = WRITING
         try:
-            if self._plan_inline:
+            if self._layout_inline:
                 off = self._req_off[s]
                 # Written every time (~0.1 us): a header another process overwrote heals at once.
-                self._mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes
+                self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
                 cached = self._req_views[s]
-                if cached is None or cached[0] is not plan:
-                    cached = (plan, tuple(ndslot.views(self._m.buf, plan.inline_layout, off).items()))
+                if cached is None or cached[0] is not layout:
+                    cached = (layout, tuple(payload.views(self._m.buf, layout.inline_layout, off).items()))
                     self._req_views[s] = cached
                     nd = self._nd_req.pop(s, None)
                     if nd is not None:
                         self._pool.release(nd)
                 for name, view in cached[1]:
-                    # ``plan`` matches: same dtype and shape, so this neither casts nor broadcasts
+                    # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
                     # (np.copyto(..., casting="no") costs ~0.25 us more per array for its arguments).
                     view[...] = arrays[name]
-                nbytes = plan.inline_end
+                nbytes = layout.inline_end
             else:
-                nbytes = self._write_external(s, self._g0 + s, plan, arrays)
+                nbytes = self._write_external(s, self._g0 + s, layout, arrays)
         except BaseException:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
@@ -416,17 +414,17 @@ class QueueClient:
         self._head = head + 1
         q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
         full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-        if q[H_WORKER_SLEEP >> 3]:
-            q[H_WORKER_SLEEP >> 3] = 0
-            futex_wake(self._m.addr(H_WORKER_SLEEP >> 3))
-        ticket = Ticket(s, seq, plan.batch, now)
+        if q[HW_WORKER_SLEEP]:
+            q[HW_WORKER_SLEEP] = 0
+            futex_wake(self._m.addr(HW_WORKER_SLEEP))
+        ticket = Ticket(s, seq, layout.batch, now)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
     def ready(self, ticket: Ticket) -> bool:
         return bool(self._q[self._si[ticket.slot] + W_RESP_SEQ] == ticket.seq)
 
-    def wait(self, ticket: Ticket, timeout: float = 1.0) -> Arrays:
+    def wait(self, ticket: Ticket, timeout_s: float = 1.0) -> Arrays:
         """Outputs of ``ticket`` (copies owned by the caller). Raises QueueTimeout, WorkerDied, ..."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
@@ -452,7 +450,7 @@ class QueueClient:
                 )
             ):
                 self._n_timed_parks += 1
-                deadline = deadline_ns(now, timeout)
+                deadline = deadline_ns(now, timeout_s)
                 answered = self._park(ticket, si, min(until, deadline), deadline)
                 now = clock()
             if answered:
@@ -468,7 +466,7 @@ class QueueClient:
                         self._n_spinning += 1
                         break
                     if now > spin_end:
-                        deadline = deadline or deadline_ns(now, timeout)
+                        deadline = deadline or deadline_ns(now, timeout_s)
                         self._park(ticket, si, deadline, deadline)
                         self._n_parked += 1
                         now = clock()
@@ -514,16 +512,16 @@ class QueueClient:
             raise _STATUS_ERRORS.get(status, RequestFailed)(
                 _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
             )
-        ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
         if ext is not None:
             self._resp_views[s] = None
-            views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(plan.spec)
+            views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(layout.spec)
         else:
-            if plan.inline_end > geo.resp_bytes:
+            if layout.inline_end > geo.resp_bytes:
                 raise RequestFailed(
-                    f"corrupt answer: {plan.inline_end}-byte layout in a {geo.resp_bytes} B slot"
+                    f"corrupt answer: {layout.inline_end}-byte layout in a {geo.resp_bytes} B slot"
                 )
-            views = ndslot.views(m.buf, plan.inline_layout, off)
+            views = payload.views(m.buf, layout.inline_layout, off)
             self._resp_views[s] = (raw, tuple(views.items()))
         out: Arrays = {}
         for name, view in views.items():
@@ -549,10 +547,10 @@ class QueueClient:
                 q[parked_i] = 0
                 return True
             now = clock()
-            if q[H_WORKER_PID >> 3] != 0 and not ofd_lock.held(m.seg.fd, 0):
+            if q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
-                dead_worker = int(q[H_WORKER_PID >> 3])
+                dead_worker = int(q[HW_WORKER_PID])
                 if q[si + W_CLAIM_SEQ] == seq:
                     q[parked_i] = 0
                     if q[resp_i] == seq:
@@ -593,8 +591,8 @@ class QueueClient:
             if answered:
                 return True
 
-    def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout: float = 1.0) -> Arrays:
-        return self.wait(self.submit(arrays), timeout)
+    def infer(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0) -> Arrays:
+        return self.wait(self.submit(arrays), timeout_s)
 
     def start(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Pending:
         return Pending(self, self.submit(arrays))

@@ -27,17 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from lowtail.node.process import boot_id
 from lowtail.shm import numa, ofd_lock
 from lowtail.shm.errors import BadConfig, QueueError, SegmentNotFound
 from lowtail.shm.futex import is_supported_platform
 from lowtail.shm.layout import (
     FREE,
-    H_CREATOR,
-    H_GEOM0,
-    H_GEOM1,
-    H_GEOM2,
-    H_MAGIC,
-    H_WORKER_PID,
+    HW_CREATOR,
+    HW_GEOM0,
+    HW_GEOM1,
+    HW_GEOM2,
+    HW_MAGIC,
+    HW_WORKER_PID,
     L_GEN,
     L_PID,
     MAGIC,
@@ -108,13 +109,6 @@ class QueueConfig:
     @property
     def slots(self) -> int:
         return self.lanes * self.slots_per_lane
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 DESCRIPTOR_VERSION = 1
@@ -208,7 +202,7 @@ def attach_mapped(desc: QueueDescriptor) -> Mapped:
     """Map an existing queue for a client or worker: this host and boot, its magic, at least its size."""
     if not is_supported_platform():
         raise QueueError("the queue's publication protocol assumes x86-64 (TSO) store ordering on Linux")
-    local_boot = _boot_id()
+    local_boot = boot_id()
     if desc.boot_id and local_boot and desc.boot_id != local_boot:
         raise SegmentNotFound(
             f"queue {desc.name} lives on host {desc.hostname} (boot {desc.boot_id[:8]}), this is "
@@ -219,17 +213,17 @@ def attach_mapped(desc: QueueDescriptor) -> Mapped:
     cfg = desc.config
     geo = Geometry.of(cfg.lanes, cfg.slots_per_lane, cfg.request_bytes, cfg.response_bytes)
     m = Mapped(seg, geo)
-    if m.q[H_MAGIC >> 3] != MAGIC or seg.size < geo.total:
+    if m.q[HW_MAGIC] != MAGIC or seg.size < geo.total:
         m.close()
         raise SegmentNotFound(f"{desc.path} is not a lowtail queue of this geometry (magic or size mismatch)")
     return m
 
 
-def deadline_ns(now: int, timeout: float) -> int:
-    """``now`` + ``timeout`` seconds in ns; ``math.inf`` waits without end (no OverflowError)."""
-    if not timeout >= 0:  # also NaN
-        raise QueueError(f"timeout={timeout!r}: expected seconds >= 0 (math.inf to wait without end)")
-    return now + int(timeout * 1e9) if timeout < 1e9 else now + (1 << 62)
+def deadline_ns(now: int, timeout_s: float) -> int:
+    """``now`` + ``timeout_s`` seconds in ns; ``math.inf`` waits without end (no OverflowError)."""
+    if not timeout_s >= 0:  # also NaN
+        raise QueueError(f"timeout_s={timeout_s!r}: expected seconds >= 0 (math.inf to wait without end)")
+    return now + int(timeout_s * 1e9) if timeout_s < 1e9 else now + (1 << 62)
 
 
 def spec_text(spec: Spec) -> str:
@@ -287,12 +281,12 @@ class InferenceQueue:
             seg.close()
             raise
         q = m.q
-        q[H_GEOM0 >> 3] = VERSION | (cfg.lanes << 32)
-        q[H_GEOM1 >> 3] = cfg.slots_per_lane | (cfg.request_bytes << 32)
-        q[H_GEOM2 >> 3] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
-        q[H_CREATOR >> 3] = os.getpid()
-        q[H_MAGIC >> 3] = MAGIC  # last: an attacher checks it
-        desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), _boot_id())
+        q[HW_GEOM0] = VERSION | (cfg.lanes << 32)
+        q[HW_GEOM1] = cfg.slots_per_lane | (cfg.request_bytes << 32)
+        q[HW_GEOM2] = cfg.response_bytes | ((0 if cfg.numa_node is None else cfg.numa_node + 1) << 32)
+        q[HW_CREATOR] = os.getpid()
+        q[HW_MAGIC] = MAGIC  # last: an attacher checks it
+        desc = QueueDescriptor(seg.name, cfg, socket.gethostname(), boot_id())
         return cls(desc, m)
 
     def __enter__(self) -> InferenceQueue:
@@ -337,7 +331,7 @@ class InferenceQueue:
                 )
             )
         return QueueSnapshot(
-            self.descriptor.name, int(q[H_WORKER_PID >> 3]), ofd_lock.held(fd, 0), tuple(lanes), counts
+            self.descriptor.name, int(q[HW_WORKER_PID]), ofd_lock.held(fd, 0), tuple(lanes), counts
         )
 
 

@@ -38,7 +38,7 @@ CPython writes a memoryview item of format "Q" with one 8-byte ``memcpy``, which
 a single ``mov``. On another architecture the queue refuses to run (``InferenceQueue.create`` and
 ``attach_mapped`` check ``is_supported_platform``).
 
-Slot states (the seed's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
+Slot states (the predecessor system's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
 PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
 until the client has read it and wrote FREE).
 
@@ -62,6 +62,16 @@ MAX_LANES = 256  # OFD lock bytes 1..256; doorbells fit page 0 with room to spar
 
 H_MAGIC, H_GEOM0, H_GEOM1, H_GEOM2, H_CREATOR = 0, 8, 16, 24, 32
 H_WORKER_PID, H_WORKER_EPOCH, H_WORKER_SLEEP, H_DOORBELLS = 64, 72, 128, 192
+# The header fields as u64 word indices: ``q[HW_WORKER_PID]``, as ``W_*`` are for slot words.
+HW_MAGIC, HW_GEOM0, HW_GEOM1, HW_GEOM2, HW_CREATOR = (
+    H_MAGIC >> 3,
+    H_GEOM0 >> 3,
+    H_GEOM1 >> 3,
+    H_GEOM2 >> 3,
+    H_CREATOR >> 3,
+)
+HW_WORKER_PID, HW_WORKER_EPOCH = H_WORKER_PID >> 3, H_WORKER_EPOCH >> 3
+HW_WORKER_SLEEP, HW_DOORBELLS = H_WORKER_SLEEP >> 3, H_DOORBELLS >> 3
 LANE_BASE = PAGE
 L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
 SLOT_BYTES = 128
@@ -114,6 +124,10 @@ class Geometry:
 
     def slot(self, g: int, field_off: int) -> int:
         return (self.slot_base + g * SLOT_BYTES + field_off) >> 3
+
+    def slot_word(self, g: int) -> int:
+        """u64 index of slot ``g``'s first word: the ``si`` that ``W_*`` indices are added to."""
+        return (self.slot_base + g * SLOT_BYTES) >> 3
 
     def req_off(self, g: int) -> int:
         return self.req_base + g * self.req_bytes

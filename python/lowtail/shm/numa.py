@@ -1,6 +1,6 @@
 """NUMA placement of shared memory through raw syscalls (no libnuma): bind, pre-fault, report.
 
-The seed pinned CPUs but left memory to first touch (its section 4.4): a segment zeroed by whichever
+The predecessor system pinned CPUs but left memory to first touch: a segment zeroed by whichever
 thread created it lands on that thread's node for good. Here a segment's range is bound with
 ``mbind(MPOL_BIND)`` before its pages are allocated, then touched by a thread pinned to the node's CPUs
 (so the page tables are populated and any page allocated by touch also obeys the node), and placement

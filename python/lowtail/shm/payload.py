@@ -18,7 +18,7 @@ dtypes of the allow-list ``DTYPES`` and refuses any byte it does not expect (``B
 the caller then checks the computed end against the region's size. Both sides cache a decoded header
 by its bytes, so a steady stream of same-shaped requests parses nothing.
 
-An *ndarray slot* (the seed's SharedNdarraySlot) is a segment of its own holding the arrays of a
+An *ndarray slot* (the predecessor's SharedNdarraySlot) is a segment of its own holding the arrays of a
 payload too large for a queue slot; its *bundle* (segment name, directory, layout) is plain data
 (str and tuples) passed by the caller, never read back from shared memory; both sides map the same
 pages, so neither side copies more than the writer's one copy in. Slots are pooled by the process
@@ -107,8 +107,8 @@ class PayloadLayout:
         and shapes, nothing else.
 
         The per-request check of a sender whose requests keep one shape: about half the cost of
-        ``plan_of`` (~0.2 against ~0.4 us for one array), which builds and hashes a key. False
-        sends the caller to ``plan_of``, which validates from scratch.
+        ``layout_of`` (~0.2 against ~0.4 us for one array), which builds and hashes a key. False
+        sends the caller to ``layout_of``, which validates from scratch.
         """
         try:
             if len(arrays) != len(self.checks):
@@ -118,16 +118,16 @@ class PayloadLayout:
                 if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
                     return False
         except (TypeError, KeyError, AttributeError):
-            return False  # not a mapping of arrays: plan_of says what is wrong
+            return False  # not a mapping of arrays: layout_of says what is wrong
         return True
 
     def with_batch(self, n: int) -> PayloadLayout:
-        """The plan of ``n`` rows of this payload (a request's share of a merged answer)."""
+        """The layout of ``n`` rows of this payload (a request's share of a merged answer)."""
         if n == self.batch:
             return self
         hit = self._rows.get(n)
         if hit is None:
-            hit = plan_for(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
+            hit = layout_for(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
             self._rows[n] = hit
         return hit
 
@@ -136,7 +136,7 @@ _plans: dict[Spec, PayloadLayout] = {}
 _fast_plans: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
 
 
-def plan_for(spec: Spec) -> PayloadLayout:
+def layout_for(spec: Spec) -> PayloadLayout:
     hit = _plans.get(spec)
     if hit is None:
         hit = PayloadLayout(spec)
@@ -144,8 +144,8 @@ def plan_for(spec: Spec) -> PayloadLayout:
     return hit
 
 
-def plan_of(arrays: Mapping[str, Any]) -> PayloadLayout:
-    """The (validated) plan of a payload; a shape seen before costs one dict lookup."""
+def layout_of(arrays: Mapping[str, Any]) -> PayloadLayout:
+    """The (validated) layout of a payload; a shape seen before costs one dict lookup."""
     try:
         key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
         hit = _fast_plans.get(key)
@@ -153,7 +153,7 @@ def plan_of(arrays: Mapping[str, Any]) -> PayloadLayout:
         hit, key = None, ()
     if hit is None:
         spec, _ = describe(arrays)
-        hit = plan_for(spec)
+        hit = layout_for(spec)
         if key:
             _bounded_put(_fast_plans, key, hit)
     return hit
@@ -350,12 +350,12 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 _header_plans: dict[bytes, tuple[str | None, PayloadLayout]] = {}
 
 
-def read_plan(
+def read_layout(
     mem: memoryview, words: memoryview, off: int, limit: int
 ) -> tuple[str | None, PayloadLayout, bytes]:
     """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
 
-    Returns (ndarray slot name or None, plan, raw prefix and header bytes).
+    Returns (ndarray slot name or None, layout, raw prefix and header bytes).
     """
     word = words[off >> 3]  # the u32 length and the u32 flags of the prefix, in one load
     hlen, flags = word & 0xFFFFFFFF, word >> 32
@@ -368,7 +368,7 @@ def read_plan(
     hit = _header_plans.get(raw)
     if hit is None:
         ext, spec = decode_header(raw[8:], flags == FLAG_EXTERNAL)
-        hit = (ext, plan_for(spec))
+        hit = (ext, layout_for(spec))
         _bounded_put(_header_plans, raw, hit)
     return hit[0], hit[1], raw
 
@@ -388,7 +388,7 @@ def copy_in(dst: dict[str, np.ndarray[Any, Any]], src: Mapping[str, np.ndarray[A
 
 
 class NdarraySlot:
-    """A segment holding one payload's arrays: the seed's SharedNdarraySlot, with a pooled lifetime."""
+    """A segment holding one payload's arrays: the predecessor's SharedNdarraySlot, with a pooled lifetime."""
 
     # Segments this process created and attached, since it started: the "nothing is mapped per
     # request" property is checked through these, not through a timer.
@@ -481,7 +481,7 @@ class NdarraySlot:
 # client's stores to them each wait for a cross-core invalidation. A slot is therefore written again
 # only after about ROTATE_BYTES went through the worker's L2 since it read it: the other slots of the
 # rotation, and the worker's copy-in of about one slot. Measured on this 2-vCPU KVM guest (AMD EPYC,
-# 1 MiB L2) with a two-process copy loop (issue 14; ``lowtail bench ndslot`` shows the write per
+# 1 MiB L2) with a two-process copy loop (``lowtail bench ndslot`` shows the write per
 # size): the client's write of 1 MiB into the slot the worker just read took 66-95 us (one run
 # 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two slots in turn, as fast as a
 # private copy; 2 MiB 108 -> 48 us with two; 512 KiB 54 -> 14 us with four. Above ROTATE_MAX_CAP the

@@ -16,23 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm import ofd_lock
-from lowtail.shm import payload as ndslot
+from lowtail.shm import ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
-    H_DOORBELLS,
-    H_WORKER_EPOCH,
-    H_WORKER_PID,
-    H_WORKER_SLEEP,
+    HW_DOORBELLS,
+    HW_WORKER_EPOCH,
+    HW_WORKER_PID,
+    HW_WORKER_SLEEP,
     L_GEN,
     L_PARKED,
     L_PID,
     L_RESP_COUNT,
     L_RING,
     L_TAIL,
-    SLOT_BYTES,
     ST_BAD_REQUEST,
     ST_CLIENT_GONE,
     ST_FAILED,
@@ -53,6 +51,11 @@ from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotP
 WORKER_PARK_SLICE_S = 0.25
 
 
+def _samples(items: list[_Item]) -> int:
+    """The samples (batch rows) of the claimed items whose request decoded."""
+    return sum(it.layout.batch for it in items if it.layout is not None)
+
+
 def _write_message(m: Mapped, g: int, message: str) -> int:
     """An error answer's message into the response region of slot ``g`` (truncated to it); its length."""
     raw = message.encode("utf-8", "replace")[: m.geo.resp_bytes]
@@ -64,7 +67,7 @@ def _write_message(m: Mapped, g: int, message: str) -> int:
 class _Item:
     """One claimed request (worker-private)."""
 
-    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "plan", "seq", "si", "submit_ns")
+    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "layout", "seq", "si", "submit_ns")
 
     def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
         self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
@@ -76,7 +79,7 @@ class _Item:
         self.gen = gen
         self.submit_ns = submit_ns
         self.claim_ns = claim_ns
-        self.plan: PayloadLayout | None = None
+        self.layout: PayloadLayout | None = None
         self.inputs: Arrays | None = None
         self.done = False
 
@@ -92,13 +95,13 @@ class Batch:
         self._items = items
         if len(items) == 1:  # the common case, without the list building below
             it = items[0]
-            self.sizes = [it.plan.batch] if it.plan is not None else []
+            self.sizes = [it.layout.batch] if it.layout is not None else []
             self.queue_wait_ns = [it.claim_ns - it.submit_ns]
             self.claimed_ns = it.claim_ns
             if it.inputs is not None:
                 self.inputs: Arrays = it.inputs  # zero-copy views of the request slot (or ndarray slot)
                 return
-        self.sizes = [it.plan.batch for it in items if it.plan is not None]
+        self.sizes = [it.layout.batch for it in items if it.layout is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
         # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
         self.claimed_ns = min([it.claim_ns for it in items], default=0)
@@ -126,12 +129,12 @@ class Batch:
         """
         total = self.total
         try:
-            plan = ndslot.plan_of(outputs)
+            layout = payload.layout_of(outputs)
         except BadRequest as e:
             self.fail(f"worker outputs: {e}")
             raise
-        if plan.batch != total:
-            got = ", ".join(f"{name}={shape}" for name, _, shape in plan.spec)
+        if layout.batch != total:
+            got = ", ".join(f"{name}={shape}" for name, _, shape in layout.spec)
             msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
             self.fail(msg)
             raise BadRequest(msg)
@@ -139,15 +142,15 @@ class Batch:
         if len(self._items) == 1:
             it = self._items[0]
             if not it.done:
-                worker._answer(it, ST_OK, outputs, plan, "")
+                worker._answer(it, ST_OK, outputs, layout, "")
         else:
             off = 0
             for it in self._items:
-                assert it.plan is not None
-                n = it.plan.batch
+                assert it.layout is not None
+                n = it.layout.batch
                 if not it.done:
                     part = {k: v[off : off + n] for k, v in outputs.items()}
-                    worker._answer(it, ST_OK, part, plan.with_batch(n), "")
+                    worker._answer(it, ST_OK, part, layout.with_batch(n), "")
                 off += n
         worker._wake_parked(self._items)
 
@@ -173,10 +176,10 @@ class QueueWorker:
         cfg, geo, q = desc.config, m.geo, m.q
         self._cfg = cfg
         self._idle_ns = idle_us * 1000
-        prev = int(q[H_WORKER_PID >> 3])
-        q[H_WORKER_PID >> 3] = os.getpid()
-        q[H_WORKER_EPOCH >> 3] = q[H_WORKER_EPOCH >> 3] + 1
-        q[H_WORKER_SLEEP >> 3] = 0
+        prev = int(q[HW_WORKER_PID])
+        q[HW_WORKER_PID] = os.getpid()
+        q[HW_WORKER_EPOCH] = q[HW_WORKER_EPOCH] + 1
+        q[HW_WORKER_SLEEP] = 0
         self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
         # u64 indices of each lane's fields, computed once for the hot path
         self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
@@ -185,7 +188,7 @@ class QueueWorker:
         self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
-        self._db_i = H_DOORBELLS >> 3
+        self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
         self._seen = bytes(8 * geo.lanes)  # the doorbells at the last poll (zeros: look at every used lane)
@@ -213,7 +216,7 @@ class QueueWorker:
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
         m = attach_mapped(desc)
         if not ofd_lock.try_lock(m.seg.fd, 0):
-            pid = m.q[H_WORKER_PID >> 3]
+            pid = m.q[HW_WORKER_PID]
             m.close()
             raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
         return cls(desc, m, desc.config.worker_idle_us if idle_us is None else idle_us)
@@ -256,7 +259,7 @@ class QueueWorker:
         self._in_views.clear()
         self._out_views.clear()
         self._doorbells.release()
-        self._m.q[H_WORKER_PID >> 3] = 0
+        self._m.q[HW_WORKER_PID] = 0
         # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
         # complete()) keeps the open file description, and with it the lock, alive after close(fd).
         ofd_lock.unlock(self._m.seg.fd, 0)
@@ -275,8 +278,8 @@ class QueueWorker:
 
     # -- hot path: claim, answer -------------------------------------------------------------------
 
-    def claim(self, timeout: float = 0.05) -> Batch | None:
-        """The next batch, or None after ``timeout`` seconds without a request."""
+    def claim(self, timeout_s: float = 0.05) -> Batch | None:
+        """The next batch, or None after ``timeout_s`` seconds without a request."""
         if self._closed:
             raise QueueError("claim on a closed QueueWorker")
         if self._carry:
@@ -292,8 +295,8 @@ class QueueWorker:
         q = m.q
         clock = time.monotonic_ns
         now = clock()
-        deadline = deadline_ns(now, timeout)
-        sleep_i = H_WORKER_SLEEP >> 3
+        deadline = deadline_ns(now, timeout_s)
+        sleep_i = HW_WORKER_SLEEP
         while True:
             if doorbells.tobytes() != self._drained:
                 poll(items)
@@ -354,7 +357,7 @@ class QueueWorker:
                 self._seen = raw
                 it = self._take(low, tails[low], time.monotonic_ns())
                 self._rr = (low + 1) % lanes
-                if it is not None and it.plan is not None:
+                if it is not None and it.layout is not None:
                     items.append(it)
                 self._drained = raw
                 return
@@ -365,7 +368,7 @@ class QueueWorker:
         heads = {lane: head_of(raw, lane << 3)[0] for lane in look}
         cfg = self._cfg
         max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
-        samples = sum(it.plan.batch for it in items if it.plan is not None)
+        samples = _samples(items)
         now = time.monotonic_ns()
         start = self._rr
         order = sorted(lane for lane in look if heads[lane] != tails[lane])
@@ -382,13 +385,13 @@ class QueueWorker:
                     self._fence(lane, f"doorbell {head} with tail {tail} and {spl} slots per lane")
                     continue
                 it = self._take(lane, tail, now)
-                if it is not None and it.plan is not None:
-                    if items and samples + it.plan.batch > max_samples:
+                if it is not None and it.layout is not None:
+                    if items and samples + it.layout.batch > max_samples:
                         self._carry.append(it)  # claimed already: first in the next batch
                         full = True
                     else:
                         items.append(it)
-                        samples += it.plan.batch
+                        samples += it.layout.batch
                 self._rr = (lane + 1) % lanes
                 if tails[lane] != heads[lane]:
                     again.append(lane)
@@ -412,7 +415,7 @@ class QueueWorker:
             self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
             return None
         g = lane * geo.spl + s
-        si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+        si = geo.slot_word(g)
         seq = q[si + W_REQ_SEQ]
         if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
             q[self._tail_i[lane]] = tail + 1
@@ -441,7 +444,7 @@ class QueueWorker:
         gen = q[self._gen_i[lane]]
         for s in range(geo.spl):
             g = lane * geo.spl + s
-            si = (geo.slot_base >> 3) + g * (SLOT_BYTES >> 3)
+            si = geo.slot_word(g)
             seq = q[si + W_REQ_SEQ]
             # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
             if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
@@ -460,35 +463,35 @@ class QueueWorker:
         g = it.g
         off = geo.req_off(g)
         try:
-            ext, plan, raw = ndslot.read_plan(m.mem, m.q, off, geo.req_bytes)
+            ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
                     self._attached.drop_lane(it.lane)
                     self._lane_gen[it.lane] = it.gen
                 slot = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode, it.lane)
-                views = slot.arrays(plan.spec)
+                views = slot.arrays(layout.spec)
             else:
                 cached = self._in_views.get(g)
                 if cached is not None and cached[0] == raw:
                     views = cached[1]
                 else:
-                    if plan.inline_end > geo.req_bytes:
+                    if layout.inline_end > geo.req_bytes:
                         raise BadRequest(
-                            f"request layout of {plan.inline_end} B exceeds the {geo.req_bytes} B slot"
+                            f"request layout of {layout.inline_end} B exceeds the {geo.req_bytes} B slot"
                         )
-                    views = ndslot.views(buf, plan.inline_layout, off)
+                    views = payload.views(buf, layout.inline_layout, off)
                     self._in_views[g] = (raw, views)
         except Exception as e:  # whatever a request holds, it fails alone
             bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
             self._answer(it, ST_BAD_REQUEST if bad else ST_FAILED, None, None, str(e))
             self._wake_parked([it])
             return
-        it.plan, it.inputs = plan, views
+        it.layout, it.inputs = layout, views
 
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
         if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
-            samples = sum(it.plan.batch for it in items if it.plan is not None)
+            samples = _samples(items)
             if samples < cfg.min_batch_samples:
                 now = time.monotonic_ns()
                 in_batch = {it.lane for it in items}
@@ -498,15 +501,15 @@ class QueueWorker:
                     end = now + cfg.coalesce_us * 1000
                     while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
                         self._poll(items)
-                        if sum(it.plan.batch for it in items if it.plan is not None) >= cfg.min_batch_samples:
+                        if _samples(items) >= cfg.min_batch_samples:
                             break
         self._last_work_ns = time.monotonic_ns()
         return self._batch(items)
 
     def _batch(self, items: list[_Item]) -> Batch:
         if len(items) > 1:
-            key = items[0].plan.merge_key if items[0].plan is not None else ()
-            same = [it for it in items if it.plan is not None and it.plan.merge_key == key]
+            key = items[0].layout.merge_key if items[0].layout is not None else ()
+            same = [it for it in items if it.layout is not None and it.layout.merge_key == key]
             if len(same) != len(items):
                 self._carry.extend(it for it in items if it not in same)  # a batch of their own next
             items = same
@@ -519,7 +522,7 @@ class QueueWorker:
         it: _Item,
         status: int,
         arrays: Mapping[str, np.ndarray[Any, Any]] | None,
-        plan: PayloadLayout | None,
+        layout: PayloadLayout | None,
         message: str,
     ) -> None:
         m = self._m
@@ -528,21 +531,21 @@ class QueueWorker:
         n = 0
         if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
             status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
-        elif status == ST_OK and arrays is not None and plan is not None:
+        elif status == ST_OK and arrays is not None and layout is not None:
             try:
-                if plan.inline_end <= geo.resp_bytes:
+                if layout.inline_end <= geo.resp_bytes:
                     cached = self._out_views.get(g)
                     off = geo.resp_off(g)
                     # Written every time, as the client does: a header another process overwrote heals.
-                    m.mem[off : off + len(plan.prefix_bytes)] = plan.prefix_bytes
-                    if cached is None or cached[0] is not plan:
-                        cached = (plan, ndslot.views(m.buf, plan.inline_layout, off))
+                    m.mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                    if cached is None or cached[0] is not layout:
+                        cached = (layout, payload.views(m.buf, layout.inline_layout, off))
                         self._out_views[g] = cached
                     for name, view in cached[1].items():
                         np.copyto(view, arrays[name], casting="no")
-                    n = plan.inline_end
+                    n = layout.inline_end
                 else:
-                    n = self._answer_external(g, plan, arrays)
+                    n = self._answer_external(g, layout, arrays)
             except QueueError as e:
                 status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
         if status != ST_OK:
@@ -558,13 +561,13 @@ class QueueWorker:
         self._outstanding.pop(g, None)
 
     def _answer_external(
-        self, g: int, plan: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
+        self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
     ) -> int:
         geo = self._m.geo
-        need, limit = plan.ext_bytes, self._cfg.max_ndslot_bytes
-        if need > limit or ndslot.inline_nbytes(plan.spec, "x" * 64) > geo.resp_bytes:
+        need, limit = layout.ext_bytes, self._cfg.max_ndslot_bytes
+        if need > limit or payload.inline_nbytes(layout.spec, "x" * 64) > geo.resp_bytes:
             raise PayloadTooLarge(
-                f"answer of {need} bytes ({spec_text(plan.spec)}) exceeds the {geo.resp_bytes}-byte "
+                f"answer of {need} bytes ({spec_text(layout.spec)}) exceeds the {geo.resp_bytes}-byte "
                 f"slot and the ndarray-slot limit of {limit} bytes"
             )
         self._out_views.pop(g, None)
@@ -574,8 +577,8 @@ class QueueWorker:
                 self._pool.release(nd)
             nd = self._pool.acquire(need)
             self._nd_resp[g] = nd
-        nd.write(arrays, plan.spec)
-        return ndslot.write_header(self._m.buf, geo.resp_off(g), nd.name, plan.spec)
+        nd.write(arrays, layout.spec)
+        return payload.write_header(self._m.buf, geo.resp_off(g), nd.name, layout.spec)
 
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:

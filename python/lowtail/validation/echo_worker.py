@@ -31,7 +31,7 @@ def main() -> int:
     print("ready", flush=True)
     try:
         while not stop:
-            batch = worker.claim(timeout=0.05)
+            batch = worker.claim(timeout_s=0.05)
             if batch is not None:
                 batch.complete({"out": next(iter(batch.inputs.values()))})
     finally:

@@ -25,9 +25,10 @@ from typing import Any
 
 from lowtail import __version__
 from lowtail.errors import LowtailError
-from lowtail.lease import Lease, boot_id
+from lowtail.lease import Lease
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
+from lowtail.node.process import boot_id
 from lowtail.node.topology import Topology
 from lowtail.render.progress import Progress
 from lowtail.shm.errors import QueueError

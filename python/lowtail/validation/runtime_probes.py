@@ -72,10 +72,10 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
             obs = np.zeros((1, 64), dtype=np.float32)
             with queue.QueueClient.attach(server.descriptor) as client:
                 for _ in range(200):  # warm-up: page faults, first futex waits
-                    client.infer({"obs": obs}, timeout=5.0)
+                    client.infer({"obs": obs}, timeout_s=5.0)
                 for _ in range(opts.samples):
                     t0 = time.perf_counter_ns()
-                    client.infer({"obs": obs}, timeout=5.0)
+                    client.infer({"obs": obs}, timeout_s=5.0)
                     samples.append((time.perf_counter_ns() - t0) / 1e6)
         finally:
             os.sched_setaffinity(0, saved)
@@ -96,7 +96,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
-INFERENCE_BATCH = 16  # the seed's max batch
+INFERENCE_BATCH = 16  # the predecessor system's max batch
 
 
 def spread(cpus: frozenset[int], k: int) -> list[int]:

@@ -32,7 +32,7 @@ from lowtail.lease import (
 from lowtail.node import cpulist
 from lowtail.node.plan import Plan, make_plan
 from lowtail.node.topology import read_topology
-from tests.ray.plans import tiny_plan
+from tests.fixtures.plans import tiny_plan
 
 
 @pytest.fixture(scope="module")

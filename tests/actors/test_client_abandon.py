@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lowtail.actors.inference import Endpoint, InferenceClient
+from lowtail.actors.client import InferenceClient
+from lowtail.actors.endpoint import Endpoint
 from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueTimeout, WorkerDied
 
 

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from lowtail.actors.allocator import AllocatorConfig, build_allocator
-from lowtail.lease import PlanNotFound, PoolMismatch, cgroup_cpuset, locate_plan
+from lowtail.lease import PlanNotFound, PoolMismatch, locate_plan
 from lowtail.node import cpulist
+from lowtail.node.cpuset import cgroup_cpuset
 from lowtail.node.plan import make_plan
 from lowtail.node.topology import read_topology
 from tests.fixtures.machines import MACHINES, write_machine
-from tests.ray.plans import tiny_plan
+from tests.fixtures.plans import tiny_plan
 
 V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
 REPO = Path(__file__).resolve().parents[2]
@@ -195,7 +196,8 @@ CHILD = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from lowtail.actors.allocator import AllocatorConfig, build_allocator
-    from lowtail.lease import LeaseError, cgroup_cpuset
+    from lowtail.lease import LeaseError
+    from lowtail.node.cpuset import cgroup_cpuset
 
     plan, state, pin = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     out = {"mask": sorted(os.sched_getaffinity(0)), "cpuset": sorted(cgroup_cpuset().cpus)}
