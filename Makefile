@@ -74,8 +74,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# --durations: where the time goes, in every run's output (docs/testing.md keeps the table).
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
@@ -98,9 +99,16 @@ ansible-lint: $(STAMP)
 molecule: $(STAMP)
 	$(ANSIBLE_ENV) $(BIN)/molecule test -s default
 
-# Everything, in this order; the system packages are checked (and installed as root) before anything runs.
+# Everything. The system packages are checked (and installed as root) before anything runs; then the
+# static checks, and the sandbox image and the wheelhouse are built once; then the three long suites run
+# side by side, each one's output printed whole when it ends (--output-sync): pytest, molecule and
+# molecule-runtime wait on processes, containers and systemd more than they compute, so together they
+# take about as long as pytest alone (docs/testing.md). TEST_JOBS=1 runs them one after another.
+TEST_JOBS ?= 3
 test: system-deps
-	$(MAKE) --no-print-directory lint typecheck pytest ansible-lint molecule molecule-runtime
+	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse
+	@echo "==> pytest, molecule and molecule-runtime, $(TEST_JOBS) at a time; each one's output appears when it ends"
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target pytest molecule molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

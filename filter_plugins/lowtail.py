@@ -90,6 +90,28 @@ def changed_keys(old: Mapping[str, Any] | None, new: Mapping[str, Any], keys: It
     return [k for k in keys if old.get(k, missing) != new.get(k, missing)]
 
 
+# systemd.syntax(7) and systemd.exec(5): inside a double-quoted word a backslash and a quote are escaped,
+# "%" starts a specifier everywhere ("%%" is one "%"), and in Exec*= lines "$NAME" is expanded ("$$" is one
+# "$"). A control character (a newline above all) has no place in a unit line: it would end the directive
+# and start another one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def systemd_quote(value: Any, exec_line: bool = False) -> str:
+    """``value`` as one double-quoted word of a unit file line (``exec_line``: an Exec*= line, where
+    ``$`` is expanded too); a control character is refused, naming the value."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise AnsibleFilterError(
+            f"lowtail_systemd_quote: {text!r} has a control character (newline, tab, ...); a unit file "
+            "line cannot hold one"
+        )
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if exec_line:
+        text = text.replace("$", "$$")
+    return f'"{text}"'
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -98,4 +120,5 @@ class FilterModule:
             "lowtail_boot_entries_missing": boot_entries_missing,
             "lowtail_boot_entries_present": boot_entries_present,
             "lowtail_args_dropped": args_dropped,
+            "lowtail_systemd_quote": systemd_quote,
         }

@@ -1,10 +1,11 @@
-"""Jinja filters for kubelet versions: what a kubelet of a given version accepts, which flags override
-lowtail's settings, whether the OCI runtime resets inherited CPU affinity.
+"""Jinja filters backed by lowtail.node: what a kubelet of a given version accepts, which flags override
+lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which kernel arguments are
+not shell-inert.
 
-The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime), which the
-stand-in kubelet of the molecule scenario reads too. Filters run on the controller; the package is
-loaded from module_utils/lowtail next to this file so an Ansible installed apart from lowtail's venv
-finds it as well.
+The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args),
+which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on
+the controller; the package is loaded from module_utils/lowtail next to this file so an Ansible
+installed apart from lowtail's venv finds it as well.
 """
 
 from __future__ import annotations
@@ -36,25 +37,49 @@ def _module(name: str) -> ModuleType:
 
 
 def kubelet_policy(
-    version: str, wanted: Any, gates: Mapping[str, Any] | None = None, topology_policy: str = "none"
+    version: str,
+    wanted: Any,
+    gates: Mapping[str, Any] | None = None,
+    topology_policy: str = "none",
+    numa_nodes: int = 0,
 ) -> dict[str, Any]:
-    """{minor, options, gates, problems} for kubelet ``version``; ``wanted`` 'auto' is lowtail's
-    recommendation for that version, a map is taken as asked. An unsupported version is a problem."""
+    """{minor, options, gates, topology_options, problems} for kubelet ``version`` on a host with
+    ``numa_nodes`` NUMA nodes; ``wanted`` 'auto' is lowtail's recommendation for that version, a map is
+    taken as asked. An unsupported version is a problem."""
     ko = _module("kubelet_options")
     if wanted not in ("auto", None) and not isinstance(wanted, Mapping):
         raise AnsibleFilterError(f"cpu manager policy options {wanted!r}: expected 'auto' or a map")
     try:
-        result = ko.plan(
-            str(version), None if wanted in ("auto", None) else wanted, gates or {}, topology_policy
+        result = ko.choose_options(
+            str(version),
+            None if wanted in ("auto", None) else wanted,
+            gates or {},
+            topology_policy,
+            int(numa_nodes or 0),
         )
     except ko.KubeletVersionError as e:
-        return {"minor": None, "options": {}, "gates": {}, "problems": [str(e)]}
+        return {"minor": None, "options": {}, "gates": {}, "topology_options": {}, "problems": [str(e)]}
     return {
         "minor": result.minor,
         "options": result.options,
         "gates": result.gates,
+        "topology_options": result.topology_options,
         "problems": result.problems,
     }
+
+
+def kubelet_config_check(config: Any, version: str, numa_nodes: int = 0) -> dict[str, list[str]]:
+    """{problems, warnings} for the whole configuration kubelet ``version`` will read (the merged file),
+    on a host with ``numa_nodes`` NUMA nodes. An unsupported version or a file that is not a map is a
+    problem."""
+    ko = _module("kubelet_options")
+    if not isinstance(config, Mapping):
+        return {"problems": [f"the kubelet configuration is {config!r}; expected a map"], "warnings": []}
+    try:
+        result = ko.check_config(str(version), config, int(numa_nodes or 0))
+    except ko.KubeletVersionError as e:
+        return {"problems": [str(e)], "warnings": []}
+    return {"problems": list(result.problems), "warnings": list(result.warnings)}
 
 
 def kubelet_eviction_hard(existing: Mapping[str, Any] | None, memory_available: str) -> dict[str, str]:
@@ -78,12 +103,84 @@ def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) 
     return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
 
 
+def kubelet_unit_env_files(unit_text: str) -> list[str]:
+    """The EnvironmentFile= paths of kubelet's unit (``systemctl cat`` output)."""
+    return list(_module("kubelet_flags").env_files(str(unit_text or "")))
+
+
+def kubelet_command_line(unit_text: str, env_files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kubelet's command line from its unit and environment files: {flags, config, config_dir, kubeadm}."""
+    cmd = _module("kubelet_flags").command_line(str(unit_text or ""), dict(env_files or {}))
+    return {"flags": cmd.flags, "config": cmd.config, "config_dir": cmd.config_dir, "kubeadm": cmd.kubeadm}
+
+
+def kubelet_command_line_overrides(cmd: Mapping[str, Any], fields: list[str], source: str) -> list[str]:
+    """Problems for flags on kubelet's command line that override ``fields``."""
+    kf = _module("kubelet_flags")
+    line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
+    return list(kf.command_line_overrides(line, list(fields), str(source)))
+
+
+def kubelet_dropins(texts: Mapping[str, str]) -> list[list[Any]]:
+    """[[path, content], ...] of --config-dir drop-ins (path -> YAML text) in the order kubelet merges
+    them (by file name); a file that is not a YAML map becomes {} and is left to check_config."""
+    import yaml
+
+    out = []
+    for path in sorted(texts, key=lambda p: Path(p).name):
+        try:
+            content = yaml.safe_load(texts[path])
+        except yaml.YAMLError as e:
+            raise AnsibleFilterError(f"kubelet drop-in {path} is not YAML: {e}") from None
+        out.append([path, content if isinstance(content, Mapping) else {}])
+    return out
+
+
+def kubelet_merge_dropins(config: Mapping[str, Any], dropins: list[list[Any]]) -> dict[str, Any]:
+    """The configuration with the drop-ins ([[path, content], ...]) merged over it, as kubelet does."""
+    ko = _module("kubelet_options")
+    merged = dict(config)
+    for _path, content in dropins:
+        merged = ko.merge_dropin(merged, content)
+    return merged
+
+
+def kubelet_dropin_overrides(dropins: list[list[Any]], fields: list[str]) -> list[str]:
+    """Problems for drop-ins that set a field lowtail writes to the main file."""
+    return list(_module("kubelet_flags").dropin_overrides({p: c for p, c in dropins}, list(fields)))
+
+
+def kubelet_ownership(cmd: Mapping[str, Any], config_path: str, version: str) -> list[str]:
+    """Notes on who else writes kubelet's configuration and what a kubeadm upgrade does to it."""
+    kf, ko = _module("kubelet_flags"), _module("kubelet_options")
+    try:
+        minor: int | None = ko.parse_version(str(version))[1]
+    except ko.KubeletVersionError:
+        minor = None
+    line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
+    return list(kf.ownership(line, str(config_path), minor, ko.CONFIG_DIR_MIN_MINOR))
+
+
+def kernel_args_unsafe(args: list[Any]) -> list[Any]:
+    """Kernel arguments that are not shell-inert (the rule preflight applies, lowtail.node.kernel_args)."""
+    return list(_module("kernel_args").unsafe(list(args)))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "lowtail_kubelet_policy": kubelet_policy,
+            "lowtail_kubelet_config_check": kubelet_config_check,
             "lowtail_kubelet_eviction_hard": kubelet_eviction_hard,
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
             "lowtail_runtime_affinity_problems": runtime_affinity_problems,
+            "lowtail_kernel_args_unsafe": kernel_args_unsafe,
+            "lowtail_kubelet_unit_env_files": kubelet_unit_env_files,
+            "lowtail_kubelet_command_line": kubelet_command_line,
+            "lowtail_kubelet_command_line_overrides": kubelet_command_line_overrides,
+            "lowtail_kubelet_dropins": kubelet_dropins,
+            "lowtail_kubelet_merge_dropins": kubelet_merge_dropins,
+            "lowtail_kubelet_dropin_overrides": kubelet_dropin_overrides,
+            "lowtail_kubelet_ownership": kubelet_ownership,
         }

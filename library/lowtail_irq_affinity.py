@@ -16,8 +16,8 @@ short_description: Set the affinity of existing IRQs (and the default for new on
 description:
   - Writes I(cpus) to C(irq/N/smp_affinity_list) for every IRQ that may run on a CPU outside I(cpus),
     and I(cpus) to C(irq/default_smp_affinity) as a hex mask.
-  - An IRQ already confined to some of I(cpus) is left alone: irqbalance spreads IRQs over single
-    housekeeping CPUs, and widening them back to the whole list on every run would fight it.
+  - An IRQ already confined to some of I(cpus) is left alone, because irqbalance spreads IRQs over
+    single housekeeping CPUs and widening them back to the whole list on every run would fight it.
   - With I(default_only), only C(irq/default_smp_affinity) is written (rollback restores it to every
     online CPU and leaves the existing IRQs to irqbalance).
   - IRQs the kernel does not let user space move (per-CPU timer and IPI vectors, managed IRQs)
@@ -62,6 +62,13 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.lowtail import cpulist
 
+# What DOCUMENTATION describes (tests/ansible/test_module_docs.py checks that they agree).
+ARGUMENT_SPEC: dict[str, Any] = {
+    "cpus": {"type": "str", "required": True},
+    "procfs_root": {"type": "path", "default": "/proc"},
+    "default_only": {"type": "bool", "default": False},
+}
+
 
 def set_affinity(
     procfs_root: Path, wanted: frozenset[int], check_mode: bool, default_only: bool = False
@@ -102,14 +109,7 @@ def set_affinity(
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "cpus": {"type": "str", "required": True},
-            "procfs_root": {"type": "path", "default": "/proc"},
-            "default_only": {"type": "bool", "default": False},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         wanted = cpulist.parse(module.params["cpus"])
     except cpulist.CpuListError as e:

@@ -90,7 +90,7 @@ options:
     description: Deepest C-state (0 = idle=poll); null leaves the kernel's choice; negative is refused.
     type: raw
   kernel_extra_args:
-    description: Extra kernel arguments; each must be made of shell-inert characters (see ARG_SAFE).
+    description: Extra kernel arguments, each made of shell-inert characters (lowtail.node.kernel_args).
     type: list
     elements: raw
     default: []
@@ -129,18 +129,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.lowtail import cpulist, kubelet_memory, plan, topology
+from ansible.module_utils.lowtail import cpulist, kernel_args, kubelet_memory, plan, topology
 from ansible.module_utils.lowtail.errors import LowtailError
 
-_INT = re.compile(r"^-?[0-9]+$")
+_INT = re.compile(r"^-?[0-9]+\Z")
 _INT_MAX = 2**31 - 1
 T = TypeVar("T")
 
 
-# Characters a kernel argument may use: GRUB drop-ins are sourced by a root shell when grub-mkconfig
-# runs, so quotes, $, backquotes, ;, |, &, <, >, parentheses, backslashes and whitespace never reach one.
-ARG_SAFE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.,:/+=@-]*$")
-_PERCENT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)%$")
+_PERCENT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)%\Z")
 _HUGEPAGE_BYTES = {"2M": 2 * 2**20, "1G": 2**30}
 # Keys the kernel role sets besides the CPU plan's own (roles/lowtail_kernel/vars/main.yml).
 KERNEL_ROLE_KEYS = frozenset(
@@ -155,6 +152,54 @@ KERNEL_ROLE_KEYS = frozenset(
         "rcupdate.rcu_normal_after_boot",
     }
 )
+
+
+# What DOCUMENTATION describes (tests/ansible/test_module_docs.py checks that they agree).
+ARGUMENT_SPEC: dict[str, Any] = {
+    "sysfs_root": {"type": "path", "default": "/sys"},
+    "procfs_root": {"type": "path", "default": "/proc"},
+    "boot_root": {"type": "path", "default": "/boot"},
+    "kernel_release": {"type": "str"},
+    "housekeeping": {"type": "raw", "default": "auto"},
+    "amd_pstate": {
+        "type": "str",
+        "default": "guided",
+        "choices": ["guided", "active", "passive", ""],
+    },
+    "allow_virtual": {"type": "bool", "default": False},
+    "expected_hardware": {
+        "type": "dict",
+        "options": {
+            "sockets": {"type": "int"},
+            "numa_per_socket": {"type": "int"},
+            "smt": {"type": "bool"},
+            "l3_per_socket": {"type": "int"},
+        },
+    },
+    "rt_runtime_us": {"type": "raw", "default": 950000},
+    "rt_period_us": {"type": "raw", "default": 1000000},
+    "stalld": {"type": "bool", "default": False},
+    "hugepages": {
+        "type": "dict",
+        "options": {
+            "size": {"type": "str", "default": "1G", "choices": ["2M", "1G"]},
+            "count": {"type": "raw", "default": 0},
+        },
+    },
+    "cstate_limit": {"type": "raw"},
+    "kernel_extra_args": {"type": "list", "elements": "raw", "default": []},
+    "serial": {"type": "raw", "default": "25%"},
+    "require_systemd": {"type": "bool", "default": True},
+    "kubelet_memory": {
+        "type": "dict",
+        "options": {
+            "kube_reserved": {"type": "raw", "default": "1Gi"},
+            "system_reserved": {"type": "raw", "default": "1Gi"},
+            "eviction_hard": {"type": "raw", "default": "100Mi"},
+            "per_numa": {"type": "raw", "default": "auto"},
+        },
+    },
+}
 
 
 class PreflightError(LowtailError, ValueError):
@@ -243,7 +288,7 @@ def check_kernel_args(extra: list[Any], cstate_limit: Any, lowtail_keys: set[str
         )
     seen: set[str] = set()
     for arg in extra or []:
-        if not isinstance(arg, str) or not ARG_SAFE.match(arg):
+        if not kernel_args.is_safe(arg):
             problems.append(
                 f"lowtail_kernel_extra_args {arg!r}: a kernel argument may only use letters, digits and "
                 "_ . , : / + = @ - (a GRUB drop-in is sourced by a root shell; quotes, $, backquotes, "
@@ -512,54 +557,7 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "sysfs_root": {"type": "path", "default": "/sys"},
-            "procfs_root": {"type": "path", "default": "/proc"},
-            "boot_root": {"type": "path", "default": "/boot"},
-            "kernel_release": {"type": "str"},
-            "housekeeping": {"type": "raw", "default": "auto"},
-            "amd_pstate": {
-                "type": "str",
-                "default": "guided",
-                "choices": ["guided", "active", "passive", ""],
-            },
-            "allow_virtual": {"type": "bool", "default": False},
-            "expected_hardware": {
-                "type": "dict",
-                "options": {
-                    "sockets": {"type": "int"},
-                    "numa_per_socket": {"type": "int"},
-                    "smt": {"type": "bool"},
-                    "l3_per_socket": {"type": "int"},
-                },
-            },
-            "rt_runtime_us": {"type": "raw", "default": 950000},
-            "rt_period_us": {"type": "raw", "default": 1000000},
-            "stalld": {"type": "bool", "default": False},
-            "hugepages": {
-                "type": "dict",
-                "options": {
-                    "size": {"type": "str", "default": "1G", "choices": ["2M", "1G"]},
-                    "count": {"type": "raw", "default": 0},
-                },
-            },
-            "cstate_limit": {"type": "raw"},
-            "kernel_extra_args": {"type": "list", "elements": "raw", "default": []},
-            "serial": {"type": "raw", "default": "25%"},
-            "require_systemd": {"type": "bool", "default": True},
-            "kubelet_memory": {
-                "type": "dict",
-                "options": {
-                    "kube_reserved": {"type": "raw", "default": "1Gi"},
-                    "system_reserved": {"type": "raw", "default": "1Gi"},
-                    "eviction_hard": {"type": "raw", "default": "100Mi"},
-                    "per_numa": {"type": "raw", "default": "auto"},
-                },
-            },
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         node, warnings = build_node(module.params)
     except PreflightError as e:

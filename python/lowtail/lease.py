@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -46,6 +47,10 @@ DEFAULT_STATE_DIR = Path("/run/lowtail")
 STATE_FILE = "leases.json"
 LOCK_FILE = "leases.lock"
 STATE_VERSION = 1
+# A table of a few hundred CPUs x share is tens of KiB; anything far larger is not one we wrote
+# (and json would take minutes over it while every lease call waits on the lock).
+MAX_STATE_BYTES = 4 << 20
+TEMP_PREFIX = ".leases."
 
 _NAME = r"[A-Za-z0-9_.\-]+"
 _OWNER_RE = {
@@ -105,11 +110,14 @@ def owner_kind(owner: str) -> str:
 
 
 def pid_alive(lease: Lease) -> bool:
-    """The default liveness check: the owner's process exists and is the same process (start time)."""
-    if lease.pid is None:
-        return True  # a lease without a process (``other:`` taken by hand) lives until released
-    start = process_start_time(lease.pid)
-    return start is not None and (lease.pid_start is None or start == lease.pid_start)
+    """The default liveness check: the owner's process exists and is the same process (start time).
+
+    Every lease records a pid and its start time; one without (a table from an older version) has
+    no owner anybody can check, so it counts as dead and is reclaimed.
+    """
+    if lease.pid is None or lease.pid_start is None:
+        return False
+    return process_start_time(lease.pid) == lease.pid_start
 
 
 # --- the table -----------------------------------------------------------------------------------------
@@ -135,18 +143,45 @@ class Lease:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Lease:
-        return cls(
-            owner=str(data["owner"]),
-            cpu=int(data["cpu"]),
-            node=int(data["node"]),
-            l3=int(data["l3"]),
-            pid=None if data.get("pid") is None else int(data["pid"]),
-            pid_start=None if data.get("pid_start") is None else int(data["pid_start"]),
-            actor_id=data.get("actor_id"),
-            acquired_at=float(data.get("acquired_at", 0.0)),
-            placement=str(data.get("placement", "any")),
-        )
+    def from_dict(cls, data: object) -> Lease:
+        """A lease as ``to_dict`` wrote it; ``ValueError`` naming the field for anything else (no coercion:
+        a cpu of 3.9 is not CPU 3)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a lease is an object, got {type(data).__name__}")
+        unknown = set(data) - _LEASE_FIELDS.keys()
+        missing = {"owner", "cpu", "node", "l3"} - set(data)
+        if unknown or missing:
+            raise ValueError(f"lease keys: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        for key, value in data.items():
+            if not _LEASE_FIELDS[key](value):
+                raise ValueError(f"lease {data.get('owner')!r}: {key}={value!r} has the wrong type")
+        if data["cpu"] < 0 or (data.get("pid") is not None and not 0 < data["pid"] < 1 << 22):
+            raise ValueError(
+                f"lease {data['owner']!r}: cpu {data['cpu']} or pid {data.get('pid')} out of range"
+            )
+        return cls(**data)
+
+
+def _int(v: object) -> bool:
+    return type(v) is int
+
+
+def _opt_int(v: object) -> bool:
+    return v is None or type(v) is int
+
+
+_PLACEMENTS = ("same-l3", "same-node", "other-node", "any")
+_LEASE_FIELDS: dict[str, Callable[[object], bool]] = {
+    "owner": lambda v: isinstance(v, str),
+    "cpu": _int,
+    "node": _int,
+    "l3": _int,
+    "pid": _opt_int,
+    "pid_start": _opt_int,
+    "actor_id": lambda v: v is None or isinstance(v, str),
+    "acquired_at": lambda v: type(v) in (int, float) and math.isfinite(v),  # type: ignore[arg-type]
+    "placement": lambda v: v in _PLACEMENTS,
+}
 
 
 @dataclass(frozen=True)
@@ -250,6 +285,7 @@ class LeaseAllocator:
             fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                self._remove_stale_temps()
                 before = self._load()
                 self._leases = dict(before)
                 yield
@@ -261,27 +297,55 @@ class LeaseAllocator:
     def _load(self) -> dict[str, Lease]:
         path = self.state_path
         assert path is not None
+
+        def bad(problem: str) -> LeaseStateError:
+            return LeaseStateError(f"lease state {path}: {problem}; move it away to start empty")
+
         try:
-            data = json.loads(path.read_text())
+            with open(path, "rb") as f:
+                raw = f.read(MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return {}
-        except (OSError, json.JSONDecodeError) as e:
-            raise LeaseStateError(
-                f"cannot read lease state {path}: {e}; move it away to start empty"
-            ) from None
+        except OSError as e:
+            raise bad(f"cannot read it ({e.strerror})") from None
+        if len(raw) > MAX_STATE_BYTES:
+            raise bad(f"larger than {MAX_STATE_BYTES} bytes, not a table this allocator wrote")
         try:
-            if data.get("boot_id") and data["boot_id"] != boot_id():
-                # pids from another boot mean nothing; a persistent state dir survives reboots.
-                log.warning("lease state %s is from another boot: starting with an empty table", path)
-                return {}
-            leases = [Lease.from_dict(d) for d in data["leases"]]
-            for lease in leases:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise bad(f"not UTF-8 ({e.reason} at byte {e.start})") from None
+        except RecursionError:
+            raise bad("nested too deeply to be a lease table") from None
+        except json.JSONDecodeError as e:
+            raise bad(f"not JSON ({e})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("leases"), list):
+            raise bad("expected an object with a 'leases' list")
+        if data.get("boot_id") is not None and not isinstance(data["boot_id"], str):
+            raise bad(f"boot_id={data['boot_id']!r}: expected a string")
+        if data.get("boot_id") and data["boot_id"] != boot_id():
+            # pids from another boot mean nothing; a persistent state dir survives reboots.
+            log.warning("lease state %s is from another boot: starting with an empty table", path)
+            return {}
+        out: dict[str, Lease] = {}
+        for i, entry in enumerate(data["leases"]):
+            try:
+                lease = Lease.from_dict(entry)
                 owner_kind(lease.owner)  # a bogus owner is refused here, not a KeyError in an audit later
-            return {lease.owner: lease for lease in leases}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise LeaseStateError(
-                f"lease state {path} is malformed ({e!r}); move it away to start empty"
-            ) from None
+            except ValueError as e:
+                raise bad(f"lease {i}: {e}") from None
+            if lease.owner in out:
+                raise bad(f"lease {i}: owner {lease.owner!r} appears twice")
+            out[lease.owner] = lease
+        return out
+
+    def _remove_stale_temps(self) -> None:
+        """Temp files of a contender killed while saving (only a holder of the file lock writes one, so
+        under that lock every one left is stale)."""
+        assert self.state_dir is not None
+        for name in os.listdir(self.state_dir):
+            if name.startswith(TEMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.state_dir / name)
 
     def _save(self) -> None:
         path = self.state_path
@@ -294,7 +358,7 @@ class LeaseAllocator:
             "leases": [lease.to_dict() for lease in sorted(self._leases.values(), key=lambda x: x.owner)],
         }
         # Write a temp file in the same directory, fsync, rename: a crash leaves the old or the new table.
-        fd, tmp = tempfile.mkstemp(prefix=".leases.", dir=self.state_dir)
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.state_dir)
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1)
@@ -348,7 +412,9 @@ class LeaseAllocator:
         """Lease a CPU to ``owner`` (the same CPU again if it holds one) and return the lease.
 
         ``near_cpu``: prefer that CPU's L3 group, then its NUMA node. ``near_node``: prefer that node.
-        ``pid`` / ``actor_id`` identify the owner for reclaiming when it dies.
+        ``pid`` (default: the calling process) / ``actor_id`` identify the owner for reclaiming when it
+        dies: every lease records a live pid and its start time. An owner name held by a live process
+        is ``OwnerConflict`` for any other process, whether it gave a pid or not.
         """
         owner_kind(owner)
         if near_cpu is not None and near_node is not None:
@@ -360,13 +426,18 @@ class LeaseAllocator:
         nodes = {p.node for p in self._places.values()}
         if near_node is not None and near_node not in nodes:
             raise BadPlacement(f"near_node={near_node}: this node's NUMA nodes are {sorted(nodes)}")
-        start = None if pid is None else process_start_time(pid)
-        if pid is not None and start is None:
+        if pid is None:
+            pid = os.getpid()
+        if type(pid) is not int or not 0 < pid < 1 << 22:
+            raise LeaseError(f"owner {owner!r}: pid {pid!r} is not a process id")
+        start = process_start_time(pid)
+        if start is None:
             raise LeaseError(f"owner {owner!r}: pid {pid} is not a running process")
         with self._transaction():
             held = self._leases.get(owner)
             if held is not None:
-                if held.pid is not None and pid is not None and held.pid != pid and self._alive(held):
+                same = held.pid == pid and held.pid_start == start
+                if not same and self._alive(held):
                     raise OwnerConflict(
                         f"owner {owner!r} holds CPU {held.cpu} for live pid {held.pid}; pid {pid} asked "
                         "under the same name: owner names must be unique per node"

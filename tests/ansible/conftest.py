@@ -22,6 +22,7 @@ def load_module(path: Path, name: str) -> ModuleType:
     at lowtail.node, which is what the module_utils/lowtail symlink ships to hosts."""
     import lowtail.node
     import lowtail.node.cpulist
+    import lowtail.node.kernel_args
     import lowtail.node.kubelet_memory
     import lowtail.node.plan
     import lowtail.node.topology

@@ -23,7 +23,13 @@ def kf() -> ModuleType:
 def test_policy_filter_renders_what_each_version_accepts(kf: ModuleType) -> None:
     old = kf.kubelet_policy("Kubernetes v1.31.4", "auto", {}, "single-numa-node")
     new = kf.kubelet_policy("Kubernetes v1.34.0", "auto", {}, "single-numa-node")
-    assert old == {"minor": 31, "options": {"full-pcpus-only": "true"}, "gates": {}, "problems": []}
+    assert old == {
+        "minor": 31,
+        "options": {"full-pcpus-only": "true"},
+        "gates": {},
+        "topology_options": {},
+        "problems": [],
+    }
     assert new["options"] == {
         "full-pcpus-only": "true",
         "strict-cpu-reservation": "true",
@@ -102,3 +108,40 @@ def test_unreadable_runtime_version_is_a_problem() -> None:
     assert affinity_problems({"crun": "garbage"}, "6.12.0") == [
         "crun --version printed 'garbage'; expected a version such as '1.3.1'"
     ]
+
+
+def test_config_check_filter_reports_the_merged_files_problems(kf: ModuleType) -> None:
+    merged = {"cpuManagerPolicy": "static", "featureGates": {"CPUManagerPolicyOptions": False}}
+    result = kf.kubelet_config_check(merged, "Kubernetes v1.34.1", 2)
+    assert result["problems"] == [
+        "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true (kubelet 1.34)"
+    ]
+    assert kf.kubelet_config_check("garbage", "v1.34.1")["problems"] == [
+        "the kubelet configuration is 'garbage'; expected a map"
+    ]
+    assert kf.kubelet_config_check({}, "v1.27.1")["problems"][0].startswith(
+        "kubelet v1.27.1 is not supported"
+    )
+
+
+def test_command_line_follows_execstart_resets_and_variable_expansion() -> None:
+    from lowtail.node.kubelet_flags import command_line
+
+    unit = (
+        "# /lib/systemd/system/kubelet.service\n[Service]\nExecStart=/usr/bin/kubelet --config=/old.yaml\n"
+        "# /etc/systemd/system/kubelet.service.d/10-kubeadm.conf\n[Service]\n"
+        'Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml" "ONE=--max-pods=9 --x"\n'
+        "EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env\n"
+        "ExecStart=\nExecStart=/usr/bin/kubelet $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS ${ONE} \\\n"
+        "  --config-dir /etc/kubernetes/kubelet.conf.d\n"
+    )
+    env = {
+        "/var/lib/kubelet/kubeadm-flags.env": 'KUBELET_KUBEADM_ARGS="--reserved-cpus=0-3 --node-ip=10.0.0.2"'
+    }
+    cmd = command_line(unit, env)
+    assert cmd.config == "/var/lib/kubelet/config.yaml"
+    assert cmd.config_dir == "/etc/kubernetes/kubelet.conf.d"
+    assert cmd.flags["--reserved-cpus"] == "0-3" and cmd.kubeadm
+    # ${ONE} stays one word: kubelet gets the flag --max-pods with the value "9 --x".
+    assert cmd.flags["--max-pods"] == "9 --x"
+    assert cmd.env_files == ["/var/lib/kubelet/kubeadm-flags.env"]

@@ -54,6 +54,31 @@ def test_epyc_9634_plan_masks_and_memory(node_plan_module: ModuleType, machine_r
     assert any("CONFIG_RT_GROUP_SCHED" in w for w in warnings)  # no /boot/config in the fixture
 
 
+def test_l3_as_numa_host_has_24_nodes_and_its_kubelet_config_gets_the_numa_limit(
+    node_plan_module: ModuleType, machine_roots: dict
+) -> None:
+    from lowtail.node import kubelet_options as ko
+
+    node, _ = node_plan_module.build_node(params(*machine_roots["epyc9634_2s_l3numa"]))
+    numa = node["topology"]["numa_nodes"]
+    assert numa == 24
+    assert [r["numaNode"] for r in node["kubelet_memory"]["reserved_memory"]] == list(range(24))
+    chosen = ko.choose_options("v1.34.1", None, {}, "single-numa-node", numa)
+    cfg = {
+        "cpuManagerPolicy": "static",
+        "cpuManagerPolicyOptions": chosen.options,
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerPolicyOptions": chosen.topology_options,
+    }
+    assert chosen.topology_options == {"max-allowable-numa-nodes": "24"}
+    assert ko.check_config("v1.34.1", cfg, numa).problems == []
+    on_1_30 = ko.choose_options("v1.30.2", None, {}, "single-numa-node", numa)
+    assert on_1_30.topology_options == {}
+    old_cfg = {**cfg, "cpuManagerPolicyOptions": on_1_30.options, "topologyManagerPolicyOptions": {}}
+    old = ko.check_config("v1.30.2", old_cfg, numa).problems
+    assert len(old) == 1 and "this host has 24" in old[0], old
+
+
 def test_virtual_host_fails_unless_allowed(node_plan_module: ModuleType, machine_roots: dict) -> None:
     with pytest.raises(node_plan_module.PreflightError, match="lowtail_allow_virtual is false"):
         node_plan_module.build_node(params(*machine_roots["vmware_88"]))

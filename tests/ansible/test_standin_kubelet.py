@@ -19,7 +19,9 @@ import yaml
 from .conftest import ROOT
 
 STANDIN = ROOT / "molecule/default/standin"
+HEADER = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}
 GOOD: dict[str, Any] = {
+    "apiVersion": "kubelet.config.k8s.io/v1beta1",
     "kind": "KubeletConfiguration",
     "cpuManagerPolicy": "static",
     "cpuManagerPolicyOptions": {"full-pcpus-only": "true"},
@@ -52,39 +54,55 @@ def tree(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def run(tree: Path, version: str, cfg: dict[str, Any], timeout: float = 10) -> subprocess.Popen[str]:
+def run(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env_extra: str) -> subprocess.Popen[str]:
     (tree / "etc/lowtail-standin/kubelet-version").write_text(version)
     (tree / "var/lib/kubelet/config.yaml").write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, LOWTAIL_STANDIN_PREFIX=str(tree), PYTHONPATH=str(tree / "lib"))
+    env = {k: v for k, v in os.environ.items() if k != "KUBELET_CONFIG_DROPIN_DIR_ALPHA"}
+    env.update(LOWTAIL_STANDIN_PREFIX=str(tree), PYTHONPATH=str(tree / "lib"), **env_extra)
     return subprocess.Popen(
-        [sys.executable, str(STANDIN / "kubelet.py"), f"--config={tree}/var/lib/kubelet/config.yaml"],
+        [sys.executable, str(STANDIN / "kubelet.py"), f"--config={tree}/var/lib/kubelet/config.yaml", *args],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-def refused(tree: Path, version: str, cfg: dict[str, Any]) -> str:
-    proc = run(tree, version, cfg)
-    _, err = proc.communicate(timeout=20)
+def refused(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: str) -> str:
+    proc = run(tree, version, cfg, *args, **env)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # It started instead of refusing: stop it, so a failing test leaves no process behind.
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the stand-in kubelet started instead of refusing: {err}") from None
     assert proc.returncode == 1, err
     return err
 
 
-def started(tree: Path, version: str, cfg: dict[str, Any]) -> None:
-    proc = run(tree, version, cfg)
+def started(tree: Path, version: str, cfg: dict[str, Any], *args: str, **env: str) -> str:
+    """Start the stand-in, wait until it runs, stop it; its stderr (warnings)."""
+    proc = run(tree, version, cfg, *args, **env)
     try:
         pid_file = tree / "run/lowtail-standin/kubelet.pid"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not pid_file.exists():
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "stand-in kubelet did not start"
             time.sleep(0.05)
+        configz = json.loads((tree / "run/lowtail-standin/configz.json").read_text())["kubeletconfig"]
+        (tree / "configz-seen.json").write_text(json.dumps(configz))
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
-    assert proc.returncode == 0
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
     assert not (tree / "run/lowtail-standin/kubelet.pid").exists()
+    return err
+
+
+def configz(tree: Path) -> dict[str, Any]:
+    """The running configuration the last started() stand-in published."""
+    return json.loads((tree / "configz-seen.json").read_text())  # type: ignore[no-any-return]
 
 
 def test_standin_reports_its_version(tree: Path) -> None:
@@ -139,8 +157,122 @@ def test_checkpoint_of_another_policy_is_refused(tree: Path) -> None:
 
 
 def test_options_with_the_none_policy_are_refused(tree: Path) -> None:
-    cfg = {"cpuManagerPolicy": "none", "cpuManagerPolicyOptions": {"full-pcpus-only": "true"}}
+    cfg = {**HEADER, "cpuManagerPolicy": "none", "cpuManagerPolicyOptions": {"full-pcpus-only": "true"}}
     assert "None policy" in refused(tree, "1.34.0", cfg)
+
+
+def dropin(tree: Path, name: str, cfg: dict[str, Any]) -> str:
+    """Write a --config-dir drop-in; the flag to pass."""
+    d = tree / "etc/kubernetes/kubelet.conf.d"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(yaml.safe_dump(cfg))
+    return f"--config-dir={d}"
+
+
+def test_config_dir_drop_ins_merge_over_the_file_in_lexical_order(tree: Path) -> None:
+    # kubeadm's file keeps the none policy; lowtail's drop-in sets the rest, a later one overrides a map key.
+    base = {**HEADER, "cpuManagerPolicy": "none", "clusterDNS": ["10.96.0.10"], "maxPods": 110}
+    flag = dropin(tree, "50-lowtail.conf", {**GOOD, "clusterDNS": ["10.0.0.1"]})
+    dropin(tree, "90-operator.conf", {**HEADER, "maxPods": 250, "evictionHard": {"nodefs.available": "5%"}})
+    dropin(tree, "99-ignored.yaml", {**HEADER, "maxPods": 1})  # only *.conf files are read
+    started(tree, "1.34.0", base, flag)
+    running = configz(tree)
+    assert running["cpuManagerPolicy"] == "static" and running["maxPods"] == 250
+    assert running["clusterDNS"] == ["10.0.0.1"]  # lists are replaced
+    assert running["evictionHard"] == {"memory.available": "100Mi", "nodefs.available": "5%"}  # maps merge
+
+
+def test_a_later_drop_in_can_make_the_merged_result_refused(tree: Path) -> None:
+    flag = dropin(tree, "50-lowtail.conf", GOOD)
+    dropin(
+        tree,
+        "60-other.conf",
+        {**HEADER, "cpuManagerPolicyOptions": {"distribute-cpus-across-numa": "true"}},
+    )
+    refused_err = refused(
+        tree,
+        "1.34.0",
+        {**HEADER, "cpuManagerPolicyOptions": {"prefer-align-cpus-by-uncorecache": "true"}},
+        flag,
+    )
+    assert "can not be used at the same time" in refused_err
+
+
+def test_drop_in_without_its_kind_is_refused(tree: Path) -> None:
+    flag = dropin(tree, "50-lowtail.conf", {"cpuManagerPolicy": "static"})
+    assert "no kind None is registered" in refused(tree, "1.34.0", GOOD, flag)
+
+
+def test_config_dir_needs_the_alpha_variable_before_1_30(tree: Path) -> None:
+    flag = dropin(tree, "50-lowtail.conf", {**HEADER, "maxPods": 100})
+    assert "KUBELET_CONFIG_DROPIN_DIR_ALPHA" in refused(tree, "1.29.3", GOOD, flag)
+    started(tree, "1.29.3", GOOD, flag, KUBELET_CONFIG_DROPIN_DIR_ALPHA="on")
+    assert configz(tree)["maxPods"] == 100
+
+
+def test_unknown_field_is_dropped_with_the_lenient_decoding_warning(tree: Path) -> None:
+    # A typo is no refusal on v1beta1: kubelet drops it, so the setting silently does not apply.
+    err = started(tree, "1.34.0", {**GOOD, "cpuManagerPolicyOption": {"full-pcpus-only": "true"}})
+    assert (
+        'Using lenient decoding as strict decoding failed err="strict decoding error: unknown field ' in err
+    )
+    assert '"cpuManagerPolicyOption"' in err
+    assert "cpuManagerPolicyOption" not in configz(tree)
+
+
+def test_file_of_another_kind_or_version_is_refused(tree: Path) -> None:
+    assert "is registered for version" in refused(
+        tree, "1.34.0", {**GOOD, "apiVersion": "kubelet.config.k8s.io/v1"}
+    )
+    assert "is registered for version" in refused(
+        tree, "1.34.0", {k: v for k, v in GOOD.items() if k != "kind"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "gates", "message"),
+    [
+        ("1.34.0", {"CPUManagerPolicyOptions": False}, "feature is locked to true"),
+        ("1.33.1", {"CPUManager": True}, "unrecognized feature gate: CPUManager"),
+        ("1.31.4", {"MemoryManager": "yes"}, "expected true or false"),
+        ("1.31.4", {"CPUManagerPolicyBetaOptions": False}, "needs featureGates.CPUManagerPolicyBetaOptions"),
+        ("1.31.4", {"MemoryManager": False}, "turns the memory manager off"),
+    ],
+    ids=["locked", "removed", "string_value", "beta_off", "memory_manager_off"],
+)
+def test_feature_gates_kubelet_refuses(tree: Path, version: str, gates: dict[str, Any], message: str) -> None:
+    assert message in refused(tree, version, {**GOOD, "featureGates": gates})
+
+
+def numa(tree: Path, count: int) -> None:
+    online = tree / "sys/devices/system/node/online"
+    online.parent.mkdir(parents=True, exist_ok=True)
+    online.write_text(f"0-{count - 1}\n")
+
+
+def test_more_than_8_numa_nodes_need_max_allowable_numa_nodes(tree: Path) -> None:
+    numa(tree, 24)
+    cfg = {
+        **GOOD,
+        "reservedMemory": [{"numaNode": n, "limits": {"memory": "1Gi" if n < 2 else "0"}} for n in range(24)],
+        "kubeReserved": {"memory": "1Gi"},
+        "systemReserved": {"memory": "1Gi"},
+        "evictionHard": {"memory.available": "0"},
+    }
+    assert "more than 8 NUMA nodes and this host has 24" in refused(tree, "1.34.0", cfg)
+    with_option = {**cfg, "topologyManagerPolicyOptions": {"max-allowable-numa-nodes": "24"}}
+    started(tree, "1.34.0", with_option)
+    assert "unknown Topology Manager Policy option 'max-allowable-numa-nodes'" in refused(
+        tree, "1.30.2", with_option
+    )
+    numa(tree, 8)
+    started(tree, "1.30.2", cfg)
+    # A fixture machine's sysfs elsewhere (as in the molecule containers) counts instead.
+    fixture = tree / "fixture/sys/devices/system/node/online"
+    fixture.parent.mkdir(parents=True)
+    fixture.write_text("0-23\n")
+    err = refused(tree, "1.34.0", cfg, LOWTAIL_STANDIN_SYSFS=str(tree / "fixture/sys"))
+    assert "this host has 24" in err
 
 
 def kubectl(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:

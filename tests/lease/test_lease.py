@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -236,7 +238,7 @@ def test_a_recycled_pid_is_not_the_owner() -> None:
     assert pid_alive(Lease("sample:x", 1, 0, 0, pid=os.getpid(), pid_start=me))
     assert not pid_alive(Lease("sample:x", 1, 0, 0, pid=os.getpid(), pid_start=me - 1))
     assert not pid_alive(Lease("sample:x", 1, 0, 0, pid=dead_pid(), pid_start=me))
-    assert pid_alive(Lease("other:manual", 1, 0, 0))
+    assert not pid_alive(Lease("other:manual", 1, 0, 0))  # no owner anybody can check: reclaimable
 
 
 def test_process_start_time_parses_a_comm_with_spaces_and_parens(tmp_path: Path) -> None:
@@ -317,11 +319,13 @@ def test_a_state_file_from_another_boot_is_ignored(tmp_path: Path) -> None:
 def test_a_corrupt_state_file_is_a_clear_error_and_left_in_place(tmp_path: Path) -> None:
     path = tmp_path / "leases.json"
     path.write_text("{not json")
-    with pytest.raises(LeaseStateError, match=r"cannot read lease state .*move it away"):
+    with pytest.raises(LeaseStateError, match=r"lease state .*leases.json: not JSON .*move it away"):
         LeaseAllocator(tiny_plan(), state_dir=tmp_path)
     assert path.read_text() == "{not json"
     path.write_text('{"leases": [{"cpu": 1}]}')
-    with pytest.raises(LeaseStateError, match="malformed"):
+    with pytest.raises(
+        LeaseStateError, match=r"lease 0: lease keys: unknown \[\], missing \['l3', 'node', 'owner'\]"
+    ):
         LeaseAllocator(tiny_plan(), state_dir=tmp_path)
 
 
@@ -434,9 +438,7 @@ def test_a_state_file_owner_of_a_bogus_kind_is_a_clear_error(tmp_path: Path) -> 
     data = json.loads(path.read_text())
     data["leases"][0]["owner"] = "bogus:x"
     path.write_text(json.dumps(data))
-    with pytest.raises(
-        LeaseStateError, match=r"malformed .*owner 'bogus:x': expected 'infer:<hero>:<actor>'"
-    ):
+    with pytest.raises(LeaseStateError, match=r"lease 0: owner 'bogus:x': expected 'infer:<hero>:<actor>'"):
         LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path)
 
 
@@ -444,3 +446,84 @@ def test_the_state_file_is_private_to_its_owner_like_its_lock(tmp_path: Path) ->
     LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path).acquire("other:x")
     assert (tmp_path / "leases.json").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "leases.lock").stat().st_mode & 0o777 == 0o600
+
+
+# --- takeover and hostile state files ----------------------------------------------------------------
+
+
+def test_a_live_owners_lease_cannot_be_taken_with_or_without_a_pid(tmp_path: Path) -> None:
+    """A pid-less acquire used to return the live owner's CPU and set its pid to None (never reclaimed)."""
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        alloc = LeaseAllocator(tiny_plan(), state_dir=tmp_path)
+        held = alloc.acquire("infer:h:0", pid=holder.pid)
+        with pytest.raises(OwnerConflict, match=f"live pid {holder.pid}"):
+            alloc.acquire("infer:h:0")  # without a pid: the caller is this process, not the holder
+        with pytest.raises(OwnerConflict, match=f"live pid {holder.pid}"):
+            alloc.acquire("infer:h:0", pid=os.getpid())
+        again = alloc.get("infer:h:0")
+        assert again is not None and (again.pid, again.pid_start) == (held.pid, held.pid_start)
+        assert alloc.acquire("infer:h:0", pid=holder.pid).cpu == held.cpu  # the holder itself: same CPU
+    finally:
+        holder.kill()
+        holder.wait()
+    mine = alloc.acquire("infer:h:0")  # the holder died: the name is free, and recorded with our pid
+    assert mine.pid == os.getpid() and mine.pid_start == process_start_time(os.getpid())
+
+
+def test_a_lease_without_a_pid_in_an_old_table_is_reclaimed(tmp_path: Path) -> None:
+    alloc = LeaseAllocator(tiny_plan(), state_dir=tmp_path)
+    alloc.acquire("other:manual")
+    path = tmp_path / "leases.json"
+    data = json.loads(path.read_text())
+    data["leases"][0]["pid"] = None  # what the previous version wrote for a pid-less acquire
+    path.write_text(json.dumps(data))
+    again = LeaseAllocator(tiny_plan(), state_dir=tmp_path)
+    assert [(lease.owner, why) for lease, why in again.dropped_on_start] == [
+        ("other:manual", "owner is dead")
+    ]
+
+
+def _valid_lease() -> dict[str, Any]:
+    return {"owner": "sample:a", "cpu": 1, "node": 0, "l3": 0, "pid": os.getpid(),
+            "pid_start": process_start_time(os.getpid()), "actor_id": None, "acquired_at": 1.0,
+            "placement": "any"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"leases": [{"owner": "sample:\xff"}]}', "not UTF-8"),
+        (json.dumps({"leases": [{**_valid_lease(), "cpu": 3.9}]}).encode(), "cpu=3.9 has the wrong type"),
+        (json.dumps({"leases": [{**_valid_lease(), "pid": 1.5}]}).encode(), "pid=1.5 has the wrong type"),
+        (json.dumps({"leases": [{**_valid_lease(), "cpu": True}]}).encode(), "cpu=True has the wrong type"),
+        (json.dumps({"leases": [{**_valid_lease(), "cpu": "1"}]}).encode(), "cpu='1' has the wrong type"),
+        (json.dumps({"leases": [{**_valid_lease(), "pid": 2**31}]}).encode(), "out of range"),
+        (json.dumps({"leases": [{**_valid_lease(), "extra": 1}]}).encode(), "unknown \\['extra'\\]"),
+        (json.dumps({"leases": [_valid_lease(), _valid_lease()]}).encode(), "appears twice"),
+        (json.dumps({"leases": {}}).encode(), "expected an object with a 'leases' list"),
+        (json.dumps({"leases": [], "boot_id": 7}).encode(), "boot_id=7"),
+        (json.dumps({"leases": [[]]}).encode(), "a lease is an object, got list"),
+        (b"{" + b" " * (5 << 20) + b"}", "larger than 4194304 bytes"),
+    ],
+)
+def test_every_malformed_state_file_is_a_lease_state_error_naming_file_and_problem(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "leases.json"
+    path.write_bytes(content)
+    t0 = time.monotonic()
+    with pytest.raises(LeaseStateError, match=f"lease state {path}: .*{problem}"):
+        LeaseAllocator(tiny_plan(), state_dir=tmp_path)
+    assert time.monotonic() - t0 < 10  # a 30 MB table once took 68 s; the size bound refuses it unread
+    assert path.read_bytes() == content  # left for a person
+
+
+def test_temp_files_of_a_killed_contender_are_removed(tmp_path: Path) -> None:
+    stale = tmp_path / ".leases.abc123"
+    stale.write_text("{half")
+    alloc = LeaseAllocator(tiny_plan(), state_dir=tmp_path)
+    alloc.acquire("sample:a")
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leases.json", "leases.lock"]

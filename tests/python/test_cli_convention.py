@@ -147,3 +147,22 @@ def test_help_and_version_do_not_import_numpy_ray_or_openvino(argv: list[str]) -
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["validate", "--bogus"], "lowtail validate"),
+        (["bench", "queue", "--bogus", "x"], "lowtail bench queue"),
+        (["shm", "ls", "--bogus"], "lowtail shm ls"),
+        (["compare", "a.json", "b.json", "--bogus"], "lowtail compare"),
+    ],
+)
+def test_an_unknown_flag_is_reported_by_its_subcommand(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{prog}: error: unrecognized arguments: --bogus" in err
+    assert err.startswith(f"usage: {prog}")  # its own usage, not the top-level one

@@ -48,3 +48,16 @@ def test_disabled_bar_writes_nothing() -> None:
     bar.update(1)
     bar.finish("x")
     assert out.getvalue() == ""
+
+
+def test_the_bar_shows_the_remaining_time_once_some_is_done() -> None:
+    import io
+
+    from lowtail.render.progress import Progress
+
+    bar = Progress("probe", 100, stream=io.StringIO())
+    bar.t0 -= 10.0  # ten seconds in
+    bar.done = 25
+    assert " ETA   30s" in bar.line()  # 25% in 10 s: 30 s to go
+    bar.done = 0
+    assert "ETA" not in bar.line()  # nothing done yet: no estimate

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -18,7 +20,8 @@ def _ours_or_dead() -> set[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_segment_left_behind() -> Iterator[None]:
-    """The suite must leave no lowtail segment in /dev/shm (segments of other live processes are theirs)."""
+    """The suite must leave no lowtail segment in this uid's directory under /dev/shm (segments of other
+    live processes are theirs)."""
     before = _ours_or_dead()
     yield
     left = _ours_or_dead() - before
@@ -42,3 +45,17 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("model")
     write_model(out, SMALL_SPEC)
     return out
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A sticky world-writable directory like /dev/shm, private to the test (pytest's tmp_path is
+    under a 0700 directory the second uid cannot enter)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to setuid a forked child to a second uid")
+    d = Path(tempfile.mkdtemp(prefix="lowtail-test-shm-"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import sys
 import time
 from typing import Any
 
@@ -255,3 +256,32 @@ def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds:
             while time.monotonic_ns() < due:
                 pass
             b.complete({"y": b.inputs["x"]})
+
+
+NOBODY = 65534  # the second uid of the other-user tests (nobody, present on every distribution)
+
+
+def as_nobody(fn: Any) -> int:
+    """Run ``fn`` in a forked child as uid/gid 65534; returns its exit status (0 = fn returned)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            fn()
+            code = 0
+        except BaseException as e:  # the parent reads the exit code; print what happened for it
+            print(f"as nobody: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def hold_ndslot(desc: QueueDescriptor, out: Any) -> None:
+    """Submit one request through an ndarray slot, report the slot's name, then wait to be killed."""
+    c = QueueClient.attach(desc)
+    c.submit({"x": np.full((16, 64), 9.0, np.float32)})
+    out.put(next(iter(c._nd_req.values())).name)
+    time.sleep(60)

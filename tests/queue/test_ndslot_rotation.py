@@ -2,7 +2,7 @@
 
 The counters (``NdarraySlot.created``/``attached``) are the observable: a mapping re-created per
 request would show in them whatever the timing. Rotation (``payload.ROTATE_BYTES``) is checked by the
-addresses the worker sees: a rotating size never lands in the slot the worker read last.
+ndarray slots the requests name: a rotating size never lands in the slot the worker read last.
 """
 
 from __future__ import annotations
@@ -20,17 +20,19 @@ from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWor
 CFG = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096, coalesce_us=0)
 
 
-def _round_trip(c: QueueClient, w: QueueWorker, x: np.ndarray) -> int:
-    """One request of ``x``: the worker checks every byte and answers; returns the worker's address."""
+def _round_trip(c: QueueClient, w: QueueWorker, x: np.ndarray) -> str | None:
+    """One request of ``x``: the worker checks every byte and answers; returns the ndarray slot the
+    request named (None inline)."""
     t = c.submit({"x": x})
     b = w.claim(1.0)
     assert b is not None
     got = b.inputs["x"]
     np.testing.assert_array_equal(got, x)
-    addr = int(got.ctypes.data)
+    m, g = w._m, b._items[0].g
+    slot = payload.read_layout(m.mem, m.q, m.geo.req_off(g), m.geo.req_bytes)[0]
     b.complete({"y": got[:, :1].copy()})
     np.testing.assert_array_equal(c.wait(t, 1.0)["y"], x[:, :1])
-    return addr
+    return slot
 
 
 @pytest.mark.parametrize("kib", [64, 512, 1024, 2048, 4096])

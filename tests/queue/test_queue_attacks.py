@@ -13,10 +13,8 @@ import math
 import os
 import pickle
 import re
-import shutil
 import struct
-import sys
-import tempfile
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +37,7 @@ from lowtail.shm.queue import (
     QueueDescriptor,
     QueueWorker,
 )
-from tests.queue.helpers import echo
+from tests.queue.helpers import NOBODY, as_nobody, echo
 
 
 def _x(tag: float, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:
@@ -215,7 +213,7 @@ def _valid_header() -> bytes:
 
 def _mutations() -> list[tuple[str, bytes, bool]]:
     h = _valid_header()
-    ext = payload.encode_header("lowtail.nd.1.2.abc", (("x", "<f4", (1, 2)),))
+    ext = payload.encode_header("lowtail.nd.1.2.0123456789abc", (("x", "<f4", (1, 2)),))
     return [
         ("short", h[:3], False),
         ("version", b"\x02" + h[1:], False),
@@ -255,8 +253,8 @@ def test_binary_header_round_trips_every_allowed_dtype() -> None:
     spec = tuple((f"a{i}", d, (2, i + 1)) for i, d in enumerate(payload.DTYPES))
     assert payload.decode_header(payload.encode_header(None, spec), False) == (None, spec)
     assert (
-        payload.decode_header(payload.encode_header("lowtail.nd.1.2.ab", spec), True)[0]
-        == "lowtail.nd.1.2.ab"
+        payload.decode_header(payload.encode_header("lowtail.nd.1.2.0123456789ab", spec), True)[0]
+        == "lowtail.nd.1.2.0123456789ab"
     )
 
 
@@ -413,7 +411,7 @@ def test_descriptor_round_trips_through_bytes() -> None:
     ("mutate", "expected"),
     [
         (lambda d: d.update(version=2), "version 2"),
-        (lambda d: d.update(name="lowtail.nd.1.2.ab"), "lowtail.q.* segment name"),
+        (lambda d: d.update(name="lowtail.nd.1.2.0123456789ab"), "lowtail.q.* segment name"),
         (lambda d: d.update(name="../../etc/shadow"), "lowtail.q.* segment name"),
         (lambda d: d["config"].update(lanes="16"), "lanes='16': wrong type"),
         (lambda d: d["config"].update(lanes=100000), "QueueConfig.lanes=100000"),
@@ -445,8 +443,7 @@ def test_worker_unmaps_a_departed_clients_ndarray_slots() -> None:
                 assert b is not None
                 b.complete({"y": np.zeros((64, 1), np.float32)})
                 c.wait(t, timeout_s=1.0)
-            assert len(w._attached) <= 1, "the worker keeps departed clients' slots mapped"
-        assert w._attached.mapped_bytes <= 4 << 20
+            assert len(w._slots_in) <= 1, "the worker keeps departed clients' slots open"
 
 
 def test_attached_slots_are_bounded_by_bytes(tmp_path: Path) -> None:
@@ -465,42 +462,11 @@ def test_attached_slots_are_bounded_by_bytes(tmp_path: Path) -> None:
 
 # -- 6. other users: never sweep, never attach what another uid owns -----------------------------
 
-NOBODY = 65534
-
-
-def _as_nobody(fn: Any) -> int:
-    """Run ``fn`` in a forked child as uid/gid 65534; returns its exit status (0 = fn returned)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            fn()
-            code = 0
-        except BaseException as e:  # the parent reads the exit code; print what happened for it
-            print(f"as nobody: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A sticky world-writable directory like /dev/shm, private to the test (pytest's tmp_path is
-    under a 0700 directory the second uid cannot enter)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to setuid a forked child to a second uid")
-    d = Path(tempfile.mkdtemp(prefix="lowtail-test-shm-"))
-    d.chmod(0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
-
 
 def _dead_name(kind: str) -> str:
-    return f"lowtail.{kind}.{segments.pid_namespace()}.{2**22 + 4321}.deadbeef0000"
+    p = subprocess.Popen(["true"])
+    p.wait()  # a pid in range whose process is gone (a pid above PID_MAX is not a lowtail name)
+    return f"lowtail.{kind}.{segments.pid_namespace()}.{p.pid}.deadbeef0000"
 
 
 def _plant(path: Path, mode: int = 0o600) -> None:
@@ -510,20 +476,26 @@ def _plant(path: Path, mode: int = 0o600) -> None:
 
 
 def test_a_dead_segment_of_another_user_is_neither_swept_nor_an_error(shared_dir: Path) -> None:
-    theirs = shared_dir / _dead_name("q")
-    assert _as_nobody(lambda: _plant(theirs)) == 0
+    dead = _dead_name("q")
+
+    def plant_own_dead() -> None:
+        with segments.private_dir_fd(str(shared_dir), create=True):
+            _plant(segments.private_dir(str(shared_dir)) / dead)
+
+    assert as_nobody(plant_own_dead) == 0
+    theirs = segments.private_dir(str(shared_dir), NOBODY) / dead
     with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))):
         pass
     assert theirs.exists(), "root's sweep removed another user's file"
     # and the other way round: their create must not fail on our dead segment
-    ours = shared_dir / _dead_name("nd")
+    ours = segments.private_dir(str(shared_dir)) / _dead_name("nd")
     _plant(ours)
 
     def create_as_nobody() -> None:
         with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))):
             pass
 
-    assert _as_nobody(create_as_nobody) == 0
+    assert as_nobody(create_as_nobody) == 0
     assert ours.exists(), "the second user's sweep removed root's file"
     assert not theirs.exists(), "a user's own dead segment is swept by that user"
     ours.unlink()
@@ -531,14 +503,20 @@ def test_a_dead_segment_of_another_user_is_neither_swept_nor_an_error(shared_dir
 
 def test_attach_refuses_a_segment_planted_by_another_user(shared_dir: Path) -> None:
     with InferenceQueue.create(QueueConfig(lanes=1, shm_dir=str(shared_dir))) as s:
-        planted = shared_dir / segments.segment_name("q")
-        assert _as_nobody(lambda: _plant(planted)) == 0
-        fake = QueueDescriptor(planted.name, s.descriptor.config, s.descriptor.hostname, s.descriptor.boot_id)
+        name = segments.segment_name("q")
+        top = shared_dir / name  # where any user can create a name: never looked at
+        assert as_nobody(lambda: _plant(top)) == 0
+        fake = QueueDescriptor(name, s.descriptor.config, s.descriptor.hostname, s.descriptor.boot_id)
+        with pytest.raises(SegmentNotFound, match="does not exist"):
+            QueueClient.attach(fake)
+        # in our directory only root could have put another uid's file; it is refused all the same
+        inside = segments.private_dir(str(shared_dir)) / name
+        top.rename(inside)
         with pytest.raises(SegmentNotFound, match=f"owned by uid {NOBODY}"):
             QueueClient.attach(fake)
         with pytest.raises(SegmentNotFound, match=f"owned by uid {NOBODY}"):
             QueueWorker.attach(fake)
-        planted.unlink()
+        inside.unlink()
 
 
 def test_attach_refuses_a_segment_with_group_or_other_bits(shared_dir: Path) -> None:

@@ -112,7 +112,7 @@ def test_batches_respect_max_samples_and_max_slots() -> None:
             c.wait(t, 1.0)
 
 
-def test_a_lone_request_below_min_batch_is_not_held(server: InferenceQueue) -> None:
+def test_a_lone_request_below_min_batch_is_not_held() -> None:
     cfg = QueueConfig(lanes=2, min_batch_samples=8, coalesce_us=100_000)
     with (
         InferenceQueue.create(cfg) as s,

@@ -5,17 +5,36 @@ A smoke run: it checks behaviour (schema, counts, files, cleanup), never a laten
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import textwrap
+import time
 from pathlib import Path
+
+import psutil
+import pytest
 
 from lowtail.cli.main import main
 
-NAMES = ["lowtail", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor", "spin_floor"]
+NAMES = [
+    "lowtail", "iceoryx2_busy", "iceoryx2_waitset", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor",
+    "spin_floor",
+]  # fmt: skip
+TMP = Path(tempfile.gettempdir())
+
+
+def iceoryx2_files() -> set[Path]:
+    """Every iceoryx2 file a bench run creates: its root directories and its shared-memory segments."""
+    return {*TMP.glob("lowtail-iox2-*"), *Path("/dev/shm").glob("ltiox2_*")}
 
 
 def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
+    before = iceoryx2_files()
     out = tmp_path / "q.json"
     png, page = tmp_path / "q.png", tmp_path / "q.html"
     # A subprocess: Ray is started and shut down there, never in the test session's process.
@@ -23,6 +42,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
         [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--quick", "--json", str(out),
          "--png", str(png), "--html", str(page), "--throughput-seconds", "0.3"],
         check=False, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},  # wide enough that no header wraps
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -45,8 +65,30 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     assert sum(lt["client_wait_counts"][k] for k in ("immediate", "spinning", "parked")) >= lt["n"]
     assert lt["client_gc_collections"] >= 0 and isinstance(lt["timer_interrupts_per_cpu"], dict)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "<img" in page.read_text()
+    html = page.read_text()
+    assert "<img" in html
+    # a report, not a terminal dump: the targets first, tables as tables, the JSON folded
+    assert html.index("<h2>Targets</h2>") < html.index("<h2>Plots</h2>") < html.index("<h2>JSON</h2>")
+    assert (
+        "<pre>" not in html.split("<h2>JSON</h2>")[0] and "<details><summary>Show the JSON</summary>" in html
+    )
+    assert "<th>p50 us</th>" in html and "Workload and settings" in html
+    assert (doc["schema"], doc["complete"], doc["interrupted"]) == ("lowtail.bench.queue", True, False)
+    # a quick run's p99.9 targets rest on a few hundred samples: never decided (lowtail.validation.evidence)
+    p999 = [t for t in doc["targets"] if "p99.9" in t["target"]]
+    assert p999 and all(t["met"] is None and "too few samples for p99.9" in t["why"] for t in p999)
+    assert not any("issue" in t["target"] for t in doc["targets"])
     assert "p50 vs lowtail" in proc.stdout and "seed_flock_poll" in proc.stdout
+    # the peer: in the table and in the targets, and its files gone after the run
+    assert "iceoryx2_waitset" in proc.stdout
+    peer = [t for t in doc["targets"] if "iceoryx2" in t["target"]]
+    assert [t["target"] for t in peer] == [
+        "lowtail p50 at or below iceoryx2_busy's", "lowtail p99.9 at or below iceoryx2_busy's",
+        "lowtail p50 at or below iceoryx2_waitset's", "lowtail p99.9 at or below iceoryx2_waitset's",
+    ]  # fmt: skip
+    assert all(isinstance(t["ratio"], float) for t in peer)
+    assert doc["workload"]["iceoryx2"] == "0.10.0"  # python/constraints.txt's pin
+    assert iceoryx2_files() <= before
 
 
 def test_bench_rejects_unknown_transport(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -54,8 +96,8 @@ def test_bench_rejects_unknown_transport(capsys) -> None:  # type: ignore[no-unt
     assert "unknown ['carrier_pigeon']" in capsys.readouterr().err
 
 
-def test_seed_baseline_unpickles_only_numpy_arrays() -> None:
-    """The seed design's pickled dicts are kept for the comparison, but a pickle naming any other
+def test_predecessor_baseline_unpickles_only_numpy_arrays() -> None:
+    """The predecessor system's pickled dicts are kept for the comparison, but a pickle naming any other
     callable (here os.system) is refused before it runs."""
     import os
     import pickle
@@ -74,3 +116,181 @@ def test_seed_baseline_unpickles_only_numpy_arrays() -> None:
 
     with pytest.raises(pickle.UnpicklingError, match="system"):
         arrays_loads(pickle.dumps(Exploit()))
+
+
+def _lowtail_run(code: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True, text=True,
+        timeout=timeout_s,
+    )  # fmt: skip
+
+
+def test_without_iceoryx2_its_transports_are_absent_and_asking_for_one_exits_2() -> None:
+    """An environment where the package does not import (None in sys.modules: the import machinery
+    raises ModuleNotFoundError, as when it is not installed): the transport is not offered, the default
+    run leaves it out, and asking for it names the package and the command that installs it."""
+    proc = _lowtail_run("""
+        import sys
+        sys.modules["iceoryx2"] = None
+        from lowtail.benchmarks import queue_transports as qt
+        print(sorted(qt.MISSING), "iceoryx2_busy" in qt.TRANSPORTS)
+        from lowtail.cli.main import main
+        sys.exit(main(["bench", "queue", "--transports", "lowtail,iceoryx2_busy", "--quick"]))
+    """)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == "['iceoryx2_busy', 'iceoryx2_waitset'] False"
+    assert "needs the Python package iceoryx2" in proc.stderr
+    assert "pip install 'lowtail[peer]'" in proc.stderr
+    assert "round trips" not in proc.stderr  # refused before anything started
+
+
+def test_iceoryx2_with_the_package_is_offered() -> None:
+    from lowtail.benchmarks import queue_transports as qt
+
+    assert qt.MISSING == {} and {"iceoryx2_busy", "iceoryx2_waitset"} <= set(qt.TRANSPORTS)
+
+
+@pytest.mark.parametrize("name", ["iceoryx2_busy", "iceoryx2_waitset"])
+def test_iceoryx2_killed_server_leaves_nothing(name: str) -> None:
+    import numpy as np
+
+    from lowtail.benchmarks import iceoryx2_transport as iox
+    from lowtail.benchmarks.queue_transports import TRANSPORTS
+
+    t = TRANSPORTS[name](None, "normal")
+    t.start()
+    assert isinstance(t, iox.Iceoryx2Transport)
+    root, prefix = t.root, t.prefix
+    try:
+        obs = np.arange(16 * 512, dtype=np.float32).reshape(16, 512)
+        assert np.array_equal(t.round_trip({"obs": obs})["logits"], obs[:, :64])
+        assert iox.leftovers(root, prefix)  # the files this cleanup must find exist while it runs
+        assert t.proc is not None
+        os.kill(t.proc.pid, signal.SIGKILL)
+        t.proc.join(10)
+    finally:
+        t.stop()
+    assert iox.leftovers(root, prefix) == []
+
+
+def test_iceoryx2_killed_client_leaves_no_server_and_the_next_run_removes_its_files() -> None:
+    from lowtail.benchmarks import iceoryx2_transport as iox
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import time
+            from lowtail.benchmarks.iceoryx2_transport import Iceoryx2Transport
+            t = Iceoryx2Transport(None, "normal")
+            t.start()
+            print(t.root, t.prefix, t.proc.pid, flush=True)
+            time.sleep(120)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        root, prefix, server = proc.stdout.readline().split()
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert iox.leftovers(root, prefix)  # SIGKILL: nothing ran to clean up
+    deadline = time.monotonic() + 20
+    while iox._pid_alive(int(server)):  # the orphaned server sees its parent gone and exits
+        assert time.monotonic() < deadline, f"server {server} still running after its client was killed"
+        time.sleep(0.05)
+    removed = iox.remove_stale()
+    assert Path(root) in removed and iox.leftovers(root, prefix) == []
+
+
+def test_interrupted_iceoryx2_run_leaves_nothing(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) in the middle of the round
+    trips: a partial report, exit 130, no iceoryx2 file and no process left."""
+    before = iceoryx2_files()
+    out = tmp_path / "q.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--transports", "iceoryx2_waitset",
+         "--samples", "100000000", "--json", str(out), "--fairness-clients", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.suffix == ".connection" for p in iceoryx2_files() - before):  # client connected
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the round trips
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err  # the server, deaf to the group's Ctrl-C, is stopped by the run
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True and doc["complete"] is False
+    deadline = time.monotonic() + 20  # nothing of the group is left running (a zombie awaits its reaper)
+    while left := [p for p in _session(proc.pid) if p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, f"left running after Ctrl-C: {left}"
+        time.sleep(0.05)
+    assert iceoryx2_files() <= before
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(p.pid) == sid:
+                out.append(p)
+    return out
+
+
+def test_co_tenant_runs_pinned_at_normal_priority_and_leaves_no_process() -> None:
+    from lowtail.benchmarks.co_tenant import co_tenants
+
+    cpu = min(os.sched_getaffinity(0))
+    with co_tenants([cpu]) as pids:
+        (pid,) = pids
+        p = psutil.Process(pid)
+        assert p.cpu_affinity() == [cpu] and p.nice() == 0
+        assert p.status() in {psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING} and p.cpu_times().user >= 0
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_co_tenant_dies_with_its_parent() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import os, time
+            from lowtail.benchmarks.co_tenant import co_tenants
+            with co_tenants([min(os.sched_getaffinity(0))]) as pids:
+                print(*pids, flush=True)
+                time.sleep(120)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        (pid,) = (int(x) for x in proc.stdout.readline().split())
+    finally:
+        proc.kill()
+        proc.wait(30)
+    deadline = time.monotonic() + 20
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"co-tenant {pid} outlived its parent"
+        time.sleep(0.05)
+
+
+def test_co_tenant_option_is_reported_and_its_loops_end_with_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "q.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--quick", "--co-tenant",
+         "--transports", "lowtail,iceoryx2_busy", "--fairness-clients", "0", "--throughput-seconds", "0.2",
+         "--json", str(out), "--no-progress"],
+        check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    tenant = doc["workload"]["co_tenant"]
+    assert tenant["cpus"] == sorted({doc["workload"]["client_cpu"], doc["workload"]["worker_cpu"]} - {None})
+    assert len(tenant["pids"]) == len(tenant["cpus"]) and tenant["priority"] == "SCHED_OTHER nice 0"
+    assert not any(psutil.pid_exists(p) for p in tenant["pids"])
+    assert {r["n"] for r in doc["transports"].values()} == {300}

@@ -32,6 +32,8 @@ def shm_dir(tmp_path: Path) -> Path:
 
 def _fake_segment(d: Path, kind: str, pid: int, ns: int | None = None) -> Path:
     ns = segments.pid_namespace() if ns is None else ns
+    d = segments.private_dir(str(d))
+    d.mkdir(mode=0o700, exist_ok=True)
     p = d / f"lowtail.{kind}.{ns}.{pid}.abcdef012345"
     p.write_bytes(b"\0" * 4096)
     p.chmod(0o600)
@@ -42,7 +44,7 @@ def test_sweep_removes_dead_owners_only(shm_dir: Path) -> None:
     dead = _fake_segment(shm_dir, "q", _dead_pid())
     alive = _fake_segment(shm_dir, "nd", os.getpid())
     foreign = _fake_segment(shm_dir, "q", _dead_pid(), ns=1)  # another PID namespace: not ours to judge
-    unrelated = shm_dir / "psm_something"
+    unrelated = segments.private_dir(str(shm_dir)) / "psm_something"
     unrelated.write_bytes(b"x")
     removed = segments.sweep_dead(str(shm_dir))
     assert [s.name for s in removed] == [dead.name]
@@ -94,9 +96,9 @@ def test_a_too_small_shm_is_a_clear_error_at_creation(small_tmpfs: Path) -> None
         ShmTooSmall, match=rf"{small_tmpfs} cannot hold a \d+-byte segment \(\d+ bytes free\)"
     ):
         InferenceQueue.create(cfg)
-    assert os.listdir(small_tmpfs) == []  # nothing half-made left behind
+    assert os.listdir(segments.private_dir(str(small_tmpfs))) == []  # nothing half-made left behind
     with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, shm_dir=str(small_tmpfs))) as q:
-        assert q.descriptor.path.parent == small_tmpfs  # a queue that fits is fine
+        assert q.descriptor.path.parent == segments.private_dir(str(small_tmpfs))  # one that fits is fine
 
 
 def test_queue_bound_to_node0_reports_its_pages_on_node0() -> None:

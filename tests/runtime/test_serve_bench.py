@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +18,9 @@ BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us",
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
-    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--model", str(small_model), "--duration", "0.5", "--samplers", "2"]
     argv += ["--traffic", "3x2", "--breakdown"]
@@ -48,6 +52,15 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
     assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, text  # the tables fit the terminal
+    page = (tmp_path / "s.html").read_text()
+    assert page.index("<h2>Targets</h2>") < page.index("<h2>Plots</h2>") < page.index("<h2>JSON</h2>")
+    assert "<details><summary>Show the JSON</summary>" in page and "<th>p99.9 ms</th>" in page
+    assert (report["schema"], report["complete"], report["interrupted"]) == (
+        "lowtail.bench.serve",
+        True,
+        False,
+    )
 
 
 def write_static_batch_model(out: Path, features: int = 8) -> Path:
@@ -117,7 +130,8 @@ def test_rounds_interleave_designs_and_each_ratio_uses_its_own_rounds_bare(
 
 
 def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
-    from lowtail.benchmarks.serve_bench import DesignResult, verdicts
+    from lowtail.benchmarks.serve_report import verdicts
+    from lowtail.benchmarks.serve_run import DesignResult
 
     rows = []
     for rnd, ratio in enumerate((0.99, 0.96, 0.90), start=1):
@@ -130,3 +144,73 @@ def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
     assert "median of 3 rounds, 0.900-0.990" in line
     rows[3].ratio_to_bare = 0.80  # round 2: 0.99, 0.80, 0.90 has the median 0.90
     assert "NOT met (0.900" in verdicts(rows, 16)[0]
+
+
+def test_a_truncated_model_is_a_clean_error_and_the_json_says_so(
+    small_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(small_model, broken)
+    (weights,) = broken.glob("*.bin")
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--model", str(broken), "--seconds", "0.3", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"lowtail bench serve: --model {broken}: OpenVINO cannot read" in err
+    assert "Incorrect weights in bin file" in err and "Traceback" not in err
+    report = json.loads(out.read_text())
+    assert (
+        report["complete"] is False and report["results"] == [] and "OpenVINO cannot read" in report["error"]
+    )
+    assert (report["schema"], report["schema_version"]) == ("lowtail.bench.serve", 1)
+
+
+def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_path: Path) -> None:
+    import sys
+    import time
+
+    out = tmp_path / "serve.json"
+    argv = [sys.executable, "-m", "lowtail.cli.main", "bench", "serve", "--model", str(small_model)]
+    argv += ["--seconds", "3", "--samplers", "1,2", "--traffic", "", "--json", str(out)]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stderr is not None
+    seen = []
+    try:
+        while True:  # the bar logs each design as it starts (not a terminal: one line each)
+            line = proc.stderr.readline()
+            seen.append(line)
+            if not line or "served x1" in line:
+                break
+        time.sleep(2.0)  # the worker compiles, the samplers measure
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and report["complete"] is False
+    assert report["verdicts"][0].startswith("INTERRUPTED: a partial run")
+    assert [r["label"] for r in report["results"]][:1] == ["bare (limit)"]  # what finished is kept
+    assert "served x2" not in [r["label"] for r in report["results"]]
+    assert "INTERRUPTED" in stdout
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """A step of the test failed with the run still going: Ctrl-C it, then kill what is left, and
+    remove the segments it named after itself, so a failing test leaves nothing behind."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    for name in os.listdir("/dev/shm"):
+        if f".{proc.pid}." in name:
+            os.unlink(f"/dev/shm/{name}")

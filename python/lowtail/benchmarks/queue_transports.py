@@ -12,6 +12,8 @@
   loopback (the predecessor's socket version). ``ray_actor``: a plain Ray actor method call.
 - ``spin_floor``: two pinned processes ping-ponging a sequence word and copying the same payload through
   shared memory: what Python can do at best, the floor.
+- ``iceoryx2_busy``, ``iceoryx2_waitset``: the best production peer, Eclipse iceoryx2, when its optional
+  package imports (lowtail.benchmarks.iceoryx2_transport).
 
 Every server runs in a ``spawn`` child pinned to its own CPU; every echo computes the same thing
 (``obs[:, :64]`` as a contiguous float32 array). Every spin and wait here is bounded by a deadline.
@@ -118,6 +120,10 @@ class Transport:
         raise NotImplementedError
 
     def stop(self) -> None:
+        stop_event = getattr(self, "stop_event", None)  # a server that polls a stop flag exits on its own
+        if stop_event is not None and self.proc is not None:
+            stop_event.set()
+            self.proc.join(10)
         if self.proc is not None:
             if self.proc.is_alive():
                 self.proc.terminate()
@@ -630,6 +636,15 @@ TRANSPORTS: dict[str, type[Transport]] = {
     t.name: t
     for t in (LowtailTransport, SeedTransport, PipeTransport, TcpTransport, RayTransport, SpinFloorTransport)
 }
+
+# Optional peers (python/pyproject.toml's group "peer"): each module registers its transports into
+# TRANSPORTS when its package imports; otherwise MISSING names the package and why it did not import.
+PEER_PACKAGES = {"iceoryx2_busy": "iceoryx2", "iceoryx2_waitset": "iceoryx2"}
+MISSING: dict[str, str] = {}
+try:
+    import lowtail.benchmarks.iceoryx2_transport  # noqa: F401
+except ImportError as e:
+    MISSING.update(dict.fromkeys(("iceoryx2_busy", "iceoryx2_waitset"), str(e)))
 
 
 # -- throughput with concurrent clients -------------------------------------------------------------

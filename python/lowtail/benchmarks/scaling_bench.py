@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.benchmarks.serve_bench import json_safe
+from lowtail.benchmarks.report import json_safe
 from lowtail.cli.main import UsageError
 from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
 from lowtail.render.progress import Progress
+from lowtail.render.schema import stamp
 from lowtail.serve import metrics
 from lowtail.serve.pinning import pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
@@ -533,4 +534,4 @@ def _png(fig: Any) -> bytes:
 
 
 def _write_json(path: str | None, report: dict[str, Any]) -> None:
-    write_json(path, json_safe(report))
+    write_json(path, json_safe({**stamp(f"bench.{report['benchmark']}"), **report}))

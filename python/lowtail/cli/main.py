@@ -1,4 +1,4 @@
-"""The ``lowtail`` command. Thin: it parses, calls the library, and renders.
+"""The ``lowtail`` command: it parses the arguments, calls the library, and renders the result.
 
 Subcommands live in ``lowtail.cli.commands``: every module there with a ``register(subparsers)`` function
 adds its own, so a new command is a new file rather than an edit here. Registering must stay cheap
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ class UsageError(LowtailError):
 
 def _label_subcommands(parser: argparse.ArgumentParser) -> None:
     """Give every (sub)parser's namespace its full name ("lowtail bench queue") for error messages."""
-    parser.set_defaults(command_name=parser.prog)
+    parser.set_defaults(command_name=parser.prog, command_parser=parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
@@ -53,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lowtail {__version__}")  # without importing a single command module
         return 0
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand that was given them, with its usage
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except LowtailError as e:
@@ -61,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `lowtail ... | head`: the reader left; no traceback (Python docs, SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

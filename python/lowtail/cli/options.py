@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lowtail.errors import LowtailError
+
 STDOUT = "-"
 
 
@@ -51,25 +53,66 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+class OutputError(LowtailError):
+    """An output file that could not be written after the work was done (the result was printed)."""
+
+    exit_code = 2
+
+
+def _writable(path: Path) -> str:
+    """ "" when ``path`` can be written, else why not. Opens it for writing (without truncating) or, for a
+    new file, creates and removes it: permission bits, read-only mounts and pseudo filesystems (/proc,
+    /sys) all answer the one way that counts, even for root."""
+    if path.is_dir():
+        return "is a directory; expected a file name"
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"{str(parent)!r} {'is not a directory' if parent.exists() else 'does not exist'}"
+    exists = path.exists()
+    try:
+        if exists:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            path.unlink()
+    except OSError as e:
+        return f"cannot be written ({'opening' if exists else 'creating'} it failed: {e.strerror})"
+    return ""
+
+
 def output_path(allow_stdout: bool = False) -> Callable[[str], str]:
-    """An argparse type: a file that can be created (its directory exists and is writable)."""
+    """An argparse type: a file that can be written (checked while parsing, before any work)."""
 
     def check(text: str) -> str:
         if text == STDOUT:
             if allow_stdout:
                 return text
             raise argparse.ArgumentTypeError("'-' (standard output) is only accepted by --json")
-        path = Path(text)
-        parent = path.parent if str(path.parent) else Path(".")
-        if path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file name")
-        if not parent.is_dir():
-            what = "is not a directory" if parent.exists() else "does not exist"
-            raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} {what}")
-        if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise argparse.ArgumentTypeError(f"{text!r}: not writable by this user")
+        why = _writable(Path(text))
+        if why:
+            raise argparse.ArgumentTypeError(f"{text!r}: {why}")
         return text
 
+    check.lowtail_output = True  # type: ignore[attr-defined]  # tests find every output option by it
+    return check
+
+
+def output_dir() -> Callable[[str], str]:
+    """An argparse type: a directory that exists and can be written, or can be created in its parent."""
+
+    def check(text: str) -> str:
+        path = Path(text)
+        probe = path if path.is_dir() else path.parent if str(path.parent) else Path(".")
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a directory")
+        if not probe.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r}: {str(probe)!r} does not exist")
+        why = _writable(probe / f".lowtail-write-test-{os.getpid()}")
+        if why:
+            raise argparse.ArgumentTypeError(f"{text!r}: {str(probe)!r} {why}")
+        return text
+
+    check.lowtail_output = True  # type: ignore[attr-defined]
     return check
 
 
@@ -128,4 +171,15 @@ def write_json(target: str | None, doc: Any) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        Path(target).write_text(text)
+        write_text(target, text)
+
+
+def write_text(path: str, text: str | bytes) -> None:
+    """Write an output file; a failure now (disk full, a path removed meanwhile) names the file."""
+    try:
+        if isinstance(text, bytes):
+            Path(path).write_bytes(text)
+        else:
+            Path(path).write_text(text)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None

@@ -34,7 +34,7 @@ _SUFFIX: dict[str, int] = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^\s*([0-9]+)\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|)\s*$")
+_QUANTITY = re.compile(r"^\s*([0-9]+)\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|)\s*\Z")
 
 
 class MemoryReservationError(LowtailError, ValueError):

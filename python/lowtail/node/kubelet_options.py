@@ -13,6 +13,9 @@ once. Every row names its upstream source. The rules mirror kubernetes
 * ``ValidateStaticPolicyOptions``: ``align-by-socket`` is refused with the ``single-numa-node``
   topology manager policy.
 
+``check_config`` applies these to a whole KubeletConfiguration (the merged file kubelet will read) together
+with the resource managers' feature gates (``GATES``: locked, removed and disabled gates), the topology
+manager's options (``pkg/kubelet/cm/topologymanager/policy_options.go``) and its NUMA-node limit.
 kubelet refuses to start on each of these, so they are checked before any host is changed.
 
 Stdlib only and no imports outside this package: Ansible ships it to hosts as module_utils.
@@ -105,6 +108,52 @@ FORBIDDEN_PAIRS: tuple[tuple[int, str, str], ...] = (
     (32, UNCORECACHE, ACROSS_NUMA),
 )
 
+# The resource managers' feature gates: (first minor, default, locked) stages and the first minor without
+# the gate, from kubernetes pkg/features/kube_features.go (the versioned specs at the 1.32 and 1.33 release
+# trees). component-base featuregate refuses a locked gate set to the other value ("cannot set feature
+# gate X to false, feature is locked to true") and a gate the binary does not have ("unrecognized
+# feature gate"); kubelet then does not start.
+GATES: dict[str, tuple[tuple[tuple[int, bool, bool], ...], int | None]] = {
+    # GA and locked in 1.26 ("GA in 1.26"); present at 1.32, gone from the 1.33 tree.
+    "CPUManager": (((26, True, True),), 33),
+    # beta 1.23, GA and locked in 1.33 ("remove in 1.36").
+    "CPUManagerPolicyOptions": (((23, True, False), (33, True, True)), None),
+    ALPHA_GATE: (((23, False, False),), None),
+    BETA_GATE: (((23, True, False),), None),
+    # beta 1.22, GA and locked in 1.32. Off on 1.31, memoryManagerPolicy Static is ignored without an error.
+    "MemoryManager": (((22, True, False), (32, True, True)), None),
+    # GA and locked in 1.27 ("GA in 1.27; remove in 1.29"); gone from the 1.33 tree.
+    "TopologyManager": (((27, True, True),), 33),
+    # beta and on from 1.28, GA in 1.32 (not locked at 1.33).
+    "TopologyManagerPolicyOptions": (((28, True, False),), None),
+    "TopologyManagerPolicyBetaOptions": (((28, True, False),), None),
+    "TopologyManagerPolicyAlphaOptions": (((26, False, False),), None),
+}
+
+# topologyManagerPolicyOptions per minor (topologymanager/policy_options.go, CheckPolicyOptionAvailable: the
+# same alpha/beta/stable sets and gates as the CPU manager's, with the TopologyManagerPolicy*Options gates).
+PREFER_CLOSEST = "prefer-closest-numa-nodes"
+MAX_NUMA = "max-allowable-numa-nodes"
+TOPOLOGY_ALPHA_GATE = "TopologyManagerPolicyAlphaOptions"
+TOPOLOGY_BETA_GATE = "TopologyManagerPolicyBetaOptions"
+_TOPOLOGY_GATE_OF: dict[str, tuple[str, bool] | None] = {
+    ALPHA: (TOPOLOGY_ALPHA_GATE, False),
+    BETA: (TOPOLOGY_BETA_GATE, True),
+    GA: None,
+}
+TOPOLOGY_OPTIONS_BY_MINOR: dict[int, dict[str, str]] = {
+    # KEP-3545: prefer-closest-numa-nodes beta from 1.28 (listed in betaOptions through the 1.33 tree;
+    # a GA move would only lift the beta gate, which is on by default).
+    **{m: {PREFER_CLOSEST: BETA} for m in range(28, 31)},
+    # KEP-4622 (kep.yaml milestone beta v1.31, stable v1.35; kubernetes#124148 in the 1.31 changelog):
+    # max-allowable-numa-nodes, an integer of at least 8.
+    **{m: {PREFER_CLOSEST: BETA, MAX_NUMA: BETA} for m in range(31, 35)},
+    35: {PREFER_CLOSEST: BETA, MAX_NUMA: GA},
+}
+# topologymanager defaultMaxAllowableNUMANodes: NewManager refuses a machine with more NUMA nodes
+# ("unsupported on machines with more than 8 NUMA Nodes") unless max-allowable-numa-nodes raises it.
+DEFAULT_MAX_NUMA_NODES = 8
+
 # Options lowtail asks for when the inventory does not choose: each only where this kubelet has it at
 # beta or GA, so the default never turns on an alpha gate.
 RECOMMENDED: tuple[str, ...] = (FULL_PCPUS, STRICT_RESERVATION, UNCORECACHE)
@@ -137,12 +186,14 @@ class KubeletVersionError(LowtailError, ValueError):
 
 @dataclass(frozen=True)
 class PolicyCheck:
-    """What a kubelet of one version would make of a set of options and gates."""
+    """What a kubelet of one version would make of a set of options and gates. ``topology_options`` are
+    the topologyManagerPolicyOptions lowtail writes (max-allowable-numa-nodes on more than 8 NUMA nodes)."""
 
     minor: int
     problems: list[str] = field(default_factory=list)
     options: dict[str, str] = field(default_factory=dict)
     gates: dict[str, bool] = field(default_factory=dict)
+    topology_options: dict[str, str] = field(default_factory=dict)
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -213,17 +264,19 @@ def check(
     )
 
 
-def plan(
+def choose_options(
     version: str,
     wanted: Mapping[str, object] | None,
     gates: Mapping[str, object] | None = None,
     topology_policy: str = "none",
+    numa_nodes: int = 0,
 ) -> PolicyCheck:
     """The options and gates lowtail writes for this kubelet.
 
     ``wanted`` None means lowtail's recommendation: each of RECOMMENDED that this kubelet has at beta or
     GA. An explicit map is taken as asked; the alpha gate is added when an asked option needs it (unless
     the inventory set that gate to false, which is then a problem), and every refusal is reported.
+    A host with more than 8 NUMA nodes gets ``max-allowable-numa-nodes`` where this kubelet has it.
     """
     minor = supported_minor(version)
     known = OPTIONS_BY_MINOR[minor]
@@ -236,7 +289,177 @@ def plan(
             merged.setdefault(ALPHA_GATE, True)
     result = check(version, options, merged, topology_policy)
     only_set = {k: v for k, v in merged.items() if isinstance(v, bool)}
-    return PolicyCheck(minor, result.problems, {k: str(v) for k, v in options.items()}, only_set)
+    # Where this kubelet lacks the option, check_config refuses the host naming its NUMA-node count.
+    topology_options: dict[str, str] = {}
+    if (
+        numa_nodes > DEFAULT_MAX_NUMA_NODES
+        and topology_policy != "none"
+        and MAX_NUMA in TOPOLOGY_OPTIONS_BY_MINOR.get(minor, {})
+    ):
+        topology_options[MAX_NUMA] = str(numa_nodes)
+    return PolicyCheck(
+        minor, result.problems, {k: str(v) for k, v in options.items()}, only_set, topology_options
+    )
+
+
+def gate_value(minor: int, name: str, gates: Mapping[str, object]) -> bool:
+    """The value a resource-manager gate has on kubelet 1.minor with these featureGates set (a locked
+    gate keeps its value: setting it otherwise is refused by _gate_problems)."""
+    stages, _ = GATES[name]
+    default, locked = False, False
+    for since, stage_default, stage_locked in stages:
+        if minor >= since:
+            default, locked = stage_default, stage_locked
+    value = gates.get(name)
+    return value if isinstance(value, bool) and not locked else default
+
+
+def _gate_problems(minor: int, gates: Mapping[str, object]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for featureGates on kubelet 1.minor: values that are not booleans, gates
+    the binary no longer has, locked gates set against their lock; gates outside GATES are warnings."""
+    problems, warnings = [], []
+    for name, value in gates.items():
+        if not isinstance(value, bool):
+            problems.append(
+                f"featureGates.{name} is {value!r}; expected true or false (kubelet's featureGates is a "
+                "map of booleans and does not start with another value)"
+            )
+            continue
+        if name not in GATES:
+            warnings.append(
+                f"featureGates.{name}: lowtail's table does not know this gate, so it cannot tell whether "
+                f"kubelet 1.{minor} has it (kubelet refuses an unrecognized feature gate)"
+            )
+            continue
+        stages, removed = GATES[name]
+        if removed is not None and minor >= removed:
+            problems.append(f"unrecognized feature gate: {name} (kubelet 1.{minor} no longer has it)")
+            continue
+        current = [s for s in stages if minor >= s[0]]
+        if not current:
+            problems.append(f"unrecognized feature gate: {name} (kubelet 1.{minor} does not have it yet)")
+        elif current[-1][2] and value != current[-1][1]:
+            problems.append(
+                f"cannot set feature gate {name} to {str(value).lower()}, feature is locked to "
+                f"{str(current[-1][1]).lower()} (kubelet 1.{minor})"
+            )
+    return problems, warnings
+
+
+def _mapping(cfg: Mapping[str, object], key: str, problems: list[str]) -> dict[str, object]:
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        problems.append(f"{key} is {value!r}; expected a map")
+        return {}
+    return {str(k): v for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """Every reason kubelet would refuse a whole configuration, and what it would silently ignore."""
+
+    minor: int
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_config(version: str, cfg: Mapping[str, object], numa_nodes: int = 0) -> ConfigCheck:
+    """Check a whole KubeletConfiguration, as kubelet ``version`` would read it, on a host with
+    ``numa_nodes`` NUMA nodes (0: unknown, the NUMA limit is not checked)."""
+    minor = supported_minor(version)
+    problems: list[str] = []
+    gates = _mapping(cfg, "featureGates", problems)
+    gate_problems, warnings = _gate_problems(minor, gates)
+    problems += gate_problems
+    bool_gates = {k: v for k, v in gates.items() if isinstance(v, bool)}
+    cpu_policy = str(cfg.get("cpuManagerPolicy", "none"))
+    topology_policy = str(cfg.get("topologyManagerPolicy", "none"))
+    options = _mapping(cfg, "cpuManagerPolicyOptions", problems)
+    if options and not gate_value(minor, "CPUManagerPolicyOptions", bool_gates):
+        # cmd/kubelet/app/server.go: options with the gate off are an error, not ignored.
+        problems.append(
+            f"CPU Manager policy options {sorted(options)} require feature gate CPUManagerPolicyOptions, "
+            "which featureGates turns off"
+        )
+    if options and cpu_policy == "none":
+        # policy_none.go: the none policy refuses any option.
+        problems.append(f"None policy: received unsupported options {sorted(options)}")
+    # Checked with the effective values of the two option gates, defaults included.
+    effective = {g: gate_value(minor, g, bool_gates) for g in (ALPHA_GATE, BETA_GATE)}
+    problems += check(version, options, effective, topology_policy).problems
+    if str(cfg.get("memoryManagerPolicy", "None")) == "Static" and not gate_value(
+        minor, "MemoryManager", bool_gates
+    ):
+        problems.append(
+            "featureGates.MemoryManager: false turns the memory manager off, so memoryManagerPolicy Static "
+            f"would be ignored on kubelet 1.{minor} (no NUMA-aligned memory); remove the gate"
+        )
+    problems += _topology_problems(minor, cfg, bool_gates, topology_policy, numa_nodes)
+    return ConfigCheck(minor, problems, warnings)
+
+
+def _topology_problems(
+    minor: int,
+    cfg: Mapping[str, object],
+    gates: Mapping[str, bool],
+    topology_policy: str,
+    numa_nodes: int,
+) -> list[str]:
+    problems: list[str] = []
+    options = _mapping(cfg, "topologyManagerPolicyOptions", problems)
+    if options and not gate_value(minor, "TopologyManagerPolicyOptions", gates):
+        problems.append(
+            f"Topology Manager policy options {sorted(options)} require feature gate "
+            "TopologyManagerPolicyOptions, which featureGates turns off"
+        )
+    known = TOPOLOGY_OPTIONS_BY_MINOR.get(minor, {})
+    limit = DEFAULT_MAX_NUMA_NODES
+    for name, value in options.items():
+        maturity = known.get(name)
+        if maturity is None:
+            problems.append(f"unknown Topology Manager Policy option {name!r} for kubelet 1.{minor}")
+            continue
+        gate = _TOPOLOGY_GATE_OF[maturity]
+        if gate and not gates.get(gate[0], gate[1]):
+            problems.append(
+                f"Topology Manager Policy option {name!r} is {maturity} in kubelet 1.{minor} and needs "
+                f"featureGates.{gate[0]}: true"
+            )
+        if name == MAX_NUMA:
+            text = str(value) if isinstance(value, str) else ""
+            if not re.fullmatch(r"[+-]?[0-9]+", text) or int(text) < DEFAULT_MAX_NUMA_NODES:
+                problems.append(
+                    f"topologyManagerPolicyOptions {MAX_NUMA} is {value!r}; expected a string holding an "
+                    f"integer of at least {DEFAULT_MAX_NUMA_NODES}"
+                )
+            else:
+                limit = int(text)
+        elif go_bool(value) is None:
+            problems.append(
+                f"topologyManagerPolicyOptions {name} is {value!r}; expected the string 'true' or 'false'"
+            )
+    if topology_policy != "none" and numa_nodes > limit:
+        problems.append(
+            f"the topology manager ({topology_policy}) is unsupported on machines with more than {limit} "
+            f"NUMA nodes and this host has {numa_nodes}; topologyManagerPolicyOptions {MAX_NUMA} of at "
+            f"least {numa_nodes} needs kubelet 1.31 or later (or fewer NUMA nodes: the BIOS NPS and "
+            "L3-as-NUMA settings)"
+        )
+    return problems
+
+
+def merge_dropin(base: Mapping[str, object], over: Mapping[str, object]) -> dict[str, object]:
+    """A --config-dir drop-in over the configuration as kubelet merges it (kubernetes.io "Kubelet
+    Configuration Directory Merging"): structures and maps field by field, lists and scalars replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = (
+            merge_dropin(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
+        )
+    return out
 
 
 def eviction_hard(existing: Mapping[str, object] | None, memory_available: str) -> dict[str, str]:

@@ -47,7 +47,10 @@ class Progress:
         filled = int(frac * WIDTH)
         elapsed = time.monotonic() - self.t0
         note = f"  {self.note}" if self.note else ""
-        return f"{self.label:<28} [{'#' * filled}{'.' * (WIDTH - filled)}] {frac:4.0%} {elapsed:5.1f}s{note}"
+        # The remaining time where the total is known and some of it is done (a linear estimate).
+        eta = f" ETA {elapsed * (1 - frac) / frac:4.0f}s" if 0.02 <= frac < 1 else ""
+        bar = "#" * filled + "." * (WIDTH - filled)
+        return f"{self.label:<28} [{bar}] {frac:4.0%} {elapsed:5.1f}s{eta}{note}"
 
     def update(self, done: float, note: str = "") -> None:
         """Progress so far, in the unit of ``total``; ``note`` is shown after the bar (counts, rates)."""
@@ -63,6 +66,15 @@ class Progress:
         elif now - self._last_draw >= self.log_every_s:
             self._last_draw = now
             self._write(self.line() + "\n")
+
+    def phase(self, done: float, note: str) -> None:
+        """A new step begins (``note`` names it): redrawn on a terminal, one line in a log."""
+        if self.enabled and not self.tty and not self._finished and note != self.note:
+            self.done, self.note = min(max(done, 0.0), self.total), note
+            self._last_draw = time.monotonic()
+            self._write(self.line() + "\n")
+            return
+        self.update(done, note)
 
     def finish(self, note: str = "") -> None:
         """End the bar once (later calls do nothing); ``note`` replaces the running note."""

@@ -12,6 +12,15 @@ Output tensors are bound the same way (where the model's outputs have a static p
 call returns numpy arrays it already holds instead of asking OpenVINO for its tensors: that lookup cost
 1.3 us per output warm but 11-13 us inside the worker loop (a temporary timer in one ``bench serve``
 run), right after ``infer()`` has evicted the caches. Outputs are overwritten by the next call.
+
+Batch shapes are padded (``padded_batch``): a call of n samples runs at the next power of two, on the
+first n rows of the bound buffers, and returns the first n rows. OpenVINO keeps state per input shape
+that we cannot free (160 distinct batch sizes grew a worker by 126 MB), and so did the tensors bound
+per size here; with padding both are bounded by log2 of the largest batch (5 shapes up to the queue's
+16, 9 up to 256), whatever the traffic. An LRU of exact sizes would bound our tensors but not
+OpenVINO's per-shape state. The price is computing up to twice the rows of an odd-sized batch; the
+padding rows hold earlier calls' data and are computed but never returned (each row's outputs depend
+on that row alone in the policy models served here: no cross-batch ops).
 """
 
 from __future__ import annotations
@@ -61,6 +70,11 @@ def check_precision(compiled: Any, precision: str) -> None:
         )
 
 
+def padded_batch(n: int) -> int:
+    """The batch shape a call of ``n`` samples runs at (see the module docstring)."""
+    return 1 << (n - 1).bit_length()
+
+
 class Engine:
     def __init__(self, model_path: str | Path, precision: str = "f32", max_batch: int = 16) -> None:
         self.xml = find_model_xml(model_path)
@@ -99,7 +113,7 @@ class Engine:
         self._tensors: dict[int, list[tuple[str, ov.Tensor]]] = {}
         self._bound_batch = -1
         self._checked: dict[tuple[Any, ...], int] = {}
-        self._grow(max_batch)
+        self._grow(padded_batch(max_batch))
 
     def properties(self) -> dict[str, str]:
         names = ("INFERENCE_NUM_THREADS", "NUM_STREAMS", "ENABLE_CPU_PINNING", "INFERENCE_PRECISION_HINT")
@@ -157,20 +171,23 @@ class Engine:
         ``checked_batch``: the batch size ``check`` already returned for these inputs (skips checking again).
         """
         n = checked_batch or self.check(inputs)
-        if n > self.max_batch:
-            self._grow(n)
-        if n != self._bound_batch:
-            self._bind(n)
+        b = padded_batch(n)
+        if b > self.max_batch:
+            self._grow(b)
+        if b != self._bound_batch:
+            self._bind(b)
         for name, buf in self._buffers.items():
             np.copyto(buf[:n], inputs[name])
         self.request.infer()
-        outputs = self._outputs.get(n)
+        outputs = self._outputs.get(b)
         if outputs is None:
-            return {name: self.request.get_tensor(name).data for name in self.output_names}
-        return dict(outputs)  # a dict of its own per call; the arrays are the bound buffers
+            return {name: self.request.get_tensor(name).data[:n] for name in self.output_names}
+        if n == b:
+            return dict(outputs)  # a dict of its own per call; the arrays are the bound buffers
+        return {name: a[:n] for name, a in outputs.items()}
 
     def _bind(self, n: int) -> None:
-        """Set the tensors of batch size ``n`` on the request (built once per size, then reused)."""
+        """Set the tensors of (padded) batch size ``n`` on the request (built once per size, then reused)."""
         tensors = self._tensors.get(n)
         if tensors is None:
             tensors = [(k, ov.Tensor(b[:n], shared_memory=True)) for k, b in self._buffers.items()]

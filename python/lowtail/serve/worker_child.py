@@ -81,6 +81,7 @@ def main(
         stream=sys.stderr,
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
     ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu}
     try:
         # 1. Before any heavy import.

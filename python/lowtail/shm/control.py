@@ -56,7 +56,15 @@ from lowtail.shm.layout import (
     Geometry,
 )
 from lowtail.shm.payload import Spec
-from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name, sweep_dead
+from lowtail.shm.segments import (
+    SHM_DIR,
+    Segment,
+    attach_segment,
+    create_segment,
+    parse_name,
+    private_dir,
+    sweep_dead,
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,7 @@ class QueueDescriptor:
 
     @property
     def path(self) -> Path:
-        return Path(self.config.shm_dir) / self.name
+        return private_dir(self.config.shm_dir) / self.name
 
     def to_bytes(self) -> bytes:
         doc = {"version": DESCRIPTOR_VERSION, "name": self.name, "hostname": self.hostname,

@@ -45,6 +45,10 @@ class SegmentNotFound(QueueError):
     """A descriptor names a segment that does not exist here (another node, or its owner is gone)."""
 
 
+class ShmDirUnsafe(SegmentNotFound):
+    """lowtail's per-uid directory under the shm mount is a symlink, not a directory, or not ours alone."""
+
+
 class NumaError(QueueError):
     """A NUMA binding or placement query failed (unknown node, kernel refused)."""
 

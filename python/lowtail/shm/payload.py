@@ -28,6 +28,7 @@ that created them and reused across requests.
 from __future__ import annotations
 
 import math
+import os
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -37,8 +38,16 @@ from typing import Any
 import numpy as np
 
 from lowtail.shm import numa
-from lowtail.shm.errors import BadRequest
-from lowtail.shm.segments import SHM_DIR, Segment, attach_segment, create_segment, parse_name
+from lowtail.shm.errors import BadRequest, PayloadTooLarge
+from lowtail.shm.segments import (
+    SHM_DIR,
+    Segment,
+    attach_segment,
+    create_segment,
+    open_segment_fd,
+    parse_name,
+    pid_namespace,
+)
 
 ALIGN = 64
 FLAG_EXTERNAL = 1
@@ -582,3 +591,97 @@ class AttachedSlots:
     def close(self) -> None:
         for name in list(self._slots):
             self._evict(name)
+
+
+class SlotReader:
+    """The worker's side of clients' ndarray slots: read (``preadv``) into the worker's own memory,
+    never mapped.
+
+    A client owns its slot file and may truncate, shrink or punch it at any moment. A mapping of it
+    would then SIGBUS the reader at the first access past the new end (or to a page the tmpfs cannot
+    back), and no check before the access closes that window. ``read(2)`` cannot fault that way: on
+    a truncated file it returns short (the request is refused), on a hole it copies zeros, whatever
+    the interleaving. The cost is one copy of the request into a per-slot buffer the worker keeps.
+    Before any copy a request is refused when it exceeds ``max_ndslot_bytes``, names a slot its
+    lane's client did not create (the pid in the name is not the lane's), or the file is shorter
+    than the layout or sparse (fewer blocks than bytes).
+    """
+
+    def __init__(self, buffer_limit_bytes: int = 256 << 20) -> None:
+        self._fds: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> (fd, lane)
+        self._bufs: dict[int, np.ndarray[Any, Any]] = {}  # slot g -> its copy of the last request
+        self._buf_bytes = 0
+        self._buf_limit = buffer_limit_bytes
+        self._ns = pid_namespace()
+
+    def read(  # noqa: PLR0917 - the worker's decode passes what it holds
+        self, name: str, shm_dir: str, mode: int, lane: int, owner_pid: int, g: int,
+        lay: PayloadLayout, limit_bytes: int,
+    ) -> Arrays:  # fmt: skip
+        need = lay.ext_bytes
+        if limit_bytes and need > limit_bytes:
+            raise PayloadTooLarge(
+                f"request of {need} bytes in ndarray slot {name} exceeds max_ndslot_bytes={limit_bytes}"
+            )
+        parts = parse_name(name)
+        if parts is None or parts.kind != "nd" or parts.pidns != self._ns or parts.pid != owner_pid:
+            raise BadRequest(
+                f"ndarray slot {name!r} is not one the client of lane {lane} (pid {owner_pid}) created "
+                f"in this PID namespace; a request may name only its own client's slots"
+            )
+        fd = self._fd(name, shm_dir, mode, lane)
+        st = os.fstat(fd)
+        if st.st_size < need:
+            raise BadRequest(f"ndarray slot {name} holds {st.st_size} bytes, the request needs {need}")
+        if st.st_blocks * 512 < min(st.st_size, need):
+            raise BadRequest(
+                f"ndarray slot {name} is sparse ({st.st_blocks * 512} of {st.st_size} bytes backed): "
+                f"expected a slot fully allocated by its creator"
+            )
+        buf = self._buffer(g, need)
+        got = os.preadv(fd, [buf.data[:need]], 0)
+        if got != need:
+            raise BadRequest(
+                f"ndarray slot {name} shrank to {got} bytes while read; the request needs {need}"
+            )
+        return views(buf, layout(lay.spec, 0)[0], 0)
+
+    def _fd(self, name: str, shm_dir: str, mode: int, lane: int) -> int:
+        hit = self._fds.get(name)
+        if hit is not None:
+            self._fds.move_to_end(name)
+            return hit[0]
+        fd, _ = open_segment_fd(name, shm_dir, mode)
+        self._fds[name] = (fd, lane)
+        while len(self._fds) > 1024:  # fds, not memory: a bound on what a churning client costs
+            os.close(self._fds.popitem(last=False)[1][0])
+        return fd
+
+    def _buffer(self, g: int, need: int) -> np.ndarray[Any, Any]:
+        buf = self._bufs.get(g)
+        if buf is not None and len(buf) >= need:
+            return buf
+        if buf is not None:
+            self._buf_bytes -= len(buf)
+        if self._buf_bytes + need > self._buf_limit:
+            self._bufs.clear()  # each request is read into memory only until it is answered
+            self._buf_bytes = 0
+        buf = np.empty(need, np.uint8)
+        self._bufs[g] = buf
+        self._buf_bytes += need
+        return buf
+
+    def drop_lane(self, lane: int) -> None:
+        """Close the fds of what a lane's previous client sent (the lane changed hands)."""
+        for name in [n for n, (_, owner) in self._fds.items() if owner == lane]:
+            os.close(self._fds.pop(name)[0])
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def close(self) -> None:
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._bufs.clear()
+        self._buf_bytes = 0

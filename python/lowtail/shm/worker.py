@@ -46,7 +46,8 @@ from lowtail.shm.layout import (
     W_RESP_STATUS,
     W_SUBMIT_NS,
 )
-from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
+from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
+from lowtail.shm.segments import sweep_dead
 
 WORKER_PARK_SLICE_S = 0.25
 
@@ -198,14 +199,15 @@ class QueueWorker:
         self._head_of = struct.Struct("<Q").unpack_from
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_resp: dict[int, NdarraySlot] = {}
-        self._attached = AttachedSlots()
+        self._slots_in = SlotReader()  # clients' ndarray slots: read, never mapped (see SlotReader)
+        self._swept_ns = 0
         self._in_views: dict[int, tuple[bytes, Arrays]] = {}
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
-        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _attached holds, per lane
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
         self._active: list[int] = []
         self._rr = 0
         self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
@@ -263,9 +265,20 @@ class QueueWorker:
         # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
         # complete()) keeps the open file description, and with it the lock, alive after close(fd).
         ofd_lock.unlock(self._m.seg.fd, 0)
-        self._attached.close()
+        self._slots_in.close()
         self._pool.close()
         self._m.close()
+
+    def _sweep_departed(self, now_ns: int) -> None:
+        """At most once a second, when idle: close what dead clients' lanes sent and unlink the ndarray
+        slots of dead owners, so a killed client's slots do not hold tmpfs for the queue's whole life
+        (this uid's directory only: a few entries, not the whole mount)."""
+        if now_ns - self._swept_ns < 1_000_000_000:
+            return
+        self._swept_ns = now_ns
+        for lane in self.reclaimable_lanes():
+            self._slots_in.drop_lane(lane)
+        sweep_dead(self._cfg.shm_dir, kinds=("nd",))
 
     def reclaimable_lanes(self) -> list[int]:
         """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
@@ -304,6 +317,7 @@ class QueueWorker:
                     return self._coalesce(items)
             now = clock()
             if now >= deadline:
+                self._sweep_departed(now)
                 return None
             if now - self._last_work_ns < self._idle_ns:
                 continue
@@ -466,10 +480,13 @@ class QueueWorker:
             ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
-                    self._attached.drop_lane(it.lane)
+                    self._slots_in.drop_lane(it.lane)
                     self._lane_gen[it.lane] = it.gen
-                slot = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode, it.lane)
-                views = slot.arrays(layout.spec)
+                cfg = self._cfg
+                owner = int(m.q[geo.lane(it.lane, L_PID)])
+                views = self._slots_in.read(
+                    ext, cfg.shm_dir, cfg.mode, it.lane, owner, g, layout, cfg.max_ndslot_bytes
+                )
             else:
                 cached = self._in_views.get(g)
                 if cached is not None and cached[0] == raw:
@@ -483,7 +500,8 @@ class QueueWorker:
                     self._in_views[g] = (raw, views)
         except Exception as e:  # whatever a request holds, it fails alone
             bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
-            self._answer(it, ST_BAD_REQUEST if bad else ST_FAILED, None, None, str(e))
+            status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_BAD_REQUEST if bad else ST_FAILED
+            self._answer(it, status, None, None, str(e))
             self._wake_parked([it])
             return
         it.layout, it.inputs = layout, views

@@ -46,6 +46,8 @@ class Check:
     data: dict[str, Any] = field(default_factory=dict)  # structured detail (per-CPU stats...)
     # Raw samples per CPU, for the plots of the HTML report; too large for the JSON.
     samples: dict[int, list[float]] = field(default_factory=dict, repr=False)
+    # ... or, for rt-tests, their histograms per CPU as (value, count) pairs, overflows at the maximum.
+    histograms: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -62,6 +64,14 @@ class Check:
         if self.data:
             out["data"] = self.data
         return out
+
+
+def fmt(x: Any) -> str:
+    """The one rounding of a figure wherever it is shown (table, reason, headline, HTML, plot titles):
+    4 significant digits, so 0.02038, 8.038 and 470.1 each read the same everywhere."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
 
 
 def skip(name: str, reason: str, kind: str = "static") -> Check:

@@ -1,54 +1,180 @@
 """Compare two validation reports (before and after a migration): the headline first, then every check.
 
-The headline is the document's number: p99.9 deschedule, 400-470 ms on the VMware guest against the
-0.02 ms a well-configured node gives. Ratios are before / after, so "x 20000" means twenty thousand
-times lower after.
+Each check that both reports graded gets a word: ``worse`` when its status got worse (pass -> warn,
+pass or warn -> fail) or, for a check graded on an upper limit (the probes, in ms), when its value grew
+by more than the tolerance (10% by default); ``better`` for the opposite; ``same`` otherwise. A check
+only one report has, or that one of them skipped, is ``not compared``. ``lowtail compare`` exits 1 when
+any check is worse, so a migration that made a node worse fails its pipeline. Reports from different
+hosts, lowtail versions, CPUs or probe settings are compared, with a warning line for each difference.
+
+The headline is the source document's number: p99.9 deschedule, 400-470 ms on the VMware guest against
+the 0.02 ms a well-configured node gives.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lowtail.errors import LowtailError
-from lowtail.render import html, table
+from lowtail.render import html, style, table
+from lowtail.render.schema import stamp
 from lowtail.validation import plots, report
+from lowtail.validation.check import SEVERITY, Status
+
+SCHEMA = "lowtail.validate"
+SCHEMA_VERSION = 1  # the newest validate report this module reads
+DEFAULT_TOLERANCE = 0.10
+STATUSES = tuple(str(s) for s in Status)
+WORSE, BETTER, SAME, NOT_COMPARED = "worse", "better", "same", "not compared"
 
 
 class ReportFormatError(LowtailError, ValueError):
-    """A file that is not a ``lowtail validate --json`` report."""
+    """A file that is not a ``lowtail validate --json`` report (exit status 2)."""
+
+    exit_code = 2
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_shape(doc: Any, path: str | Path) -> None:
+    """Every field compare reads, with its type; the first one that is wrong is named."""
+
+    def bad(where: str, got: Any, expected: str) -> ReportFormatError:
+        return ReportFormatError(
+            f"{path} is not a lowtail validate report: {where} is {json.dumps(got)[:60]}, expected {expected}"
+        )
+
+    if not isinstance(doc, dict) or not {"host", "checks", "summary"} <= doc.keys():
+        raise ReportFormatError(
+            f"{path} is not a lowtail validate report: expected a JSON object with host, checks and summary"
+        )
+    if "schema" in doc and doc["schema"] != SCHEMA:
+        raise bad("schema", doc["schema"], repr(SCHEMA))
+    version = doc.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise bad("schema_version", version, f"at most {SCHEMA_VERSION} (a newer lowtail wrote it?)")
+    for key, kind in (("host", dict), ("checks", list), ("summary", dict)):
+        if not isinstance(doc[key], kind):
+            raise bad(key, doc[key], "a JSON " + ("object" if kind is dict else "list"))
+    for i, c in enumerate(doc["checks"]):
+        if not isinstance(c, dict):
+            raise bad(f"checks[{i}]", c, "an object")
+        if not isinstance(c.get("name"), str) or not c["name"]:
+            raise bad(f"checks[{i}].name", c.get("name"), "a check name")
+        if c.get("status") not in STATUSES:
+            raise bad(f"checks[{i}].status ({c['name']})", c.get("status"), "one of " + ", ".join(STATUSES))
+    if doc["summary"].get("status") not in STATUSES:
+        raise bad("summary.status", doc["summary"].get("status"), "one of " + ", ".join(STATUSES))
+    head = doc["summary"].get("headline")
+    if head is not None:
+        if not isinstance(head, dict):
+            raise bad("summary.headline", head, "an object")
+        for key in ("p999_deschedule_ms", "n", "max_ms"):
+            if not _number(head.get(key)):
+                raise bad(f"summary.headline.{key}", head.get(key), "a number")
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ReportFormatError(f"cannot read report {path}: {e}") from None
-    if not isinstance(doc, dict) or not {"host", "checks", "summary"} <= doc.keys():
-        raise ReportFormatError(
-            f"{path} is not a lowtail validate report: expected a JSON object with host, checks and summary"
-        )
-    return doc
+    _check_shape(doc, path)
+    return dict(doc)
+
+
+def _upper_limit(c: Mapping[str, Any]) -> bool:
+    """Graded on an upper limit (lower is better): every probe, and checks whose threshold says so."""
+    return c.get("kind") == "probe" or "pass <=" in str(c.get("threshold", ""))
+
+
+def judge(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> tuple[str, str]:
+    """(word, why) for one check: worse / better / same / not compared."""
+    bs, as_ = b.get("status", "absent"), a.get("status", "absent")
+    if "absent" in (bs, as_):
+        return NOT_COMPARED, f"only in the {'after' if bs == 'absent' else 'before'} report"
+    if Status.SKIP in (bs, as_):
+        return NOT_COMPARED, f"skipped {'before' if bs == Status.SKIP else 'after'}"
+    sb, sa = SEVERITY[Status(bs)], SEVERITY[Status(as_)]
+    if sa != sb:
+        return (WORSE if sa > sb else BETTER), f"{bs} -> {as_}"
+    if math.isinf(tolerance):
+        return SAME, f"still {as_} (values not judged: --status-only)"
+    if not (_number(b.get("value")) and _number(a.get("value")) and _upper_limit(b)):
+        return SAME, f"still {as_}"
+    vb, va = float(b["value"]), float(a["value"])
+    unit = b.get("unit") or a.get("unit") or ""
+    if va > vb * (1 + tolerance) and va - vb > 0:
+        times = f"{_times(va / vb)} higher" if vb > 0 else "up from 0"
+        return WORSE, f"{_v(vb, unit)} -> {_v(va, unit)}, {times}"
+    if vb > va * (1 + tolerance):
+        times = f"{_times(vb / va)} lower" if va > 0 else "down to 0"
+        return BETTER, f"{_v(vb, unit)} -> {_v(va, unit)}, {times}"
+    return SAME, f"within {tolerance:.0%}"
+
+
+def _times(r: float) -> str:
+    """A factor in words' precision: 7.35x, 22,500x."""
+    return f"{r:,.0f}x" if r >= 100 else f"{r:.3g}x"
 
 
 def _ratio(before: Any, after: Any) -> float | None:
-    if not isinstance(before, int | float) or not isinstance(after, int | float):
-        return None
-    if after <= 0:
+    if not _number(before) or not _number(after) or after <= 0:
         return None  # no ratio to a zero; both values are in the row
     return float(before) / float(after)
 
 
-def _fmt_ratio(r: float | None) -> str:
-    if r is None:
-        return "-"
-    if r == float("inf"):
-        return "inf"
-    return f"x {r:.3g}"
+def _context(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """What must match for two reports to measure the same thing; a difference is a warning."""
+    host = doc["host"]
+    cpus = host.get("probe_cpus")
+    settings = doc.get("settings")
+    if isinstance(settings, dict):  # which checks ran is in the rows ("only in ..."), not a warning
+        settings = {k: v for k, v in settings.items() if k != "checks"}
+    return {
+        "host": host.get("hostname"),
+        "lowtail version": doc.get("lowtail_version") or (host.get("versions") or {}).get("lowtail"),
+        "CPU model": host.get("cpu_model"),
+        "CPUs": host.get("cpus"),
+        "probe CPUs": cpus.get("cpus") if isinstance(cpus, dict) else doc["summary"].get("probe_cpus"),
+        "probe settings": settings or None,
+    }
 
 
-def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def warnings(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    out = []
+    cb, ca = _context(before), _context(after)
+    for key, vb in cb.items():
+        va = ca[key]
+        if isinstance(vb, dict) and isinstance(va, dict) and vb != va:  # name only what differs
+            diff = [k for k in sorted(vb.keys() | va.keys()) if vb.get(k) != va.get(k)]
+            out.append(
+                f"warning: {key} differ: "
+                + "; ".join(
+                    f"{k} before {json.dumps(vb.get(k))}, after {json.dumps(va.get(k))}" for k in diff
+                )
+            )
+        elif vb != va:
+            out.append(
+                f"warning: {key} differ: before {json.dumps(vb) if vb is not None else 'not recorded'}, "
+                f"after {json.dumps(va) if va is not None else 'not recorded'}"
+            )
+    for name, doc in (("before", before), ("after", after)):
+        if doc["summary"].get("interrupted"):
+            out.append(f"warning: the {name} run was interrupted: its report is partial")
+    return out
+
+
+def compare(
+    before: dict[str, Any], after: dict[str, Any], tolerance: float = DEFAULT_TOLERANCE
+) -> dict[str, Any]:
     b_checks = {c["name"]: c for c in before["checks"]}
     a_checks = {c["name"]: c for c in after["checks"]}
     names = [c["name"] for c in before["checks"]] + [n for n in a_checks if n not in b_checks]
@@ -57,6 +183,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for n in names:
         b, a = b_checks.get(n, {}), a_checks.get(n, {})
+        word, why = judge(b, a, tolerance)
         rows.append(
             {
                 "name": n,
@@ -65,6 +192,9 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
                 "before": {"status": b.get("status", "absent"), "value": b.get("value")},
                 "after": {"status": a.get("status", "absent"), "value": a.get("value")},
                 "ratio": _ratio(b.get("value"), a.get("value")) if (b or a).get("kind") == "probe" else None,
+                "change": word,
+                "why": why,
+                "status_changed": b.get("status", "absent") != a.get("status", "absent"),
             }
         )
     hb, ha = before["summary"].get("headline"), after["summary"].get("headline")
@@ -76,9 +206,16 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             "after": ha,
             "ratio": _ratio(hb["p999_deschedule_ms"], ha["p999_deschedule_ms"]),
         }
+    worse = [r["name"] for r in rows if r["change"] == WORSE]
     return {
+        **stamp("compare"),
         "before": {"host": before["host"].get("hostname"), "status": before["summary"]["status"]},
         "after": {"host": after["host"].get("hostname"), "status": after["summary"]["status"]},
+        "tolerance": None if math.isinf(tolerance) else tolerance,
+        "verdict": WORSE if worse else "not worse",
+        "worse": worse,
+        "better": [r["name"] for r in rows if r["change"] == BETTER],
+        "warnings": warnings(before, after),
         "headline": headline,
         "checks": rows,
     }
@@ -94,19 +231,27 @@ def _v(x: Any, unit: str) -> str:
     return f"{x} {unit}".strip()
 
 
-HEADERS = ["check", "before", "value", "after", "value", "before/after"]
+HEADERS = ["check", "before", "after", "change"]
 # Statuses as validate colours them; "absent" is a check only one of the two reports has.
 STATUS_COLOR = {**report.STATUS_COLOR, "absent": report.STATUS_COLOR["skip"]}
+CHANGE_COLOR = {WORSE: "#cf222e", BETTER: "#1a7f37", SAME: "#57606a", NOT_COMPARED: "#6e7781"}
 
 
 def _headline(cmp: dict[str, Any]) -> str:
     h = cmp["headline"]
     if not h:
-        return "headline p999 deschedule: not measured in both reports"
+        return "headline p99.9 deschedule: not measured in both reports"
+    b, a = h["before"], h["after"]
+    r = h["ratio"]
+    if r is None:
+        change = "no ratio (zero after)"
+    elif r >= 1:
+        change = f"{_times(r)} lower after: better"
+    else:
+        change = f"{_times(1 / r)} higher after: worse"
     return (
-        f"headline p999 deschedule: {h['before']['p999_deschedule_ms']:.4g} ms (n={h['before']['n']}, "
-        f"max {h['before']['max_ms']:.4g} ms) -> {h['after']['p999_deschedule_ms']:.4g} ms "
-        f"(n={h['after']['n']}, max {h['after']['max_ms']:.4g} ms): {_fmt_ratio(h['ratio'])} lower"
+        f"headline p99.9 deschedule: {b['p999_deschedule_ms']:.4g} ms (n={b['n']}, max {b['max_ms']:.4g} ms) "
+        f"-> {a['p999_deschedule_ms']:.4g} ms (n={a['n']}, max {a['max_ms']:.4g} ms): {change}"
     )
 
 
@@ -117,20 +262,28 @@ def _title(cmp: dict[str, Any]) -> str:
     )
 
 
-def render_table(cmp: dict[str, Any]) -> str:
-    out = [_headline(cmp), ""]
+def _verdict_line(cmp: dict[str, Any]) -> str:
+    if cmp["worse"]:
+        return f"result: WORSE after on {', '.join(cmp['worse'])} (exit 1)"
+    better = f"; better on {', '.join(cmp['better'])}" if cmp["better"] else ""
+    return f"result: not worse on any check both reports graded{better}"
+
+
+def _side(r: dict[str, Any], side: str) -> str:
+    s = r[side]
+    return f"{s['status'].upper()} {_v(s['value'], r['unit'])}" if s["status"] != "absent" else "absent"
+
+
+def render_table(cmp: dict[str, Any], width: int | None = None) -> str:
+    width = width or table.terminal_width()
+    out = [line for text in (*cmp["warnings"], _headline(cmp)) for line in textwrap.wrap(text, width)]
+    out.append("")
     rows = [
-        [
-            r["name"],
-            r["before"]["status"],
-            _v(r["before"]["value"], r["unit"]),
-            r["after"]["status"],
-            _v(r["after"]["value"], r["unit"]),
-            _fmt_ratio(r["ratio"]),
-        ]
+        [r["name"], _side(r, "before"), _side(r, "after"), f"{r['change']}: {r['why']}"]
         for r in cmp["checks"]
     ]
-    out.append(table.render(HEADERS, rows, title=_title(cmp)))
+    out.append(table.render(HEADERS, rows, title=_title(cmp), width=width))
+    out.append(style.paint(_verdict_line(cmp), WORSE if cmp["worse"] else BETTER))
     return "\n".join(out)
 
 
@@ -139,17 +292,15 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
     probes = [
         r
         for r in cmp["checks"]
-        if r["ratio"] is not None
-        and isinstance(r["before"]["value"], int | float)
-        and isinstance(r["after"]["value"], int | float)
+        if r["ratio"] is not None and _number(r["before"]["value"]) and _number(r["after"]["value"])
     ]
     if probes:
-        title = "probe tails before and after (ms, log)"
+        title = "each probe's graded value before and after (ms, log; lower is better)"
         out.append(
             (
                 title,
                 plots.ratio_bars(
-                    [r["name"] for r in probes],
+                    [f"{r['name']} ({_metric(before, r['name'])})" for r in probes],
                     [float(r["before"]["value"]) for r in probes],
                     [float(r["after"]["value"]) for r in probes],
                     title,
@@ -157,17 +308,32 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
             )
         )
     ladders = []
+    counts = []
     for doc in (before, after):
-        d = next((c for c in doc["checks"] if c["name"] == "deschedule" and "data" in c), None)
-        ladders.append(d["data"]["all"].get("ladder_worst_cpu", []) if d else [])
+        d = next(
+            (c for c in doc["checks"] if c["name"] == "deschedule" and isinstance(c.get("data"), dict)), None
+        )
+        everything = ((d or {}).get("data", {}).get("all") or {}) if d else {}
+        lad = everything.get("ladder_worst_cpu")
+        ladders.append(lad if isinstance(lad, list) else [])
+        per_cpu = (d or {}).get("data", {}).get("per_cpu") or {}
+        counts.append(min((int(s.get("n", 0)) for s in per_cpu.values() if isinstance(s, dict)), default=0))
     if ladders[0] and ladders[1]:
         title = "deschedule CDF, worst CPU at each quantile"
-        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title)))
+        n = (counts[0], counts[1])
+        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title, n=n)))
     return out
 
 
+def _metric(doc: dict[str, Any], name: str) -> str:
+    c: dict[str, Any] = next((c for c in doc["checks"] if c["name"] == name), {})
+    data: dict[str, Any] = c["data"] if isinstance(c.get("data"), dict) else {}
+    metric = str(data.get("metric", "value"))
+    return "p99.9" if metric == "p999" else metric
+
+
 def render_html(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) -> str:
-    """The self-contained page (``compare.html.j2``): headline, every check before and after, the plots."""
+    """The self-contained page (``compare.html.j2``): verdict, headline, every check, the plots."""
     rows = [
         {
             "name": r["name"],
@@ -175,17 +341,22 @@ def render_html(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, An
             "before_value": _v(r["before"]["value"], r["unit"]),
             "after_status": r["after"]["status"],
             "after_value": _v(r["after"]["value"], r["unit"]),
-            "ratio": _fmt_ratio(r["ratio"]),
+            "change": r["change"],
+            "why": r["why"],
+            "status_changed": r["status_changed"],
         }
         for r in cmp["checks"]
     ]
     return html.render(
         "compare.html.j2",
         title="lowtail compare",
+        verdict=_verdict_line(cmp),
+        worse=bool(cmp["worse"]),
+        warnings=cmp["warnings"],
         headline=_headline(cmp),
         caption=_title(cmp),
-        headers=HEADERS,
         rows=rows,
         colors=STATUS_COLOR,
+        change_colors=CHANGE_COLOR,
         images=[html.Image(alt, png) for alt, png in figures(before, after, cmp)],
     )

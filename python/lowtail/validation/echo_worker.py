@@ -14,6 +14,7 @@ from types import FrameType
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C to the group: end quietly, the probe cleans up
     cpu = int(sys.argv[1])
     os.sched_setaffinity(0, {cpu})
     from lowtail.shm.queue import QueueDescriptor, QueueWorker

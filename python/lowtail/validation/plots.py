@@ -1,8 +1,11 @@
 """Figures of a validation report (matplotlib, Agg backend), returned as PNG bytes.
 
-The CDF uses a logit y-axis so p50, p99, p99.9 and p99.99 get equal room: a tail plotted on a linear
-axis is a line hugging 1.0. The heat strip shows one cell per CPU and metric, so a single bad core in
-a 166-CPU node stands out.
+A probe's distribution is drawn as OSADL draws its latency plots: a histogram with both axes
+logarithmic, so the rare slow samples a check fails on are visible bars, running to the maximum, with
+the limits, the graded figure and the maximum marked. (A CDF hides the tail: its last 0.01% is a line
+hugging 1.0, and its axis stops at 1 - 1/n.) The compare ladders keep the logit CDF: they come from the
+JSON's quantile ladder, not from samples. The heat strip shows one cell per CPU, one row and one colour
+scale per metric, so a single bad core in a 166-CPU node stands out.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -70,24 +74,101 @@ def latency_cdf(
 
 
 def heat_strip(rows: Mapping[str, Mapping[int, float]], title: str, unit: str = "ms") -> bytes:
-    """Rows are metrics (``deschedule p999``...), columns CPUs, colour the value on a log scale."""
+    """One strip per metric (``deschedule p99.9``...), columns CPUs, each with its own log colour scale
+    and legend: a p99.9 and a maximum differ by orders of magnitude and must not share a scale."""
     cpus = sorted({c for r in rows.values() for c in r})
     names = list(rows)
-    grid = [[rows[n].get(c, math.nan) for c in cpus] for n in names]
-    finite = [v for r in grid for v in r if not math.isnan(v) and v > 0]
-    lo, hi = (min(finite), max(finite)) if finite else (1e-3, 1.0)
-    if hi <= lo:
-        hi = lo * 10
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(cpus) + 2), 0.6 * len(names) + 1.5))
-    masked = [[_floor(v) if not math.isnan(v) else math.nan for v in r] for r in grid]
-    im = ax.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=_floor(lo), vmax=hi))
-    ax.set_yticks(range(len(names)), names)
+    fig, axes = plt.subplots(
+        len(names), 1, figsize=(max(6.0, 0.35 * len(cpus) + 3), 1.1 * len(names) + 1.2), squeeze=False
+    )
     step = max(1, len(cpus) // 32)
-    ax.set_xticks(range(0, len(cpus), step), [str(c) for c in cpus[::step]], fontsize=7)
-    ax.set_xlabel("CPU")
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label=f"{unit} (log)")
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        row = [rows[name].get(c, math.nan) for c in cpus]
+        finite = [v for v in row if not math.isnan(v) and v > 0]
+        lo, hi = (min(finite), max(finite)) if finite else (1e-3, 1.0)
+        if hi <= lo:
+            hi = lo * 10
+        masked = [[_floor(v) if not math.isnan(v) else math.nan for v in row]]
+        im = ax.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=_floor(lo), vmax=hi))
+        ax.set_yticks([0], [name])
+        ax.set_xticks(range(0, len(cpus), step), [str(c) for c in cpus[::step]], fontsize=7)
+        fig.colorbar(im, ax=ax, label=f"{name} ({unit}, log)", fraction=0.05)
+    axes[-1, 0].set_xlabel("CPU")
+    axes[0, 0].set_title(title)
     return _png(fig)
+
+
+Histogram = Sequence[tuple[float, int]]  # (value, count) pairs: rt-tests' buckets, or raw samples
+
+
+def _binned(per_cpu: Mapping[int, Histogram], bins: Any) -> dict[int, Any]:
+    out = {}
+    for cpu, pairs in per_cpu.items():
+        values = np.array([_floor(v) for v, _ in pairs], dtype=np.float64)
+        counts = np.array([c for _, c in pairs], dtype=np.float64)
+        out[cpu] = np.histogram(values, bins=bins, weights=counts)[0]
+    return out
+
+
+def histogram_figure(
+    title: str,
+    per_cpu: Mapping[int, Histogram],
+    limits: tuple[float, float] | None,
+    graded: tuple[str, float] | None,
+    unit: str = "ms",
+) -> Any:
+    """OSADL-style: samples per latency bin, both axes log, to the maximum; limits, the graded figure
+    (``("p99.9", 0.31)``) and each CPU's maximum marked. Returns the matplotlib Figure."""
+    tops = {cpu: max(v for v, c in pairs if c) for cpu, pairs in per_cpu.items() if any(c for _, c in pairs)}
+    lows = [v for pairs in per_cpu.values() for v, c in pairs if c and v > 0]
+    lo = max(min(lows) if lows else 1e-3, 1e-5)
+    top = max(tops.values(), default=1.0)
+    hi = max(top, limits[1] if limits else 0.0) * 1.5
+    bins = np.geomspace(lo * 0.8, hi, 80)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for cpu, counts in sorted(_binned(per_cpu, bins).items())[:MAX_LEGEND]:
+        n = int(sum(c for _, c in per_cpu[cpu]))
+        patch = ax.stairs(counts, bins, label=f"cpu{cpu} (n={n})", lw=1.2)
+        if cpu in tops:
+            ax.axvline(tops[cpu], color=patch.get_edgecolor(), ls=":", lw=1)
+    if limits:
+        ax.axvline(limits[0], color="green", ls="--", lw=1, label=f"pass <= {limits[0]:g} {unit}")
+        ax.axvline(limits[1], color="red", ls="--", lw=1, label=f"warn <= {limits[1]:g} {unit}")
+    if graded and graded[0] != "max":
+        ax.axvline(
+            graded[1], color="black", ls="-.", lw=1, label=f"graded {graded[0]} {graded[1]:.4g} {unit}"
+        )
+    worst = max(tops, key=tops.__getitem__) if tops else None
+    if worst is not None:
+        ax.annotate(
+            f"max {tops[worst]:.4g} {unit} (CPU {worst})",
+            xy=(tops[worst], 1),
+            xytext=(0, 24),
+            textcoords="offset points",
+            ha="right",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->"},
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo * 0.8, hi)
+    ax.set_ylim(bottom=0.5)
+    ax.set_xlabel(f"latency ({unit}, log)")
+    ax.set_ylabel("samples per bin (log)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def latency_histogram(
+    title: str,
+    per_cpu: Mapping[int, Histogram],
+    limits: tuple[float, float] | None,
+    graded: tuple[str, float] | None,
+    unit: str = "ms",
+) -> bytes:
+    return _png(histogram_figure(title, per_cpu, limits, graded, unit))
 
 
 def ratio_bars(labels: Iterable[str], before: Sequence[float], after: Sequence[float], title: str) -> bytes:
@@ -108,13 +189,32 @@ def ratio_bars(labels: Iterable[str], before: Sequence[float], after: Sequence[f
 
 
 def ladder_compare(
-    before: Sequence[Sequence[float]], after: Sequence[Sequence[float]], title: str, unit: str = "ms"
+    before: Sequence[Sequence[float]],
+    after: Sequence[Sequence[float]],
+    title: str,
+    unit: str = "ms",
+    n: tuple[int, int] = (0, 0),
 ) -> bytes:
+    """The two reports' quantile ladders on a logit axis; with the sample counts, each maximum is drawn
+    at 1 - 1/n (where the last sample sits) and annotated, so the tail runs to the value that was seen."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, ladder in (("before", before), ("after", after)):
+    for (label, ladder), count in zip((("before", before), ("after", after)), n, strict=True):
         pts = [(q, v) for q, v in ladder if 0 < q < 1]
+        top = next((float(v) for q, v in ladder if q >= 1), None)
+        if pts and top is not None and count > 1 and 1 - 1 / count > pts[-1][0]:
+            pts.append((1 - 1 / count, top))
         if pts:
-            ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=label)
+            (line,) = ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=label)
+            if count > 1 and top is not None:
+                ax.annotate(
+                    f"{label} max {top:.4g} {unit} (n={count})",
+                    xy=(_floor(pts[-1][1]), pts[-1][0]),
+                    xytext=(-10, 6),
+                    textcoords="offset points",
+                    ha="right",
+                    fontsize=8,
+                    color=line.get_color(),
+                )
     ax.set_xscale("log")
     ax.set_yscale("logit")
     ax.set_xlabel(f"latency ({unit}, log)")

@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -138,6 +139,9 @@ def run_timer(samples: int, interval_us: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C reaches the whole process group: the measuring child ends at once and quietly (no
+    # KeyboardInterrupt traceback); the validator reports what it had and ends the others.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     p = argparse.ArgumentParser(prog="probe_worker")
     p.add_argument("kind", choices=["deschedule", "timer"])
     p.add_argument("--cpu", type=int, required=True)

@@ -21,7 +21,8 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, merge_ladders, tail_stats
+from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats
+from lowtail.validation.evidence import beyond, min_samples, shortfall
 from lowtail.validation.static import read_steal
 
 
@@ -29,7 +30,7 @@ class ProbeError(LowtailError, RuntimeError):
     """A probe process failed or reported something unreadable."""
 
 
-# Defaults in ms. deschedule: the issue's 0.1 / 1 ms (the document's good run was 0.02 ms, its bad one
+# Defaults in ms. deschedule: 0.1 / 1 ms (the source document's good run was 0.02 ms, its bad one
 # 400-470 ms). Timer wake-up through Python and ctypes costs a few us by itself, hence the same scale.
 DEFAULT_LIMITS: dict[str, Limits] = {
     "deschedule": Limits(0.1, 1.0),
@@ -126,12 +127,15 @@ def grade(
         if extra is not None:
             more, note = extra(cpu)
             stats.update(more)
-        stats["status"] = str(limits.grade(stats["p999"]))
+        cpu_status = limits.grade(stats["p999"])
+        if cpu_status is Status.PASS and shortfall(stats["n"], 0.999):
+            cpu_status = Status.WARN
+        stats["status"] = str(cpu_status)
         per_cpu[cpu] = stats
         evidence.append(
-            f"cpu{cpu}: n={stats['n']} p50={stats['p50']:.4f} p99={stats['p99']:.4f} "
-            f"p999={stats['p999']:.4f} max={stats['max']:.3f} ms, {stats['over']} over "
-            f"{limits.pass_max:g} ms{note}"
+            f"cpu{cpu}: n={stats['n']} p50={fmt(stats['p50'])} p99={fmt(stats['p99'])} "
+            f"p99.9={fmt(stats['p999'])} max={fmt(stats['max'])} ms, {stats['over']} over "
+            f"{limits.pass_max:g} ms, p99.9 rests on {beyond(stats['n'], 0.999)} beyond it{note}"
         )
     worst_cpu = max(per_cpu, key=lambda c: per_cpu[c]["p999"])
     value = per_cpu[worst_cpu]["p999"]
@@ -139,24 +143,39 @@ def grade(
     everything = [x for xs in per_cpu_ms.values() for x in xs]
     overall = tail_stats(everything, over=limits.pass_max)
     overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
+    w = per_cpu[worst_cpu]
     reason = ""
     if status is not Status.PASS:
-        reason = (
-            f"{what} p999 {value:.3f} ms on CPU {worst_cpu} (n={per_cpu[worst_cpu]['n']}, "
-            f"max {per_cpu[worst_cpu]['max']:.3f} ms)"
+        reason = f"{what} p99.9 {fmt(value)} ms on CPU {worst_cpu} (n={w['n']}, max {fmt(w['max'])} ms)"
+    # Every CPU is graded, so the CPU with the fewest samples decides whether the p99.9 is evidence.
+    fewest = min(per_cpu, key=lambda c: per_cpu[c]["n"])
+    short = shortfall(per_cpu[fewest]["n"], 0.999)
+    if short:
+        if status is Status.PASS:
+            status = Status.WARN
+        reason = "; ".join(
+            x
+            for x in (
+                f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
+                f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)",
+                reason,
+            )
+            if x
         )
     return Check(
         name=name,
         status=status,
         value=round(value, 6),
         unit="ms",
-        threshold="p999 per CPU: " + limits.describe("ms"),
+        threshold="p99.9 per CPU: " + limits.describe("ms"),
         evidence=evidence,
         reason=reason,
         kind="probe",
         data={
             "metric": "p999",
             "limits_ms": [limits.pass_max, limits.warn_max],
+            "min_samples": min_samples(0.999),
+            "enough_samples": not short,
             "worst_cpu": worst_cpu,
             "cpus": cpulist.format(per_cpu_ms),
             "per_cpu": {str(c): s for c, s in per_cpu.items()},

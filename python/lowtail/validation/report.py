@@ -7,29 +7,56 @@ Ansible and opened anywhere.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lowtail.render import html, table
+from lowtail.render import html, style, table
 from lowtail.validation import plots
-from lowtail.validation.check import Check, Status
+from lowtail.validation.check import Check, Status, fmt
 from lowtail.validation.runner import Report
 
 STATUS_COLOR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
 HEAT_METRIC = {"deschedule": "p999", "timer": "p999", "shm_rtt": "p999", "cyclictest": "max", "oslat": "max"}
 
 
+# What to do about a check that did not pass, in one line: the role or setting that fixes it.
+FIXES: dict[str, str] = {
+    "topology": "run on bare metal (or a VM exposing real sockets/NUMA); --allow-virtual accepts a VM",
+    "kernel_args": "apply the plan's kernel arguments (roles/lowtail_kernel) and reboot",
+    "isolation": "boot with the plan's isolcpus/nohz_full (roles/lowtail_kernel) and reboot",
+    "rt_budget": "set kernel.sched_rt_runtime_us to 950000 or more (roles/lowtail_tuning)",
+    "numa_balancing": "set kernel.numa_balancing=0 (roles/lowtail_tuning)",
+    "irq_affinity": "move IRQs to housekeeping CPUs and ban the isolated ones in irqbalance "
+    "(roles/lowtail_tuning)",
+    "governor": "set the performance governor on isolated CPUs (roles/lowtail_tuning)",
+    "thp": "set transparent_hugepage to never (roles/lowtail_tuning)",
+    "sched_fifo": "grant CAP_SYS_NICE and an RT budget to the runtime (docs/validation.md)",
+    "rt_group_sched": "boot without RT group scheduling limits (docs/validation.md)",
+    "dev_shm": "enlarge /dev/shm (a memory-backed emptyDir in pods) to what the queues need",
+    "steal": "move the node off an oversubscribed hypervisor: steal is CPU time taken by the host",
+    "kubelet": "apply the kubelet settings (roles/lowtail_kubelet)",
+    "affinity": "fix the runtime's CPU affinity: see the reason for the OCI runtime fix (docs/validation.md)",
+    "cstates": "limit deep C-states on isolated CPUs (lowtail_kernel_cstate_limit, or PM QoS)",
+    "firmware": "change the BIOS setting the reason names (SMT, NPS, CPPC)",
+    "cfs_throttle": "remove the CFS quota from exclusive-CPU containers (the reason names the way for "
+    "your Kubernetes version)",
+    "leased_threads": "move the named threads off the leased CPUs (their cgroup's cpuset or CPUAffinity)",
+    "hwlat": "firmware interrupts (SMIs) or a hypervisor stall the CPU: check BIOS power settings",
+    "numa": "check the NUMA policy of the pod (memory manager Static, topology manager single-numa-node)",
+}
+PROBE_FIX = (
+    "find what shares the CPU: leased_threads, irq_affinity, steal and the evidence (docs/validation.md)"
+)
+SAMPLES_FIX = "run again with --samples {n} or more (docs/validation.md: how many samples a p99.9 needs)"
+
+
 def _fmt_value(c: dict[str, Any]) -> str:
     v = c.get("value")
     if v is None:
         return "-"
-    if isinstance(v, float):
-        text = f"{v:.4g}"
-    elif isinstance(v, dict):
-        text = ", ".join(f"{k}={x}" for k, x in v.items())
-    else:
-        text = str(v)
+    text = ", ".join(f"{k}={fmt(x)}" for k, x in v.items()) if isinstance(v, dict) else fmt(v)
     return f"{text} {c.get('unit', '')}".strip()
 
 
@@ -45,34 +72,66 @@ def _why(c: dict[str, Any]) -> str:
     return ev[0] if ev else ""
 
 
-def render_table(report: dict[str, Any], width: int = 90) -> str:
-    rows = []
-    for c in report["checks"]:
-        why = _why(c)
-        rows.append(
-            [
-                c["name"],
-                c["status"].upper(),
-                _fmt_value(c)[:40],
-                why if len(why) <= width else why[: width - 3] + "...",
-            ]
-        )
+def fix(c: dict[str, Any]) -> str:
+    """The one-line fix of a check that did not pass."""
+    data = c.get("data") or {}
+    if data.get("enough_samples") is False:
+        return SAMPLES_FIX.format(n=f"{data.get('min_samples', 0):,}")
+    if str(c.get("reason", "")).startswith("probe could not run"):
+        return "see the reason: the probe itself could not run"
+    return FIXES.get(c["name"], PROBE_FIX if c.get("kind") == "probe" else "see docs/validation.md")
+
+
+def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Failed checks, then warned ones, each with its one-line reason and fix."""
+    rank = {"fail": 0, "warn": 1}
+    bad = [c for c in report["checks"] if c["status"] in rank]
+    bad.sort(key=lambda c: rank[c["status"]])
+    return [
+        {"name": c["name"], "status": c["status"], "value": _fmt_value(c), "why": _why(c), "fix": fix(c)}
+        for c in bad
+    ]
+
+
+def _headline(head: dict[str, Any]) -> str:
+    return (
+        f"headline: p99.9 deschedule {fmt(float(head['p999_deschedule_ms']))} ms on CPU {head['cpu']} "
+        f"(n={head['n']}, max {fmt(float(head['max_ms']))} ms); the source document: 400-470 ms on VMware "
+        "with sched_rt_runtime_us=500000, 0.02 ms at 950000"
+    )
+
+
+def render_table(report: dict[str, Any], width: int | None = None) -> str:
+    width = width or table.terminal_width()
     s = report["summary"]
     h = report["host"]
-    title = (
+    out = textwrap.wrap(
         f"lowtail validate on {h.get('hostname')} ({h.get('cpu_model')}, kernel {h.get('kernel') or '-'}), "
-        f"probe CPUs {s.get('probe_cpus') or '-'}"
+        f"probe CPUs {s.get('probe_cpus') or '-'}; figures in ms unless stated",
+        width,
     )
-    out = [table.render(["check", "status", "value", "why / evidence"], rows, title=title), ""]
+    out.append("")
+    bad = problems(report)
+    if bad:
+        rows = [[p["status"].upper(), p["name"], f"{p['why']}. Fix: {p['fix']}"] for p in bad]
+        out += [
+            table.render(["status", "check", "why, and the fix"], rows, title="Needs attention:", width=width)
+        ]
+        out.append("")
+    rows = [[c["name"], c["status"].upper(), _fmt_value(c), _why(c)] for c in report["checks"]]
+    out.append(
+        table.render(["check", "status", "value", "why / evidence"], rows, title="All checks:", width=width)
+    )
+    out.append("")
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
-    out.append(f"result: {s['status'].upper()} ({counts})")
+    if s.get("interrupted"):
+        line = f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
+    else:
+        line = f"result: {s['status'].upper()} ({counts})"
+    out.append(style.paint(line, s["status"]))
     head = s.get("headline")
     if head:
-        out.append(
-            f"headline: p999 deschedule {head['p999_deschedule_ms']:.4f} ms on CPU {head['cpu']} "
-            f"(n={head['n']}, max {head['max_ms']:.3f} ms); the source document: 400-470 ms on VMware with "
-            "sched_rt_runtime_us=500000, 0.02 ms at 950000"
-        )
+        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
     return "\n".join(out)
 
 
@@ -85,24 +144,55 @@ def _limits(c: Check) -> tuple[float, float] | None:
     return (float(lim[0]), float(lim[1])) if lim else None
 
 
+def _series(c: Check) -> dict[int, list[tuple[float, int]]]:
+    if c.histograms:
+        return c.histograms
+    return {cpu: [(x, 1) for x in xs] for cpu, xs in c.samples.items() if xs}
+
+
 def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     heat: dict[str, dict[int, float]] = {}
     for c in checks:
         if c.name == "leased_threads" and c.status is not Status.SKIP:
-            title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {c.value} ms/s)"
+            title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {fmt(c.value)} ms/s)"
             out.append((title, plots.offender_bars(c.data["leased_cpus"], c.data["window_s"], title)))
         if c.kind != "probe" or c.status is Status.SKIP or "per_cpu" not in c.data:
             continue
         per_cpu = c.data["per_cpu"]
         metric = HEAT_METRIC.get(c.name, "p999")
-        heat[f"{c.name} {metric}"] = {int(cpu): float(s[metric]) for cpu, s in per_cpu.items() if s.get("n")}
-        ladders = {int(cpu): s["ladder"] for cpu, s in per_cpu.items() if s.get("ladder")}
-        title = f"{c.name}: latency CDF per CPU ({c.status}, {c.data.get('metric', 'p999')} {c.value} ms)"
-        out.append((title, plots.latency_cdf(title, c.samples or None, ladders, _limits(c))))
-    if heat:
-        out.append(("Per-CPU heat strip (ms)", plots.heat_strip(heat, "per-CPU tail latency (ms)")))
+        label = "p99.9" if metric == "p999" else metric
+        heat[f"{c.name} {label}"] = {int(cpu): float(s[metric]) for cpu, s in per_cpu.items() if s.get("n")}
+        series = _series(c)
+        graded = "p99.9" if c.data.get("metric", "p999") == "p999" else "max"
+        n = min((int(s["n"]) for s in per_cpu.values() if s.get("n")), default=0)
+        peak = max((float(s["max"]) for s in per_cpu.values() if s.get("n")), default=0.0)
+        title = f"{c.name}: {c.status.upper()}, graded on the worst CPU's {graded} = {fmt(c.value)} ms"
+        title += f"; max {fmt(peak)} ms" if graded != "max" else ""
+        title += f"; n={n} per CPU" if len(per_cpu) > 1 else f"; n={n}"
+        if series:
+            png = plots.latency_histogram(title, series, _limits(c), (graded, float(c.value or 0.0)))
+        else:  # a report without samples (rebuilt from JSON): the quantile ladder
+            ladders = {int(cpu): s["ladder"] for cpu, s in per_cpu.items() if s.get("ladder")}
+            png = plots.latency_cdf(title, None, ladders, _limits(c))
+        out.append((title, png))
+    if heat and len({cpu for row in heat.values() for cpu in row}) > 1:  # one CPU: the tables say it all
+        out.append(
+            ("Per-CPU tail, one colour scale per metric (ms)", plots.heat_strip(heat, "per-CPU tail (ms)"))
+        )
     return out
+
+
+def _flat(prefix: str, v: Any) -> list[tuple[str, str]]:
+    """Host fields as table rows: nested objects as dotted keys, lists joined, never a Python repr."""
+    if isinstance(v, dict):
+        rows: list[tuple[str, str]] = []
+        for k, x in v.items():
+            rows += _flat(f"{prefix}.{k}" if prefix else str(k), x)
+        return rows
+    if isinstance(v, list):
+        return [(prefix, ", ".join(str(x) for x in v) or "-")]
+    return [(prefix, "-" if v in (None, "") else str(v))]
 
 
 def render_html(report: Report) -> str:
@@ -119,9 +209,9 @@ def render_html(report: Report) -> str:
         }
         for c in d["checks"]
     ]
-    # The plan is long and already in the JSON; nested values print as JSON.
-    host = {k: v for k, v in d["host"].items() if k != "plan"}
-    host_rows = [(k, json.dumps(v) if isinstance(v, dict | list) else str(v)) for k, v in host.items()]
+    # The plan is long and already in the JSON.
+    host_rows = _flat("", {k: v for k, v in d["host"].items() if k != "plan"})
+    settings_rows = _flat("", d.get("settings") or {})
     return html.render(
         "validate.html.j2",
         colors=STATUS_COLOR,
@@ -130,6 +220,9 @@ def render_html(report: Report) -> str:
         hostname=str(d["host"].get("hostname")),
         probe_cpus=str(d["summary"].get("probe_cpus")),
         host_rows=host_rows,
+        settings_rows=settings_rows,
+        problems=problems(d),
+        headline_text=_headline(d["summary"]["headline"]) if d["summary"].get("headline") else "",
         checks=checks,
         images=[html.Image(alt, png) for alt, png in figures(report.checks)],
     )

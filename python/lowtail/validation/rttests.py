@@ -8,6 +8,7 @@ defaults to 1 s on every CPU). rt-tests' JSON has keys ending in a colon (``"cmd
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -19,8 +20,9 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, histogram_stats, merge_ladders, skip
+from lowtail.validation.check import Check, Limits, Status, fmt, histogram_stats, merge_ladders, skip
 
+SHM_STATS = "/dev/shm/cyclictest"  # + pid: cyclictest's running statistics (rt-tests src/cyclictest)
 HIST_US = 1000  # cyclictest histogram range in us; later samples count as overflows at the maximum
 
 
@@ -112,9 +114,7 @@ def _run(cmd: list[str], json_path: Path, duration_s: float, progress: Progress)
             time.sleep(0.2)
         out, err = proc.communicate()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     if proc.returncode != 0:
         raise RtTestsError(f"{cmd[0]} exited with {proc.returncode}: {(err or out).strip()[-500:]}")
     try:
@@ -124,16 +124,37 @@ def _run(cmd: list[str], json_path: Path, duration_s: float, progress: Progress)
     return doc
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End an rt-tests run cut short (Ctrl-C, an error) and remove what it leaves behind.
+
+    cyclictest keeps its running statistics in ``/dev/shm/cyclictest<pid>`` and unlinks it in its SIGINT
+    and SIGTERM handler: ask with SIGTERM first, so it cleans up itself, and only then SIGKILL; the
+    segment of a killed run is removed here."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+    with contextlib.suppress(FileNotFoundError):
+        Path(f"{SHM_STATS}{proc.pid}").unlink()
+
+
 def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], limits: Limits) -> Check:
     evidence = [f"{_key(doc, 'cmdline')} (rt-tests {_key(doc, 'rt_test_version')})"]
     for cpu, s in sorted(per_cpu.items()):
         s["status"] = str(limits.grade(s["max"]))
         evidence.append(
-            f"cpu{cpu}: n={s['n']} p50={s['p50']:.3f} p99={s['p99']:.3f} p999={s['p999']:.3f} "
-            f"max={s['max']:.3f} ms"
+            f"cpu{cpu}: n={s['n']} p50={fmt(s['p50'])} p99={fmt(s['p99'])} p99.9={fmt(s['p999'])} "
+            f"max={fmt(s['max'])} ms"
         )
     worst_cpu = max(per_cpu, key=lambda c: per_cpu[c]["max"])
-    value = per_cpu[worst_cpu]["max"]
+    w = per_cpu[worst_cpu]
+    value = w["max"]
     status = limits.grade(value)
     return Check(
         name=name,
@@ -142,7 +163,7 @@ def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], l
         unit="ms",
         threshold="max per CPU: " + limits.describe("ms"),
         evidence=evidence,
-        reason="" if status is Status.PASS else f"max {value:.3f} ms on CPU {worst_cpu}",
+        reason="" if status is Status.PASS else f"max {fmt(value)} ms on CPU {worst_cpu} (n={w['n']})",
         kind="probe",
         data={
             "metric": "max",
@@ -177,4 +198,22 @@ def probe_rt_test(
         doc = _run(cmd, path, duration_s, progress)
         progress.finish()
     per_cpu = parse_cyclictest(doc) if name == "cyclictest" else parse_oslat(doc)
-    return _grade(name, doc, per_cpu, limits)
+    check = _grade(name, doc, per_cpu, limits)
+    check.histograms = histograms(doc)
+    return check
+
+
+def histograms(doc: dict[str, Any]) -> dict[int, list[tuple[float, int]]]:
+    """Per CPU, rt-tests' histogram as (ms, count), with cyclictest's overflows counted at the maximum:
+    the plot then runs to the value the check is graded on."""
+    out: dict[int, list[tuple[float, int]]] = {}
+    for thread in (doc.get("thread") or {}).values():
+        hist = thread.get("histogram") or {}
+        pairs = [(int(k) / 1000, int(v)) for k, v in hist.items() if int(v) > 0]
+        counted = sum(c for _, c in pairs)
+        overflow = max(0, int(thread.get("cycles", counted)) - counted)
+        peak = float(thread["max"]) / 1000
+        if overflow or not any(v >= peak for v, _ in pairs):
+            pairs.append((peak, max(overflow, 1)))  # the maximum is a sample, whichever bucket it fell in
+        out[int(thread["cpu"])] = sorted(pairs)
+    return out

@@ -31,6 +31,7 @@ from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
 from lowtail.node.process import boot_id
 from lowtail.node.topology import Topology
 from lowtail.render.progress import Progress
+from lowtail.render.schema import stamp
 from lowtail.shm.errors import QueueError
 from lowtail.validation.cgroup import Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
 from lowtail.validation.check import Check, Limits, Status, skip, worst
@@ -62,7 +63,9 @@ THRESHOLDS: dict[str, Limits] = {
     "hwlat": HWLAT_LIMITS,
     "leased_threads": LEASED_LIMITS,
 }
-QUICK_SAMPLES = 3_000  # the least a p99.9 means anything with (FIELD-NOTES)
+DEFAULT_SAMPLES = 10_000  # per CPU: the p99.9 rests on 10 samples beyond it
+DEFAULT_DURATION_S = 10.0
+QUICK_SAMPLES = 3_000  # just above what a p99.9 verdict needs (lowtail.validation.evidence: 2,995)
 QUICK_DURATION_S = 3.0
 
 
@@ -96,13 +99,24 @@ class Report:
     host: dict[str, Any]
     checks: list[Check]
     summary: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)  # what the probes were asked to do
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "checks": [c.to_dict() for c in self.checks], "summary": self.summary}
+        return {
+            **stamp("validate"),
+            "host": self.host,
+            "settings": self.settings,
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": self.summary,
+        }
 
     @property
     def failed(self) -> bool:
         return bool(self.summary["status"] == "fail")
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.summary.get("interrupted"))
 
 
 def parse_only(text: str) -> tuple[str, ...]:
@@ -278,11 +292,17 @@ def _leased_check(
     return check_leased_threads(sampler, leases, [os.getpid()], limits, nohz_full)
 
 
-def summarize(checks: list[Check], cpus: frozenset[int], elapsed_s: float) -> dict[str, Any]:
+def summarize(
+    checks: list[Check], cpus: frozenset[int], elapsed_s: float, interrupted: bool = False
+) -> dict[str, Any]:
     order = (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP)
     counts = {str(s): sum(1 for c in checks if c.status is s) for s in order}
+    status = worst(c.status for c in checks if c.status is not Status.SKIP) or Status.SKIP
+    if interrupted and status is Status.PASS:
+        status = Status.WARN  # a run cut short has not shown that the node passes
     summary: dict[str, Any] = {
-        "status": str(worst(c.status for c in checks if c.status is not Status.SKIP) or Status.SKIP),
+        "status": str(status),
+        "interrupted": interrupted,
         "counts": counts,
         "failed": [c.name for c in checks if c.status is Status.FAIL],
         "warned": [c.name for c in checks if c.status is Status.WARN],
@@ -337,80 +357,100 @@ def run(opts: Options) -> Report:
     host = host_info(opts.src, topo, plan, plan_source)
     host["probe_cpus"] = {"cpus": cpulist.format(cpus), "chosen_as": how}
 
+    settings: dict[str, Any] = {
+        "checks": list(names),
+        "samples_per_cpu": opts.samples or (QUICK_SAMPLES if opts.quick else DEFAULT_SAMPLES),
+        "duration_s": opts.duration_s or (QUICK_DURATION_S if opts.quick else DEFAULT_DURATION_S),
+        "quick": opts.quick,
+        "limits_ms": {k: [v.pass_max, v.warn_max] for k, v in {**THRESHOLDS, **opts.limits}.items()},
+    }
     target = ctx.cgroup_target
     throttle_before = cpu_stat_of(opts.src.proc_root, opts.src.cgroup_root, target) if opts.src.live else None
     t_before = time.monotonic()
     checks: list[Check] = []
-    for name in names:
-        if name in STATIC_CHECKS:
-            checks.append(STATIC_CHECKS[name](ctx))
-
     # leased_threads last: its sampler watches the leased CPUs while every other probe runs.
     probe_names = sorted((n for n in names if n in PROBES), key=lambda n: n == "leased_threads")
-    if probe_names and not opts.src.live:
-        checks += [
-            skip(n, "static checks read a fixture tree; probes measure only the running machine", "probe")
-            for n in probe_names
-        ]
-    elif probe_names:
-        limits = {**THRESHOLDS, **opts.limits}
-        popts = ProbeOptions(
-            cpus=cpus,
-            samples=opts.samples or (QUICK_SAMPLES if opts.quick else 10_000),
-            duration_s=opts.duration_s or (QUICK_DURATION_S if opts.quick else 10.0),
-            main_cpu=_main_cpu(topo, cpus),
-            limits=limits,
-            progress=opts.progress,
-            proc_root=opts.src.proc_root,
-        )
-        runners = _probe_runners(popts, _fifo_permitted)
-        runners["hwlat"] = lambda: probe_hwlat(
-            opts.src.sys_root,
-            cpus,
-            topo.vendor,
-            duration_s=popts.duration_s,
-            limits=limits["hwlat"],
-            progress=opts.progress,
-        )
-        saved = os.sched_getaffinity(0)
-        housekeeping = topo.online - cpus
-        sampler: Sampler | None = None
-        try:
-            # Keep the validator itself (progress, pipes) off the CPUs it measures.
-            if housekeeping:
-                os.sched_setaffinity(0, housekeeping)
-            if "leased_threads" in probe_names:
-                sampler, leases, why = _leased_sampler(opts.src)
-                runners["leased_threads"] = lambda: _leased_check(
-                    sampler,
-                    leases,
-                    why,
-                    limits["leased_threads"],
-                    min_window_s=popts.duration_s,
-                    progress=opts.progress,
-                    nohz_full=topo.nohz_full,
-                )
-            for name in probe_names:
-                try:
-                    checks.append(runners[name]())
-                except (ProbeError, RtTestsError, QueueError, OSError) as e:
-                    # One probe that cannot run (e.g. move_pages refused by a container's seccomp
-                    # profile) fails alone; the others and the report still come out.
-                    checks.append(
-                        Check(
-                            name,
-                            Status.FAIL,
-                            None,
-                            "",
-                            [str(e)],
-                            reason=f"probe could not run: {e}",
-                            kind="probe",
-                        )
+    order = [n for n in names if n in STATIC_CHECKS] + probe_names
+    interrupted = False
+    try:
+        for name in names:
+            if name in STATIC_CHECKS:
+                checks.append(STATIC_CHECKS[name](ctx))
+
+        if probe_names and not opts.src.live:
+            checks += [
+                skip(n, "static checks read a fixture tree; probes measure only the running machine", "probe")
+                for n in probe_names
+            ]
+        elif probe_names:
+            limits = {**THRESHOLDS, **opts.limits}
+            popts = ProbeOptions(
+                cpus=cpus,
+                samples=settings["samples_per_cpu"],
+                duration_s=settings["duration_s"],
+                main_cpu=_main_cpu(topo, cpus),
+                limits=limits,
+                progress=opts.progress,
+                proc_root=opts.src.proc_root,
+            )
+            runners = _probe_runners(popts, _fifo_permitted)
+            runners["hwlat"] = lambda: probe_hwlat(
+                opts.src.sys_root,
+                cpus,
+                topo.vendor,
+                duration_s=popts.duration_s,
+                limits=limits["hwlat"],
+                progress=opts.progress,
+            )
+            saved = os.sched_getaffinity(0)
+            housekeeping = topo.online - cpus
+            sampler: Sampler | None = None
+            try:
+                # Keep the validator itself (progress, pipes) off the CPUs it measures.
+                if housekeeping:
+                    os.sched_setaffinity(0, housekeeping)
+                if "leased_threads" in probe_names:
+                    sampler, leases, why = _leased_sampler(opts.src)
+                    runners["leased_threads"] = lambda: _leased_check(
+                        sampler,
+                        leases,
+                        why,
+                        limits["leased_threads"],
+                        min_window_s=popts.duration_s,
+                        progress=opts.progress,
+                        nohz_full=topo.nohz_full,
                     )
-        finally:
-            if sampler is not None:
-                sampler.stop()  # a probe raised before leased_threads was judged: no thread left behind
-            os.sched_setaffinity(0, saved)
+                for name in probe_names:
+                    try:
+                        checks.append(runners[name]())
+                    except (ProbeError, RtTestsError, QueueError, OSError) as e:
+                        # One probe that cannot run (e.g. move_pages refused by a container's seccomp
+                        # profile) fails alone; the others and the report still come out.
+                        checks.append(
+                            Check(
+                                name,
+                                Status.FAIL,
+                                None,
+                                "",
+                                [str(e)],
+                                reason=f"probe could not run: {e}",
+                                kind="probe",
+                            )
+                        )
+            finally:
+                if sampler is not None:
+                    sampler.stop()  # a probe raised before leased_threads was judged: no thread left behind
+                os.sched_setaffinity(0, saved)
+
+    except KeyboardInterrupt:
+        # Ctrl-C: the probe's children are gone (each probe ends its own on the way out); what ran is
+        # kept, the check that was running and those after it say so.
+        interrupted = True
+        done = {c.name for c in checks}
+        pending = [n for n in order if n not in done]
+        for i, name in enumerate(pending):
+            why = "interrupted while it ran: no verdict" if i == 0 else "not run: interrupted"
+            checks.append(skip(name, why, "probe" if name in PROBES else "static"))
     if "cfs_throttle" in names:
         window = time.monotonic() - t_before if throttle_before is not None else None
         checks.append(
@@ -423,4 +463,5 @@ def run(opts: Options) -> Report:
                 window_s=window,
             )
         )
-    return Report(host=host, checks=checks, summary=summarize(checks, cpus, time.monotonic() - t0))
+    summary = summarize(checks, cpus, time.monotonic() - t0, interrupted)
+    return Report(host=host, checks=checks, summary=summary, settings=settings)

@@ -70,13 +70,17 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
                 raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
             os.sched_setaffinity(0, {client_cpu})
             obs = np.zeros((1, 64), dtype=np.float32)
+            bar = Progress(f"shm_rtt cpus {client_cpu}->{worker_cpu}", opts.samples, enabled=opts.progress)
             with queue.QueueClient.attach(server.descriptor) as client:
                 for _ in range(200):  # warm-up: page faults, first futex waits
                     client.infer({"obs": obs}, timeout_s=5.0)
-                for _ in range(opts.samples):
+                for i in range(opts.samples):
                     t0 = time.perf_counter_ns()
                     client.infer({"obs": obs}, timeout_s=5.0)
                     samples.append((time.perf_counter_ns() - t0) / 1e6)
+                    if i % 500 == 0:
+                        bar.update(i)
+            bar.finish()
         finally:
             os.sched_setaffinity(0, saved)
             proc.terminate()
@@ -131,7 +135,8 @@ def probe_inference(opts: ProbeOptions) -> Check:
     extra: dict[int, dict[str, Any]] = {}
     progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus), enabled=opts.progress)
     for i, cpu in enumerate(cpus):
-        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls)
+        quiet = worker.WorkerConfig(name="measure", log_level="WARNING")  # info lines would break the bar
+        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls, config=quiet)
         rows = m.rows
         per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
         wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])

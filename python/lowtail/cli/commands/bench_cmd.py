@@ -71,7 +71,8 @@ class _LazyBenchmarks(argparse._SubParsersAction):  # type: ignore[type-arg]
             if missing:
                 raise RuntimeError(f"{module}.register() did not add the benchmarks {sorted(missing)}")
             for name in names:
-                self.choices[name].set_defaults(command_name=self.choices[name].prog)
+                chosen = self.choices[name]
+                chosen.set_defaults(command_name=chosen.prog, command_parser=chosen)
         super().__call__(parser, namespace, values, option_string)
 
 

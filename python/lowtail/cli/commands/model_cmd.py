@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, json_to_stdout, write_json
+from lowtail.cli.options import add_json, json_to_stdout, output_dir, write_json
 from lowtail.render import table
 
 
@@ -17,7 +17,7 @@ def register(sub: Any) -> None:
     b = msub.add_parser("build", help="write the policy network as OpenVINO IR, deterministic from --seed")
     # The network's defaults live in lowtail.serve.model, which imports numpy and OpenVINO: it is
     # loaded when a model is built, not for --help.
-    b.add_argument("--out", default="model", metavar="DIR", help="output directory")
+    b.add_argument("--out", default="model", metavar="DIR", type=output_dir(), help="output directory")
     b.add_argument("--seed", type=int, default=0, help="weights seed")
     b.add_argument("--features", type=int, help="observation size (default: the policy network's)")
     b.add_argument("--hidden", metavar="N,N,...", help="hidden layer sizes (default: the policy network's)")

@@ -29,17 +29,19 @@ def run_tbreport(args: argparse.Namespace) -> int:
         second = tbreport.load(args.logdir2) if args.logdir2 else None
     except (EventFileError, OSError) as e:
         raise UsageError(str(e)) from None
+    from lowtail.render.schema import stamp
+
     if second is None:
-        write_json(args.json, first)
         if not json_to_stdout(args):
             print(tbreport.render(first))
+        write_json(args.json, {**stamp("tb-report"), **first})
         return 0
     cmp = tbreport.compare(first, second)
-    write_json(args.json, {"before": first, "after": second, "compare": cmp})
     if not json_to_stdout(args):
         print(tbreport.render(first))
         print()
         print(tbreport.render(second))
         print()
         print(tbreport.render_compare(cmp))
+    write_json(args.json, {**stamp("tb-report"), "before": first, "after": second, "compare": cmp})
     return 0

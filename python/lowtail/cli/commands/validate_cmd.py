@@ -11,10 +11,22 @@ from typing import Any
 
 from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_html, add_json, add_no_progress, json_to_stdout, write_json
+from lowtail.cli.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
 from lowtail.node import cpulist
 from lowtail.validation.check import Limits, ThresholdError
-from lowtail.validation.runner import ALL_CHECKS, THRESHOLDS, Options, ValidationError, parse_only, run
+from lowtail.validation.evidence import min_samples
+from lowtail.validation.runner import (
+    ALL_CHECKS,
+    DEFAULT_DURATION_S,
+    DEFAULT_SAMPLES,
+    QUICK_DURATION_S,
+    QUICK_SAMPLES,
+    THRESHOLDS,
+    Options,
+    ValidationError,
+    parse_only,
+    run,
+)
 from lowtail.validation.static import Sources
 from lowtail.validation.threads import LEASE_STATE
 
@@ -31,17 +43,36 @@ def register(sub: Any) -> None:
     # The CLI convention (lowtail.cli.options): output paths are checked before any probe runs.
     add_json(p, "the report")
     add_html(p, "the report with plots")
-    p.add_argument("--quick", action="store_true", help="3,000 samples per CPU and 3 s rt-tests runs")
-    p.add_argument("--only", metavar="NAME[,NAME...]", help="run only these checks")
-    p.add_argument("--cpus", metavar="CPULIST", help="CPUs to probe (default: see docs/design.md)")
-    p.add_argument("--samples", type=int, metavar="N", help="samples per CPU (default 10000)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_SAMPLES:,} samples per CPU (just above the least a p99.9 verdict accepts) and "
+        f"{QUICK_DURATION_S:g} s rt-tests and sampling windows; every check on a 2-CPU host then takes about "
+        "half a minute (the inference probe compiles a model)",
+    )
+    p.add_argument("--only", metavar="NAME[,NAME...]", help="run only these checks (default: all)")
+    p.add_argument(
+        "--cpus",
+        metavar="CPULIST",
+        help="CPUs to probe (default: the plan's isolated CPUs if the kernel isolates CPUs, else every "
+        "online CPU but 0)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        metavar="N",
+        help=f"samples per CPU (default: {DEFAULT_SAMPLES}, {QUICK_SAMPLES} with --quick; a p99.9 below "
+        f"{min_samples(0.999):,} cannot pass)",
+    )
     p.add_argument(
         "--seconds",
         "--duration",
         dest="duration",
         type=float,
         metavar="S",
-        help="seconds per rt-tests run (default 10)",
+        help=f"seconds per rt-tests run and hwlat/leased_threads window (default: {DEFAULT_DURATION_S:g}, "
+        f"{QUICK_DURATION_S:g} "
+        "with --quick)",
     )
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
     p.add_argument(
@@ -58,8 +89,9 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="PROBE=PASS:WARN",
-        help="limits in ms, e.g. deschedule=0.1:1 (probes: " + ", ".join(THRESHOLDS) + "; "
-        "leased_threads in ms of foreign run time per second)",
+        help="limits in ms, e.g. deschedule=0.1:1; repeat for several (default: "
+        + ", ".join(f"{k}={v.pass_max:g}:{v.warn_max:g}" for k, v in THRESHOLDS.items())
+        + "; cstates in us of exit latency, leased_threads in ms of foreign run time per second)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(
@@ -82,13 +114,25 @@ def register(sub: Any) -> None:
         help='lowtail_expected_hardware, e.g. \'{"sockets": 2, "numa_per_socket": 1, "smt": false}\'',
     )
     p.add_argument("--no-probes", action="store_true", help="static checks only: measure nothing")
-    p.add_argument("--kernel-config", metavar="FILE", help="kernel config (default /boot/config-$(uname -r))")
+    p.add_argument(
+        "--kernel-config", metavar="FILE", help="kernel config (default: /boot/config-$(uname -r))"
+    )
     p.add_argument("--shm-path", default="/dev/shm", metavar="DIR", help="shared memory mount to size")
     p.add_argument(
         "--shm-bytes", type=int, default=0, metavar="N", help="bytes the runtime needs in /dev/shm"
     )
-    p.add_argument("--kubelet-config", default="/var/lib/kubelet/config.yaml", metavar="FILE")
-    p.add_argument("--kubelet-state", default="/var/lib/kubelet/cpu_manager_state", metavar="FILE")
+    p.add_argument(
+        "--kubelet-config",
+        default="/var/lib/kubelet/config.yaml",
+        metavar="FILE",
+        help="the KubeletConfiguration the kubelet check reads",
+    )
+    p.add_argument(
+        "--kubelet-state",
+        default="/var/lib/kubelet/cpu_manager_state",
+        metavar="FILE",
+        help="the CPU manager checkpoint the kubelet check reads",
+    )
     add_no_progress(p)
     p.set_defaults(func=run_validate)
 
@@ -136,7 +180,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
     except (cpulist.CpuListError, ValidationError) as e:
         raise UsageError(str(e)) from None
     if args.samples is not None and args.samples < 1:
-        raise UsageError(f"--samples {args.samples}: expected a positive count (10000 gives a solid p99.9)")
+        raise UsageError(
+            f"--samples {args.samples}: expected a positive count "
+            f"(a p99.9 verdict needs {min_samples(0.999):,})"
+        )
     if args.pid is not None and args.pid < 1:
         raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
@@ -179,12 +226,16 @@ def run_validate(args: argparse.Namespace) -> int:
     from lowtail.validation.report import render_html, render_table
 
     doc = report.to_dict()
-    write_json(args.json, doc)
+    # The table first: a file that cannot be written now (a full disk) must not hide the result.
+    notes = sys.stderr if json_to_stdout(args) else sys.stdout
     if not json_to_stdout(args):
         print(render_table(doc))
-        if args.json:
-            print(f"JSON report: {args.json}")
+    write_json(args.json, doc)
+    if args.json and args.json != "-":
+        print(f"JSON report: {args.json}", file=notes)
     if args.html:
-        Path(args.html).write_text(render_html(report))
-        print(f"HTML report: {args.html}", file=sys.stderr if args.json == "-" else sys.stdout)
+        write_text(args.html, render_html(report))
+        print(f"HTML report: {args.html}", file=notes)
+    if report.interrupted:
+        return 130  # the shell's code for SIGINT: callers stop, as they would had the run been killed
     return 1 if report.failed else 0

@@ -1,0 +1,297 @@
+"""The rendering of ``lowtail bench serve`` (see ``serve_bench``): the terminal tables, the targets with
+met / not met, the plot and the HTML report, from the runs' ``DesignResult`` rows."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+
+from lowtail.benchmarks.serve_run import BREAKDOWN, DesignResult
+from lowtail.render import table
+from lowtail.serve import metrics
+
+TARGET_RATIO = 0.95  # served x2 and x4 at batch 16
+TRAFFIC_TARGET_RATIO = 0.85  # predecessor traffic, 16 samplers x 1 observation
+OVERHEAD_TARGET_US = 20.0
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+def _f(v: float, spec: str) -> str:
+    return "-" if math.isnan(v) else format(v, spec)
+
+
+def _short(error: str, width: int = 70) -> str:
+    """The first error of a row, shortened for the terminal (the JSON has all of them)."""
+    if not error:
+        return ""
+    first, _, rest = error.partition("; ")
+    more = f" (+{rest.count('; ') + 1} more)" if rest else ""
+    return "ERROR " + (first if len(first) <= width else first[: width - 3] + "...") + more
+
+
+def _fmt(p: metrics.Percentiles) -> list[str]:
+    return [_f(p.p50, ".3f"), _f(p.p99, ".3f"), _f(p.p999, ".3f"), _f(p.max, ".3f"), str(p.n)]
+
+
+def _row_label(r: DesignResult, rounds: int) -> str:
+    return f"{r.label} #{r.round}" if rounds > 1 else r.label
+
+
+def result_tables(results: list[DesignResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows) of the two per-design tables: what the samplers saw, and what it cost the
+    worker and the samplers (two tables, so each fits a terminal)."""
+    rounds = max(r.round for r in results)
+    seen = []
+    cost = []
+    for r in results:
+        label = _row_label(r, rounds)
+        seen.append(
+            [
+                label,
+                str(r.batch),
+                _f(r.samples_per_s, ",.0f"),
+                _f(r.ratio_to_bare, ".3f"),
+                *_fmt(r.latency_ms),
+            ]
+        )
+        seen[-1].append(_short(r.error))
+        cost.append(
+            [
+                label,
+                _f(r.engine_batch_mean, ".1f"),
+                _f(r.deschedule_ms.p999, ".3f"),
+                str(r.deschedule_ms.n),
+                _f(r.engine_ms_mean, ".3f"),
+                _f(r.overhead_us_mean, ".0f"),
+                _f(r.worker_busy, ".0%"),
+                _f(r.sampler_cpu_us_per_request, ".0f"),
+                _f(r.sampler_cpus_busy, ".0%"),
+            ]
+        )
+    seen_h = ["design", "req", "samples/s", "vs bare", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "n", "error"]
+    cost_h = ["design", "engine batch", "desched p99.9 ms", "n calls", "infer ms", "+us/call", "core busy"]
+    cost_h += ["sampler us/req", "sampler CPUs busy"]
+    return [
+        (
+            f"lowtail bench serve: throughput and sampler latency (bare at batch {results[0].batch})",
+            seen_h,
+            seen,
+        ),
+        ("the worker's engine calls and the samplers' CPU", cost_h, cost),
+    ]
+
+
+def render_table(results: list[DesignResult]) -> str:
+    return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in result_tables(results))
+
+
+def render_rounds(results: list[DesignResult]) -> str:
+    ratios = ratios_by_design(results)
+    n = max(len(v) for v in ratios.values()) if ratios else 0
+    rows = [
+        [
+            label,
+            *[f"{x:.3f}" for x in got],
+            *[""] * (n - len(got)),
+            f"{_median(got):.3f}",
+            f"{min(got):.3f}-{max(got):.3f}",
+        ]
+        for label, got in ratios.items()
+    ]
+    headers = ["design", *[f"round {i + 1}" for i in range(n)], "median", "range"]
+    return table.render(headers, rows, title="served/bare per round (each against its own round's bare loop)")
+
+
+def breakdown_tables(results: list[DesignResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows): the worker's cost per engine call beyond infer(), stage by stage (us
+    p50/mean/p99, CALL_FIELDS), split in two tables so each fits a terminal, then its scheduling and
+    memory."""
+    rounds = max(r.round for r in results)
+    served = [r for r in results if r.breakdown_us]
+    half = (len(BREAKDOWN) + 1) // 2
+
+    def stages(keys: tuple[str, ...]) -> list[list[str]]:
+        return [
+            [_row_label(r, rounds), str(r.breakdown_us["overhead_us"].n)]
+            + [f"{b.p50:.1f}/{b.mean:.1f}/{b.p99:.0f}" for b in (r.breakdown_us[k] for k in keys)]
+            for r in served
+        ]
+
+    names = [k.removesuffix("_us") for k in BREAKDOWN]
+    title = "worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
+    rest = [
+        [
+            _row_label(r, rounds),
+            _f(r.fifo_switches_per_call, ".2f"),
+            str(r.fifo_cooldowns),
+            _f(r.worker_rss_mib, ".0f"),
+            _f(r.queue_mib, ".2f"),
+        ]
+        for r in served
+    ]
+    return [
+        (f"{title}, 1 of 2", ["design", "n calls", *names[:half]], stages(BREAKDOWN[:half])),
+        (f"{title}, 2 of 2", ["design", "n calls", *names[half:]], stages(BREAKDOWN[half:])),
+        (
+            "the worker's scheduling and memory",
+            ["design", "FIFO sw/call", "cooldowns", "RSS MiB", "queue MiB"],
+            rest,
+        ),
+    ]
+
+
+def render_breakdown(results: list[DesignResult]) -> str:
+    return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in breakdown_tables(results))
+
+
+def plot(results: list[DesignResult]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = max(r.round for r in results)
+    results = [r for r in results if r.round == last]  # one round per bar; every round is in the JSON
+    labels = [r.label for r in results]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.5))
+    colors = ["#555"] + ["#c33" if r.error else "#3a7" for r in results[1:]]
+    a.bar(labels, [0 if math.isnan(r.samples_per_s) else r.samples_per_s for r in results], color=colors)
+    bare = results[0].samples_per_s
+    a.axhline(bare * TARGET_RATIO, color="r", ls="--", lw=1, label=f"{TARGET_RATIO:.0%} of bare")
+    a.axhline(bare * TRAFFIC_TARGET_RATIO, color="orange", ls=":", lw=1, label=f"{TRAFFIC_TARGET_RATIO:.0%}")
+    a.set_ylabel("samples/s")
+    a.set_title(
+        f"throughput (bare at batch {results[0].batch}; red = error)"
+        + (f", round {last}" if last > 1 else "")
+    )
+    a.legend()
+    xs = np.arange(len(results))
+    for i, (q, name) in enumerate([("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")]):
+        b.bar(xs + (i - 1) * 0.27, [getattr(r.latency_ms, q) for r in results], 0.27, label=name)
+    b.set_xticks(xs, labels)
+    b.set_yscale("log")
+    b.set_ylabel("ms per call / request")
+    b.set_title("latency (n in the JSON)")
+    b.legend()
+    served = [r for r in results if r.breakdown_us]
+    bottom = np.zeros(len(served))
+    for k in BREAKDOWN[:-1]:
+        v = np.array([r.breakdown_us[k].mean for r in served])
+        c.bar([r.label for r in served], v, bottom=bottom, label=k.removesuffix("_us"))
+        bottom += v
+    c.axhline(OVERHEAD_TARGET_US, color="r", ls="--", lw=1, label=f"target {OVERHEAD_TARGET_US:g} us")
+    c.set_ylabel("us per engine call (mean)")
+    c.set_title("worker cost beyond infer()")
+    c.legend(fontsize=7)
+    for ax in (a, b, c):
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def ratios_by_design(results: list[DesignResult]) -> dict[str, list[float]]:
+    """served/bare of every round, per design label (each round against its own bare loop)."""
+    out: dict[str, list[float]] = {}
+    for r in results:
+        if r.design != "bare":
+            out.setdefault(r.label, []).append(r.ratio_to_bare)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{_median(values):.3f}"
+    return f"{_median(values):.3f}, median of {len(values)} rounds, {min(values):.3f}-{max(values):.3f}"
+
+
+def targets(results: list[DesignResult], batch: int) -> list[dict[str, Any]]:
+    """The design targets, each met or not (``met``) with the figure that decides it.
+
+    With several rounds a ratio target is decided by the median of the rounds' ratios (each round's
+    served designs against that round's bare loop), and the range is given next to it. A throughput
+    ratio or a mean is not a percentile: the sample rule of lowtail.validation.evidence does not apply.
+    """
+    ratios = ratios_by_design(results)
+    by = {r.label: r for r in results}  # the last round's result per label
+    out: list[dict[str, Any]] = []
+    for n in (2, 4):
+        got = ratios.get(f"served x{n}")
+        if got:
+            out.append(
+                {
+                    "target": f"served x{n} >= {TARGET_RATIO:.0%} of bare at batch {batch}",
+                    "met": bool(_median(got) >= TARGET_RATIO),
+                    "figure": _spread(got),
+                }
+            )
+    got = ratios.get("traffic 16x1")
+    if got:
+        runs = [r for r in results if r.label == "traffic 16x1"]
+        per_req = _median([r.sampler_cpu_us_per_request for r in runs])
+        out.append(
+            {
+                "target": f"traffic 16x1 >= {TRAFFIC_TARGET_RATIO:.0%} of bare",
+                "met": bool(_median(got) >= TRAFFIC_TARGET_RATIO),
+                "figure": f"{_spread(got)}; mean engine batch "
+                f"{_median([r.engine_batch_mean for r in runs]):.1f}; the samplers used {per_req:.0f} us "
+                "of CPU per request, "
+                f"{_median([r.sampler_cpus_busy for r in runs]):.0%} of their CPUs",
+            }
+        )
+    over: dict[str, list[float]] = {}
+    for r in results:
+        if r.breakdown_us and r.design == "served":
+            over.setdefault(r.label, []).append(r.overhead_us_mean)
+    if over:
+        worst = max(over, key=lambda k: _median(over[k]))
+        value = _median(over[worst])
+        out.append(
+            {
+                "target": f"worker overhead beyond infer() <= {OVERHEAD_TARGET_US:g} us "
+                "(mean, worst served design)",
+                "met": bool(value <= OVERHEAD_TARGET_US),
+                "figure": f"{value:.1f} us, {by[worst].label}",
+            }
+        )
+    return out
+
+
+def verdicts(results: list[DesignResult], batch: int) -> list[str]:
+    """Each target as one line, "met" or "NOT met" with its figure; then the designs that failed."""
+    lines = [
+        f"{t['target']}: {'met' if t['met'] else 'NOT met'} ({t['figure']})" for t in targets(results, batch)
+    ]
+    failed = [r.label for r in results if r.error]
+    if failed:
+        lines.append(f"designs with errors: {', '.join(failed)}")
+    return lines
+
+
+def write_html(path: str, report: dict[str, Any], results: list[DesignResult], png: bytes | None) -> None:
+    """The report page: the targets met / not met, the tables, the plot, the settings and host, the JSON
+    folded."""
+    from lowtail.benchmarks.report import targets_table, write_bench_html
+    from lowtail.render import html
+
+    sections = [targets_table(report.get("targets_met", []))]
+    tables = result_tables(results) + (
+        breakdown_tables(results) if any(r.breakdown_us for r in results) else []
+    )
+    sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in tables]
+    if png:
+        sections.append(
+            html.Section("Plots", images=[html.Image("throughput, latency and worker cost", png)])
+        )
+    write_bench_html(path, "lowtail bench serve", report, sections)

@@ -1,0 +1,473 @@
+"""The runs of ``lowtail bench serve`` (see ``serve_bench``): the bare loop, the served designs through
+the queue and a pinned worker, the same behind the Ray inference actor, and the sampler processes that
+drive them. Each design returns a ``DesignResult``; a design that fails returns one carrying its error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtail.serve import metrics
+from lowtail.serve.pinning import (
+    SchedFifo,
+    pin_thread_to_cpu,
+    raise_priority,
+    rt_budget_share,
+    set_timer_slack_ns,
+    start_pinned,
+)
+
+REPORT_GRACE_S = 120.0  # a sampler or the bare loop that has not reported this long after its window failed
+BREAKDOWN = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us", "overhead_us")
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: Path
+    cpu: int  # the engine's CPU, bare and served
+    batch: int  # samples per engine call of the bare loop and per request of the "served" design
+    input_name: str
+    features: int
+    duration: float
+    sampler_cpus: frozenset[int]
+    fifo_scope: str = "work"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
+    client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
+
+    def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return {self.input_name: rng.standard_normal((samples, self.features), dtype=np.float32)}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One served design: ``samplers`` processes each sending ``per_request`` samples per request."""
+
+    samplers: int
+    per_request: int
+    coalesce: bool  # the predecessor's traffic: the worker batches 8-16 samples from many requests
+
+    @property
+    def label(self) -> str:
+        return f"traffic {self.samplers}x{self.per_request}" if self.coalesce else f"served x{self.samplers}"
+
+
+@dataclass
+class DesignResult:
+    design: str
+    samplers: int
+    batch: int  # samples per request (per engine call for bare)
+    duration_s: float = float("nan")
+    samples: int = 0
+    samples_per_s: float = float("nan")
+    latency_ms: metrics.Percentiles = field(default_factory=lambda: metrics.percentiles([]))
+    deschedule_ms: metrics.Percentiles = field(default_factory=lambda: metrics.percentiles([]))
+    ratio_to_bare: float = float("nan")
+    engine_ms_mean: float = float("nan")  # infer() per call
+    engine_batch_mean: float = float("nan")  # samples per engine call
+    overhead_us_mean: float = float("nan")  # per engine call in the worker beyond infer()
+    worker_busy: float = 1.0  # share of the window the engine core spent handling calls
+    breakdown_us: dict[str, metrics.Percentiles] = field(default_factory=dict)
+    worker_rss_mib: float = float("nan")
+    queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
+    fifo_switches_per_call: float = float("nan")  # scheduling-policy system calls per engine call
+    fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
+    # The samplers' own cost: CPU time per request (submit, wait, read the answer; spinning and parking
+    # included) and how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need
+    # more than that CPU has (bench serve's traffic designs on a 2-vCPU host).
+    sampler_cpu_us_per_request: float = float("nan")
+    sampler_cpus_busy: float = float("nan")
+    round: int = 1  # --rounds: each round measures bare and every design again, in the same order
+    note: str = ""
+    error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
+
+    @property
+    def label(self) -> str:
+        if self.design == "bare":
+            return "bare (limit)"
+        return self.design if self.design.startswith("traffic") else f"{self.design} x{self.samplers}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["label"] = self.label
+        d["latency_ms"] = self.latency_ms.to_dict()
+        d["deschedule_ms"] = self.deschedule_ms.to_dict()
+        d["breakdown_us"] = metrics.percentiles_dict(self.breakdown_us)
+        return d
+
+
+# ---- child processes -------------------------------------------------------------------------------
+
+
+def _bare_child(setup: Setup, conn: Any) -> None:
+    from lowtail.serve.engine import Engine
+
+    # The same treatment as the worker, so the only difference between the designs is the serving.
+    pin_thread_to_cpu(setup.cpu)
+    raise_priority(-20)
+    set_timer_slack_ns(1)
+    fifo = SchedFifo(1, budget_share=rt_budget_share())
+    fifo.detect()
+    engine = Engine(setup.model, max_batch=setup.batch)
+    x = setup.observations(0, setup.batch)
+    duration = setup.duration
+    per_call = setup.fifo_scope == "call"
+    for _ in range(20):
+        engine.infer(x)
+    perf, ptime = time.perf_counter_ns, time.process_time_ns
+    wall: list[int] = []
+    cpu_ns: list[int] = []
+    start = perf()
+    end = start + int(duration * 1e9)
+    t = start
+    while t < end:
+        c0 = ptime()
+        fifo.enter()
+        engine.infer(x)
+        if per_call:
+            fifo.leave()
+        t1, c1 = perf(), ptime()
+        wall.append(t1 - t)
+        cpu_ns.append(c1 - c0)
+        t = t1
+    conn.send({"calls": len(wall), "elapsed_ns": t - start, "wall_ns": wall, "cpu_ns": cpu_ns})
+    conn.close()
+
+
+def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
+    """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
+    lat: list[int] = []
+    cpu_ns = 0
+    start = t = time.perf_counter_ns()
+    start_mono = time.monotonic()
+    try:
+        from lowtail.shm.queue import QueueClient
+
+        raise_priority(-20)  # in production a sampler owns an isolated core; here it shares with others
+        x = setup.observations(seed, samples)
+        duration = setup.duration
+        perf = time.perf_counter_ns
+        with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
+            end = perf() + int(warmup * 1e9)
+            while perf() < end:
+                client.start(x).finish(timeout_s=10.0)
+            start_mono = time.monotonic()
+            cpu0 = time.process_time_ns()
+            start = t = perf()
+            end = start + int(duration * 1e9)
+            while t < end:
+                client.start(x).finish(timeout_s=10.0)  # the predecessor's two-phase client
+                t1 = perf()
+                lat.append(t1 - t)
+                t = t1
+            cpu_ns = time.process_time_ns() - cpu0
+        error = ""
+    except BaseException as e:  # every failure becomes the sampler's row, never a hang
+        error = "".join(traceback.format_exception_only(type(e), e)).strip()
+    conn.send(
+        {
+            "requests": len(lat),
+            "elapsed_ns": t - start,
+            "lat_ns": lat,
+            "window": (start_mono, time.monotonic()),
+            "cpu_ns": cpu_ns,
+            "error": error,
+        }
+    )
+    conn.close()
+
+
+# ---- designs ---------------------------------------------------------------------------------------
+
+
+def _ms(ns: list[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(ns, dtype=np.float64) / 1e6
+
+
+def _reap(procs: list[Any], at_once: bool = False) -> None:
+    """Join the children (killed after 10 s, or at once when the run is being interrupted)."""
+    for p in procs:
+        p.join(0 if at_once else 10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c() -> Iterator[None]:
+    """Start children with SIGINT ignored: the disposition survives exec, and a Python started with
+    SIGINT ignored keeps it so (signal module start-up), so Ctrl-C to the process group cannot raise a
+    KeyboardInterrupt traceback in a child still importing numpy. The benchmark ends them itself. A
+    Ctrl-C in these few milliseconds of spawning is lost, not mishandled."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def run_bare(setup: Setup) -> DesignResult:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_bare_child, args=(setup, child), daemon=True)
+    with _deaf_to_ctrl_c():
+        start_pinned(proc, setup.cpu)
+    child.close()
+    batch = setup.batch
+    interrupted = False
+    try:
+        if not parent.poll(setup.duration + REPORT_GRACE_S):
+            raise RuntimeError(f"the bare loop did not report within {setup.duration + REPORT_GRACE_S:g} s")
+        try:
+            r = parent.recv()
+        except EOFError:
+            raise RuntimeError("the bare loop died before reporting (see its traceback above)") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        _reap([proc], at_once=interrupted)
+    wall = _ms(r["wall_ns"])
+    desched = np.maximum(0.0, wall - _ms(r["cpu_ns"]))
+    elapsed = r["elapsed_ns"] / 1e9
+    return DesignResult(
+        design="bare",
+        samplers=0,
+        batch=batch,
+        duration_s=elapsed,
+        samples=r["calls"] * batch,
+        samples_per_s=r["calls"] * batch / elapsed,
+        latency_ms=metrics.percentiles(wall),
+        deschedule_ms=metrics.percentiles(desched),
+        ratio_to_bare=1.0,
+        engine_ms_mean=float(wall.mean()),
+        engine_batch_mean=float(batch),
+        note=f"infer() back to back on CPU {setup.cpu}",
+    )
+
+
+def request_bytes(samples: int, features: int) -> int:
+    """A request/response slot that holds ``samples`` float32 rows of ``features`` inline, with headers."""
+    payload = samples * features * 4 + 4096
+    return payload + -payload % 64
+
+
+def _queue_config(setup: Setup, traffic: Traffic) -> Any:
+    from lowtail.shm.queue import QueueConfig
+
+    size = request_bytes(max(traffic.per_request, setup.batch), setup.features)
+    if traffic.coalesce:  # the queue's defaults: min 8, max 16 samples, up to 16 requests per batch
+        return QueueConfig(
+            lanes=max(4, traffic.samplers), slots_per_lane=4, request_bytes=size, response_bytes=size
+        )
+    return QueueConfig(
+        lanes=max(4, traffic.samplers),
+        slots_per_lane=4,
+        request_bytes=size,
+        response_bytes=size,
+        max_batch_samples=setup.batch,
+        min_batch_samples=1,
+        max_batch_slots=max(1, traffic.samplers),
+    )
+
+
+def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, Any]]:
+    """Run the samplers against a queue; one report each (a sampler that failed reports its error)."""
+    ctx = multiprocessing.get_context("spawn")
+    warmup = min(1.0, setup.duration / 4)
+    procs, conns = [], []
+    try:
+        for i in range(traffic.samplers):
+            parent, child = ctx.Pipe(duplex=False)
+            kw = {"setup": setup, "desc": descriptor, "samples": traffic.per_request, "warmup": warmup}
+            p = ctx.Process(target=_sampler_child, kwargs={**kw, "seed": i, "conn": child}, daemon=True)
+            saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, setup.sampler_cpus)
+            try:
+                with _deaf_to_ctrl_c():
+                    p.start()
+            finally:
+                os.sched_setaffinity(0, saved)
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        deadline = time.monotonic() + setup.duration + warmup + REPORT_GRACE_S
+        results = []
+        for i, c in enumerate(conns):
+            try:
+                if c.poll(max(0.0, deadline - time.monotonic())):
+                    results.append(c.recv())
+                    continue
+                why = "no report before the deadline"
+            except EOFError:
+                why = f"exited with code {procs[i].exitcode} without reporting"
+            results.append({"requests": 0, "elapsed_ns": 0, "lat_ns": [], "error": f"sampler {i}: {why}"})
+        return results
+    except KeyboardInterrupt:
+        _reap(procs, at_once=True)
+        raise
+    finally:
+        _reap(procs)
+
+
+def _worker_rss_mib(pid: int) -> float:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return float("nan")
+
+
+def _served_result(
+    design: str,
+    *,
+    setup: Setup,
+    traffic: Traffic,
+    results: list[dict[str, Any]],
+    calls: np.ndarray,
+    note: str,
+) -> DesignResult:
+    errors = [f"sampler {i}: {r['error']}" for i, r in enumerate(results) if r.get("error")]
+    ok = [r for r in results if not r.get("error") and r["requests"]]
+    res = DesignResult(design=design, samplers=traffic.samplers, batch=traffic.per_request)
+    res.error = "; ".join(errors)
+    if not ok:
+        res.note = note
+        res.error = res.error or "no sampler completed a request"
+        return res
+    lat = np.concatenate([_ms(r["lat_ns"]) for r in ok])
+    elapsed = max(r["elapsed_ns"] for r in ok) / 1e9
+    samples = sum(r["requests"] for r in ok) * traffic.per_request
+    # The worker's calls inside the samplers' measured windows (their warm-up excluded).
+    lo, hi = min(r["window"][0] for r in ok), max(r["window"][1] for r in ok)
+    col = metrics.COL
+    t_end = calls[:, col["t_end_s"]]
+    calls = calls[(t_end >= lo) & (t_end <= hi)]
+    res.duration_s = elapsed
+    res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
+    res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
+    res.samples = samples
+    res.samples_per_s = samples / elapsed
+    res.latency_ms = metrics.percentiles(lat)
+    res.note = f"{note}, samplers on CPUs {sorted(setup.sampler_cpus)}"
+    if len(calls):
+        wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]
+        res.deschedule_ms = metrics.percentiles(calls[:, col["deschedule_ms"]])
+        res.engine_ms_mean = float(engine_ms.mean())
+        res.engine_batch_mean = float(calls[:, col["batch"]].mean())
+        res.breakdown_us = metrics.summarize(calls, BREAKDOWN)
+        res.overhead_us_mean = res.breakdown_us["overhead_us"].mean
+        res.worker_busy = float(wall_ms.sum() / 1000 / (hi - lo))
+    return res
+
+
+def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
+    """The queue and the pinned worker, owned by this process."""
+    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+    from lowtail.shm.queue import InferenceQueue
+
+    with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
+        # Warnings only: the worker's info lines would land on the progress bar.
+        config = WorkerConfig(name="bench", max_batch=16, fifo_scope=setup.fifo_scope, log_level="WARNING")
+        with _deaf_to_ctrl_c():
+            worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
+        try:
+            worker.wait_ready(120)
+            results = _drive(setup, queue.descriptor, traffic)
+            report = worker.report(0)
+            calls = worker.calls(0).rows
+            rss = _worker_rss_mib(worker.pid)
+        finally:
+            worker.stop()
+        queue_mib = queue.nbytes / 2**20
+    note = f"queue + pinned worker on CPU {setup.cpu}"
+    res = _served_result(
+        traffic.label.split(" x")[0], setup=setup, traffic=traffic, results=results, calls=calls, note=note
+    )
+    res.worker_rss_mib, res.queue_mib = rss, queue_mib
+    res.fifo_switches_per_call = report.fifo_switches / max(report.calls, 1)
+    res.fifo_cooldowns = report.fifo_cooldowns
+    return res
+
+
+def run_ray_served(setup: Setup, traffic: Traffic, work: Path) -> DesignResult:
+    """The same, hosted by the Ray inference actor: it leases the CPU, owns the queue, spawns the worker.
+
+    Samplers attach to the endpoint's queue exactly as ``InferenceClient`` does; Ray is not on the hot
+    path. The worker's side comes from the actor's ``report`` (percentiles over every call the worker
+    served, the samplers' warm-up included; the core's busy share is not reported for this design).
+    """
+    import ray
+
+    from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
+    from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
+    from lowtail.lease import node_plan
+    from lowtail.serve.worker import WorkerConfig
+
+    node = ray.get_runtime_context().get_node_id()
+    # The allocator leases exactly the bench's engine CPU (a demo-style pool override), so the actor's
+    # worker lands where the bare loop ran.
+    alloc = AllocatorConfig(state_dir=str(work / "leases"), plan=node_plan().to_dict(), pool=str(setup.cpu))
+    get_node_allocator(node, alloc)
+    spec = InferenceSpec(
+        hero="bench",
+        index=traffic.samplers,
+        model_dir=str(setup.model),
+        allocator=alloc,
+        queue=_queue_config(setup, traffic),
+        worker=WorkerConfig(name="bench-ray", max_batch=16, fifo_scope=setup.fifo_scope, log_level="WARNING"),
+    )
+    actor = start_inference_actor(spec, node)
+    try:
+        endpoint = ray.get(actor.endpoint.remote())
+        if endpoint.cpu != setup.cpu:
+            raise RuntimeError(f"the actor leased CPU {endpoint.cpu}, expected {setup.cpu}")
+        results = _drive(setup, endpoint.descriptor, traffic)
+        worker = ray.get(actor.report.remote())["report"]
+    finally:
+        stop_actor(actor)
+        stop_node_allocator(node, remove_state=True)
+    note = f"Ray inference actor (lease, queue, worker) on CPU {setup.cpu}"
+    no_rows = np.zeros((0, len(metrics.CALL_FIELDS)))
+    r = _served_result("ray actor", setup=setup, traffic=traffic, results=results, calls=no_rows, note=note)
+    pct = worker["percentiles"]
+    r.deschedule_ms = metrics.Percentiles(**pct["deschedule_ms"])
+    r.engine_ms_mean = pct["engine_wall_ms"]["mean"]
+    r.engine_batch_mean = pct["batch"]["mean"]
+    r.overhead_us_mean = pct["overhead_us"]["mean"]
+    r.breakdown_us = {k: metrics.Percentiles(**pct[k]) for k in BREAKDOWN}
+    r.worker_busy = float("nan")
+    return r
+
+
+def _start_ray(work: Path) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+
+
+def _attempt(label: str, fn: Any, *args: Any) -> DesignResult:
+    """Run one design; an exception becomes its row instead of ending the benchmark."""
+    try:
+        result: DesignResult = fn(*args)
+        return result
+    except Exception as e:  # the other designs' rows must survive
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        print(f"  {label} failed: {detail}", file=sys.stderr, flush=True)
+        design, _, samplers = label.partition(" x")
+        return DesignResult(design=design, samplers=int(samplers or 0), batch=0, error=detail)

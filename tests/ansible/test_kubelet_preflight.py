@@ -1,0 +1,298 @@
+"""The kubelet role's preflight through ansible-playbook, against the stand-in kubelet (for its version)
+and a kubelet configuration file already on the host: preflight checks the file kubelet will read after
+the role ran (the existing file merged with lowtail's settings), not lowtail's inputs alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.ansible.conftest import ROOT, run_ansible
+
+pytestmark = pytest.mark.slow
+
+STANDIN = ROOT / "molecule/default/standin/kubelet.py"
+
+
+def node(numa_nodes: int) -> dict[str, Any]:
+    """The part of preflight's lowtail_node fact the kubelet role reads."""
+    per_numa = 2 * 1024 + 100
+    return {
+        "topology": {"numa_nodes": numa_nodes},
+        "plan": {"housekeeping": "0-6,84-90"},
+        "kubelet_memory": {
+            "kube_reserved": "1Gi",
+            "system_reserved": "1Gi",
+            "eviction_hard": "100Mi",
+            "reserved_memory": [
+                {"numaNode": n, "limits": {"memory": f"{per_numa // numa_nodes}Mi"}}
+                for n in range(numa_nodes)
+            ],
+        },
+    }
+
+
+# kubeadm's kubelet drop-in as the deb/rpm packages install it (kubernetes/release, 10-kubeadm.conf), as
+# `systemctl cat kubelet.service` prints it after the packaged unit.
+KUBEADM_UNIT = """# /usr/lib/systemd/system/kubelet.service
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+
+# /usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf
+# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \\
+ --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=@CONFIG@"
+EnvironmentFile=-@FLAGS_ENV@
+EnvironmentFile=-/etc/default/kubelet-does-not-exist
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS \\
+ $KUBELET_EXTRA_ARGS
+"""
+KUBEADM_FLAGS = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock"\n'
+
+
+def run_preflight(
+    tmp_path: Path,
+    version: str,
+    existing: dict[str, Any],
+    numa_nodes: int = 2,
+    *,
+    unit: str | None = KUBEADM_UNIT,
+    flags_env: str = KUBEADM_FLAGS,
+    **extra: Any,
+) -> tuple[int, str]:
+    """Run tasks/preflight.yml with the stand-in kubelet of ``version``, ``existing`` as the file and
+    ``unit`` as what systemctl cat prints (@CONFIG@ and @FLAGS_ENV@ replaced by this run's paths;
+    None: systemctl cat fails as it does for a unit that does not exist)."""
+    state = tmp_path / "etc/lowtail-standin"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "kubelet-version").write_text(version + "\n")
+    lib = tmp_path / "lib"
+    lib.mkdir(exist_ok=True)
+    if not (lib / "lowtail_node").exists():
+        (lib / "lowtail_node").symlink_to(ROOT / "python/lowtail/node")
+    kubelet = tmp_path / "kubelet"
+    env = f"LOWTAIL_STANDIN_PREFIX={tmp_path} PYTHONPATH={lib}"
+    kubelet.write_text(f'#!/bin/sh\n{env} exec {sys.executable} {STANDIN} "$@"\n')
+    kubelet.chmod(0o755)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(existing))
+    (tmp_path / "kubeadm-flags.env").write_text(flags_env)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    # A stand-in for `systemctl cat`: prints the unit or fails like systemctl does for an unknown unit.
+    (tmp_path / "unit.txt").write_text(
+        (unit or "")
+        .replace("@CONFIG@", str(config))
+        .replace("@FLAGS_ENV@", str(tmp_path / "kubeadm-flags.env"))
+    )
+    failing = 'echo "No files found for kubelet.service." >&2; exit 1'
+    (bin_dir / "systemctl").write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "cat -- kubelet.service" ] || exit 2\n'
+        + (f"cat {tmp_path / 'unit.txt'}\n" if unit is not None else failing + "\n")
+    )
+    (bin_dir / "systemctl").chmod(0o755)
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Kubelet preflight",
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "environment": {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
+                    "vars": {
+                        "lowtail_node": node(numa_nodes),
+                        "lowtail_versions": {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}},
+                        "lowtail_drain_delegate": "localhost",
+                        "lowtail_kubelet_binary": str(kubelet),
+                        "lowtail_kubelet_config_path": str(config),
+                        "lowtail_kubelet_flag_files": [],
+                        **extra,
+                    },
+                    "tasks": [
+                        {
+                            "name": "Check the kubelet",
+                            "ansible.builtin.include_role": {
+                                "name": "lowtail_kubelet",
+                                "tasks_from": "preflight",
+                            },
+                        },
+                        {
+                            "name": "Show the topology manager options lowtail will write",
+                            "ansible.builtin.debug": {
+                                "msg": "topology options {{ lowtail_versions.kubelet_policy.topology_options"
+                                " | to_json }}"
+                            },
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "hosts": {
+                        "node-a": {
+                            "ansible_connection": "local",
+                            "ansible_python_interpreter": sys.executable,
+                        }
+                    }
+                }
+            }
+        )
+    )
+    result = run_ansible(["ansible-playbook", "-i", str(inventory), str(playbook)])
+    return result.returncode, " ".join((result.stdout + result.stderr).split())
+
+
+KUBEADM = {
+    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+    "kind": "KubeletConfiguration",
+    "cgroupDriver": "systemd",
+    "clusterDNS": ["10.96.0.10"],
+    "cpuManagerPolicy": "none",
+}
+
+
+def test_clean_file_passes(tmp_path: Path) -> None:
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM)
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(
+    ("version", "existing", "message"),
+    [
+        # The file's option is refused together with the one lowtail adds on 1.34.
+        (
+            "1.34.1",
+            {**KUBEADM, "cpuManagerPolicyOptions": {"distribute-cpus-across-numa": "true"}},
+            "options 'prefer-align-cpus-by-uncorecache' and 'distribute-cpus-across-numa' can not be used at "
+            "the same time (kubelet 1.34)",
+        ),
+        (
+            "1.31.4",
+            {**KUBEADM, "featureGates": {"CPUManagerPolicyBetaOptions": False}},
+            "option 'full-pcpus-only' is beta in kubelet 1.31 and needs "
+            "featureGates.CPUManagerPolicyBetaOptions",
+        ),
+        (
+            "1.34.1",
+            {**KUBEADM, "featureGates": {"CPUManagerPolicyOptions": False}},
+            "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true "
+            "(kubelet 1.34)",
+        ),
+        (
+            "1.31.4",
+            {**KUBEADM, "featureGates": {"MemoryManager": False}},
+            "featureGates.MemoryManager: false turns the memory manager off",
+        ),
+        (
+            "1.31.4",
+            {**KUBEADM, "featureGates": {"MemoryManager": "yes"}},
+            "featureGates.MemoryManager is 'yes'; expected true or false",
+        ),
+    ],
+    ids=["pair_with_added_option", "beta_gate_off", "locked_gate", "memory_manager_off", "string_gate"],
+)
+def test_merged_file_kubelet_would_refuse_fails_preflight(
+    tmp_path: Path, version: str, existing: dict[str, Any], message: str
+) -> None:
+    rc, out = run_preflight(tmp_path, version, existing)
+    assert rc != 0, out
+    assert "the configuration kubelet would read: " + message in out, out
+
+
+def test_24_numa_nodes_pass_on_1_34_and_are_refused_on_1_30_naming_the_count(tmp_path: Path) -> None:
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, numa_nodes=24)
+    assert rc == 0, out
+    assert 'topology options {"max-allowable-numa-nodes": "24"}' in out, out
+    rc, out = run_preflight(tmp_path, "1.30.2", KUBEADM, numa_nodes=24)
+    assert rc != 0, out
+    assert "more than 8 NUMA nodes and this host has 24" in out, out
+
+
+def test_flag_in_kubeadm_flags_env_that_overrides_a_lowtail_field_fails(tmp_path: Path) -> None:
+    flags = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///x --cpu-manager-policy none"\n'
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, flags_env=flags)
+    assert rc != 0, out
+    assert (
+        "kubelet.service: kubelet is started with --cpu-manager-policy, which overrides cpuManagerPolicy"
+        in out
+    ), out
+
+
+def test_flag_in_an_execstart_drop_in_fails_and_kubeadm_ownership_is_reported(tmp_path: Path) -> None:
+    unit = KUBEADM_UNIT + (
+        "\n# /etc/systemd/system/kubelet.service.d/20-extra.conf\n[Service]\nExecStart=\n"
+        "ExecStart=/usr/bin/kubelet --config=@CONFIG@ --reserved-cpus=0-3\n"
+    )
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert "kubelet is started with --reserved-cpus, which overrides reservedSystemCPUs" in out, out
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM)
+    assert rc == 0, out
+    assert (
+        "`kubeadm upgrade node` (phase kubelet-config) rewrites it from the kube-system/kubelet-config" in out
+    )
+
+
+def test_config_flag_naming_another_file_fails(tmp_path: Path) -> None:
+    unit = KUBEADM_UNIT.replace("--config=@CONFIG@", "--config /etc/kubernetes/kubelet-config.yaml")
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert (
+        "starts kubelet with --config=/etc/kubernetes/kubelet-config.yaml but lowtail_kubelet_config_path"
+        in out
+    )
+
+
+def test_config_dir_drop_ins_are_part_of_the_file_kubelet_reads(tmp_path: Path) -> None:
+    dropins = tmp_path / "kubelet.conf.d"
+    dropins.mkdir()
+    unit = KUBEADM_UNIT.replace("--config=@CONFIG@", f"--config=@CONFIG@ --config-dir={dropins}")
+    header = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}
+    (dropins / "10-gates.conf").write_text(
+        yaml.safe_dump({**header, "featureGates": {"MemoryManager": True}})
+    )
+    (dropins / "README").write_text("not a drop-in: kubelet reads *.conf only\n")
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc == 0, out
+    assert f"kubelet reads drop-ins from {dropins}: they merge over" in out, out
+    # A drop-in that sets a field lowtail writes would win over lowtail's file.
+    (dropins / "20-policy.conf").write_text(yaml.safe_dump({**header, "cpuManagerPolicy": "none"}))
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert f"{dropins}/20-policy.conf sets cpuManagerPolicy, which overrides cpuManagerPolicy" in out, out
+    # A drop-in's gate is part of the merged result kubelet would refuse.
+    (dropins / "20-policy.conf").unlink()
+    (dropins / "30-locked.conf").write_text(
+        yaml.safe_dump({**header, "featureGates": {"CPUManagerPolicyOptions": False}})
+    )
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    assert rc != 0, out
+    assert "the configuration kubelet would read: cannot set feature gate CPUManagerPolicyOptions" in out, out
+
+
+def test_unreadable_unit_is_a_problem_not_a_silent_skip(tmp_path: Path) -> None:
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=None)
+    assert rc != 0, out
+    assert "systemctl cat kubelet.service failed (rc 1): No files found for kubelet.service." in out, out
