@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.ansible.conftest import ROOT, ansible_env
+from tests.ansible.test_kubelet_preflight import KUBEADM, run_preflight
 from tests.ansible.test_site_playbook import GOOD, write_inventory
 
 # Logs its name and arguments, one call a line, and succeeds (sysctl -p, systemd-tmpfiles --create and
@@ -186,38 +187,7 @@ def test_rerun_after_a_failure_applies_the_tuning_the_failed_run_did_not(
 @pytest.mark.slow
 def test_kubelet_version_failure_names_its_cause(tmp_path: Path) -> None:
     """A kubelet binary that cannot run: the preflight problem says why, not just the return code."""
-    playbook = tmp_path / "kubelet-preflight.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "name": "The kubelet role's preflight alone",
-                    "hosts": "localhost",
-                    "gather_facts": False,
-                    "vars": {
-                        "ansible_connection": "local",
-                        "ansible_python_interpreter": "/usr/bin/python3",
-                        "lowtail_versions": {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}},
-                        "lowtail_kubelet_binary": str(tmp_path / "no-such-kubelet"),
-                        "lowtail_kubelet_flag_files": [],
-                        "lowtail_drain_delegate": "localhost",
-                    },
-                    "tasks": [
-                        {
-                            "name": "Check kubelet",
-                            "ansible.builtin.include_role": {
-                                "name": "lowtail_kubelet",
-                                "tasks_from": "preflight",
-                            },
-                        }
-                    ],
-                }
-            ],
-            sort_keys=False,
-        )
-    )
-    rc, out = ansible_playbook(str(playbook))
-    words = " ".join(out.split())
-    assert rc != 0, words
-    cause = f"no output; {tmp_path}/no-such-kubelet: Error executing"
-    assert f"kubelet --version failed (rc 2): {cause}" in words, words
+    missing = tmp_path / "no-such-kubelet"
+    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, lowtail_kubelet_binary=str(missing))
+    assert rc != 0, out
+    assert f"kubelet --version failed (rc 2): no output; {missing}: Error executing" in out, out
