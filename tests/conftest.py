@@ -46,9 +46,11 @@ SLOW_MODULES = {
     "tests/validate/test_report.py",  # lowtail validate on this machine, probes included
     "tests/validate/test_probes.py",  # probes with thousands of samples per CPU
     "tests/runtime/test_worker.py",  # spawned pinned workers compiling OpenVINO models
+    "tests/runtime/test_standby.py",  # a primary and a standby worker, killed under clients
     "tests/runtime/test_serve_bench.py",
     "tests/queue/test_queue_bench.py",
     "tests/queue/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
+    "tests/queue/test_queue_withdraw.py",  # withdraw raced against claims, thousands of rounds
 }
 SLOW_DIRS = ("tests/ray/",)  # one Ray cluster per session
 SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}

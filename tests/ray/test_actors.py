@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
             min_batch_samples=1,
         ),
         worker=WorkerConfig(name="victim", max_batch=64),
+        standby=False,  # the restart path (the standby's takeover is test_failover's)
     )
     actor = start_inference_actor(spec, ray_nodes.head)
     try:
@@ -136,8 +138,9 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
             )
             status = ray.get(actor.status.remote())
             assert status["worker_pid"] != killed and status["failed"] is None
-            assert client.infer(x)["value"].shape == (64, 1024)  # re-resolved: a new lane, a new worker
-            assert client.reattached == 1
+            # the same queue and attachment, served by the restarted worker: nothing to re-resolve
+            assert client.infer(x)["value"].shape == (64, 1024)
+            assert client.reattached == 0
     finally:
         stop_actor(actor)
 
@@ -213,7 +216,7 @@ def test_attaching_across_nodes_is_a_clear_error_not_a_hang(
         with pytest.raises(NoEndpoints):
             InferenceClient([], node_id=ray_nodes.head)
         t0 = time.monotonic()
-        with pytest.raises(ray.exceptions.RayActorError, match="CrossNodeAttach"):
+        with pytest.raises(CrossNodeAttach):  # the constructor's own error, not Ray's wrapper
             start_sampler(SamplerSpec("far", allocator=alloc_cfg), [ep], ray_nodes.other)
         assert time.monotonic() - t0 < 30
         # the far sampler released the lease it took on its own node before failing
@@ -248,3 +251,58 @@ def test_the_default_queue_carries_an_8_x_512_float32_batch_inline() -> None:
 
     batch = {"obs": np.zeros((8, 512), np.float32)}
     assert layout_of(batch).inline_end <= default_queue_config().request_bytes
+
+
+def test_start_failures_surface_as_themselves_and_bad_specs_are_refused_at_construction(
+    ray_nodes: RayNodes, tmp_path: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    from lowtail.actors.inference import BadInferenceSpec
+    from lowtail.serve.model import ModelNotFound
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFound):  # not Ray's ActorDiedError with the cause buried in it
+        start_inference_actor(infer_spec(empty, alloc_cfg, 0), ray_nodes.head)
+    alloc = get_node_allocator(ray_nodes.head, alloc_cfg)
+    assert ray.get(alloc.leases.remote()) == []  # the failed constructor released its lease
+    with pytest.raises(BadInferenceSpec, match=r"hero='h:0': expected letters"):
+        InferenceSpec(hero="h:0", index=0, model_dir=str(empty))
+    with pytest.raises(BadInferenceSpec, match=r"index=-1"):
+        InferenceSpec(hero="h", index=-1, model_dir=str(empty))
+
+
+def test_the_hero_label_is_kept_with_a_custom_worker_config(tmp_path: Path) -> None:
+    from lowtail.actors.inference import worker_config
+
+    spec = InferenceSpec(hero="h3", index=1, model_dir=str(tmp_path), worker=WorkerConfig(max_batch=8))
+    assert worker_config(spec).name == "h3.1" and worker_config(spec).max_batch == 8
+    named = replace(spec, worker=WorkerConfig(name="fast"))
+    assert worker_config(named).name == "h3.1.fast"
+
+
+def test_several_inference_actors_start_in_parallel(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    from lowtail.actors.inference import start_inference_actors
+
+    actors = start_inference_actors([infer_spec(model, alloc_cfg, i, standby=False) for i in range(3)])
+    try:
+        owners = sorted(ray.get(a.status.remote())["owner"] for a in actors)
+        assert owners == ["infer:t:0", "infer:t:1", "infer:t:2"]
+    finally:
+        for a in actors:
+            stop_actor(a)
+
+
+def test_actors_emit_no_ray_deprecation_warning(
+    ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
+) -> None:
+    stop_actor(start_inference_actor(infer_spec(model, alloc_cfg, 0, standby=False), ray_nodes.head))
+    logs = Path(os.environ["RAY_TMPDIR"])  # the session cluster's (conftest): every actor's stderr
+    hits = [
+        line
+        for f in logs.rglob("worker-*.err")
+        for line in f.read_text(errors="replace").splitlines()
+        if "DeprecationWarning" in line
+    ]
+    assert hits == []

@@ -14,9 +14,9 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import NAMESPACE, allocator_name
-from lowtail.actors.demo import DemoError, DemoOptions, lease_policy, run_demo
 from lowtail.actors.metrics import hub_name
 from lowtail.cli.main import main
+from lowtail.demo.local import DemoError, DemoOptions, lease_policy, run_demo
 from lowtail.lease import node_plan
 from lowtail.node.plan import Plan
 from lowtail.telemetry import tbreport
@@ -40,9 +40,23 @@ def test_lease_policy_uses_isolated_cpus_when_there_are_enough() -> None:
 
 
 def test_demo_runs_measures_and_leaves_nothing_behind(
-    ray_nodes: RayNodes, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_nodes: RayNodes,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from lowtail.demo import local
     from lowtail.serve.model import write_model
+
+    # The plan and lease policy are decided once, before Ray starts, and used as decided (they were
+    # computed a second time inside the run, overwriting what the caller had been told).
+    calls: list[Plan] = []
+
+    def counted_plan() -> Plan:
+        calls.append(node_plan())
+        return calls[-1]
+
+    monkeypatch.setattr(local, "node_plan", counted_plan)
 
     model = tmp_path_factory.mktemp("demo-model")
     write_model(model, SMALL_SPEC)
@@ -60,9 +74,10 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
     result = run_demo(opts, progress=lambda e, t, n: seen.append((e, n)), model_dir=str(model))
 
     assert ray.is_initialized()  # it used the session's Ray and left it running
+    assert len(calls) == 1
     assert result.samples > 0 and result.samples_per_s > 0 and result.errors == {}
     assert result.rpc_ms.n == result.requests > 0
-    assert result.worker["deschedule_ms"].n > 0 and result.worker["batch_size"].max <= 16
+    assert result.worker["deschedule_ms"].n > 0 and result.worker["worker_batch_size"].max <= 16
     assert {k: len(v) for k, v in result.leases_by_kind.items()} == {"infer": 2, "sample": 2, "other": 0}
     assert seen and seen[-1][1] > 0  # the progress callback saw samples arriving
     plan: Plan = node_plan()

@@ -149,3 +149,24 @@ def test_an_allocator_for_a_node_that_does_not_exist_is_unavailable_not_an_escap
     gone = "ab" * 28  # a well-formed node id no raylet has
     with pytest.raises(AllocatorUnavailable, match=f"cannot be placed on node {gone}"):
         get_node_allocator(gone, config, timeout_s=60)
+
+
+def test_stopping_with_remove_state_leaves_no_directory(ray_nodes: RayNodes, tmp_path: Path) -> None:
+    cfg = AllocatorConfig(
+        state_dir=str(tmp_path / "leases-{node}"), plan=tiny_plan("1-4").to_dict(), cpuset_only=False
+    )
+    alloc = get_node_allocator(ray_nodes.head, cfg)
+    ray.get(alloc.leases.remote())
+    state = tmp_path / f"leases-{ray_nodes.head}"
+    assert state.is_dir()
+    assert stop_node_allocator(ray_nodes.head, remove_state=True)
+    assert not state.exists()  # not even the empty directory
+    kept = tmp_path / "kept-{node}"
+    other = Path(str(kept).replace("{node}", ray_nodes.head))
+    alloc = get_node_allocator(
+        ray_nodes.head, AllocatorConfig(state_dir=str(kept), cpuset_only=False, plan=cfg.plan)
+    )
+    ray.get(alloc.leases.remote())
+    (other / "operator-notes").write_text("mine\n")
+    assert stop_node_allocator(ray_nodes.head, remove_state=True)
+    assert (other / "operator-notes").exists()  # a directory with anything else in it stays

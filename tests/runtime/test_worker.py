@@ -12,8 +12,9 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from lowtail.errors import LowtailError
 from lowtail.serve.metrics import CALL_FIELDS
-from lowtail.serve.model import example_inputs, find_model_xml
+from lowtail.serve.model import ModelNotFound, example_inputs, find_model_xml
 from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerStartFailed
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.runtime.conftest import write_slow_model
@@ -137,15 +138,18 @@ def test_a_worker_that_cannot_start_says_why(small_model: Path, tmp_path: Path) 
             w.wait_ready(120)
         w.stop()
         assert not w.alive()
-    with pytest.raises(FileNotFoundError, match=r"exactly one OpenVINO \.xml"):
+    with pytest.raises(ModelNotFound, match=r"exactly one OpenVINO \.xml") as missing:
         WorkerProcess.start(queue.descriptor, CPU, tmp_path)
+    assert isinstance(missing.value, LowtailError) and isinstance(missing.value, FileNotFoundError)
 
 
 def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tmp_path: Path) -> None:
     xml = write_slow_model(tmp_path / "slow")
     x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
     with small_queue(request_bytes=266240, response_bytes=266240, max_batch_samples=64) as queue:
-        w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="victim", max_batch=64))
+        w = WorkerProcess.start(
+            queue.descriptor, CPU, xml, WorkerConfig(name="victim", max_batch=64, warm_up=False)
+        )
         w.wait_ready(120)
         with QueueClient.attach(queue.descriptor) as c:
             assert c.infer(x, timeout_s=30)["value"].shape == (64, 1024)
@@ -175,7 +179,9 @@ def test_killed_worker_fails_in_flight_requests_and_a_restarted_worker_serves(tm
             w.stop()
             assert w.exitcode == -signal.SIGKILL
 
-            w2 = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="restarted", max_batch=64))
+            w2 = WorkerProcess.start(
+                queue.descriptor, CPU, xml, WorkerConfig(name="restarted", max_batch=64, warm_up=False)
+            )
             try:
                 w2.wait_ready(120)
                 snap = queue.snapshot()
@@ -298,7 +304,9 @@ def test_a_worker_busy_for_longer_than_the_rt_budget_slice_cools_down_and_serves
     x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
     geometry = dict(request_bytes=266240, response_bytes=266240, max_batch_samples=64, slots_per_lane=16)
     with small_queue(lanes=1, **geometry) as queue:
-        w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="hot", max_batch=64))
+        w = WorkerProcess.start(
+            queue.descriptor, CPU, xml, WorkerConfig(name="hot", max_batch=64, warm_up=False)
+        )
         try:
             if not w.wait_ready(120)["sched_fifo"]:
                 pytest.skip("SCHED_FIFO not permitted here: nothing to cool down")
@@ -334,3 +342,32 @@ def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
             assert policy == (os.SCHED_OTHER if scope == "call" else os.SCHED_FIFO)
         finally:
             assert w.stop() == 0
+
+
+def test_every_answer_carries_the_timing_of_its_engine_call(
+    served: tuple[InferenceQueue, WorkerProcess],
+) -> None:
+    queue, w = served
+    with QueueClient.attach(queue.descriptor) as c:
+        for batch in (1, 8, 16):
+            cursor = w.calls().cursor
+            p = c.start(example_inputs(64, batch))
+            p.finish(timeout_s=30)
+            t = p.timing
+            assert t is not None and t.batch_size == batch  # one client: the call held only this request
+            assert t.engine_s > 0 and t.call_deschedule_s >= 0 and t.client_overhead_s > 0
+            assert t.queue_wait_s >= 0 and t.queue_wait_s + t.engine_s <= t.round_trip_s
+            assert t.ready_to_return_s >= 0
+            rows = _rows_after(w, cursor)
+            col = {n: i for i, n in enumerate(CALL_FIELDS)}
+            # The same call as the worker's own row: its infer() wall time, to the nanosecond.
+            assert rows[-1, col["engine_wall_ms"]] == pytest.approx(t.engine_s * 1e3, abs=1e-6)
+            assert rows[-1, col["batch"]] == batch
+
+
+def _rows_after(w: WorkerProcess, cursor: int) -> np.ndarray:
+    deadline = time.monotonic() + 10
+    while (rows := w.calls(cursor).rows).shape[0] == 0:  # the row follows the answer
+        assert time.monotonic() < deadline, "the call's row never appeared"
+        time.sleep(0.001)
+    return rows

@@ -15,6 +15,7 @@ clear error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -268,4 +269,6 @@ def stop_node_allocator(node_id: str | None = None, *, remove_state: bool = Fals
     if remove_state and state_dir is not None:
         for name in ("leases.json", "leases.lock"):
             Path(state_dir, name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only if empty: anything else in it is someone else's
+            Path(state_dir).rmdir()
     return True

@@ -30,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,9 +57,23 @@ class InferenceActorFailed(LowtailError, RuntimeError):
     """The inference actor could not start or keep its worker."""
 
 
+class BadInferenceSpec(LowtailError, ValueError):
+    """An ``InferenceSpec`` value that cannot work (refused at construction, not at lease time)."""
+
+
+_LABEL_RE = re.compile(r"[A-Za-z0-9_.\-]+")  # a lease owner's name part (lowtail.lease: infer:<hero>:<i>)
+
+
 @dataclass(frozen=True)
 class InferenceSpec:
-    """One inference actor: which model, which queue and worker settings, which allocator."""
+    """One inference actor: which model, which queue and worker settings, which allocator.
+
+    ``standby`` (default on): a hot standby worker (model compiled, queue attached, parked on the
+    leased CPU without using it) takes over the moment the worker dies; ``standby=False`` saves its
+    memory (one more worker process: its RSS, about the compiled model's size plus OpenVINO's runtime)
+    at the price of a worker restart (spawn, imports, compile: 1-3.5 s on a loaded 2-vCPU host) after a
+    crash. Validated at construction: a bad value is named here, not when the lease is taken.
+    """
 
     hero: str
     index: int
@@ -65,12 +81,46 @@ class InferenceSpec:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     metrics: MetricsConfig | None = None  # None: no metrics hub
     queue: Any = None  # lowtail.shm.queue.QueueConfig (its numa_node is set from the lease)
-    worker: Any = None  # lowtail.serve.worker.WorkerConfig
+    worker: Any = None  # lowtail.serve.worker.WorkerConfig (its name, the log label, gets the hero)
+    standby: bool = True
     ready_timeout_s: float = 120.0
     supervise_interval_s: float = 0.05
     metrics_interval_s: float = 1.0
     max_restarts_per_minute: int = 10  # of the worker, by this actor's supervisor
     max_actor_restarts: int = 5  # of this actor, by Ray (-1: forever); clients re-resolve its endpoint
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: object, expected: str) -> BadInferenceSpec:
+            return BadInferenceSpec(f"InferenceSpec {name}={value!r}: expected {expected}")
+
+        if not isinstance(self.hero, str) or not _LABEL_RE.fullmatch(self.hero):
+            raise bad(
+                "hero",
+                self.hero,
+                "letters, digits, '_', '.' or '-' (it names the lease infer:<hero>:<index>)",
+            )
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise bad("index", self.index, "an integer >= 0")
+        if not isinstance(self.model_dir, (str, os.PathLike)) or not str(self.model_dir):
+            raise bad("model_dir", self.model_dir, "a path to an OpenVINO IR (.xml + .bin) or its directory")
+        for name in ("ready_timeout_s", "supervise_interval_s", "metrics_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise bad(name, value, "seconds > 0")
+        if (
+            isinstance(self.max_restarts_per_minute, bool)
+            or not isinstance(self.max_restarts_per_minute, int)
+            or self.max_restarts_per_minute < 0
+        ):
+            raise bad("max_restarts_per_minute", self.max_restarts_per_minute, "an integer >= 0")
+        if (
+            isinstance(self.max_actor_restarts, bool)
+            or not isinstance(self.max_actor_restarts, int)
+            or self.max_actor_restarts < -1
+        ):
+            raise bad("max_actor_restarts", self.max_actor_restarts, "an integer >= -1 (-1: forever)")
+        if not isinstance(self.standby, bool):
+            raise bad("standby", self.standby, "True or False")
 
     @property
     def owner(self) -> str:
@@ -110,38 +160,91 @@ def keep_threads_off(cpu: int) -> frozenset[int]:
 
 
 def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-call worker rows (``lowtail.serve.metrics.CALL_FIELDS``) as the exported series."""
+    """Per-call worker rows (``lowtail.serve.metrics.CALL_FIELDS``) as the exported worker-side series
+    (``lowtail.telemetry.export.SERIES``; the per-request ones under the predecessor's names are the
+    samplers')."""
     from lowtail.serve.metrics import COL
 
     pick = {
-        "infer_exec_ms": "engine_wall_ms",
+        "worker_infer_exec_ms": "engine_wall_ms",
         "infer_total_ms": "wall_ms",
         "engine_cpu_ms": "engine_cpu_ms",
         "engine_thread_cpu_ms": "engine_thread_cpu_ms",
         "deschedule_ms": "deschedule_ms",
         "run_delay_ms": "run_delay_ms",
-        "queue_wait_ms": "queue_wait_ms",
-        "batch_size": "batch",
+        "worker_queue_wait_ms": "queue_wait_ms",
+        "worker_batch_size": "batch",
     }
     return {name: rows[:, COL[col]].astype(np.float64) for name, col in pick.items()}
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class InferenceActor:
+def worker_config(spec: InferenceSpec) -> Any:
+    """The worker's config with the hero label in its name (log prefix, ``slow_infer hero=``), whatever
+    ``spec.worker`` says: a custom name is kept after the label."""
+    from lowtail.serve.worker import WorkerConfig
+
+    label = f"{spec.hero}.{spec.index}"
+    cfg = spec.worker or WorkerConfig()
+    if not cfg.name:
+        return replace(cfg, name=label)
+    return cfg if cfg.name.startswith(label) else replace(cfg, name=f"{label}.{cfg.name}")
+
+
+class InferenceActorImpl:
+    """The inference actor (``InferenceActor`` is this class as a Ray actor; ``start_inference_actor``
+    creates one): a leased CPU, a NUMA-bound queue, a pinned worker and, by default, its hot standby.
+
+    Methods (call them as ``handle.<method>.remote(...)``):
+
+    - ``endpoint()``: the ``Endpoint`` samplers attach to (raises ``InferenceActorFailed`` once the
+      worker was given up).
+    - ``ping()``: owner, node id and pid of the actor process (liveness).
+    - ``status()``: lease, worker and standby (pid, alive, serving), restarts, promotions, failure.
+    - ``report()``: the worker's per-field percentiles since it started and its isolation check.
+    - ``queue_counts()``: the queue's slots per state, for diagnosis.
+    - ``kill_worker(while_processing=False)``: SIGKILL the serving worker, as a crash would (drills);
+      ``kills()``: what each kill cost (the requests the worker had claimed).
+    - ``shutdown()``: stop the workers, unlink the queue, release the lease (call before ``ray.kill``).
+
+    A supervisor thread watches the worker every ``supervise_interval_s``. With a standby, a dead
+    worker's standby is already serving (it takes the queue's worker lock the moment the worker dies):
+    the supervisor promotes it and starts a new standby in the background. Without one it restarts the
+    worker on the same queue. Either way the requests the dead worker had claimed fail ``WorkerDied``
+    and the others are served; more than ``max_restarts_per_minute`` deaths stop it (``endpoint()``
+    says why).
+    """
+
     def __init__(self, spec: InferenceSpec) -> None:
-        from lowtail.serve.worker import WorkerConfig
+        # A constructor that raises reaches the caller as Ray's ActorDiedError, which keeps only the
+        # text of its cause: the error is kept instead and raised by the first call (ping), where Ray
+        # hands it over as itself (RayTaskError.cause); start_inference_actors then stops the actor.
+        self._init_error: Exception | None = None
+        try:
+            self._init(spec)
+        except Exception as e:
+            self._init_error = e
+
+    def _check_started(self) -> None:
+        if self._init_error is not None:
+            raise self._init_error
+
+    def _init(self, spec: InferenceSpec) -> None:
         from lowtail.shm.queue import InferenceQueue
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
-        if ctx.was_current_actor_reconstructed:
-            # The previous incarnation died without unlinking its queue: sweep segments of dead owners.
-            from lowtail.shm.segments import sweep_dead
+        # A previous incarnation (Ray restarts a dead actor) died without unlinking its queue: sweep the
+        # segments of dead owners. Ray's was_current_actor_reconstructed would say whether this is a
+        # restart, but it emits a RayDeprecationWarning of its own (it reads the deprecated actor_id).
+        from lowtail.shm.segments import sweep_dead
 
-            swept = sweep_dead()
-            log.warning("%s: restarted by Ray; swept %d dead segments", spec.owner, len(swept))
+        swept = sweep_dead()
+        if swept:
+            log.warning(
+                "%s: swept %d segments of dead owners (a previous incarnation's)", spec.owner, len(swept)
+            )
         self._alloc = get_node_allocator(self._node, spec.allocator)
         self._lease: Lease = ray.get(
             self._alloc.acquire.remote(
@@ -151,46 +254,79 @@ class InferenceActor:
         self._lock = threading.Lock()
         self._queue: Any = None
         self._worker: Any = None
+        self._standby: Any = None  # a ready hot standby (WorkerProcess), or None
+        self._standby_starter: threading.Thread | None = None
+        self._stop = threading.Event()
         self._restarts: list[float] = []
+        self._deaths = 0
+        self._promotions = 0
+        self._kills: list[dict[str, Any]] = []
         self._failed: str | None = None
         self._cursor = 0
         self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
         try:
             qcfg = replace(spec.queue or default_queue_config(), numa_node=self._lease.node)
             self._queue = InferenceQueue.create(qcfg)
-            self._worker_cfg = spec.worker or WorkerConfig(name=f"{spec.hero}.{spec.index}")
+            self._worker_cfg = worker_config(spec)
             self._start_worker()
+            if spec.standby:
+                self._start_standby()  # ready before the actor reports started: covered from the outset
             keep_threads_off(self._lease.cpu)
         except BaseException:
             self._teardown()
             raise
-        self._stop = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
         self._supervisor.start()
 
     # --- worker lifecycle (control plane) --------------------------------------------------------------
 
-    def _start_worker(self) -> None:
+    def _spawn(self, standby: bool) -> Any:
         from lowtail.serve.worker import WorkerProcess
 
         worker = WorkerProcess.start(
-            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg
+            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg, standby=standby
         )
         try:
             worker.wait_ready(self._spec.ready_timeout_s)
         except BaseException:
             worker.stop()
             raise
-        self._worker = worker
+        return worker
+
+    def _start_worker(self) -> None:
+        self._worker = self._spawn(standby=False)
         self._cursor = 0
-        log.info("%s: worker pid %d serving on CPU %d", self._spec.owner, worker.pid, self._lease.cpu)
+        log.info("%s: worker pid %d serving on CPU %d", self._spec.owner, self._worker.pid, self._lease.cpu)
+
+    def _start_standby(self) -> None:
+        self._standby = self._spawn(standby=True)
+        log.info("%s: standby pid %d parked on CPU %d", self._spec.owner, self._standby.pid, self._lease.cpu)
+
+    def _standby_in_background(self) -> None:
+        """Start a new standby without holding the lock (compiling takes seconds)."""
+
+        def run() -> None:
+            try:
+                standby = self._spawn(standby=True)
+            except Exception as e:
+                log.error("%s: standby failed to start: %s", self._spec.owner, e)
+                return
+            with self._lock:
+                if self._stop.is_set() or self._failed is not None or self._standby is not None:
+                    standby.stop()
+                    return
+                self._standby = standby
+            log.info("%s: new standby pid %d parked", self._spec.owner, standby.pid)
+
+        self._standby_starter = threading.Thread(target=run, name="standby-starter", daemon=True)
+        self._standby_starter.start()
 
     def _supervise(self) -> None:
         last_push = time.monotonic()
         while not self._stop.wait(self._spec.supervise_interval_s):
             with self._lock:
-                if self._worker is not None and not self._worker.alive() and self._failed is None:
-                    self._restart_locked()
+                if self._failed is None:
+                    self._check_workers_locked()
                 if (
                     self._metrics is not None
                     and time.monotonic() - last_push >= self._spec.metrics_interval_s
@@ -198,10 +334,34 @@ class InferenceActor:
                     last_push = time.monotonic()
                     self._push_metrics_locked()
 
-    def _restart_locked(self) -> None:
+    def _starting_standby(self) -> bool:
+        return self._standby_starter is not None and self._standby_starter.is_alive()
+
+    def _check_workers_locked(self) -> None:
+        self._adopt_serving_standby_locked()
+        if self._standby is not None and not self._standby.alive():
+            log.warning("%s: standby pid %d died; starting another", self._spec.owner, self._standby.pid)
+            self._standby.stop(timeout_s=0.5)
+            self._standby = None
+        if self._worker is not None and not self._worker.alive():
+            self._worker_died_locked()
+        if self._failed is not None or self._starting_standby():
+            return
+        if self._worker is None and self._standby is None:  # the standby meant to take over never came
+            try:
+                self._start_worker()
+            except Exception as e:
+                self._failed = f"worker restart failed: {e}"
+                log.error("%s: %s", self._spec.owner, self._failed)
+                return
+        if self._spec.standby and self._standby is None:
+            self._standby_in_background()
+
+    def _worker_died_locked(self) -> None:
         old = self._worker
         code = old.stop(timeout_s=0.5)
         self._push_metrics_locked()
+        self._deaths += 1
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < 60.0] + [now]
         if len(self._restarts) > self._spec.max_restarts_per_minute:
@@ -209,13 +369,48 @@ class InferenceActor:
                 f"worker died {len(self._restarts)} times in a minute (last exit code {code}); not restarting"
             )
             log.error("%s: %s", self._spec.owner, self._failed)
+            self._worker = None
+            if self._standby is not None:  # it would serve, and die the same way: stop it too
+                self._standby.stop()
+                self._standby = None
+            return
+        if self._standby is not None:
+            # It took the queue over the moment the worker died (it needs nobody's word for that).
+            self._worker, self._standby = self._standby, None
+            self._cursor = 0
+            self._promotions += 1
+            log.warning(
+                "%s: worker pid %d died (exit code %s); standby pid %d serves",
+                self._spec.owner,
+                old.pid,
+                code,
+                self._worker.pid,
+            )
+            return
+        if self._starting_standby():
+            # The standby being started takes the queue over as soon as it is ready: no second worker.
+            self._worker = None
+            log.warning(
+                "%s: worker pid %d died (exit code %s); the standby starting takes over",
+                self._spec.owner,
+                old.pid,
+                code,
+            )
             return
         log.warning("%s: worker pid %d died (exit code %s); restarting", self._spec.owner, old.pid, code)
         try:
             self._start_worker()
         except Exception as e:
+            self._worker = None
             self._failed = f"worker restart failed: {e}"
             log.error("%s: %s", self._spec.owner, self._failed)
+
+    def _adopt_serving_standby_locked(self) -> None:
+        """No worker (it died while a standby was starting): the standby serves once ready."""
+        if self._worker is None and self._standby is not None:
+            self._worker, self._standby = self._standby, None
+            self._cursor = 0
+            self._promotions += 1
 
     def _push_metrics_locked(self) -> None:
         if self._metrics is None or self._worker is None:
@@ -229,9 +424,14 @@ class InferenceActor:
             self._metrics.push.remote(self._spec.owner, worker_series(batch.rows))
 
     def _teardown(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+        self._stop.set()
+        starter = self._standby_starter
+        if starter is not None:
+            starter.join(timeout=self._spec.ready_timeout_s + 10)
+        for w in (self._standby, self._worker):
+            if w is not None:
+                w.stop()
+        self._standby = self._worker = None
         if self._queue is not None:
             self._queue.close()
             self._queue = None
@@ -241,12 +441,16 @@ class InferenceActor:
 
     def endpoint(self) -> Endpoint:
         """Where to send requests; never a dead worker's (a client re-resolving after a crash may ask
-        before the supervisor has noticed: restart it here, under the same lock)."""
+        before the supervisor has noticed: handle it here, under the same lock)."""
+        self._check_started()
         with self._lock:
-            if self._worker is not None and not self._worker.alive() and self._failed is None:
-                self._restart_locked()
+            if self._failed is None:
+                self._check_workers_locked()
+                self._adopt_serving_standby_locked()
             if self._failed is not None:
                 raise InferenceActorFailed(f"{self._spec.owner}: {self._failed}")
+            if self._worker is None:
+                raise InferenceActorFailed(f"{self._spec.owner}: no worker yet (its standby is starting)")
             return Endpoint(
                 actor=self._spec.actor_name,
                 owner=self._spec.owner,
@@ -258,21 +462,33 @@ class InferenceActor:
             )
 
     def ping(self) -> dict[str, Any]:
+        """Owner, node id and pid of this actor process (raises what made its construction fail)."""
+        self._check_started()
         return {"owner": self._spec.owner, "node_id": self._node, "pid": os.getpid()}
 
     def status(self) -> dict[str, Any]:
+        """The lease, the worker and its standby (pid, alive, serving, start-up report), restarts."""
         with self._lock:
-            w = self._worker
+            self._adopt_serving_standby_locked()
+            w, sb = self._worker, self._standby
             return {
                 "owner": self._spec.owner,
                 "cpu": self._lease.cpu,
                 "numa_node": self._lease.node,
                 "worker_pid": None if w is None else w.pid,
                 "worker_alive": w is not None and w.alive(),
+                "standby_enabled": self._spec.standby,
+                "standby_pid": None if sb is None else sb.pid,
+                "standby_alive": sb is not None and sb.alive(),
+                "standby_serving": sb is not None and sb.serving(),
+                "standby_starting": self._starting_standby(),
                 "restarts": len(self._restarts),
+                "deaths": self._deaths,
+                "promotions": self._promotions,
                 "failed": self._failed,
                 "actor_affinity": sorted(os.sched_getaffinity(0)),
                 "ready": None if w is None else w.ready_info,
+                "standby_ready": None if sb is None else sb.ready_info,
             }
 
     def report(self) -> dict[str, Any]:
@@ -292,32 +508,45 @@ class InferenceActor:
         return dict(self._queue.snapshot().counts)
 
     def kill_worker(self, while_processing: bool = False, timeout_s: float = 10.0) -> int:
-        """SIGKILL the worker, as a crash would (tests and drills); the supervisor restarts it.
-
-        ``while_processing``: freeze the worker (SIGSTOP) until a request is seen PROCESSING, so the
-        kill certainly lands mid-request.
-        """
+        """SIGKILL the serving worker, as a crash would (tests and drills); its standby takes over, or the
+        supervisor restarts it. The worker is frozen (SIGSTOP) first and the requests it had claimed
+        counted (``kills()``); ``while_processing``: kept frozen until one is PROCESSING, so the kill
+        certainly lands mid-request. Returns the killed pid."""
         with self._lock:
+            if self._worker is None:
+                raise InferenceActorFailed(f"{self._spec.owner}: no worker to kill")
             pid = int(self._worker.pid)
             deadline = time.monotonic() + timeout_s
-            while while_processing:
+            while True:
                 os.kill(pid, signal.SIGSTOP)
-                if self._queue.snapshot().counts.get("PROCESSING", 0) > 0:
+                claimed = self._queue.snapshot().counts.get("PROCESSING", 0)
+                if claimed > 0 or not while_processing:
                     break
                 os.kill(pid, signal.SIGCONT)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no request was PROCESSING within {timeout_s} s")
                 time.sleep(0.001)
             self._worker.kill()
+            self._kills.append({"pid": pid, "claimed": int(claimed), "at_s": time.monotonic()})
             return pid
 
+    def kills(self) -> list[dict[str, Any]]:
+        """Each ``kill_worker``: the pid, the requests it had claimed, when (CLOCK_MONOTONIC seconds)."""
+        return list(self._kills)
+
     def shutdown(self) -> None:
-        """Stop the worker, unlink the queue, release the lease. Call before ``ray.kill``."""
+        """Stop the workers, unlink the queue, release the lease. Call before ``ray.kill``."""
+        if self._init_error is not None:
+            return  # the failed constructor released what it had taken
         self._stop.set()
         self._supervisor.join(timeout=5)
         with self._lock:
             self._push_metrics_locked()
-            self._teardown()
+        self._teardown()
+
+
+# The Ray actor class; help(InferenceActorImpl) shows its methods.
+InferenceActor = ray.remote(num_cpus=0, max_restarts=0)(InferenceActorImpl)
 
 
 ISOLATED_RESOURCE = "lowtail_isolated_cpu"  # declared by lowtail-ray.service (--resources) per node
@@ -351,36 +580,84 @@ def lease_resources(allocator: AllocatorConfig, node_id: str) -> dict[str, Any]:
 START_TIMEOUT_S = 120.0  # to be scheduled and constructed, besides the worker's own ready timeout
 
 
+def start_failure(error: BaseException) -> BaseException:
+    """What made an actor's constructor fail, as itself (``ModelNotFound``, ``LeaseExhausted``, ...),
+    rather than Ray's ``ActorDiedError`` around it; the Ray error is kept as its ``__cause__``."""
+    inner = error.cause if isinstance(error, ray.exceptions.RayTaskError) else None
+    if isinstance(inner, Exception):
+        inner.__cause__ = error
+        return inner
+    return error
+
+
 def await_started(handle: Any, method: Any, what: str, node: str, timeout_s: float) -> None:
-    """Wait for a new actor's first answer: a failed constructor raises here with its cause, and an actor
-    Ray cannot place (its node's CPU or lowtail_isolated_cpu all taken) is killed and reported instead
-    of left pending forever."""
-    try:
-        ray.get(method.remote(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.kill(handle, no_restart=True)
-        everything: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
-        free = {k: v for k, v in everything.items() if k in ("CPU", ISOLATED_RESOURCE)}
-        raise InferenceActorFailed(
-            f"{what} on node {node} did not start within {timeout_s:.0f} s; Ray's free resources "
-            f"(cluster) {free}: is every CPU or {ISOLATED_RESOURCE} of the node leased?"
-        ) from None
+    """Wait for a new actor's first answer: a failed constructor raises here as its own error
+    (``start_failure``), and an actor Ray cannot place (its node's CPU or lowtail_isolated_cpu all
+    taken) is killed and reported instead of left pending forever."""
+    await_all_started([(handle, method, what)], node, timeout_s)
 
 
-def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
-    """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves."""
+def await_all_started(actors: Sequence[tuple[Any, Any, str]], node: str, timeout_s: float) -> None:
+    """``await_started`` for several actors constructed at the same time (their constructors overlap)."""
+    refs = [(handle, method.remote(), what) for handle, method, what in actors]
+    deadline = time.monotonic() + timeout_s
+    failure: BaseException | None = None
+    for handle, ref, what in refs:
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(handle, no_restart=True)
+            everything: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+            free = {k: v for k, v in everything.items() if k in ("CPU", ISOLATED_RESOURCE)}
+            failure = failure or InferenceActorFailed(
+                f"{what} on node {node} did not start within {timeout_s:.0f} s; Ray's free resources "
+                f"(cluster) {free}: is every CPU or {ISOLATED_RESOURCE} of the node leased?"
+            )
+        except ray.exceptions.RayError as e:
+            ray.kill(handle, no_restart=True)  # a failed constructor left a shell that serves nothing
+            failure = failure or start_failure(e)
+    if failure is not None:
+        raise failure
+
+
+def _inference_options(spec: InferenceSpec, node: str) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = node_id or ray.get_runtime_context().get_node_id()
-    handle = InferenceActor.options(  # type: ignore[attr-defined]
+    return InferenceActor.options(
         name=spec.actor_name,
         max_restarts=spec.max_actor_restarts,
         **lease_resources(spec.allocator, node),
         namespace=ACTOR_NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-    ).remote(spec)
-    await_started(handle, handle.ping, spec.actor_name, node, START_TIMEOUT_S + spec.ready_timeout_s)
-    return handle
+    )
+
+
+def start_inference_actor(spec: InferenceSpec, node_id: str | None = None) -> Any:
+    """Create an inference actor on ``node_id`` (default: this node); returns its handle once it serves.
+
+    A constructor that fails raises its own error (``ModelNotFound`` for an empty model directory,
+    ``LeaseExhausted``, ``WorkerStartFailed``, ...). To start several at once: ``start_inference_actors``.
+    """
+    return start_inference_actors([spec], node_id)[0]
+
+
+def start_inference_actors(specs: Sequence[InferenceSpec], node_id: str | None = None) -> list[Any]:
+    """Create several inference actors on one node in parallel: their workers spawn and compile at the
+    same time (each on its own leased CPU) instead of one after another. Returns the handles once all
+    serve; if any fails, the others are stopped and the first failure is raised as itself."""
+    node = node_id or ray.get_runtime_context().get_node_id()
+    handles = [_inference_options(spec, node).remote(spec) for spec in specs]
+    try:
+        await_all_started(
+            [(h, h.ping, spec.actor_name) for h, spec in zip(handles, specs, strict=True)],
+            node,
+            START_TIMEOUT_S + max(spec.ready_timeout_s for spec in specs),
+        )
+    except BaseException:
+        for h in handles:
+            stop_actor(h, timeout_s=10.0)
+        raise
+    return handles
 
 
 def stop_actor(handle: Any, timeout_s: float = 30.0) -> None:

@@ -8,7 +8,6 @@ soft=False)`` on the node of its inference actors (``start_sampler`` takes the e
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -21,10 +20,7 @@ import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
 from lowtail.actors.client import InferenceClient, PendingInference, RequestLost
-from lowtail.actors.endpoint import (
-    Endpoint,
-    EndpointDown,
-)
+from lowtail.actors.endpoint import Endpoint, EndpointDown, NoEndpoints
 from lowtail.actors.inference import (
     START_TIMEOUT_S,
     await_started,
@@ -80,6 +76,34 @@ class SamplerSpec:
 
 
 @dataclass
+class HeroRun:
+    """One hero's requests in a sampler's run: every request started ends as an answer, a failure or a
+    request still in flight at the end (none is dropped silently)."""
+
+    hero: str
+    started: int = 0
+    answered: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # failed requests by error class
+    waits: int = 0  # times no replica of this hero could take a request (EndpointDown)
+    moved: int = 0  # requests sent to another replica after theirs went down unclaimed
+    reattached: int = 0
+    answer_s: list[float] = field(default_factory=list)  # CLOCK_MONOTONIC of each answer (host-wide)
+    replica: list[int] = field(default_factory=list)  # which replica answered (the client's index)
+    sent_s: list[float] = field(default_factory=list)  # when each answered request was published
+
+    def longest_gap_s(self, start_s: float | None = None, end_s: float | None = None) -> float:
+        """The longest time without an answer, between ``start_s`` and ``end_s`` (monotonic) if given."""
+        t = np.asarray(self.answer_s)
+        lo = t[0] if start_s is None and t.size else start_s
+        hi = t[-1] if end_s is None and t.size else end_s
+        if lo is None or hi is None:
+            return float("nan")
+        inside = t[(t >= lo) & (t <= hi)]
+        return float(np.diff(np.concatenate(([lo], inside, [hi]))).max())
+
+
+@dataclass
 class SamplerResult:
     name: str
     cpu: int
@@ -92,11 +116,43 @@ class SamplerResult:
     reattached: int = 0  # endpoints re-resolved after a worker or actor restart
     recovery_s: list[float] = field(default_factory=list)  # each outage: first failure to next answer
     rpc_ms: list[float] = field(default_factory=list)
+    heroes: dict[str, HeroRun] = field(default_factory=dict)
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class SamplerActor:
+def hero_of(ep: Endpoint) -> str:
+    """The hero an inference actor serves, from its lease owner ``infer:<hero>:<index>``."""
+    return ep.owner.split(":")[1]
+
+
+def by_hero(endpoints: Sequence[Endpoint]) -> dict[str, list[Endpoint]]:
+    """Endpoints grouped by hero, in the order given: one client per hero, its replicas round robin."""
+    groups: dict[str, list[Endpoint]] = {}
+    for ep in endpoints:
+        groups.setdefault(hero_of(ep), []).append(ep)
+    return groups
+
+
+class SamplerActorImpl:
+    """An example sampler (``SamplerActor`` is this class as a Ray actor; ``start_sampler`` creates one),
+    in the predecessor's shape: **one ``InferenceClient`` per hero**, each spreading that hero's requests
+    over its replicas (the endpoints are grouped by the hero of their lease owner ``infer:<hero>:<i>``).
+    Every game step asks each hero's policy for its actions; a hero whose request failed (its worker died
+    holding it) or could not be sent contributes no action to that step (the game goes on), so one
+    hero's outage never stalls the others.
+
+    Methods: ``lease()``, ``affinity()``, ``infer(inputs)`` / ``infer_many(batches, two_phase)`` (the
+    first hero's client), ``run(seconds, mode, depth)`` -> ``SamplerResult``, ``shutdown()``.
+    """
+
     def __init__(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
+        # As InferenceActorImpl: a constructor's error is raised by the first call, as itself.
+        self._init_error: Exception | None = None
+        try:
+            self._init(spec, endpoints)
+        except Exception as e:
+            self._init_error = e
+
+    def _init(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
@@ -112,20 +168,30 @@ class SamplerActor:
                 actor_id=ctx.get_actor_id(),
             )
         )
+        self._clients: dict[str, InferenceClient] = {}
         try:
             if spec.pin:
                 # Ray's own threads of this process off the leased CPU, then the thread that runs the
                 # actor's methods (the main thread, for a non-threaded actor) onto it.
                 keep_threads_off(self._lease.cpu)
                 os.sched_setaffinity(0, {self._lease.cpu})
-            self._client = InferenceClient(endpoints, node_id=self._node, timeout_s=spec.timeout_s)
+            if not endpoints:
+                raise NoEndpoints("no inference endpoints: expected at least one Endpoint on this node")
+            for hero, eps in by_hero(endpoints).items():
+                self._clients[hero] = InferenceClient(eps, node_id=self._node, timeout_s=spec.timeout_s)
         except BaseException:
+            for c in self._clients.values():
+                c.close()
             ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
             raise
+        self._client = next(iter(self._clients.values()))
         self._metrics = None if spec.metrics is None else get_node_metrics(self._node, spec.metrics)
         self._env = SyntheticEnv(spec.env)
 
     def lease(self) -> Lease:
+        """This sampler's CPU lease (raises what made its construction fail)."""
+        if self._init_error is not None:
+            raise self._init_error
         return self._lease
 
     def affinity(self) -> list[int]:
@@ -141,15 +207,13 @@ class SamplerActor:
         if not two_phase:
             return [self._client.infer(b) for b in batches]
         pending = [self._client.start(b) for b in batches]
-        return [self._client.finish(p) for p in pending]
+        return [dict(self._client.finish(p)) for p in pending]
 
     def run(
         self, seconds: float, mode: str = "async", depth: int = 2, push_interval_s: float = 1.0
     ) -> SamplerResult:
         """Step the environment for ``seconds``: ``sync`` (infer, step) or ``async`` (two-phase with
-        ``depth`` games in flight, their requests spread round robin over the inference actors)."""
-        from lowtail.shm.queue import QueueError, QueueTimeout
-
+        ``depth`` games in flight); each step asks every hero's client."""
         if mode not in ("sync", "async"):
             raise ValueError(f"mode {mode!r}: expected 'sync' or 'async'")
         envs = [self._env] + [
@@ -158,73 +222,122 @@ class SamplerActor:
         if mode == "sync":
             envs = envs[:1]
         result = SamplerResult(self._spec.name, self._lease.cpu, mode, 0.0, 0, 0)
+        runs = {hero: HeroRun(hero) for hero in self._clients}
+        result.heroes = runs
         t_end = time.monotonic() + seconds
         t0 = time.monotonic()
         last_push = t0
-        pending: list[PendingInference | None] = [None] * len(envs)
-        down_since: float | None = None
+        pending: list[dict[str, PendingInference]] = [{} for _ in envs]
+        self._down_since: float | None = None
         while time.monotonic() < t_end:
             for k, env in enumerate(envs):
-                try:
-                    p = pending[k]
-                    if p is None:
-                        pending[k] = self._client.start({"obs": env.obs})
-                        if mode == "async":
-                            continue
-                        p = pending[k]
-                    assert p is not None
-                    pending[k] = None
-                    out = self._client.finish(p)
-                except EndpointDown as e:
-                    # Nothing was submitted: wait for the next re-resolve attempt (its back-off).
-                    down_since = down_since or time.monotonic()
-                    result.waits += 1
-                    time.sleep(max(0.0, min(e.retry_in_s, t_end - time.monotonic())))
+                if not pending[k]:
+                    pending[k] = self._start_all(env.obs, runs, result, t_end)
+                    if mode == "async":
+                        continue
+                out = self._finish_all(pending[k], runs, result)
+                pending[k] = {}
+                if out is None:
                     continue
-                except (QueueError, RequestLost) as e:
-                    # A restarted worker or actor fails what it held: count it, keep sampling. A request
-                    # that only timed out is given up here, so it must not stay counted in flight.
-                    if isinstance(e, QueueTimeout) and p is not None:
-                        self._client.abandon(p)
-                    down_since = down_since or time.monotonic()
-                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
-                    continue
-                if down_since is not None:
-                    result.recovery_s.append(time.monotonic() - down_since)
-                    down_since = None
                 env.step(out)
                 result.steps += 1
                 result.samples += env.spec.heroes
                 if mode == "async":
-                    with contextlib.suppress(EndpointDown):  # if so, started on the next round
-                        pending[k] = self._client.start({"obs": env.obs})
+                    pending[k] = self._start_all(env.obs, runs, result, t_end)
             if time.monotonic() - last_push >= push_interval_s:
                 last_push = time.monotonic()
                 self._push(result)
         for k, p in enumerate(pending):
-            if p is not None:
-                try:
-                    envs[k].step(self._client.finish(p))
+            if p:
+                out = self._finish_all(p, runs, result)
+                if out is not None:
+                    envs[k].step(out)
                     result.steps += 1
                     result.samples += envs[k].spec.heroes
-                except (QueueError, RequestLost) as e:
-                    if isinstance(e, QueueTimeout):
-                        self._client.abandon(p)
-                    result.errors[type(e).__name__] = result.errors.get(type(e).__name__, 0) + 1
         result.seconds = time.monotonic() - t0
-        result.reattached = self._client.reattached
+        for hero, c in self._clients.items():
+            runs[hero].reattached, runs[hero].moved = c.reattached, c.moved
+        result.reattached = sum(c.reattached for c in self._clients.values())
+        for r in runs.values():
+            for name, n in r.errors.items():
+                result.errors[name] = result.errors.get(name, 0) + n
+            result.waits += r.waits
         self._push(result)
         return result
 
+    def _start_all(
+        self, obs: np.ndarray, runs: dict[str, HeroRun], result: SamplerResult, t_end: float
+    ) -> dict[str, PendingInference]:
+        """One request per hero; a hero no replica can take now is left out of this step."""
+        started: dict[str, PendingInference] = {}
+        retry_in: list[float] = []
+        for hero, client in self._clients.items():
+            try:
+                started[hero] = client.start({"obs": obs})
+                runs[hero].started += 1
+            except EndpointDown as e:
+                runs[hero].waits += 1
+                retry_in.append(e.retry_in_s)
+        if not started and retry_in:
+            # Nothing was submitted anywhere: wait for the next re-resolve attempt (its back-off).
+            self._down_since = self._down_since or time.monotonic()
+            time.sleep(max(0.0, min(*retry_in, t_end - time.monotonic())))
+        return started
+
+    def _finish_all(
+        self, pending: dict[str, PendingInference], runs: dict[str, HeroRun], result: SamplerResult
+    ) -> dict[str, np.ndarray] | None:
+        """Every hero's answer to one step (keys ``<hero>/<output>``), or None when none came."""
+        from lowtail.shm.queue import QueueError, QueueTimeout
+
+        out: dict[str, np.ndarray] = {}
+        for hero, p in pending.items():
+            run = runs[hero]
+            client = self._clients[hero]
+            try:
+                got = client.finish(p)
+            except (QueueError, RequestLost) as e:
+                # A dead worker or actor fails what it held: count it, keep sampling. A request that only
+                # timed out is given up here, so it must not stay counted in flight.
+                if isinstance(e, QueueTimeout):
+                    client.abandon(p)
+                self._down_since = self._down_since or time.monotonic()
+                run.failed += 1
+                run.errors[type(e).__name__] = run.errors.get(type(e).__name__, 0) + 1
+                continue
+            now = time.monotonic()
+            run.answered += 1
+            run.answer_s.append(now)
+            run.replica.append(p.target)
+            run.sent_s.append(p.sent_s)
+            if self._down_since is not None:
+                result.recovery_s.append(now - self._down_since)
+                self._down_since = None
+            for name, value in got.items():
+                out[f"{hero}/{name}"] = value
+        return out or None
+
     def _push(self, result: SamplerResult) -> None:
-        rpc, samples = self._client.take_window()
-        result.rpc_ms.extend(rpc)
+        merged: dict[str, list[float]] = {}
+        samples = 0
+        for client in self._clients.values():
+            series, n = client.take_series()
+            samples += n
+            for name, values in series.items():
+                merged.setdefault(name, []).extend(values)
+        result.rpc_ms.extend(merged.get("rpc_elapsed_ms", []))
         if self._metrics is not None:
-            self._metrics.push.remote(self._owner, {"rpc_elapsed_ms": rpc}, samples)
+            self._metrics.push.remote(self._owner, {k: v for k, v in merged.items() if v}, samples)
 
     def shutdown(self) -> None:
-        self._client.close()
+        if self._init_error is not None:
+            return  # the failed constructor released its lease
+        for c in self._clients.values():
+            c.close()
         ray.get(self._alloc.release.remote(self._owner, caller_node=self._node))
+
+
+SamplerActor = ray.remote(num_cpus=0, max_restarts=0)(SamplerActorImpl)
 
 
 def start_sampler(
@@ -237,7 +350,7 @@ def start_sampler(
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = node_id or (endpoints[0].node_id if endpoints else ray.get_runtime_context().get_node_id())
-    handle = SamplerActor.options(  # type: ignore[attr-defined]
+    handle = SamplerActor.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
         **lease_resources(spec.allocator, node),
     ).remote(spec, list(endpoints))

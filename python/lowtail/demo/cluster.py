@@ -172,9 +172,9 @@ def set_up(opts: Options, say: Say) -> list[Node]:
     import ray
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-    from lowtail.actors.demo import lease_policy
     from lowtail.actors.inference import InferenceSpec, start_inference_actor
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
+    from lowtail.demo.local import lease_policy
     from lowtail.node.plan import Plan
 
     head_id = ray.get_runtime_context().get_node_id()
@@ -592,7 +592,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     """Exceedance curves of the samplers' round trips, one per node and phase (lowtail demo ray's plot)."""
     import numpy as np
 
-    from lowtail.actors.demo import plot_tails
+    from lowtail.demo.local import plot_tails
 
     series = {
         f"{phase}: {n['host']}": np.asarray(n["rpc_ms_values"], dtype=np.float64)

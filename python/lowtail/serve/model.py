@@ -47,7 +47,7 @@ class ModelSpecError(LowtailError, ValueError):
     """A model shape option is out of range or malformed."""
 
 
-class ModelNotFound(FileNotFoundError):
+class ModelNotFound(LowtailError, FileNotFoundError):
     """No single OpenVINO IR (.xml + .bin) at the given path."""
 
 

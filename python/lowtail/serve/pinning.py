@@ -70,6 +70,38 @@ def raise_priority(nice: int = -20) -> NiceResult:
     return NiceResult(requested=nice, achieved=os.getpriority(os.PRIO_PROCESS, 0), error=error)
 
 
+def enter_idle_class() -> str | None:
+    """Put the calling thread in SCHED_IDLE (it runs only when its CPU has nothing else); the error, if any.
+
+    A standby worker compiles and parks on the CPU its primary serves from: in SCHED_IDLE its start-up
+    takes only the primary's idle time. Threads it creates afterwards (OpenVINO's) inherit the class.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as e:
+        return f"sched_setscheduler(SCHED_IDLE) failed: {e.strerror}"
+    return None
+
+
+def leave_idle_class(nice: int) -> str | None:
+    """Every thread of the process back to SCHED_OTHER at ``nice``; the first error, if any.
+
+    Leaving SCHED_IDLE needs CAP_SYS_NICE or RLIMIT_NICE (sched(7)), which is why a standby enters it only
+    after it was allowed its nice value. Threads are set one by one: a policy is per thread on Linux.
+    """
+    error = None
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            continue  # a thread that just exited
+        except OSError as e:
+            error = error or f"thread {tid}: back to SCHED_OTHER nice {nice} failed: {e.strerror}"
+    return error
+
+
 def _libc() -> ctypes.CDLL:
     return LIBC
 

@@ -13,7 +13,7 @@ Layout (little-endian; every word has exactly one writer):
     24      8     stop_requested    parent   1: finish the current batch and exit
     64      8     count             worker   rows written so far; row k lives at k % capacity
     72      8     worker_pid        worker
-    80      8     state             worker   0 starting, 1 serving, 2 stopped, 3 failed
+    80      8     state             worker   0 starting, 1 serving, 2 stopped, 3 failed, 4 standby
     88      8     heartbeat_ns      worker   CLOCK_MONOTONIC at the last loop turn that checked in
     96      8     threads           worker   threads in the worker process (refreshed when idle)
     104     8     samples           worker   samples served
@@ -24,6 +24,7 @@ Layout (little-endian; every word has exactly one writer):
     144     8     sched_fifo        worker   1 while SCHED_FIFO is in use around inference
     152     8     fifo_switches     worker   scheduling-policy changes so far (SchedFifo.switches)
     160     8     fifo_cooldowns    worker   SCHED_FIFO holds cut short by the RT-budget limit
+    168     8     takeover_ns       worker   a standby: CLOCK_MONOTONIC when it took the worker lock (0: not)
     4096    8*capacity*ncols  rows  worker   float64 rows, see metrics.CALL_FIELDS
 
 The parent's word sits on its own cache line. Publication of a row is "write the row, then store
@@ -49,9 +50,15 @@ HEADER_BYTES = 4096
 
 CAPACITY, NCOLS, STOP = 1, 2, 3
 COUNT, PID, STATE, HEARTBEAT, THREADS, SAMPLES, FAILED, SLOW, ENGINE_CPU, ENGINE_THREAD, FIFO = range(8, 19)
-FIFO_SWITCHES, FIFO_COOLDOWNS = 19, 20
-STARTING, SERVING, STOPPED, FAILED_STATE = 0, 1, 2, 3
-STATE_NAMES = {STARTING: "starting", SERVING: "serving", STOPPED: "stopped", FAILED_STATE: "failed"}
+FIFO_SWITCHES, FIFO_COOLDOWNS, TAKEOVER_NS = 19, 20, 21
+STARTING, SERVING, STOPPED, FAILED_STATE, STANDBY = 0, 1, 2, 3, 4
+STATE_NAMES = {
+    STARTING: "starting",
+    SERVING: "serving",
+    STOPPED: "stopped",
+    FAILED_STATE: "failed",
+    STANDBY: "standby",
+}
 
 
 class StatsSegmentError(LowtailError, RuntimeError):

@@ -14,6 +14,9 @@ Parent-side handle (stable API; the Ray inference actor uses exactly this)::
     w.stop(timeout_s=5)                    # ask, then SIGTERM, then SIGKILL; frees the stats segment
     # restart after a crash: WorkerProcess.start(...) again with the same descriptor; attaching fails
     # whatever the dead worker left in flight (WorkerDied) and serves new requests.
+    s = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", standby=True)
+    s.wait_ready(timeout_s=60)["role"]   # "standby": compiled, attached, parked in SCHED_IDLE, no CPU
+    s.serving()                          # False until the worker dies; then it serves at once
 
     m = measure_pinned(cpu=5, calls=3000)   # for validation: a queue + worker on CPU 5 driven by this
                                             # thread; PinnedMeasurement(rows, report, isolation, ready)
@@ -49,13 +52,16 @@ from lowtail.serve.model import find_model_xml
 from lowtail.serve.pinning import start_pinned
 
 __all__ = [
+    "BadMeasurement",
     "IsolationReport",
     "PinnedMeasurement",
     "WorkerConfig",
     "WorkerProcess",
     "WorkerReport",
+    "WorkerRowsMissing",
     "WorkerStartFailed",
     "WorkerStartTimeout",
+    "WorkerStopped",
     "measure_pinned",
 ]
 
@@ -70,6 +76,18 @@ class WorkerStartTimeout(LowtailError, TimeoutError):
 
 class WorkerExited(LowtailError, ProcessLookupError):
     """The worker process is gone, so its threads cannot be read."""
+
+
+class WorkerStopped(LowtailError, RuntimeError):
+    """The handle was stopped: its stats segment (rows, counters, state) is gone."""
+
+
+class BadMeasurement(LowtailError, ValueError):
+    """``measure_pinned`` was asked for no calls or empty batches."""
+
+
+class WorkerRowsMissing(LowtailError, RuntimeError):
+    """The worker did not write the call rows a measurement waited for."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +147,21 @@ class WorkerProcess:
 
     @classmethod
     def start(
-        cls, descriptor: Any, cpu: int, model_dir: str | Path, config: WorkerConfig | None = None
+        cls,
+        descriptor: Any,
+        cpu: int,
+        model_dir: str | Path,
+        config: WorkerConfig | None = None,
+        *,
+        standby: bool = False,
     ) -> WorkerProcess:
+        """Spawn the worker of ``descriptor``'s queue on ``cpu`` (returns at once; ``wait_ready`` waits).
+
+        ``standby=True``: a hot standby on the same CPU. It compiles the model, maps the queue and reports
+        ready (``"role": "standby"``), then parks without using CPU until the queue's worker is gone, and
+        takes over at once: the requests the dead worker had claimed fail ``WorkerDied``, every other one
+        is served. ``serving()`` says which of the two it is now.
+        """
         config = config or WorkerConfig()
         xml = find_model_xml(model_dir)
         ctx = multiprocessing.get_context("spawn")
@@ -145,8 +176,9 @@ class WorkerProcess:
                 "stats_fd": worker_main.InheritedFd(stats.fd),
                 "conn": child_conn,
                 "config": asdict(config),
+                "standby": standby,
             },
-            name=f"lowtail-worker-{config.name or cpu}",
+            name=f"lowtail-worker-{config.name or cpu}" + ("-standby" if standby else ""),
             daemon=True,
         )
         try:
@@ -165,6 +197,15 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self._stats is not None and bool(self._proc.is_alive())
+
+    def serving(self) -> bool:
+        """Whether this process is the queue's worker now (a standby: only once it took over)."""
+        return self.alive() and self._segment().word(workerstats.STATE) == workerstats.SERVING
+
+    @property
+    def took_over_ns(self) -> int:
+        """A standby: CLOCK_MONOTONIC when it became the queue's worker (0: it has not, or not a standby)."""
+        return self._segment().word(workerstats.TAKEOVER_NS)
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Block until the worker serves; its start-up report (pinning, priority, precision, threads)."""
@@ -194,7 +235,7 @@ class WorkerProcess:
 
     def _segment(self) -> workerstats.StatsSegment:
         if self._stats is None:
-            raise RuntimeError(f"worker pid {self.pid} was stopped; its stats are gone")
+            raise WorkerStopped(f"worker pid {self.pid} was stopped; its stats are gone")
         return self._stats
 
     def calls(self, since: int = 0) -> workerstats.CallBatch:
@@ -326,7 +367,7 @@ def measure_pinned(
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
 
     if calls < 1 or batch < 1:
-        raise ValueError(f"calls={calls}, batch={batch}: expected both >= 1")
+        raise BadMeasurement(f"calls={calls}, batch={batch}: expected both >= 1")
     with tempfile.TemporaryDirectory(prefix="lowtail-measure-") as tmp:
         spec = ModelSpec()
         xml = find_model_xml(model_dir) if model_dir is not None else write_model(tmp, spec)
@@ -370,6 +411,6 @@ def _wait_for_rows(w: WorkerProcess, count: int, timeout_s: float = 10.0) -> int
     deadline = time.monotonic() + timeout_s
     while (cursor := w.calls(count).cursor) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
+            raise WorkerRowsMissing(f"worker pid {w.pid} wrote {cursor} call rows, expected {count}")
         time.sleep(0.001)
     return count

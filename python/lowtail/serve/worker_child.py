@@ -8,7 +8,9 @@ and the queue descriptor arrives as bytes (``QueueDescriptor.to_bytes``, JSON) f
 Order of work (the predecessor system, plus what it lacked):
  1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
  2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
- 3. attach to the queue as its single consumer, freeze the GC, report ready to the parent;
+ 3. attach to the queue as its single consumer, freeze the GC, report ready to the parent; a standby
+    (``WorkerProcess.start(..., standby=True)``) instead compiles in SCHED_IDLE, maps the queue, parks,
+    and becomes the consumer the moment the live worker is gone (``WorkerStandby``);
  4. serve: claim -> infer -> complete/fail, with SCHED_FIFO while batches keep coming (within the RT budget)
     and per-call metrics.
 """
@@ -73,16 +75,21 @@ def main(
     stats_fd: InheritedFd,
     conn: Connection,
     config: dict[str, Any],
+    standby: bool = False,
 ) -> None:
     cfg = WorkerConfig(**config)
+    role = "standby" if standby else "primary"
     logging.basicConfig(
         level=cfg.log_level,
-        format="%(asctime)s %(levelname)s lowtail.serve.worker[" + cfg.name + " pid %(process)d] %(message)s",
+        format="%(asctime)s %(levelname)s lowtail.serve.worker[" + cfg.name + " " + role
+        + " pid %(process)d] %(message)s",
         stream=sys.stderr,
-    )
+    )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
-    ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu}
+    ppid = os.getppid()
+    ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu, "role": role}
+    idle_class = False
     try:
         # 1. Before any heavy import.
         ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
@@ -98,6 +105,17 @@ def main(
             fifo.reason = "disabled by configuration"
         ready["sched_fifo"] = fifo.available
         ready["sched_fifo_reason"] = fifo.reason
+        if standby:
+            # Import and compile in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
+            # was granted: leaving SCHED_IDLE before parking needs the same permission.
+            why = (
+                pinning.enter_idle_class()
+                if nice.error is None
+                else f"not entered: leaving it again needs the permission nice {cfg.nice} lacked"
+            )
+            idle_class = why is None
+            ready["standby_sched_idle"] = idle_class
+            ready["standby_sched_idle_reason"] = why or "entered"
 
         # 2. Heavy imports, now pinned.
         from lowtail.serve.engine import Engine
@@ -109,16 +127,24 @@ def main(
         ready["compiled"] = engine.properties()
         ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
         ready["outputs"] = engine.output_names
+        if cfg.warm_up:
+            t_warm = time.monotonic()
+            warm_up(engine, cfg.max_batch)
+            ready["warm_up_s"] = round(time.monotonic() - t_warm, 3)
         if cfg.probe_cpu_view:
             # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
             probe = engine.core.compile_model(str(engine.xml), "CPU")
             ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
             del probe
 
-        # 3. Attach and report.
+        # 3. Attach (as the worker, or as its standby) and report.
         from lowtail.shm.queue import QueueDescriptor, QueueWorker
+        from lowtail.shm.worker import WorkerStandby
 
-        qworker = QueueWorker.attach(QueueDescriptor.from_bytes(descriptor))
+        desc = QueueDescriptor.from_bytes(descriptor)
+        holder: QueueWorker | WorkerStandby = (
+            WorkerStandby.attach(desc) if standby else QueueWorker.attach(desc)
+        )
     except BaseException as e:
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
         log.error("worker failed to start: %s", detail)
@@ -130,31 +156,75 @@ def main(
     gc.freeze()  # everything built so far stays out of every later collection
     ready["gc_frozen"] = gc.get_freeze_count()
     ready["threads"] = thread_count()
-    from lowtail.serve.stats_segment import PID
+    from lowtail.serve import stats_segment as ws
 
-    stats.header[PID] = os.getpid()
+    stats.header[ws.PID] = os.getpid()
+    stats.header[ws.HEARTBEAT] = time.monotonic_ns()
+    if idle_class:
+        # Parked it uses no CPU in any class; woken in SCHED_IDLE it would wait for its CPU to have
+        # nothing else to run (a shared CPU, the dead worker's last moments): leave it before parking.
+        err = pinning.leave_idle_class(nice.achieved)
+        ready["standby_sched_idle_reason"] = f"left before parking: {err or 'ok'}"
+        if err:
+            log.warning("the standby stays in SCHED_IDLE: %s", err)
+    stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
+    conn.send({"ready": True, **ready})
+    conn.close()
     code = 0
+    qworker = holder if isinstance(holder, QueueWorker) else None
     try:
-        serve(
-            qworker=qworker,
-            engine=engine,
-            stats=stats,
-            fifo=fifo,
-            cpu=cpu,
-            config=cfg,
-            conn=conn,
-            ready=ready,
-        )
+        if qworker is None:
+            log.info("standby on CPU %d: model compiled, queue attached, parked", cpu)
+            qworker = wait_to_take_over(holder, stats, ppid)
+            if qworker is None:
+                return
+            log.info(
+                "took over the queue: %d requests the dead worker had claimed answered WorkerDied",
+                qworker.restarted_failed,
+            )
+        serve(qworker=qworker, engine=engine, stats=stats, fifo=fifo, cpu=cpu, config=cfg, ready=ready)
     except BaseException:
         log.exception("worker loop failed")
         code = 1
     finally:
-        qworker.close()
-        from lowtail.serve.stats_segment import FAILED_STATE, STATE, STOPPED
-
-        stats.header[STATE] = FAILED_STATE if code else STOPPED
+        (qworker or holder).close()
+        stats.header[ws.STATE] = ws.FAILED_STATE if code else ws.STOPPED
         stats.close()
     sys.exit(code)
+
+
+def warm_up(engine: Engine, max_batch: int) -> None:
+    """One inference of zeros at every batch size up to ``max_batch``, before serving.
+
+    OpenVINO sets a dynamic-batch model up for a shape at its first inference of it (shape inference,
+    memory, kernels): 14-64 ms per size measured here against ~1 ms warm, which the first request of
+    each size would pay, and all of them right after a standby takes over.
+    """
+    import numpy as np
+
+    for n in range(1, max_batch + 1):
+        engine.infer({k: np.zeros((n, *shape), dtype) for k, (dtype, shape) in engine.inputs.items()}, n)
+
+
+# A standby checks for stop requests and its parent this often while it waits (no CPU in between).
+STANDBY_CHECK_S = 0.25
+
+
+def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorker | None:
+    """Park until the live worker is gone, then be the worker; None when asked to stop or orphaned."""
+    from lowtail.serve import stats_segment as ws
+
+    h = stats.words
+    while not _stop["signalled"] and not h[ws.STOP]:
+        worker: QueueWorker | None = holder.take_over(STANDBY_CHECK_S)
+        if worker is not None:
+            h[ws.TAKEOVER_NS] = time.monotonic_ns()
+            return worker
+        h[ws.HEARTBEAT] = time.monotonic_ns()
+        if os.getppid() != ppid:
+            log.warning("parent %d is gone; the standby exits", ppid)
+            return None
+    return None
 
 
 # A call whose wall - thread CPU exceeds this was descheduled: read the scheduler counters for it.
@@ -169,7 +239,6 @@ def serve(
     fifo: pinning.SchedFifo,
     cpu: int,
     config: WorkerConfig,
-    conn: Connection,
     ready: dict[str, Any],
 ) -> None:
     """The serving loop. Hot path first, idle housekeeping after it.
@@ -196,8 +265,6 @@ def serve(
     h[ws.FIFO] = int(fifo.available)
     h[ws.HEARTBEAT] = time.monotonic_ns()
     h[ws.STATE] = ws.SERVING
-    conn.send({"ready": True, **ready})
-    conn.close()
     log.info(
         "serving on CPU %d: precision=%s sched_fifo=%s (scope %s) nice=%d threads=%d",
         cpu,
@@ -274,7 +341,9 @@ def serve(
         et1 = ttime()
         ec1 = ptime() if sampled else 0
         a0 = clock()
-        batch.complete(outputs)
+        # Every answer carries its call's engine time and its deschedule so far (wall - thread CPU
+        # since the claim returned): the clients' RequestTiming, with no extra clock read here.
+        batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
         a1 = clock()
         if per_call:
             leave()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -27,10 +27,13 @@ from lowtail.shm.errors import (
     QueueError,
     QueueTimeout,
     RequestFailed,
+    RequestWithdrawn,
     WorkerDied,
 )
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
 from lowtail.shm.layout import (
+    CALL_BATCH_MASK,
+    CALL_DESCHEDULE_SHIFT,
     FREE,
     H_DOORBELLS,
     HW_WORKER_PID,
@@ -51,7 +54,10 @@ from lowtail.shm.layout import (
     ST_FAILED,
     ST_OK,
     ST_TOO_LARGE,
+    ST_WITHDRAWN,
     ST_WORKER_DIED,
+    W_CALL,
+    W_CALL_ENGINE_NS,
     W_CLAIM_NS,
     W_CLAIM_SEQ,
     W_DONE_NS,
@@ -62,6 +68,7 @@ from lowtail.shm.layout import (
     W_RESP_SEQ,
     W_RESP_STATUS,
     W_SUBMIT_NS,
+    W_WITHDRAWN,
     WRITING,
 )
 from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
@@ -72,6 +79,7 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
     ST_TOO_LARGE: PayloadTooLarge,
     ST_WORKER_DIED: WorkerDied,
     ST_CLIENT_GONE: RequestFailed,
+    ST_WITHDRAWN: RequestWithdrawn,
 }
 # A wait spins without system calls, then parks on the futex; it never calls sched_yield: on a CPU shared
 # with a busy task that hands the CPU over until the next scheduler tick (4 ms at HZ=250; a 1 MiB
@@ -125,6 +133,30 @@ def _read_message(m: Mapped, g: int, n: int) -> str:
     return bytes(m.buf[off : off + n]).decode("utf-8", "replace")
 
 
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """Where one request's time went (seconds; CLOCK_MONOTONIC, the same clock in every process).
+
+    ``queue_wait_s``: publication -> the worker's claim. ``engine_s``: ``infer()`` wall time of the
+    engine call the request rode in, and ``batch_size`` the samples of that call (its own and those
+    merged with it). ``call_deschedule_s``: that call's wall time minus the serving thread's CPU time,
+    from its claim to its answer (time the worker was runnable or preempted, not computing).
+    ``client_overhead_s``: this client's own work, the copy-in before publication plus the copy-out
+    after the answer. ``round_trip_s``: publication -> the worker's answer stamp (when the answer was
+    ready, not when the caller came back for it). ``ready_to_return_s``: answer stamp -> ``wait``
+    returning (the client's wake-up and copy-out). ``queue_wait_s + engine_s <= round_trip_s``.
+    Error answers carry them too; call figures are 0 for an answer no engine call made (an error).
+    """
+
+    queue_wait_s: float
+    engine_s: float
+    batch_size: int
+    call_deschedule_s: float
+    client_overhead_s: float
+    round_trip_s: float
+    ready_to_return_s: float
+
+
 @dataclass(slots=True, weakref_slot=True)
 class Ticket:
     """A submitted request; ``QueueClient.wait`` turns it into outputs once."""
@@ -134,6 +166,106 @@ class Ticket:
     batch: int
     submit_ns: int
     consumed: bool = False
+    copy_in_ns: int = 0
+    # The answer's stamps as read by wait: claim_ns, done_ns, call engine ns, call word, seen, returned.
+    stamps: tuple[int, int, int, int, int, int] | None = None
+    held: HeldOutputs | None = None  # zero-copy outputs not yet released
+
+    @property
+    def timing(self) -> RequestTiming | None:
+        """The request's ``RequestTiming`` once ``wait`` took its answer (None before, or without one)."""
+        st = self.stamps
+        if st is None:
+            return None
+        claim, done, engine, call, seen, end = st
+        return RequestTiming(
+            queue_wait_s=(claim - self.submit_ns) / 1e9,
+            engine_s=engine / 1e9,
+            batch_size=call & CALL_BATCH_MASK,
+            call_deschedule_s=(call >> CALL_DESCHEDULE_SHIFT) / 1e6,
+            client_overhead_s=(self.copy_in_ns + end - seen) / 1e9,
+            round_trip_s=(done - self.submit_ns) / 1e9,
+            ready_to_return_s=(end - done) / 1e9,
+        )
+
+
+class HeldOutputs(Mapping[str, np.ndarray]):
+    """Zero-copy outputs (``wait(..., copy=False)``): read-only views of the answer in shared memory.
+
+    The slot is not reused while they are held. ``release()`` (or leaving a ``with`` block) gives it
+    back, and refuses with ``QueueError`` while an array taken from here, or any view of one, is still
+    referenced: every view is made from one base array per answer, numpy keeps that base alive under
+    every view made from them, and the client holds it only weakly, so a live base means a live view
+    and nothing can read a later answer through one. Every access after release raises. Dropped
+    without ``release()``, the slot returns once this object and every array over it are gone.
+    """
+
+    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_seq", "_slot", "_views")
+
+    def __init__(
+        self,
+        client: QueueClient,
+        ticket: Ticket,
+        base: np.ndarray[Any, Any],
+        plan: tuple[tuple[str, Any, Any, int, int], ...],
+    ) -> None:
+        self._client: QueueClient | None = client
+        # The slot and seq, not the ticket: the ticket holds this object (no cycle for the GC to find).
+        self._slot, self._seq = ticket.slot, ticket.seq
+        self._plan = plan  # (name, dtype, shape, byte offset in the base, nbytes)
+        self._base = weakref.ref(base)
+        self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, plan)
+
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self._valid()[name]
+
+    def _valid(self) -> dict[str, np.ndarray[Any, Any]]:
+        if self._views is None:
+            raise QueueError(f"zero-copy outputs of slot {self._slot} seq {self._seq} were released")
+        return self._views
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._valid())
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    @property
+    def released(self) -> bool:
+        return self._views is None
+
+    def release(self) -> None:
+        """Give the answer slot back; ``QueueError`` while an array taken from here is still referenced."""
+        client = self._client
+        if self._views is None or client is None:
+            return
+        self._views = None  # our own references: if nobody else holds a view, the base goes with them
+        base = self._base()
+        if base is not None:
+            self._views = _views_of(base, self._plan)
+            raise QueueError(
+                f"zero-copy outputs of slot {self._slot} seq {self._seq} are still referenced "
+                f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
+                f"the slot stays held"
+            )
+        self._client = None
+        client._free_held(self._slot)
+
+    def copy(self) -> Arrays:
+        """Owned copies of the outputs (valid after release)."""
+        return {name: v.copy() for name, v in self._valid().items()}
+
+    def __enter__(self) -> HeldOutputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _views_of(
+    base: np.ndarray[Any, Any], plan: tuple[tuple[str, Any, Any, int, int], ...]
+) -> dict[str, np.ndarray[Any, Any]]:
+    return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in plan}
 
 
 class Pending:
@@ -146,11 +278,97 @@ class Pending:
         self.ticket = ticket
 
     def done(self) -> bool:
-        """True when the answer is there (``finish`` then returns without waiting)."""
+        """True when the answer is there (``finish`` then returns without waiting); never blocks."""
         return self.client.ready(self.ticket)
 
-    def finish(self, timeout_s: float = 1.0) -> Arrays:
-        return self.client.wait(self.ticket, timeout_s)
+    @overload
+    def finish(self, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    @overload
+    def finish(self, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
+    def finish(self, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
+        return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
+
+    def withdraw(self) -> bool:
+        """Take the request back: True if no worker of this queue will ever run it (send it elsewhere),
+        False if the worker claimed it first (``finish`` for its answer, ``WorkerDied`` or
+        ``RequestWithdrawn``)."""
+        return self.client.withdraw(self.ticket)
+
+    def release(self) -> None:
+        """Give back the zero-copy outputs of ``finish(copy=False)`` (see ``HeldOutputs.release``)."""
+        if self.ticket.held is not None:
+            self.ticket.held.release()
+
+    @property
+    def timing(self) -> RequestTiming | None:
+        """``RequestTiming`` of the answer once ``finish`` took it; None before."""
+        return self.ticket.timing
+
+
+def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
+    """The first of ``pendings`` whose ``finish`` will not wait (answered, or its worker died holding it).
+
+    Spins for the shortest spin budget among their clients, then sleeps on the answer counter of the
+    first one's lane (every answer in that lane wakes it; the others are checked at least every
+    WAIT_FIRST_SLICE_S). Raises ``QueueTimeout`` after ``timeout_s``.
+    """
+    if not pendings:
+        raise QueueError("wait_first of no pending requests")
+    clock = time.monotonic_ns
+    now = clock()
+    spin_end = now + min(p.client._spin_ns for p in pendings)
+    deadline = deadline_ns(now, timeout_s)
+    while True:
+        for p in pendings:
+            if p.client.ready(p.ticket):
+                return p
+        now = clock()
+        if now > spin_end:
+            break
+    lead = pendings[0].client
+    while True:
+        for p in pendings:
+            if p.client.ready(p.ticket) or p.client._claimed_by_dead_worker(p.ticket):
+                return p
+        now = clock()
+        if now >= deadline:
+            raise QueueTimeout(
+                f"none of {len(pendings)} requests answered within {timeout_s} s (they stay in flight)"
+            )
+        # One lane: every answer in it wakes us. Several: the first lane's answers do, the others are
+        # looked at every slice.
+        slice_s = PARK_SLICE_S if all(p.client is lead for p in pendings) else WAIT_FIRST_SLICE_S
+        lead._sleep_on_lane(min((deadline - now) / 1e9, slice_s), pendings)
+
+
+WAIT_FIRST_SLICE_S = 0.001
+
+
+class _Prediction:
+    """What a client learned about its answers (the predictive wait above ``next_prediction_ns``)."""
+
+    __slots__ = ("late", "oversleep_ns", "predicted_ns")
+
+    def __init__(self) -> None:
+        self.predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
+        self.oversleep_ns = 0  # how late a timed futex wait returns, learned
+        self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+
+    def learn(self, latency_ns: int, spin_ns: int) -> None:
+        """An answer came ``latency_ns`` after its submit (the worker's stamp)."""
+        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
+        late = latency_ns > self.predicted_ns + spin_ns
+        self.late = ((self.late << 1) | late) & LATE_WINDOW
+        self.predicted_ns = next_prediction_ns(self.predicted_ns, latency_ns)
+
+
+class _WaitCounts:
+    """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
+
+    __slots__ = ("futex_waits", "immediate", "parked", "spinning", "timed_parks")
+
+    def __init__(self) -> None:
+        self.immediate = self.spinning = self.parked = self.timed_parks = self.futex_waits = 0
 
 
 class QueueClient:
@@ -167,9 +385,7 @@ class QueueClient:
         cfg, geo = desc.config, m.geo
         self._cfg = cfg
         self._spin_ns = spin_us * 1000
-        self._predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
-        self._oversleep_ns = 0  # how late a timed futex wait returns, learned
-        self._late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+        self._pred = _Prediction()
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
@@ -194,20 +410,7 @@ class QueueClient:
         # is reusable as soon as the worker answered it (or fenced it): the worker writes nothing
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
-        published = self._published_slots()
-        for s in range(geo.spl):
-            g = self._g0 + s
-            req = q[geo.slot(g, S_REQ_SEQ)]
-            if req == q[geo.slot(g, S_RESP_SEQ)] or (
-                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
-            ):
-                # answered, or written by a predecessor killed before its doorbell: the worker can
-                # never reach it (it is in no ring position it will read), so it is ours at once
-                q[geo.slot(g, S_REQ_STATE)] = FREE
-                self._free.append(s)
-            else:
-                self._inflight[s] = None
-        self._free.reverse()  # pop() hands out slot 0 first
+        self._recover_slots()
         self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySlot] = {}
         self._attached = AttachedSlots()
@@ -221,10 +424,13 @@ class QueueClient:
         self._resp_views: list[tuple[bytes, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
         self._resp_views = [None] * geo.spl
         self._timing = (0, 0, 0, 0)
+        # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
+        # export. Reused only once released, or once both it and every array over it are gone.
+        self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
+        self._hold_plans: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
-        self._n_immediate = self._n_spinning = self._n_parked = 0
-        self._n_timed_parks = self._n_futex_waits = 0
+        self._counts = _WaitCounts()
         self._closed = False
 
     @classmethod
@@ -263,19 +469,20 @@ class QueueClient:
     @property
     def predicted_ns(self) -> int:
         """The learned submit-to-answer time (0 until an answer was waited for)."""
-        return self._predicted_ns
+        return self._pred.predicted_ns
 
     @property
     def wait_counts(self) -> dict[str, int]:
         """How the waits went: answers found at once, while spinning, or while parked (the worker made
         a wake system call, unless the re-check after setting the parked flag found the answer); and the
         predictive sleeps and futex waits made."""
+        c = self._counts
         return {
-            "immediate": self._n_immediate,
-            "spinning": self._n_spinning,
-            "parked": self._n_parked,
-            "timed_parks": self._n_timed_parks,
-            "futex_waits": self._n_futex_waits,
+            "immediate": c.immediate,
+            "spinning": c.spinning,
+            "parked": c.parked,
+            "timed_parks": c.timed_parks,
+            "futex_waits": c.futex_waits,
         }
 
     def close(self) -> None:
@@ -286,10 +493,55 @@ class QueueClient:
         self._req_views = [None] * self._spl
         self._resp_views = [None] * self._spl
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
-        ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
+        in_use = self._drop_held()
+        if not in_use:
+            ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
+        # else: zero-copy arrays still read this lane's answer slots; the lock lives with the mapping
+        # they keep (the open file description), so no new client takes the lane and reuses them.
         self._attached.close()
         self._pool.close()
         self._m.close()
+
+    def _recover_slots(self) -> None:
+        """Sort this lane's slots, as a predecessor client may have left them, into free and in flight."""
+        q, geo = self._m.q, self._m.geo
+        published = self._published_slots()
+        for s in range(geo.spl):
+            g = self._g0 + s
+            req = q[geo.slot(g, S_REQ_SEQ)]
+            if req == q[geo.slot(g, S_RESP_SEQ)] or (
+                req != q[geo.slot(g, S_CLAIM_SEQ)] and s not in published
+            ):
+                # answered, or written by a predecessor killed before its doorbell: the worker can
+                # never reach it (it is in no ring position it will read), so it is ours at once
+                q[geo.slot(g, S_REQ_STATE)] = FREE
+                self._free.append(s)
+            else:
+                self._inflight[s] = None
+        self._free.reverse()  # pop() hands out slot 0 first
+
+    def _drop_held(self) -> bool:
+        """Invalidate every held zero-copy answer; True when arrays over one are still referenced."""
+        in_use = False
+        for ref, mv, base in self._held.values():
+            held = ref()
+            if held is not None:
+                held._views = held._client = None
+            if base() is not None:
+                in_use = True  # the arrays keep ``mv`` and with it the mapping: never unmapped under them
+            else:
+                mv.release()
+        self._held.clear()
+        return in_use
+
+    def _free_held(self, slot: int) -> None:
+        """``HeldOutputs.release`` succeeded: the slot is free again."""
+        entry = self._held.pop(slot, None)
+        if entry is not None:
+            entry[1].release()
+        if entry is not None and not self._closed:
+            self._m.q[self._si[slot] + W_REQ_STATE] = FREE
+            self._free.append(slot)
 
     def _published_slots(self) -> set[int]:
         """Slots the worker may still take: ring positions [tail, doorbell) of this lane.
@@ -309,6 +561,12 @@ class QueueClient:
         if self._free:
             return self._free.pop()
         q, geo = self._m.q, self._m.geo
+        for s, (held, mv, base) in list(self._held.items()):
+            if held() is None and base() is None:  # dropped without release(), no array over it left
+                mv.release()
+                del self._held[s]
+                q[geo.slot(self._g0 + s, S_REQ_STATE)] = FREE
+                return s
         for s, ref in list(self._inflight.items()):
             ticket = ref() if ref is not None else None
             if ticket is not None and not ticket.consumed:
@@ -319,8 +577,9 @@ class QueueClient:
                 q[geo.slot(g, S_REQ_STATE)] = FREE
                 return s
         raise LaneBusy(
-            f"all {geo.spl} slots of lane {self.lane} have requests in flight; wait() for one (or "
-            f"abandon() it) before submitting more; an abandoned request's slot returns once it is answered"
+            f"all {geo.spl} slots of lane {self.lane} have requests in flight or zero-copy answers held; "
+            f"wait() for one (or abandon() it), release() held outputs, before submitting more; an "
+            f"abandoned request's slot returns once it is answered"
         )
 
     def abandon(self, ticket: Ticket) -> None:
@@ -369,6 +628,7 @@ class QueueClient:
         """Write the request into a slot of this lane and publish it; returns at once."""
         if self._closed:
             raise QueueError("submit on a closed QueueClient")
+        entered = time.monotonic_ns()
         layout = self._layout
         if layout is None or not layout.matches(arrays):  # a new layout: validated, then checked cheaply
             layout = payload.layout_of(arrays)
@@ -417,15 +677,61 @@ class QueueClient:
         if q[HW_WORKER_SLEEP]:
             q[HW_WORKER_SLEEP] = 0
             futex_wake(self._m.addr(HW_WORKER_SLEEP))
-        ticket = Ticket(s, seq, layout.batch, now)
+        ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
     def ready(self, ticket: Ticket) -> bool:
+        """Whether ``ticket``'s answer is there (``wait`` returns at once); never blocks."""
         return bool(self._q[self._si[ticket.slot] + W_RESP_SEQ] == ticket.seq)
 
-    def wait(self, ticket: Ticket, timeout_s: float = 1.0) -> Arrays:
-        """Outputs of ``ticket`` (copies owned by the caller). Raises QueueTimeout, WorkerDied, ..."""
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take back a request: True if no worker of this queue will ever run it (it may be sent
+        elsewhere; its slot returns once a worker has passed it), False if a worker claimed it first:
+        ``wait`` then gives its answer, or ``WorkerDied``, or ``RequestWithdrawn`` (the worker saw the
+        withdrawal in time and did not run it). The protocol is in ``lowtail.shm.layout``."""
+        if ticket.consumed:
+            raise QueueError(
+                f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for or withdrawn"
+            )
+        q, si, seq = self._q, self._si[ticket.slot], ticket.seq
+        if q[si + W_CLAIM_SEQ] == seq:
+            return False
+        q[si + W_WITHDRAWN] = seq
+        full_barrier()  # order the mark before the load of claim_seq (Dekker with the worker's claim)
+        if q[si + W_CLAIM_SEQ] == seq:
+            return False
+        ticket.consumed = True
+        self._inflight[ticket.slot] = None  # reusable once a worker answered it ST_WITHDRAWN
+        return True
+
+    def _claimed_by_dead_worker(self, ticket: Ticket) -> bool:
+        q = self._q
+        return bool(
+            q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq
+            and q[HW_WORKER_PID] != 0
+            and not ofd_lock.held(self._m.seg.fd, 0)
+        )
+
+    def _sleep_on_lane(self, timeout_s: float, pendings: Sequence[Pending]) -> None:
+        """Park on this lane's answer counter (``wait_first``) unless one of ``pendings`` is answered."""
+        q, count_i, parked_i = self._q, self._count_i, self._parked_i
+        expected = q[count_i]
+        q[parked_i] = 1
+        full_barrier()  # order the parked store before the re-check (Dekker)
+        if not any(p.client.ready(p.ticket) for p in pendings):
+            self._counts.futex_waits += 1
+            futex_wait(self._m.addr(count_i), expected, timeout_s)
+        q[parked_i] = 0
+
+    @overload
+    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    @overload
+    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
+    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
+        """Outputs of ``ticket``: copies owned by the caller, or with ``copy=False`` zero-copy views
+        (``HeldOutputs``) valid until released. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ...
+        Afterwards ``ticket.timing`` is its ``RequestTiming``."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
         q = self._q
@@ -435,56 +741,59 @@ class QueueClient:
         clock = time.monotonic_ns
         if q[resp_i] == seq:
             now = clock()
-            self._n_immediate += 1
+            self._counts.immediate += 1
         else:
             now = clock()
             answered, deadline = False, 0
             # (a prediction below the margin never parks: the fast path skips the call)
             if (
-                self._predicted_ns > MARGIN_NS
-                and self._late.bit_count() <= MAX_LATE
+                self._pred.predicted_ns > MARGIN_NS
+                and self._pred.late.bit_count() <= MAX_LATE
                 and (
                     until := park_until_ns(
-                        ticket.submit_ns, now, self._predicted_ns, MARGIN_NS + self._oversleep_ns
+                        ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
                     )
                 )
             ):
-                self._n_timed_parks += 1
+                self._counts.timed_parks += 1
                 deadline = deadline_ns(now, timeout_s)
                 answered = self._park(ticket, si, min(until, deadline), deadline)
                 now = clock()
             if answered:
-                self._n_parked += 1
+                self._counts.parked += 1
             else:
                 # The whole budget when the answer is due within it (a predictive sleep just ended
                 # before it, or answers usually come that fast); else a round trip's worth, then park.
-                due = bool(deadline) or self._predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
+                due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
                 spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
                 while True:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
-                        self._n_spinning += 1
+                        self._counts.spinning += 1
                         break
                     if now > spin_end:
                         deadline = deadline or deadline_ns(now, timeout_s)
                         self._park(ticket, si, deadline, deadline)
-                        self._n_parked += 1
+                        self._counts.parked += 1
                         now = clock()
                         break
         # -- take the answer
         status = q[si + W_RESP_STATUS]
         done_ns = q[si + W_DONE_NS]
-        self._timing = (ticket.submit_ns, q[si + W_CLAIM_NS], done_ns, now)
+        claim_ns = q[si + W_CLAIM_NS]
+        self._timing = (ticket.submit_ns, claim_ns, done_ns, now)
         # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
         # sleep: a parked client is still woken by the answer, and the deadline bounds every sleep.
         latency = done_ns - ticket.submit_ns
-        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
-        late = latency > self._predicted_ns + self._spin_ns
-        self._late = ((self._late << 1) | late) & LATE_WINDOW
-        self._predicted_ns = next_prediction_ns(self._predicted_ns, latency)
+        self._pred.learn(latency, self._spin_ns)
+        held = False
         try:
             off = self._resp_off[s]
+            if not copy and status == ST_OK:
+                out_held = self._hold(ticket, s, si, off)
+                held = True
+                return out_held
             cached = self._resp_views[s]
             # The prefix and header as the last inline answer in this slot had them: its views are
             # valid (the worker writes them with every answer; anything else is parsed again).
@@ -499,10 +808,46 @@ class QueueClient:
                 return out
             return self._take_other(status, s, si, off)
         finally:
+            ticket.stamps = (claim_ns, done_ns, q[si + W_CALL_ENGINE_NS], q[si + W_CALL], now, clock())
             ticket.consumed = True
-            q[si + W_REQ_STATE] = FREE
             self._inflight.pop(s, None)
-            self._free.append(s)
+            if not held:
+                q[si + W_REQ_STATE] = FREE
+                self._free.append(s)
+
+    def _hold(self, ticket: Ticket, s: int, si: int, off: int) -> HeldOutputs:
+        """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray slot), held."""
+        m = self._m
+        geo = m.geo
+        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        plan = self._hold_plans.get(raw)
+        if plan is None:
+            # Offsets from the start of the memoryview below: the response region, or the ndarray slot.
+            lay, end = (
+                (layout.inline_layout, layout.inline_end) if ext is None else payload.layout(layout.spec, 0)
+            )
+            plan = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
+            if len(self._hold_plans) >= 64:
+                self._hold_plans.clear()
+            self._hold_plans[raw] = plan
+        arrays, end = plan
+        if ext is not None:
+            nd = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode)
+            if end > nd.capacity:
+                raise RequestFailed(
+                    f"corrupt answer: {end}-byte layout in ndarray slot {ext} ({nd.capacity} B)"
+                )
+            mv = memoryview(nd.segment.mm)[:end]
+        else:
+            if end > geo.resp_bytes:
+                raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
+            mv = self._mem[off : off + end]
+        base: np.ndarray[Any, Any] = np.ndarray((end,), np.uint8, buffer=mv)  # owns nothing: views keep it
+        base.flags.writeable = False
+        held = HeldOutputs(self, ticket, base, arrays)
+        ticket.held = held
+        self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
+        return held
 
     def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
         """An error, an answer in an ndarray slot, or an inline answer of a layout new to this slot."""
@@ -573,7 +918,7 @@ class QueueClient:
                     f"no answer within {(now - start) / 1e9:.3f} s for request seq {seq} in lane {self.lane} "
                     f"of queue {self.descriptor.name} ({why}; wait again, abandon() or drop the ticket)"
                 )
-            self._n_futex_waits += 1
+            self._counts.futex_waits += 1
             futex_wait(m.addr(count_i), expected, min((until - now) / 1e9, PARK_SLICE_S))
             q[parked_i] = 0
             answered = q[resp_i] == seq
@@ -585,8 +930,8 @@ class QueueClient:
                 # bound: the estimate grows until the timeout comes first and the sleep ends before
                 # the answer.
                 late = min(now - until, MAX_OVERSLEEP_NS)
-                over = self._oversleep_ns
-                self._oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
+                over = self._pred.oversleep_ns
+                self._pred.oversleep_ns = late if late > over else over - ((over - late) >> OVERSLEEP_SHIFT)
                 return answered
             if answered:
                 return True

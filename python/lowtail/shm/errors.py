@@ -21,6 +21,10 @@ class WorkerDied(QueueError):
     """The worker that claimed (or would claim) this request is gone."""
 
 
+class RequestWithdrawn(QueueError):
+    """Its client withdrew this request and the worker saw that before running it: it never ran."""
+
+
 class QueueTimeout(QueueError, TimeoutError):
     """No answer within the caller's timeout; the request stays in flight and may be waited for again."""
 

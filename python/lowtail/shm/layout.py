@@ -26,7 +26,15 @@ aligned u64 unless noted; L = lanes, S = slots per lane, g = lane * S + slot)::
   +128 + 8*k                 8      ring[k]            client: slot of its request number k (mod S)
   -- slot table at align64(4096 + L*LANE_BYTES), 128 bytes per slot g ---------------------------
   +0   req_seq   +8 req_len   +16 req_state (FREE/WRITING/READY)   +24 submit_ns    client
+  +32  withdrawn                                                                    client
   +64  resp_seq  +72 claim_seq  +80 resp_len  +88 resp_status  +96 claim_ns  +104 done_ns   worker
+  +112 call_engine_ns  +120 call (batch samples, bits 0-31 | call deschedule in us, 32-63)   worker
+
+Per slot, the client's words sit on the first cache line, the worker's on the second.
+``withdrawn`` holds the seq of a request its client took back (``QueueClient.withdraw``); the
+``call`` words are the engine call the answer rode in, written with the answer (before resp_seq):
+``infer()`` wall time, the samples of the whole call, and the call's deschedule up to the answer
+(wall minus the serving thread's CPU time from the claim to the answer).
   -- request regions at align4096(...), request_bytes each, then response regions -------------
   payloads in the ``lowtail.shm.payload`` format; a payload that does not fit goes to an ndarray slot.
 
@@ -42,13 +50,28 @@ Slot states (the predecessor system's, kept for diagnostics): FREE, WRITING, REA
 PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
 until the client has read it and wrote FREE).
 
+Withdrawing a request (taking it back to send it elsewhere), exactly once without a CAS: the client
+stores ``withdrawn = seq``, executes a full barrier and loads ``claim_seq``; the worker stores
+``claim_seq = seq``, executes a full barrier and loads ``withdrawn``. Dekker again: at least one side
+sees the other's store. A client that finds its request unclaimed owns it (``withdraw`` is True), and
+the worker then sees the mark and answers ``ST_WITHDRAWN`` without running it (which also frees the
+slot); a client that finds it claimed lets it run (``withdraw`` is False), unless the worker also saw
+the mark, in which case it answers ``ST_WITHDRAWN`` and ``wait`` raises ``RequestWithdrawn``: never run,
+safe to send elsewhere. Either way a request runs at most once, and its client knows whether it did.
+
 Waiting: each side spins (bounded) on the word it waits for, then parks on a futex after setting
 its parked word, a full barrier, and a re-check; the other side publishes, executes a full
 barrier, and makes the wake-up system call only when it sees the parked word set (see
 ``lowtail.shm.futex``). Every park has a timeout, which is also when a client checks worker liveness.
 
+Takeover: a hot standby (``lowtail.shm.worker.WorkerStandby``) maps the segment and waits for the
+worker lock; the kernel releases a dead worker's lock, the standby takes it, writes the worker pid and
+epoch, answers what the dead worker had claimed (claim_seq == req_seq != resp_seq) ``ST_WORKER_DIED``
+and goes on from each lane's tail word: the unclaimed requests are served once, the claimed never rerun.
+
 The protocol around these words lives with its writers: ``lowtail.shm.control`` (create, attach,
-liveness), ``lowtail.shm.client`` (submit, wait) and ``lowtail.shm.worker`` (claim, answer, fence).
+liveness), ``lowtail.shm.client`` (submit, wait, withdraw) and ``lowtail.shm.worker`` (claim, answer,
+fence, takeover).
 """
 
 from __future__ import annotations
@@ -75,8 +98,10 @@ HW_WORKER_SLEEP, HW_DOORBELLS = H_WORKER_SLEEP >> 3, H_DOORBELLS >> 3
 LANE_BASE = PAGE
 L_GEN, L_PID, L_PARKED, L_TAIL, L_RESP_COUNT, L_RING = 0, 8, 16, 64, 72, 128
 SLOT_BYTES = 128
-S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS = 0, 8, 16, 24
+S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS, S_WITHDRAWN = 0, 8, 16, 24, 32
 S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
+S_CALL_ENGINE_NS, S_CALL = 112, 120
+CALL_BATCH_MASK, CALL_DESCHEDULE_SHIFT = 0xFFFFFFFF, 32
 # The same fields as u64 word indices from a slot's first word ``si``: the hot paths read
 # ``q[si + W_RESP_SEQ]``, never a bare number.
 W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (
@@ -85,12 +110,15 @@ W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (
     S_REQ_STATE >> 3,
     S_SUBMIT_NS >> 3,
 )
+W_WITHDRAWN = S_WITHDRAWN >> 3
 W_RESP_SEQ, W_CLAIM_SEQ, W_RESP_LEN = S_RESP_SEQ >> 3, S_CLAIM_SEQ >> 3, S_RESP_LEN >> 3
 W_RESP_STATUS, W_CLAIM_NS, W_DONE_NS = S_RESP_STATUS >> 3, S_CLAIM_NS >> 3, S_DONE_NS >> 3
+W_CALL_ENGINE_NS, W_CALL = S_CALL_ENGINE_NS >> 3, S_CALL >> 3
 
 FREE, WRITING, READY = 0, 1, 2
 STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
 ST_OK, ST_FAILED, ST_BAD_REQUEST, ST_TOO_LARGE, ST_WORKER_DIED, ST_CLIENT_GONE = 0, 1, 2, 3, 4, 5
+ST_WITHDRAWN = 6  # claimed after its client withdrew it: not run
 
 
 def align(n: int, a: int) -> int:

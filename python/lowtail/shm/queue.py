@@ -11,13 +11,15 @@ The queue lives in four parts, split at its seams:
   and waiting rules, the named offsets and word indices, and the geometry.
 - ``lowtail.shm.control``: ``QueueConfig``, ``QueueDescriptor``, attaching, and ``InferenceQueue``
   (create, snapshot, close, sweep); lane and worker liveness.
-- ``lowtail.shm.client``: ``QueueClient``, ``Ticket``, ``Pending``; the hot path ``submit`` / ``wait``.
-- ``lowtail.shm.worker``: ``QueueWorker``, ``Batch``; the hot path ``claim`` / ``answer``, and fencing.
+- ``lowtail.shm.client``: ``QueueClient``, ``Ticket``, ``Pending``, ``RequestTiming``, ``HeldOutputs``,
+  ``wait_first``; the hot path ``submit`` / ``wait``, and ``withdraw``.
+- ``lowtail.shm.worker``: ``QueueWorker``, ``Batch``, ``WorkerStandby``; the hot path ``claim`` /
+  ``answer``, fencing, and a standby's takeover.
 """
 
 from __future__ import annotations
 
-from lowtail.shm.client import Pending, QueueClient, Ticket
+from lowtail.shm.client import HeldOutputs, Pending, QueueClient, RequestTiming, Ticket, wait_first
 from lowtail.shm.control import InferenceQueue, LaneSnapshot, QueueConfig, QueueDescriptor, QueueSnapshot
 from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/queue map with it
 from lowtail.shm.errors import (
@@ -30,6 +32,7 @@ from lowtail.shm.errors import (
     QueueError,
     QueueTimeout,
     RequestFailed,
+    RequestWithdrawn,
     SegmentNotFound,
     ShmTooSmall,
     WorkerDied,
@@ -50,12 +53,13 @@ from lowtail.shm.layout import (
     S_SUBMIT_NS,
 )
 from lowtail.shm.payload import NdarraySlot
-from lowtail.shm.worker import Batch, QueueWorker
+from lowtail.shm.worker import Batch, QueueWorker, WorkerStandby
 
 __all__ = [
     "BadConfig",
     "BadRequest",
     "Batch",
+    "HeldOutputs",
     "InferenceQueue",
     "LaneBusy",
     "LaneSnapshot",
@@ -72,10 +76,14 @@ __all__ = [
     "QueueTimeout",
     "QueueWorker",
     "RequestFailed",
+    "RequestTiming",
+    "RequestWithdrawn",
     "SegmentNotFound",
     "ShmTooSmall",
     "Ticket",
     "WorkerDied",
+    "WorkerStandby",
+    "wait_first",
 ]
 # The offsets stay importable from here for tools that write single words (the fuzzers in tests/queue).
 __all__ += [

@@ -3,12 +3,15 @@
 One worker (``QueueWorker.attach``, the pinned OpenVINO process) holds the worker lock, claims
 published requests fairly across lanes in batches (``claim`` -> ``_poll`` -> ``_take``), answers
 them (``Batch.complete`` -> ``_answer``) and fences a lane whose control words are impossible.
-Field offsets and their single writers are in ``lowtail.shm.layout``.
+A hot standby (``WorkerStandby``) maps the queue and waits, without using CPU, for the worker lock;
+``take_over`` becomes the worker the moment the live one is gone. Field offsets and their single
+writers are in ``lowtail.shm.layout``.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import struct
 import time
 from collections.abc import Mapping
@@ -21,6 +24,8 @@ from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
+    CALL_BATCH_MASK,
+    CALL_DESCHEDULE_SHIFT,
     HW_DOORBELLS,
     HW_WORKER_EPOCH,
     HW_WORKER_PID,
@@ -36,7 +41,10 @@ from lowtail.shm.layout import (
     ST_FAILED,
     ST_OK,
     ST_TOO_LARGE,
+    ST_WITHDRAWN,
     ST_WORKER_DIED,
+    W_CALL,
+    W_CALL_ENGINE_NS,
     W_CLAIM_NS,
     W_CLAIM_SEQ,
     W_DONE_NS,
@@ -45,11 +53,15 @@ from lowtail.shm.layout import (
     W_RESP_SEQ,
     W_RESP_STATUS,
     W_SUBMIT_NS,
+    W_WITHDRAWN,
 )
 from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
 from lowtail.shm.segments import sweep_dead
 
 WORKER_PARK_SLICE_S = 0.25
+# A standby whose wait cannot watch the live worker's pid (pid 0, reused, another namespace) re-tries
+# the worker lock this often: bounded CPU, and a takeover at most this late in those corner cases.
+STANDBY_RETRY_S = 0.002
 
 
 def _samples(items: list[_Item]) -> int:
@@ -123,9 +135,14 @@ class Batch:
     def lanes(self) -> list[int]:
         return [it.lane for it in self._items]
 
-    def complete(self, outputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+    def complete(
+        self, outputs: Mapping[str, np.ndarray[Any, Any]], *, engine_ns: int = 0, deschedule_ns: int = 0
+    ) -> None:
         """Split ``outputs`` (leading dimension = total samples) per request and answer each.
 
+        ``engine_ns`` and ``deschedule_ns`` describe the call (its ``infer()`` wall time, and wall minus
+        thread CPU from the claim to here): every answer carries them with the call's sample count, and
+        a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
         The input views are invalid afterwards: a client may reuse its slot as soon as it is answered.
         """
         total = self.total
@@ -140,6 +157,9 @@ class Batch:
             self.fail(msg)
             raise BadRequest(msg)
         worker = self._worker
+        worker._call_engine_ns = engine_ns
+        deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK)  # 32 bits: 71 minutes
+        worker._call_word = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)
         if len(self._items) == 1:
             it = self._items[0]
             if not it.done:
@@ -153,6 +173,7 @@ class Batch:
                     part = {k: v[off : off + n] for k, v in outputs.items()}
                     worker._answer(it, ST_OK, part, layout.with_batch(n), "")
                 off += n
+        worker._call_engine_ns = worker._call_word = 0
         worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
@@ -166,6 +187,15 @@ class Batch:
         if not it.done:
             self._worker._answer(it, ST_FAILED, None, None, message)
             self._worker._wake_parked([it])
+
+
+class WorkerCounts:
+    """What a worker did besides serving (diagnostics, tests)."""
+
+    __slots__ = ("fenced", "orphans_failed", "withdrawn")
+
+    def __init__(self) -> None:
+        self.fenced = self.orphans_failed = self.withdrawn = 0
 
 
 class QueueWorker:
@@ -210,9 +240,10 @@ class QueueWorker:
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
         self._active: list[int] = []
         self._rr = 0
-        self.fenced = 0  # lanes fenced for an impossible control word (diagnostics, tests)
+        self.counts = WorkerCounts()
+        self._call_engine_ns = self._call_word = 0  # the call words Batch.complete gives its answers
         self._closed = False
-        self.restarted_failed = self._fail_orphans(prev)
+        self.counts.orphans_failed = self._fail_orphans(prev)
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
@@ -228,6 +259,21 @@ class QueueWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def fenced(self) -> int:
+        """Lanes fenced for an impossible control word."""
+        return self.counts.fenced
+
+    @property
+    def withdrawn(self) -> int:
+        """Requests found withdrawn at their claim, answered ST_WITHDRAWN without running."""
+        return self.counts.withdrawn
+
+    @property
+    def restarted_failed(self) -> int:
+        """Requests a dead predecessor had claimed, answered WorkerDied when this worker attached."""
+        return self.counts.orphans_failed
 
     def _fail_orphans(self, prev_pid: int) -> int:
         """Answer WorkerDied for every request a previous worker left PROCESSING."""
@@ -437,7 +483,13 @@ class QueueWorker:
         it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
         q[si + W_CLAIM_NS] = now
         q[si + W_CLAIM_SEQ] = seq  # PROCESSING
+        full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
         q[self._tail_i[lane]] = tail + 1
+        if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
+            self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
+            self._wake_parked([it])
+            self.counts.withdrawn += 1
+            return None
         self._lane_seen_ns[lane] = now
         self._decode(it)
         return it
@@ -468,7 +520,7 @@ class QueueWorker:
                 failed.append(it)
         self._tails[lane] = head
         q[self._tail_i[lane]] = head
-        self.fenced += 1
+        self.counts.fenced += 1
         self._wake_parked(failed)
 
     def _decode(self, it: _Item) -> None:
@@ -571,6 +623,8 @@ class QueueWorker:
             n = _write_message(m, g, message)
         q[si + W_RESP_LEN] = n
         q[si + W_RESP_STATUS] = status
+        q[si + W_CALL_ENGINE_NS] = self._call_engine_ns
+        q[si + W_CALL] = self._call_word
         q[si + W_DONE_NS] = time.monotonic_ns()
         q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
         ci = self._count_i[it.lane]
@@ -613,3 +667,82 @@ class QueueWorker:
         for lane in {it.lane for it in items}:
             if q[parked_i[lane]]:
                 futex_wake_all(wake[lane])
+
+
+class WorkerStandby:
+    """A second worker's hold on a queue: mapped, parked until the live worker is gone.
+
+    ``take_over`` returns the ``QueueWorker`` once this process holds the worker lock (byte 0): the
+    kernel drops a dead worker's lock as its files close, before its pidfd reports the exit, so the
+    standby sleeps in ``poll`` on the live worker's pidfd (no CPU while it lives) and takes the lock at
+    once when it is readable. Attaching as the worker then answers what the dead one had claimed
+    ``WorkerDied`` (``_fail_orphans``: claimed requests are never run twice) and serves every other
+    request where it stands in its lane's ring: nothing published is lost and nothing is re-run.
+    """
+
+    def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
+        self.descriptor = desc
+        self._m: Mapped | None = m
+        self._idle_us = idle_us
+        self._watched = 0  # the worker pid the pidfd below refers to
+        self._exited = 0  # a watched pid seen exit while the lock stayed held (the next worker's, soon)
+        self._pidfd = -1
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> WorkerStandby:
+        """Map the queue as its standby worker (nothing is written to it until ``take_over``)."""
+        return cls(desc, attach_mapped(desc), desc.config.worker_idle_us if idle_us is None else idle_us)
+
+    def __enter__(self) -> WorkerStandby:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def take_over(self, timeout_s: float) -> QueueWorker | None:
+        """The queue's worker as soon as no other process is, or None after ``timeout_s`` seconds."""
+        m = self._m
+        if m is None:
+            raise QueueError("take_over on a closed or promoted WorkerStandby")
+        deadline = deadline_ns(time.monotonic_ns(), timeout_s)
+        while not ofd_lock.try_lock(m.seg.fd, 0):
+            left_s = (deadline - time.monotonic_ns()) / 1e9
+            if left_s <= 0:
+                return None
+            fd = self._watch(int(m.q[HW_WORKER_PID]))
+            if fd < 0:
+                time.sleep(min(left_s, STANDBY_RETRY_S))
+                continue
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if poller.poll(max(1, int(min(left_s, WORKER_PARK_SLICE_S) * 1000))):
+                self._exited = self._watched  # from now on its pidfd is always readable: retry slowly
+        self._unwatch()
+        self._m = None  # the mapping (and the lock on its description) belongs to the worker now
+        return QueueWorker(self.descriptor, m, self._idle_us)
+
+    def _watch(self, pid: int) -> int:
+        """A pidfd of the live worker ``pid`` (readable once it exited), or -1 when there is none."""
+        if pid == self._exited:
+            return -1
+        if pid != self._watched:
+            self._unwatch()
+            if pid:
+                try:
+                    self._pidfd = os.pidfd_open(pid)
+                except OSError:  # gone already (its lock is free or about to be), or not ours to see
+                    return -1
+                self._watched = pid
+        return self._pidfd
+
+    def _unwatch(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+        self._pidfd, self._watched = -1, 0
+
+    def close(self) -> None:
+        """Unmap, unless ``take_over`` already handed the mapping to the worker."""
+        self._unwatch()
+        if self._m is not None:
+            self._m.close()
+            self._m = None

@@ -33,18 +33,37 @@ SAMPLES_PER_S_TAG = TB_PREFIX + "samples_per_s"
 PROM_PREFIX = "lowtail_sl_remote_"
 STATS: tuple[str, ...] = ("mean", "p50", "p99", "p999", "max")
 
-# The series lowtail records (any other name is exported the same way): where each number comes from.
-SERIES: dict[str, str] = {
-    "infer_exec_ms": "model execution wall time per batch, in the worker",
-    "infer_total_ms": "the worker's whole call: claim returned to results written back",
-    "engine_cpu_ms": "process CPU time of the worker during the batch",
-    "engine_thread_cpu_ms": "CPU time of the inference thread during the batch",
-    "deschedule_ms": "wall - CPU of the inference call (the document's formula)",
-    "run_delay_ms": "growth of schedstat run_delay during the call (time runnable but not running)",
-    "queue_wait_ms": "time from the client's publish to the worker's claim",
-    "rpc_elapsed_ms": "client-side round trip of one request, submit to result",
-    "batch_size": "samples per batch the worker ran",
+# The series lowtail records (any other name is exported the same way): which side measures each, and
+# where the number comes from. The predecessor's sl_remote_* names were its samplers' per-request
+# figures (its client's rpc_elapsed_s, queue_wait_s, infer_exec_s, client_overhead_s), so those names
+# are the sampler-side series here; the worker's per-call series that measure the same things are
+# worker_*.
+SAMPLER, WORKER = "sampler", "worker"
+SERIES: dict[str, tuple[str, str]] = {
+    "rpc_elapsed_ms": (SAMPLER, "round trip of one request, publication to its answer being ready"),
+    "queue_wait_ms": (SAMPLER, "one request's publication to the worker's claim"),
+    "infer_exec_ms": (SAMPLER, "engine wall time of the call a request rode in"),
+    "client_overhead_ms": (SAMPLER, "the client's own copy-in and copy-out of one request"),
+    "worker_infer_exec_ms": (WORKER, "model execution wall time per batch"),
+    "infer_total_ms": (WORKER, "the worker's whole call: claim returned to results written back"),
+    "engine_cpu_ms": (WORKER, "process CPU time of the worker during the batch"),
+    "engine_thread_cpu_ms": (WORKER, "CPU time of the inference thread during the batch"),
+    "deschedule_ms": (WORKER, "wall - CPU of the inference call (the document's formula)"),
+    "run_delay_ms": (WORKER, "growth of schedstat run_delay during the call (time runnable but not running)"),
+    "worker_queue_wait_ms": (WORKER, "the longest publication -> claim wait among a batch's requests"),
+    "worker_batch_size": (WORKER, "samples per batch the worker ran"),
 }
+
+
+def series_side(key: str) -> str:
+    """``sampler``, ``worker`` or ``?`` for a series name, an exported tag or a tb-report key
+    (``infer_exec_max_ms``, ``sample_infos/sl_remote_worker_batch_size_p99``)."""
+    base, unit = _split_unit(key.rpartition(TB_PREFIX)[2])
+    for stat in ("_max", "_p50", "_p99", "_p999"):
+        if base.endswith(stat):
+            base = base[: -len(stat)]
+            break
+    return SERIES.get(base + unit, ("?", ""))[0]
 
 
 # A window's summary is the package's one percentile definition (nearest rank, with n, mean and max).
@@ -138,7 +157,7 @@ class PrometheusExport:
         name = PROM_PREFIX + series
         if name not in self._gauges:
             self._gauges[name] = self._gauge_cls(
-                name, SERIES.get(series, series), ["node", "source", "stat"], registry=self.registry
+                name, SERIES.get(series, ("", series))[1], ["node", "source", "stat"], registry=self.registry
             )
         return self._gauges[name]
 

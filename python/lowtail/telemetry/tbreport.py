@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lowtail.render import table
+from lowtail.telemetry.export import series_side
 from lowtail.telemetry.tfevents import Series, read_scalars
 
 BATCH_RECV = ("batch_recv_ms",)
@@ -133,9 +134,13 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.append(
             table.render(
-                ["sl_remote_*", "n", "mean", "p50", "p99", "max"],
-                [[k, s["n"], _f(s["mean"]), _f(s["p50"]), _f(s["p99"]), _f(s["max"])] for k, s in sl.items()],
-                title="inference seen by the samplers (sample_infos/sl_remote_*, ms)",
+                ["sl_remote_*", "side", "n", "mean", "p50", "p99", "max"],
+                [
+                    [k, series_side(k), s["n"], _f(s["mean"]), _f(s["p50"]), _f(s["p99"]), _f(s["max"])]
+                    for k, s in sl.items()
+                ],
+                title="inference timings (sample_infos/sl_remote_*, ms): side = measured by the samplers "
+                "(per request) or the workers (per call)",
             )
         )
     return "\n".join(out)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 from lowtail.cli.main import UsageError
 from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
-from lowtail.render import table
 
 
 def demo_subparsers(sub: Any) -> Any:
@@ -35,6 +33,13 @@ def register(sub: Any) -> None:
     p.add_argument("--heroes", type=positive(int), default=8, help="samples per request")
     p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler")
     p.add_argument(
+        "--policies",
+        type=positive(int),
+        default=1,
+        help="heroes with a policy of their own (actors spread over them; one client per hero per sampler)",
+    )
+    p.add_argument("--no-standby", action="store_true", help="no hot standby worker per inference actor")
+    p.add_argument(
         "--strict-leases",
         action="store_true",
         help="lease isolated CPUs only, one owner each, as a real node does (fails on a small machine)",
@@ -49,7 +54,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowtail.actors.demo import DemoError, DemoOptions, run_demo
+    from lowtail.demo.local import DemoError, DemoOptions, render, run_demo
     from lowtail.render.progress import Progress
 
     opts = DemoOptions(
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         tb_logdir=args.tb_logdir,
         plot=args.plot,
+        policies=args.policies,
+        standby=not args.no_standby,
     )
     try:
         bar = Progress("demo ray", opts.seconds, enabled=not args.no_progress)
@@ -72,67 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if json_to_stdout(args):
         write_json(args.json, result.to_dict())
         return 0
-    print(result.lease_note)
-    print()
-    rpc = result.rpc_ms
-    print(
-        table.render(
-            ["samples", "seconds", "samples/s", "requests", "errors"],
-            [
-                [
-                    result.samples,
-                    f"{result.seconds:.1f}",
-                    f"{result.samples_per_s:,.0f}",
-                    result.requests,
-                    ", ".join(f"{k}={v}" for k, v in result.errors.items()) or "0",
-                ]
-            ],
-            title=f"Throughput ({args.samplers} samplers, {args.actors} inference actors)",
-        )
-    )
-    print()
-    rows = [["round trip (sampler)", rpc.n, *_ms(rpc.p50, rpc.p99, rpc.p999, rpc.max)]]
-    for series, label in (
-        ("infer_exec_ms", "model execution (worker)"),
-        ("queue_wait_ms", "queue wait (worker)"),
-        ("deschedule_ms", "deschedule = wall - CPU"),
-        ("run_delay_ms", "run_delay growth"),
-    ):
-        s = result.worker.get(series)
-        if s is not None:
-            rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
-    print(table.render(["ms", "n", "p50", "p99", "p999", "max"], rows, title="Latency and deschedule tails"))
-    print()
-    print(
-        table.render(
-            ["kind", "leases", "owner -> cpu (placement)"],
-            [
-                [k, len(v), ", ".join(f"{x['owner']}->{x['cpu']} ({x['placement']})" for x in v) or "-"]
-                for k, v in result.leases_by_kind.items()
-            ],
-            title="Leases by kind",
-        )
-    )
-    print()
-    print(
-        table.render(
-            ["actor", "cpu", "worker restarts", "isolation"],
-            [
-                [a["owner"], a["cpu"], a["restarts"], a.get("isolation", {}).get("detail", "-")]
-                for a in result.actors
-            ],
-            title="Inference actors",
-        )
-    )
-    if result.plot:
-        print(f"\nTail plot: {result.plot}")
-    if result.tb_run:
-        print(f"\nTensorBoard run: {result.tb_run}")
+    print(render(result))
     if args.json:
         write_json(args.json, result.to_dict())
         print(f"JSON summary: {args.json}")
     return 0
-
-
-def _ms(*values: float) -> list[str]:
-    return ["-" if math.isnan(v) else f"{v:.3f}" for v in values]

@@ -13,12 +13,13 @@ allocator (``pool``/``share``), never what a real node does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import usable_cpus
 from lowtail.node.plan import Plan
+from lowtail.render import table
 from lowtail.telemetry.export import WindowStats
 from lowtail.telemetry.percentiles import quantile
 
@@ -52,6 +54,13 @@ class DemoOptions:
     features: int = 512
     # A request unanswered this long counts as an error in the summary (the samplers' QueueTimeout).
     request_timeout_s: float = 2.0
+    policies: int = 1  # heroes with a policy model of their own; the actors are spread over them
+    standby: bool = True  # a hot standby worker per inference actor (InferenceSpec.standby)
+
+
+def hero_name(opts: DemoOptions, k: int) -> str:
+    """The demo's hero names: ``demo`` alone, ``demo0``, ``demo1``, ... with several policies."""
+    return "demo" if opts.policies == 1 else f"demo{k}"
 
 
 @dataclass(frozen=True)
@@ -133,33 +142,43 @@ def run_demo(
     opts: DemoOptions, progress: ProgressCallback | None = None, model_dir: str | None = None
 ) -> DemoResult:
     """Run the demo. Uses the connected Ray if there is one (tests), else starts and stops a local one."""
-    import ray
 
     if opts.actors < 1 or opts.samplers < 1:
         raise DemoError(f"actors={opts.actors} samplers={opts.samplers}: expected at least 1 of each")
+    if not 1 <= opts.policies <= opts.actors:
+        raise DemoError(f"policies={opts.policies}: expected 1 to actors={opts.actors} (each needs an actor)")
     if opts.seconds <= 0:
         raise DemoError(f"seconds={opts.seconds}: expected a positive duration")
     plan = node_plan()
     usable = usable_cpus()  # the cgroup's cpuset: under lowtail-ray.service the mask is housekeeping
     policy = lease_policy(plan, opts.actors + opts.samplers, usable, opts.strict_leases)  # before Ray starts
-    work = Path(tempfile.mkdtemp(prefix="lt-demo-"))
+    with local_ray("lt-demo-", policy.pool if policy.pool is not None else plan.isolated & usable) as work:
+        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
+
+
+@contextlib.contextmanager
+def local_ray(prefix: str, leasable: frozenset[int], namespace: str = "lowtail-demo") -> Iterator[Path]:
+    """A work directory, and a local single-user Ray unless one is connected already (tests): token
+    auth off, its session files in the work directory, one ``lowtail_isolated_cpu`` per leasable CPU
+    (what lowtail-ray.service declares). Everything is stopped and removed on exit."""
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     own_ray = not ray.is_initialized()
     saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
     try:
         if own_ray:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-            os.environ["RAY_TMPDIR"] = str(work)  # Ray's session files go away with the work dir
-            leasable = policy.pool if policy.pool is not None else plan.isolated & usable
+            os.environ["RAY_TMPDIR"] = str(work)
             ray.init(
                 num_cpus=max(2, os.cpu_count() or 2),
-                # what lowtail-ray.service declares: one lowtail_isolated_cpu per leasable CPU
                 resources={"lowtail_isolated_cpu": float(len(leasable))},
                 include_dashboard=False,
                 log_to_driver=False,
-                namespace="lowtail-demo",
+                namespace=namespace,
             )
-        return _run(opts, plan=plan, policy=policy, work=work, progress=progress, model_dir=model_dir)
+        yield work
     finally:
         if own_ray and ray.is_initialized():
             ray.shutdown()
@@ -183,15 +202,13 @@ def _run(
     import ray
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
-    from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
+    from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
     from lowtail.actors.metrics import MetricsConfig, get_node_metrics, stop_node_metrics
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.serve.model import ModelSpec, write_model
     from lowtail.telemetry.export import window_stats
 
     node = ray.get_runtime_context().get_node_id()
-    plan = node_plan()
-    policy = lease_policy(plan, opts.actors + opts.samplers, usable_cpus(), opts.strict_leases)
     if model_dir is None:
         model_dir = str(work / "model")
         write_model(model_dir, ModelSpec(features=opts.features))
@@ -208,11 +225,19 @@ def _run(
     actors: list[Any] = []
     samplers: list[Any] = []
     try:
-        for i in range(opts.actors):
-            spec = InferenceSpec(
-                hero="demo", index=i, model_dir=model_dir, allocator=alloc_cfg, metrics=metrics_cfg
+        # Actors are spread over the heroes (policies) in turn; every sampler has one client per hero.
+        specs = [
+            InferenceSpec(
+                hero=hero_name(opts, i % opts.policies),
+                index=i // opts.policies,
+                model_dir=model_dir,
+                allocator=alloc_cfg,
+                metrics=metrics_cfg,
+                standby=opts.standby,
             )
-            actors.append(start_inference_actor(spec, node))
+            for i in range(opts.actors)
+        ]
+        actors.extend(start_inference_actors(specs, node))  # in parallel: they compile at the same time
         endpoints = ray.get([a.endpoint.remote() for a in actors])
         for j in range(opts.samplers):
             sspec = SamplerSpec(
@@ -237,7 +262,7 @@ def _run(
         actor_status = ray.get([a.status.remote() for a in actors])
         ray.get(hub.flush.remote())
         worker = ray.get(hub.summary.remote())
-        raw = ray.get(hub.values.remote(["deschedule_ms", "queue_wait_ms", "infer_exec_ms"]))
+        raw = ray.get(hub.values.remote(["deschedule_ms", "worker_queue_wait_ms", "worker_infer_exec_ms"]))
         prom_text: str = ray.get(hub.render.remote())
         port = ray.get(hub.port.remote())
     finally:
@@ -259,8 +284,8 @@ def _run(
         plot_tails(
             {
                 "round trip (sampler)": np.asarray(rpc),
-                "model execution (worker)": raw.get("infer_exec_ms", np.zeros(0)),
-                "queue wait (worker)": raw.get("queue_wait_ms", np.zeros(0)),
+                "model execution (worker)": raw.get("worker_infer_exec_ms", np.zeros(0)),
+                "queue wait (worker)": raw.get("worker_queue_wait_ms", np.zeros(0)),
                 "deschedule = wall - CPU (worker)": raw.get("deschedule_ms", np.zeros(0)),
             },
             opts.plot,
@@ -296,6 +321,80 @@ def _run(
             line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
         ],
     )
+
+
+def render(result: DemoResult) -> str:
+    """The summary tables ``lowtail demo ray`` prints."""
+    parts: list[str] = []
+    parts.append(result.lease_note)
+    rpc = result.rpc_ms
+    parts.append(
+        table.render(
+            ["samples", "seconds", "samples/s", "requests", "errors"],
+            [
+                [
+                    result.samples,
+                    f"{result.seconds:.1f}",
+                    f"{result.samples_per_s:,.0f}",
+                    result.requests,
+                    ", ".join(f"{k}={v}" for k, v in result.errors.items()) or "0",
+                ]
+            ],
+            title=f"Throughput ({result.options['samplers']} samplers, "
+            f"{result.options['actors']} inference actors)",
+        )
+    )
+    rows = [["round trip (sampler)", rpc.n, *_ms(rpc.p50, rpc.p99, rpc.p999, rpc.max)]]
+    for series, label in (
+        ("queue_wait_ms", "queue wait per request (sampler)"),
+        ("infer_exec_ms", "engine time of its call (sampler)"),
+        ("client_overhead_ms", "client overhead (sampler)"),
+        ("worker_infer_exec_ms", "model execution per call (worker)"),
+        ("worker_queue_wait_ms", "longest queue wait per call (worker)"),
+        ("deschedule_ms", "deschedule = wall - CPU"),
+        ("run_delay_ms", "run_delay growth"),
+    ):
+        s = result.worker.get(series)
+        if s is not None:
+            rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
+    parts.append(
+        table.render(["ms", "n", "p50", "p99", "p999", "max"], rows, title="Latency and deschedule tails")
+    )
+    parts.append(
+        table.render(
+            ["kind", "leases", "owner -> cpu (placement)"],
+            [
+                [k, len(v), ", ".join(f"{x['owner']}->{x['cpu']} ({x['placement']})" for x in v) or "-"]
+                for k, v in result.leases_by_kind.items()
+            ],
+            title="Leases by kind",
+        )
+    )
+    parts.append(
+        table.render(
+            ["actor", "cpu", "worker restarts", "standby pid", "isolation"],
+            [
+                [
+                    a["owner"],
+                    a["cpu"],
+                    a["restarts"],
+                    a.get("standby_pid") or "-",
+                    a.get("isolation", {}).get("detail", "-"),
+                ]
+                for a in result.actors
+            ],
+            title="Inference actors",
+        )
+    )
+    if result.plot:
+        parts.append(f"Tail plot: {result.plot}")
+    if result.tb_run:
+        parts.append(f"TensorBoard run: {result.tb_run}")
+    return "\n\n".join(parts)
+
+
+def _ms(*values: float) -> list[str]:
+    return ["-" if math.isnan(v) else f"{v:.3f}" for v in values]
 
 
 def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:

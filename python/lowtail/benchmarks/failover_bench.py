@@ -1,0 +1,320 @@
+"""``lowtail bench failover``: what one crash costs the other samplers, heroes and replicas.
+
+Two heroes: ``a`` with two inference actors (replicas ``a.0``, ``a.1``), ``b`` with one; ``--samplers``
+samplers at batch 1, each with one client per hero (``lowtail.actors.sampler``). Per configuration
+(the hot standby on, then off) it SIGKILLs the serving worker of ``a.0`` (frozen first, so the requests
+it had claimed are counted), then later kills the whole inference actor ``a.1`` (its process and its
+workers). Reported per sampler and hero, in a window around each kill: the longest gap between answers,
+the requests that failed against those the dead worker had claimed, and the time from the kill to the
+first answer of the killed replica again (its standby, or its restarted worker / actor). Table, JSON,
+PNG. A measurement, not a test: on a shared 2-vCPU host the figures move with the load (reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
+from lowtail.render import table
+
+TARGET_GAP_MS = 50.0
+WINDOW_BEFORE_S = 0.5  # the gap window opens this long before a kill
+WINDOW_AFTER_S = 3.0  # and closes this long after it (or at the next kill)
+REPLICAS = (("a", 0), ("a", 1), ("b", 0))
+
+
+@dataclass
+class Row:
+    """One sampler and hero (or one replica of hero ``a``) around one kill."""
+
+    config: str  # standby / no-standby
+    kill: str  # worker / actor
+    sampler: str
+    series: str  # hero a, hero b, or replica a.0 / a.1
+    longest_gap_ms: float
+    answers: int
+    failed: int
+
+
+@dataclass
+class Kill:
+    config: str
+    kill: str
+    at_s: float
+    claimed: int
+    failed: int = 0
+    first_answer_of_killed_ms: float = float("nan")  # any sampler's first answer from the killed replica
+    errors: dict[str, int] = field(default_factory=dict)  # the run's failed requests by class
+
+
+@dataclass
+class Report:
+    load: list[float] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    targets: dict[str, bool] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def register(bench_sub: Any) -> None:
+    p = bench_sub.add_parser(
+        "failover", help="a worker SIGKILL and an actor kill under samplers of 2 heroes: gaps, failures"
+    )
+    p.add_argument("--samplers", type=positive(int), default=3, help="sampler actors (batch 1)")
+    p.add_argument("--seconds", type=positive(float), default=10.0, help="sampling time per configuration")
+    p.add_argument(
+        "--configs", default="standby,no-standby", help="comma-separated: standby, no-standby (this order)"
+    )
+    add_json(p, "the full report")
+    add_plot(p, "the gaps per sampler and hero")
+    add_no_progress(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowtail.cli.main import UsageError
+
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or any(c not in ("standby", "no-standby") for c in configs):
+        raise UsageError(f"--configs {args.configs!r}: expected standby and/or no-standby, comma-separated")
+    report = Report(options={"samplers": args.samplers, "seconds": args.seconds, "configs": configs})
+    for config in configs:
+        say = (lambda m: None) if args.no_progress else (lambda m: print(f"  {m}", flush=True))
+        measure(config, args.samplers, args.seconds, report, say)
+    report.load = list(os.getloadavg())
+    judge(report)
+    if json_to_stdout(args):
+        write_json(args.json, report.to_dict())
+        return 0
+    print(render(report))
+    if args.json:
+        write_json(args.json, report.to_dict())
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def measure(config: str, samplers: int, seconds: float, report: Report, say: Any) -> None:
+    import ray
+
+    from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
+    from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
+    from lowtail.actors.sampler import EnvSpec, SamplerResult, SamplerSpec, start_sampler
+    from lowtail.demo.local import lease_policy, local_ray
+    from lowtail.lease import node_plan
+    from lowtail.node import cpulist
+    from lowtail.node.cpuset import usable_cpus
+    from lowtail.serve.model import ModelSpec, write_model
+
+    plan, usable = node_plan(), usable_cpus()
+    policy = lease_policy(plan, len(REPLICAS) + samplers, usable, strict=False)
+    leasable = policy.pool if policy.pool is not None else plan.isolated & usable
+    with local_ray("lt-failover-", leasable, namespace="lowtail-bench") as work:
+        node = ray.get_runtime_context().get_node_id()
+        model = work / "model"
+        write_model(model, ModelSpec(features=512))
+        alloc = AllocatorConfig(
+            state_dir=str(work / "leases"),
+            plan=plan.to_dict(),
+            pool=None if policy.pool is None else cpulist.format(policy.pool),
+            share=policy.share,
+        )
+        specs = [
+            InferenceSpec(hero=h, index=i, model_dir=str(model), allocator=alloc, standby=config == "standby")
+            for h, i in REPLICAS
+        ]
+        say(f"{config}: starting {len(specs)} inference actors and {samplers} samplers; {policy.note}")
+        actors = start_inference_actors(specs, node)
+        handles: list[Any] = []
+        try:
+            eps = ray.get([a.endpoint.remote() for a in actors])
+            env = EnvSpec(features=512, heroes=1, step_us=200)
+            for j in range(samplers):
+                spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
+                handles.append(start_sampler(spec, eps, node))
+            refs = [h.run.remote(seconds, "async", 2) for h in handles]
+            time.sleep(seconds * 0.3)
+            say(f"{config}: SIGKILL of a.0's worker")
+            ray.get(actors[0].kill_worker.remote())
+            worker_kill = ray.get(actors[0].kills.remote())[-1]
+            time.sleep(seconds * 0.35)
+            say(f"{config}: kill of the whole actor a.1")
+            actor_kill = kill_actor(actors[1])
+            results: list[SamplerResult] = ray.get(refs, timeout=seconds + 120)
+        finally:
+            for h in handles:
+                stop_actor(h)
+            for a in actors:
+                stop_actor(a)
+            stop_node_allocator(node, remove_state=True)
+    kills = [
+        Kill(config, "worker", float(worker_kill["at_s"]), int(worker_kill["claimed"])),
+        Kill(config, "actor", actor_kill[0], actor_kill[1]),
+    ]
+    for n, k in enumerate(kills):
+        end = kills[n + 1].at_s if n + 1 < len(kills) else k.at_s + WINDOW_AFTER_S
+        lo, hi = k.at_s - WINDOW_BEFORE_S, min(end, k.at_s + WINDOW_AFTER_S)
+        victim = 0 if k.kill == "worker" else 1  # the client's replica index of a.0 / a.1
+        firsts = []
+        for r in results:
+            for hero, h in r.heroes.items():
+                t = np.asarray(h.answer_s)
+                rep = np.asarray(h.replica)
+                inside = (t >= lo) & (t <= hi)
+                report.rows.append(
+                    Row(config, k.kill, r.name, f"hero {hero}", gap_ms(t, lo, hi), int(inside.sum()), 0)
+                )
+                if hero == "a":
+                    for idx in (0, 1):
+                        ti = t[rep == idx]
+                        report.rows.append(
+                            Row(
+                                config,
+                                k.kill,
+                                r.name,
+                                f"replica a.{idx}",
+                                gap_ms(ti, lo, hi),
+                                int(((ti >= lo) & (ti <= hi)).sum()),
+                                0,
+                            )
+                        )
+                    # answered by the killed replica again: published after the kill (its standby,
+                    # restarted worker or restarted actor), not an answer ready before and read late
+                    after = t[(rep == victim) & (np.asarray(h.sent_s) > k.at_s)]
+                    if after.size:
+                        firsts.append(float(after[0] - k.at_s))
+        k.first_answer_of_killed_ms = 1e3 * min(firsts) if firsts else float("nan")
+    # Failures cannot be split between the kills by time stamp (a failure carries none): the run's
+    # total is compared with the sum of what both dead workers had claimed.
+    total_failed = sum(h.failed for r in results for h in r.heroes.values())
+    kills[0].failed = total_failed
+    for r in results:
+        for h in r.heroes.values():
+            for name, n in h.errors.items():
+                kills[0].errors[name] = kills[0].errors.get(name, 0) + n
+    kills[1].failed = -1
+    report.kills.extend(kills)
+
+
+def kill_actor(actor: Any) -> tuple[float, int]:
+    """Freeze the actor's worker, count what it claimed, kill the actor process and its workers."""
+    import ray
+
+    st = ray.get(actor.status.remote())
+    pids = [p for p in (st["worker_pid"], st["standby_pid"]) if p]
+    os.kill(int(st["worker_pid"]), signal.SIGSTOP)
+    claimed = int(ray.get(actor.queue_counts.remote())["PROCESSING"])
+    actor_pid = int(ray.get(actor.ping.remote())["pid"])
+    at = time.monotonic()
+    os.kill(actor_pid, signal.SIGKILL)  # a crash: Ray restarts it (max_actor_restarts) with a new queue
+    while os.path.exists(f"/proc/{actor_pid}") and time.monotonic() - at < 10:
+        time.sleep(0.01)  # reaped: its queue is orphaned before its workers die, as in a real crash
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    return at, claimed
+
+
+def gap_ms(t: np.ndarray, lo: float, hi: float) -> float:
+    inside = t[(t >= lo) & (t <= hi)]
+    return float(1e3 * np.diff(np.concatenate(([lo], inside, [hi]))).max())
+
+
+def judge(report: Report) -> None:
+    def gaps(config: str, pred: Any) -> list[float]:
+        return [r.longest_gap_ms for r in report.rows if r.config == config and pred(r)]
+
+    sb = gaps("standby", lambda r: r.kill == "worker" and r.series.startswith("hero"))
+    if sb:
+        report.targets["standby: no sampler's gap > 50 ms for any hero (worker kill)"] = (
+            max(sb) <= TARGET_GAP_MS
+        )
+    healthy = gaps(
+        "no-standby",
+        lambda r: (
+            r.series == "hero b"
+            or (r.kill == "worker" and r.series == "replica a.1")
+            or (r.kill == "actor" and r.series == "replica a.0")
+        ),
+    )
+    if healthy:
+        report.targets["no standby: healthy hero's and replica's traffic never stalls > 50 ms"] = (
+            max(healthy) <= TARGET_GAP_MS
+        )
+    for config in {k.config for k in report.kills}:
+        ks = [k for k in report.kills if k.config == config]
+        report.targets[f"{config}: failures == what the dead workers had claimed"] = ks[0].failed == sum(
+            k.claimed for k in ks
+        )
+
+
+def render(report: Report) -> str:
+    rows = [
+        [r.config, r.kill, r.sampler, r.series, f"{r.longest_gap_ms:.1f}", r.answers] for r in report.rows
+    ]
+    out = [
+        table.render(
+            ["config", "kill", "sampler", "series", "longest gap ms", "answers in window"],
+            rows,
+            title=f"Longest gap between answers, {WINDOW_BEFORE_S} s before to {WINDOW_AFTER_S} s after "
+            "each kill",
+        ),
+        table.render(
+            [
+                "config",
+                "kill",
+                "claimed by the dead worker",
+                "failed (run total)",
+                "kill -> first answer of the killed replica ms",
+            ],
+            [
+                [
+                    k.config,
+                    k.kill,
+                    k.claimed,
+                    "-" if k.failed < 0 else f"{k.failed} {k.errors or ''}",
+                    "-" if math.isnan(k.first_answer_of_killed_ms) else f"{k.first_answer_of_killed_ms:.1f}",
+                ]
+                for k in report.kills
+            ],
+            title="Failures and recovery",
+        ),
+        table.render(
+            ["target", "met"], [[k, "yes" if v else "NO"] for k, v in report.targets.items()], title="Targets"
+        ),
+        f"load average {report.load[0]:.2f} {report.load[1]:.2f} {report.load[2]:.2f}" if report.load else "",
+    ]
+    return "\n\n".join(out)
+
+
+def plot(report: Report, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    labels = [f"{r.config}\n{r.kill}\n{r.series}" for r in report.rows]
+    keys = list(dict.fromkeys(labels))
+    for x, key in enumerate(keys):
+        ys = [r.longest_gap_ms for r, lab in zip(report.rows, labels, strict=True) if lab == key]
+        ax.scatter([x] * len(ys), ys, s=18)
+    ax.axhline(TARGET_GAP_MS, color="grey", ls=":", lw=0.8, label=f"target {TARGET_GAP_MS:.0f} ms")
+    ax.set_xticks(range(len(keys)), keys, fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylabel("longest gap between answers (ms), per sampler")
+    ax.set_title("lowtail bench failover: a worker SIGKILL, then an actor kill", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,208 @@
+"""InferenceClient failover across a hero's replicas, with real queues and real pinned workers (no Ray).
+
+Two replicas (a queue and an OpenVINO worker each) behind one client, as a sampler's client of a hero
+with two inference actors sees them. A replica whose worker is SIGKILLed is skipped by round robin at
+once (start() never waits for it), requests it had not claimed are moved to the other replica exactly
+once, and what its worker had claimed fails WorkerDied: nothing answered twice, nothing lost silently.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowtail.actors.client import InferenceClient, PendingInference, wait_first
+from lowtail.actors.endpoint import Endpoint, EndpointDown
+from lowtail.serve.model import example_inputs
+from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.shm.queue import InferenceQueue, QueueConfig, WorkerDied
+from tests.runtime.conftest import SMALL_SPEC
+
+CPU = max(os.sched_getaffinity(0))
+START_LIMIT_S = 0.5  # "start() does not wait for a down replica", not a latency figure
+
+
+class Replica:
+    def __init__(self, model: Path, index: int) -> None:
+        self.queue = InferenceQueue.create(
+            QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)
+        )
+        self.model = model
+        self.index = index
+        self.worker = self._start()
+        self.endpoint = Endpoint(
+            f"lowtail-test-{index}",
+            f"infer:t:{index}",
+            "node-a",
+            CPU,
+            0,
+            self.queue.descriptor,
+            self.worker.pid,
+        )
+
+    def _start(self) -> WorkerProcess:
+        w = WorkerProcess.start(self.queue.descriptor, CPU, self.model, WorkerConfig(name=f"t.{self.index}"))
+        w.wait_ready(120)
+        return w
+
+    def restart(self) -> None:
+        self.worker.stop()
+        self.worker = self._start()
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.queue.close()
+
+
+@pytest.fixture
+def replicas(small_model: Path) -> Iterator[list[Replica]]:
+    rs = [Replica(small_model, i) for i in range(2)]
+    try:
+        yield rs
+    finally:
+        for r in rs:
+            r.close()
+
+
+def x_of(k: int) -> dict[str, np.ndarray]:
+    return example_inputs(SMALL_SPEC.features, 1, seed=k)
+
+
+def test_a_replica_whose_worker_died_is_skipped_at_once_and_start_never_waits(
+    replicas: list[Replica],
+) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        for k in range(4):
+            client.infer(x_of(k))
+        a.worker.kill()
+        a.worker._proc.join(10)
+        for k in range(20):
+            t0 = time.monotonic()
+            p = client.start(x_of(k))
+            assert time.monotonic() - t0 < START_LIMIT_S
+            assert p.target == 1  # b: the down replica is skipped, not waited for
+            out = client.finish(p)
+            assert out["value"].shape == (1, 1)
+            assert p.timing is None or p.timing.round_trip_s > 0
+        status = client.status()
+        assert not status[0]["serving"] and status[1]["serving"]
+        a.restart()  # its worker is back on the same queue: round robin uses it again
+        targets = {client.start(x_of(k)).target for k in range(4)}
+        assert targets == {0, 1}
+
+
+def test_single_replica_without_a_worker_waits_for_it_bounded_by_the_timeout(
+    replicas: list[Replica],
+) -> None:
+    a, _ = replicas
+    a.worker.kill()
+    a.worker._proc.join(10)
+    with InferenceClient([a.endpoint], node_id="node-a", timeout_s=30) as client:
+        t0 = time.monotonic()
+        p = client.start(x_of(0))  # published: the restarted worker will serve it
+        assert time.monotonic() - t0 < START_LIMIT_S
+        assert not p.done()
+        a.restart()
+        assert client.finish(p)["value"].shape == (1, 1)
+
+
+def test_requests_unclaimed_on_a_dead_replica_move_once_claimed_ones_fail(replicas: list[Replica]) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        client.infer(x_of(0))  # both attached and warm
+        client.infer(x_of(1))
+        os.kill(a.worker.pid, signal.SIGSTOP)  # a holds its requests: some claimed, the rest queued
+        pending: list[PendingInference] = []
+        while len([p for p in pending if p.target == 0]) < 4:
+            pending.append(client.start(x_of(len(pending))))
+        time.sleep(0.2)
+        claimed = a.queue.snapshot().counts["PROCESSING"]
+        os.kill(a.worker.pid, signal.SIGKILL)
+        os.kill(a.worker.pid, signal.SIGCONT)
+        answered = failed = 0
+        for p in pending:
+            try:
+                out = client.finish(p)
+                assert out["value"].shape == (1, 1)
+                answered += 1
+            except WorkerDied:
+                failed += 1
+        assert failed == claimed  # exactly what the dead worker held
+        assert answered == len(pending) - claimed  # every other one answered, once
+        assert client.moved == 4 - claimed
+        assert all(p.target == 1 for p in pending if p.moved)
+
+
+def test_every_replica_down_raises_endpoint_down_with_a_retry_and_no_wait(replicas: list[Replica]) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        for t in client._targets:
+            client._lose(t, "test: lost")
+            t.retry_at = time.monotonic() + 60  # no re-resolve due
+        t0 = time.monotonic()
+        with pytest.raises(EndpointDown) as info:
+            client.start(x_of(0))
+        assert time.monotonic() - t0 < START_LIMIT_S
+        assert info.value.retry_in_s > 0
+
+
+def test_done_and_wait_first(replicas: list[Replica]) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        os.kill(a.worker.pid, signal.SIGSTOP)
+        try:
+            stuck = client.start(x_of(0))
+            assert stuck.target == 0
+            quick = client.start(x_of(1))
+            assert wait_first([stuck, quick], timeout_s=30) is quick
+            assert quick.done() and not stuck.done()
+            client.finish(quick)
+        finally:
+            os.kill(a.worker.pid, signal.SIGCONT)
+        assert wait_first([stuck], timeout_s=30) is stuck
+        client.finish(stuck)
+
+
+def test_timings_on_the_handle_and_the_clients_series(replicas: list[Replica]) -> None:
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        for k in range(6):
+            p = client.start(x_of(k))
+            assert p.timing is None  # only after finish
+            client.finish(p)
+            t = p.timing
+            assert t is not None and t.batch_size >= 1
+            assert t.queue_wait_s >= 0 and t.engine_s > 0 and t.client_overhead_s >= 0
+            assert t.queue_wait_s + t.engine_s <= t.round_trip_s
+        series, samples = client.take_series()
+        assert samples == 6 and {len(v) for v in series.values()} == {6}
+        assert set(series) == {"rpc_elapsed_ms", "queue_wait_ms", "infer_exec_ms", "client_overhead_ms"}
+
+
+def test_zero_copy_outputs_are_views_refused_after_release(
+    replicas: list[Replica], small_model: Path
+) -> None:
+    from lowtail.shm.queue import QueueError
+
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        x = x_of(3)
+        p = client.start(x)
+        out = client.finish(p, copy=False)
+        value = out["value"]
+        assert not value.flags.writeable and not value.flags.owndata  # a view of the answer
+        expected = value.copy()
+        with pytest.raises(QueueError, match="still referenced"):
+            p.release()  # an array taken from them is alive: the slot stays held
+        del value
+        p.release()
+        with pytest.raises(QueueError, match="released"):
+            out["value"]
+        assert np.array_equal(client.infer(x)["value"], expected)  # the slot is reused safely

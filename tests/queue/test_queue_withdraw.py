@@ -1,0 +1,90 @@
+"""Withdraw raced against the worker's claim, with real processes: every request runs at most once, and
+its client always knows whether it did (True: never; False: its answer, or RequestWithdrawn: never)."""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import numpy as np
+
+from lowtail.shm.errors import RequestWithdrawn
+from lowtail.shm.queue import (
+    InferenceQueue,
+    LaneBusy,
+    QueueClient,
+    QueueConfig,
+    QueueDescriptor,
+    QueueWorker,
+)
+
+ROUNDS = 3000
+
+
+def recording_worker(desc: QueueDescriptor, stop: Any, out: Any, run_s: float) -> None:
+    """Answer every request with its own tag and report every tag it ran."""
+    ran: list[int] = []
+    end = time.monotonic() + run_s
+    with QueueWorker.attach(desc, idle_us=1_000_000) as w:  # spins between requests: claims at once
+        while time.monotonic() < end and not stop.is_set():
+            b = w.claim(timeout_s=0.05)
+            if b is None:
+                continue
+            x = b.inputs["x"]
+            ran.extend(int(v) for v in x[:, 0])
+            b.complete({"tag": x[:, :1].copy()})
+        out.put((ran, w.withdrawn))
+
+
+def test_withdraw_against_claim_runs_every_request_at_most_once(ctx: BaseContext) -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=4, coalesce_us=0, request_bytes=4096, response_bytes=4096)
+    rng = np.random.default_rng(0)
+    # Log-uniform from 1 us to 5 ms: around the worker's claim however busy the host (a few us after
+    # the doorbell on an idle one, milliseconds when the worker's CPU is shared).
+    delays_ns = np.exp(rng.uniform(np.log(1e3), np.log(5e6), ROUNDS)).astype(np.int64)
+    with InferenceQueue.create(cfg) as server:
+        out, stop = ctx.Queue(), ctx.Event()  # type: ignore[attr-defined]
+        worker = ctx.Process(target=recording_worker, args=(server.descriptor, stop, out, 120.0))  # type: ignore[attr-defined]
+        worker.start()
+        withdrawn, answered, refused = set(), set(), set()
+        try:
+            with QueueClient.attach(server.descriptor) as c:
+                c.infer({"x": np.full((1, 2), -1, np.float32)}, timeout_s=30)  # the worker is up
+                for i in range(ROUNDS):
+                    x = {"x": np.full((1, 2), i, np.float32)}
+                    while True:
+                        try:
+                            t = c.submit(x)
+                            break
+                        except LaneBusy:  # withdrawn slots come back once the worker passed them
+                            time.sleep(0.0001)
+                    until = time.monotonic_ns() + int(delays_ns[i])
+                    while time.monotonic_ns() < until:
+                        pass
+                    if c.withdraw(t):
+                        withdrawn.add(i)
+                        continue
+                    try:
+                        got = c.wait(t, timeout_s=30)
+                    except RequestWithdrawn:
+                        refused.add(i)  # claimed, then seen withdrawn by the worker: not run
+                        continue
+                    assert int(got["tag"][0, 0]) == i  # its own answer
+                    answered.add(i)
+                time.sleep(0.1)  # the worker passes the last withdrawn requests
+                stop.set()
+                ran, worker_withdrawn = out.get(timeout=60)
+        finally:
+            stop.set()
+            worker.join(60)
+            if worker.is_alive():
+                worker.kill()
+        ran_set = set(ran) - {-1}
+        assert len(ran) - 1 == len(ran_set)  # nothing ran twice
+        assert ran_set == answered  # every answer came from a run, every run was answered
+        assert not ran_set & withdrawn and not ran_set & refused  # withdrawn: never run
+        assert len(withdrawn) + len(answered) + len(refused) == ROUNDS
+        assert worker_withdrawn == len(withdrawn) + len(refused)  # the worker skipped exactly those
+        # Both sides of the race happened (not a test of one branch only).
+        assert len(withdrawn) > 20 and len(answered) > 20, (len(withdrawn), len(answered), len(refused))
