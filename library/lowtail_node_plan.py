@@ -143,6 +143,7 @@ _HUGEPAGE_BYTES = {"2M": 2 * 2**20, "1G": 2**30}
 KERNEL_ROLE_KEYS = frozenset(
     {
         "transparent_hugepage",
+        "rcutree.nohz_full_patience_delay",
         "idle",
         "processor.max_cstate",
         "default_hugepagesz",

@@ -134,7 +134,7 @@ BAD_INPUTS = {
         {"machine": "epyc_2s_nps4", "lowtail_expected_hardware": {"numa_per_socket": 1}},
         "numa_per_socket expected 1, host has 4",
     ),
-    # Issue 12 item 7: inputs that used to pass preflight and fail (or do harm) later.
+    # Inputs that used to pass preflight and fail (or do harm) later.
     "cstate_limit_negative": (
         {"machine": "epyc9634_2s", "lowtail_kernel_cstate_limit": -1},
         "lowtail_kernel_cstate_limit -1: expected null",
