@@ -31,8 +31,8 @@ class WorkerConfig:
     # Process CPU clock and scheduler counters cost ~3-6 us per read on a KVM guest (bench serve
     # --breakdown): read them on every Nth call and on every call that was descheduled, not on all.
     stats_every: int = 16
-    # Run every batch size up to max_batch once before reporting ready (first inferences of a size cost
-    # tens of ms in OpenVINO; see worker_child.warm_up).
+    # Run every shape the engine will run up to max_batch once before reporting ready (first inferences
+    # of a shape cost tens of ms in OpenVINO; see worker_child.warm_up).
     warm_up: bool = True
     probe_cpu_view: bool = False  # also report how many threads OpenVINO would pick by itself
     log_level: str = "INFO"
