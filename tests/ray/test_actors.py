@@ -107,7 +107,9 @@ def test_inference_actor_places_its_queue_and_releases_everything_on_shutdown(
 def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_are_served(
     ray_nodes: RayNodes, tmp_path: Path, alloc_cfg: AllocatorConfig
 ) -> None:
-    slow = write_slow_model(tmp_path / "slow").parent
+    # ~1 s a call: long enough that the kill below lands while the request is PROCESSING even when a Ray
+    # call to the actor takes a few hundred ms on a loaded host.
+    slow = write_slow_model(tmp_path / "slow", layers=1000).parent
     x = {"obs": np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)}
     spec = infer_spec(
         slow,
@@ -129,13 +131,19 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
         ep = ray.get(actor.endpoint.remote())
         with InferenceClient([ep], node_id=ray_nodes.head, timeout_s=30) as client:
             assert client.infer(x)["value"].shape == (64, 1024)
+            # Asked first: the actor freezes and kills the worker as soon as it sees the request claimed.
+            kill = actor.kill_worker.remote(while_processing=True, timeout_s=60.0)
             pending = client.start(x)
-            killed = ray.get(actor.kill_worker.remote(while_processing=True))
+            killed = ray.get(kill)
             with pytest.raises(WorkerDied):
                 client.finish(pending)
-            assert wait_until(
-                lambda: (s := ray.get(actor.status.remote()))["restarts"] == 1 and s["worker_alive"]
-            )
+            last: dict[str, Any] = {}
+
+            def restarted() -> bool:
+                last.update(ray.get(actor.status.remote()))
+                return bool(last["restarts"] == 1 and last["worker_alive"])
+
+            assert wait_until(restarted), f"no restarted worker within 30 s: {last}"
             status = ray.get(actor.status.remote())
             assert status["worker_pid"] != killed and status["failed"] is None
             # the same queue and attachment, served by the restarted worker: nothing to re-resolve

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 
 
@@ -20,6 +21,11 @@ def deaf_to_ctrl_c() -> Iterator[None]:
     does get the KeyboardInterrupt, ends its children itself (a child may install its own SIGINT
     handler once it runs). A Ctrl-C in the few milliseconds of spawning is lost, not mishandled.
     """
+    if threading.current_thread() is not threading.main_thread():
+        # Python sets handlers from the main thread only; a child started from another thread (an
+        # actor's supervisor) belongs to a process no terminal's Ctrl-C reaches.
+        yield
+        return
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
