@@ -260,19 +260,21 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
     """Eight 16-sample requests queued at once are eight batches served back to back (16 = the batch
     limit). "call" switches the policy twice per batch; "work" enters once, stays in SCHED_FIFO while
     a batch is ready, and leaves when the queue is empty, so it switches at most once per batch (in
-    practice twice in all). Counted by the worker (SchedFifo.switches in the stats segment)."""
+    practice twice in all). Counted by the worker (SchedFifo.switches in the stats segment). The eight
+    are published before the worker starts, so all of them are waiting when it serves, however slowly
+    a loaded host runs this client."""
     cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=1.0)
     with (
         small_queue(slots_per_lane=8, max_batch_samples=16) as queue,
         QueueClient.attach(queue.descriptor) as c,
     ):
+        x = example_inputs(64, 16)
+        pending = [c.start(x) for _ in range(8)]
         w = WorkerProcess.start(queue.descriptor, CPU, small_model, cfg)
         try:
             info = w.wait_ready(120)
             if not info["sched_fifo"]:
                 pytest.skip(f"SCHED_FIFO not permitted here ({info['sched_fifo_reason']}): nothing to count")
-            x = example_inputs(64, 16)
-            pending = [c.start(x) for _ in range(8)]
             for p in pending:
                 assert next(iter(p.finish(timeout_s=30).values())).shape[0] == 16
             deadline = time.monotonic() + 5
