@@ -3,7 +3,7 @@
 # made offline-capable with debootstrap and imported into podman. Molecule (roles' tests) and the
 # `make demo` sandbox node both boot it with:
 #   podman run -d --runtime=runc --systemd=always --ulimit=nofile=4096:4096 --ulimit=nproc=4096:4096 IMAGE /sbin/init
-# (crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it: FIELD-NOTES).
+# (crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it; docs/testing.md).
 #
 # The tag is a hash of this script, so changing the package list builds a new image and an unchanged
 # script reuses the one already present. Prints the image reference on stdout; progress goes to stderr.

@@ -14,7 +14,7 @@
 # roles' live-apply steps are switched off by inventory variables instead. The one capability added is
 # SYS_NICE, exactly what lowtail's worker pods get (roles/lowtail_k8s): SCHED_FIFO and nice -20 for the
 # pinned worker, and mbind/move_pages, which podman's default seccomp profile allows only with it. runc and low ulimits because
-# crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it (FIELD-NOTES).
+# crun fails on this kernel/cgroup setup and podman's default ulimits are too high for it (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_private_shm_dir_left_behind() -> Iterator[None]:
+    """The first queue a uid creates makes its private directory under /dev/shm (``lowtail-<uid>``,
+    0700) and lowtail keeps it for the next one, as /run/user keeps a runtime directory. A test
+    session that made it removes it again when it is empty (segments left in it are the queue suite's
+    ``no_segment_left_behind`` to name)."""
+    from lowtail.shm.segments import private_dir
+
+    path = private_dir()
+    existed = path.exists()
+    yield
+    if not existed and path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        path.rmdir()

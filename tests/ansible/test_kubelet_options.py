@@ -13,7 +13,7 @@ from lowtail.node.kubelet_options import (
     eviction_hard,
 )
 
-# The role's historic default: kubelet 1.31-1.33 refused it (issue 12, item 1).
+# The role's historic default: kubelet 1.31-1.33 refused it.
 OLD_DEFAULT = {
     "full-pcpus-only": "true",
     "strict-cpu-reservation": "true",

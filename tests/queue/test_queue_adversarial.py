@@ -1,4 +1,4 @@
-"""The queue under attack with real processes (issue 11): many staggered clients, kills at each
+"""The queue under attack with real processes: many staggered clients, kills at each
 store of the publication protocol, garbage written by a third process, a real OpenVINO worker fed
 a poison request. Every test checks the invariants: no hang, no lost slot, no double or crossed
 answer, the other lanes go on."""

@@ -1,4 +1,4 @@
-"""The queue tried as a hostile or unlucky user would (issue 11): each test failed on the tree it fixes.
+"""The queue tried as a hostile or unlucky user would: each test failed on the tree it fixes.
 
 In-process and deterministic: the worker is driven claim by claim, and the "third party" writing
 the segment is the owner's own mapping (``InferenceQueue._m``), which is exactly what any process

@@ -1,6 +1,6 @@
 """The per-node lease allocator as a Ray actor, and how owners reach it.
 
-One actor per node (FIELD-NOTES): named from the node id, ``lifetime="detached"``, created with
+One named, detached Ray actor per node: named from the node id, ``lifetime="detached"``, created with
 ``get_if_exists=True`` and placed with ``NodeAffinitySchedulingStrategy(node_id, soft=False)``, so every
 process on a node finds the same one and no node ever borrows another's. It restarts itself
 (``max_restarts=-1``) and a restarted allocator rebuilds its table from the node's state file

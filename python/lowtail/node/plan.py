@@ -24,8 +24,9 @@ class PlanError(LowtailError, ValueError):
     """A housekeeping request that cannot become a valid plan on this topology."""
 
 
-# Arguments every lowtail node gets, whatever its CPUs (OpenShift PerformanceProfile's set, see
-# FIELD-NOTES). isolcpus without "domain": a domain-isolated CPU gets no load balancing at all.
+# Arguments every lowtail node gets, whatever its CPUs (the set OpenShift's Node Tuning Operator renders
+# for a PerformanceProfile). isolcpus without "domain": a domain-isolated CPU gets no load balancing at
+# all (OpenShift's balanceIsolated documentation).
 FIXED_KERNEL_ARGS: tuple[str, ...] = ("skew_tick=1", "nosoftlockup", "tsc=reliable", "nmi_watchdog=0")
 # Only meaningful on AMD: iommu=pt keeps DMA off the IOMMU translation path; amd_pstate picks the driver
 # mode (tuned's cpu-partitioning writes intel_pstate=disable, which does nothing on EPYC).

@@ -2,7 +2,8 @@
 
 Standard library only: the worker calls this before importing numpy or OpenVINO, because threads those
 libraries create inherit the mask of the thread that creates them, and OpenVINO sizes its thread pool
-from the affinity mask it sees at its first compile (shared/FIELD-NOTES.md).
+from the affinity mask it sees at its first compile (OpenVINO's CPU plugin; it ignores CFS quota,
+openvino#37838).
 
 Everything here acts on the calling thread (Linux keeps affinity, nice and scheduling policy per thread)
 and is inherited by threads created afterwards, which is why the worker does it first.
