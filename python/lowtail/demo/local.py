@@ -48,7 +48,7 @@ class DemoOptions:
     heroes: int = 8  # samples per environment step (the batch one request carries)
     depth: int = 2  # games in flight per sampler (two-phase async)
     strict_leases: bool = False  # refuse the demo override: isolated CPUs only, one owner each
-    metrics_port: int | None = 0  # 0: any free port; None: no HTTP server
+    metrics_port: int | None = None  # None: no HTTP server (nothing of lowtail's listens); 0: any free port
     tb_logdir: str | None = None
     plot: str | None = None  # PNG of the tails (round trip, deschedule, queue wait)
     features: int = 512
@@ -113,6 +113,7 @@ class DemoResult:
     tb_run: str | None
     plot: str | None = None
     prometheus_sample: list[str] = field(default_factory=list)
+    listening: list[dict[str, Any]] = field(default_factory=list)  # TCP ports open during the run
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +133,7 @@ class DemoResult:
             "tb_run": self.tb_run,
             "plot": self.plot,
             "prometheus_sample": self.prometheus_sample,
+            "listening": self.listening,
         }
 
 
@@ -265,6 +267,7 @@ def _run(
         raw = ray.get(hub.values.remote(["deschedule_ms", "worker_queue_wait_ms", "worker_infer_exec_ms"]))
         prom_text: str = ray.get(hub.render.remote())
         port = ray.get(hub.port.remote())
+        listening = listening_ports()  # while every worker of the run is up
     finally:
         for s in samplers:
             stop_actor(s)
@@ -320,7 +323,44 @@ def _run(
         prometheus_sample=[
             line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
         ],
+        listening=listening,
     )
+
+
+def listening_ports() -> list[dict[str, Any]]:
+    """TCP ports this process and its descendants listen on: a local Ray's GCS, raylet and workers (its
+    gRPC servers bind every interface, and Ray has no option to bind loopback only), and the metrics
+    server when one was asked for."""
+    import psutil
+
+    me = psutil.Process()
+    procs = {me.pid: me, **{c.pid: c for c in me.children(recursive=True)}}
+    out = []
+    for conn in psutil.net_connections("inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in procs or not conn.laddr:
+            continue
+        try:
+            name = procs[conn.pid].name()
+        except psutil.Error:  # ended meanwhile
+            continue
+        ip, port = conn.laddr  # a listening socket always has its (ip, port)
+        out.append({"process": name, "pid": conn.pid, "address": ip, "port": port})
+    return sorted(out, key=lambda p: (p["process"], p["port"]))
+
+
+def render_listening(listening: list[dict[str, Any]], metrics_port: int | None) -> str:
+    """The line that names every port the run had open."""
+    where = ", ".join(
+        f"{p['process']} {'[' + p['address'] + ']' if ':' in p['address'] else p['address']}:{p['port']}"
+        for p in listening
+    )
+    metrics = (
+        f"Prometheus metrics on 127.0.0.1:{metrics_port}"
+        if metrics_port is not None
+        else "no metrics port (--metrics-port to serve one)"
+    )
+    ray_part = f"local Ray listened on {where}" if where else "no listening port found"
+    return f"Ports: {metrics}; {ray_part}"
 
 
 def render(result: DemoResult) -> str:
@@ -386,6 +426,7 @@ def render(result: DemoResult) -> str:
             title="Inference actors",
         )
     )
+    parts.append(render_listening(result.listening, result.metrics_port))
     if result.plot:
         parts.append(f"Tail plot: {result.plot}")
     if result.tb_run:

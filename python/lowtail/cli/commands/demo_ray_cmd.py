@@ -28,6 +28,16 @@ def demo_subparsers(sub: Any) -> Any:
     return parser.lowtail_demos
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a TCP port 0-65535 (0: any free port)")
+    return port
+
+
 def register(sub: Any) -> None:
     p = demo_subparsers(sub).add_parser(
         "ray",
@@ -52,7 +62,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="lease isolated CPUs only, one owner each, as a real node does (fails on a small machine)",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0: any free)")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT, 0 for any free port (default: no metrics server)",
+    )
     p.add_argument(
         "--tb-logdir",
         metavar="DIR",
