@@ -398,7 +398,11 @@ def render(result: DemoResult) -> str:
         if s is not None:
             rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
     parts.append(
-        table.render(["ms", "n", "p50", "p99", "p999", "max"], rows, title="Latency and deschedule tails")
+        table.render(
+            ["series", "n", "p50 ms", "p99 ms", "p99.9 ms", "max ms"],
+            rows,
+            title="Latency and deschedule tails",
+        )
     )
     parts.append(
         table.render(
@@ -453,7 +457,7 @@ def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
         frac = 1.0 - np.arange(v.size) / v.size
         p999 = quantile(v, 0.999)
         ax.step(
-            v, frac, where="post", label=f"{label}: n={values.size}, p999 {p999:.3f} ms, max {v[-1]:.3f} ms"
+            v, frac, where="post", label=f"{label}: n={values.size}, p99.9 {p999:.3f} ms, max {v[-1]:.3f} ms"
         )
     for q in (1e-2, 1e-3):
         ax.axhline(q, color="grey", lw=0.6, ls=":")
