@@ -49,6 +49,7 @@ def test_demo_ray_opens_no_metrics_port_unless_asked_and_names_rays_ports() -> N
         "demo", "ray", "--seconds", "1", "--actors", "1", "--samplers", "1", "--no-standby", "--json", "-"
     )
     assert rc == 0, err
+    assert "Started a local Ray instance" not in err  # Ray's INFO lines would land on the bar (-v shows them)
     doc = json.loads(out)
     assert doc["metrics_port"] is None  # no Prometheus server: nobody asked for one
     listening = doc["listening"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import math
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ from lowtail.render.schema import stamp
 from lowtail.serve import metrics
 from lowtail.serve.pinning import pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
+log = logging.getLogger(__name__)
 LANES = (1, 16, 64, 256)
 ACTIVE = (1, 2, 3, 4)
 ND_SIZES_KIB = (64, 256, 1024, 4096, 16384, 65536)
@@ -141,6 +143,9 @@ class _EchoWorker:
         self._stop = ctx.Event()
         self._conn, child = ctx.Pipe(duplex=False)
         kw = {"desc": desc, "cpu": cpu, "copy_bytes": copy_bytes, "stop": self._stop, "conn": child}
+        log.debug(
+            "echo worker (spawned process) pinned on CPU %d, copying %d bytes per request", cpu, copy_bytes
+        )
         self._proc = ctx.Process(target=_echo_worker, kwargs=kw, daemon=True)
         start_pinned(self._proc, cpu)
         child.close()
@@ -206,6 +211,13 @@ def lanes_case(
 
     cfg = QueueConfig(
         lanes=lanes, slots_per_lane=2, request_bytes=4096, response_bytes=4096, min_batch_samples=1
+    )
+    log.debug(
+        "%s; %d idle clients, %d sampler processes on CPUs %s",
+        cfg,
+        lanes - active,
+        active,
+        sorted(sampler_cpus),
     )
     row: dict[str, Any] = {"lanes": lanes, "active": active, "error": ""}
     ctx = multiprocessing.get_context("spawn")

@@ -14,6 +14,7 @@ allocator (``pool``/``share``), never what a real node does.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -31,9 +32,13 @@ from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import usable_cpus
 from lowtail.node.plan import Plan
-from lowtail.render import table
+from lowtail.render import console, table
 from lowtail.telemetry.export import WindowStats
 from lowtail.telemetry.percentiles import quantile
+
+log = logging.getLogger(__name__)
+# Ray's driver log level per verbosity: its INFO lines ("Started a local Ray instance") only with -v.
+RAY_LOGGING = {console.QUIET: logging.ERROR, console.NORMAL: logging.WARNING, console.VERBOSE: logging.INFO}
 
 
 class DemoError(LowtailError, RuntimeError):
@@ -173,13 +178,16 @@ def local_ray(prefix: str, leasable: frozenset[int], namespace: str = "lowtail-d
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
             os.environ["RAY_TMPDIR"] = str(work)
-            ray.init(
-                num_cpus=max(2, os.cpu_count() or 2),
-                resources={"lowtail_isolated_cpu": float(len(leasable))},
-                include_dashboard=False,
-                log_to_driver=False,
-                namespace=namespace,
-            )
+            init: dict[str, Any] = {
+                "num_cpus": max(2, os.cpu_count() or 2),
+                "resources": {"lowtail_isolated_cpu": float(len(leasable))},
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "namespace": namespace,
+                "logging_level": RAY_LOGGING[console.verbosity()],
+            }
+            log.debug("ray.init(%s) with RAY_TMPDIR=%s", init, work)
+            ray.init(**init)
         yield work
     finally:
         if own_ray and ray.is_initialized():
