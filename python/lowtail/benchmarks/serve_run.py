@@ -81,11 +81,15 @@ class DesignResult:
     queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
     fifo_switches_per_call: float = float("nan")  # scheduling-policy system calls per engine call
     fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
-    # The samplers' own cost: CPU time per request (submit, wait, read the answer; spinning and parking
-    # included) and how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need
-    # more than that CPU has (bench serve's traffic designs on a 2-vCPU host).
+    # The samplers' own cost: CPU time per request of the thread that submits and waits (submit, wait,
+    # read the answer; spinning and parking included; these samplers have no environment step) and
+    # how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need more than that
+    # CPU has (bench serve's traffic designs on a 2-vCPU host). The spin budget their clients chose
+    # (QueueClient.spin_policy; -1: none reported) and why.
     sampler_cpu_us_per_request: float = float("nan")
     sampler_cpus_busy: float = float("nan")
+    sampler_spin_us: int = -1
+    sampler_spin_reason: str = ""
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
     note: str = ""
     error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
@@ -147,6 +151,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
     """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
     cpu_ns = 0
+    spin: tuple[int, str] = (-1, "")
     start = t = time.perf_counter_ns()
     start_mono = time.monotonic()
     try:
@@ -157,11 +162,14 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
         duration = setup.duration
         perf = time.perf_counter_ns
         with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
+            spin = (client.spin_policy.spin_us, client.spin_policy.reason)
             end = perf() + int(warmup * 1e9)
             while perf() < end:
                 client.start(x).finish(timeout_s=10.0)
             start_mono = time.monotonic()
-            cpu0 = time.process_time_ns()
+            # This thread's CPU (the one that submits and waits), not the process's: a sampler has
+            # no environment step here, so all of it is the request's cost.
+            cpu0 = time.thread_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
@@ -169,7 +177,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1
-            cpu_ns = time.process_time_ns() - cpu0
+            cpu_ns = time.thread_time_ns() - cpu0
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -180,6 +188,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             "lat_ns": lat,
             "window": (start_mono, time.monotonic()),
             "cpu_ns": cpu_ns,
+            "spin": spin,
             "error": error,
         }
     )
@@ -343,6 +352,10 @@ def _served_result(
     res.duration_s = elapsed
     res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
     res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
+    # Every sampler's own choice: on one isolated CPU the first to attach spins, the others park.
+    spins = sorted({(int(r["spin"][0]), str(r["spin"][1])) for r in ok})
+    res.sampler_spin_us = max(us for us, _ in spins)
+    res.sampler_spin_reason = "; ".join(why for _, why in spins)
     res.samples = samples
     res.samples_per_s = samples / elapsed
     res.latency_ms = metrics.percentiles(lat)
