@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.benchmarks.serve_run import BREAKDOWN, DesignResult
+from lowtail.benchmarks.serve_run import BREAKDOWN, STAGES, DesignResult
 from lowtail.render import table
 from lowtail.serve import metrics
 
@@ -147,8 +147,24 @@ def breakdown_tables(results: list[DesignResult]) -> list[tuple[str, list[str], 
     ]
 
 
+def stage_table(results: list[DesignResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows): one round trip, stage by stage (serve_run.STAGES), us p50/mean."""
+    rounds = max(r.round for r in results)
+    rows = [
+        [_row_label(r, rounds), str(r.stages_us[STAGES[0]].n)]
+        + [f"{p.p50:.0f}/{p.mean:.0f}" for p in (r.stages_us[k] for k in STAGES)]
+        for r in results
+        if r.stages_us
+    ]
+    if not rows:
+        return []
+    title = "one round trip by stage, us p50/mean (copy-in, to claim, worker, compute, to client, copy-out)"
+    return [(title, ["design", "n", *(k.removesuffix("_us") for k in STAGES)], rows)]
+
+
 def render_breakdown(results: list[DesignResult]) -> str:
-    return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in breakdown_tables(results))
+    tables = breakdown_tables(results) + stage_table(results)
+    return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in tables)
 
 
 def plot(results: list[DesignResult]) -> bytes:
@@ -303,15 +319,24 @@ def verdicts(results: list[DesignResult], batch: int) -> list[str]:
     return lines
 
 
-def write_html(path: str, report: dict[str, Any], results: list[DesignResult], png: bytes | None) -> None:
-    """The report page: the targets met / not met, the tables, the plot, the settings and host, the JSON
-    folded."""
+def write_html(
+    path: str,
+    report: dict[str, Any],
+    results: list[DesignResult],
+    png: bytes | None,
+    extra: list[tuple[str, list[str], list[list[str]]]] | None = None,
+) -> None:
+    """The report page: the targets met / not met, the tables (``extra`` first: the model-size
+    ladder's), the plot, the settings and host, the JSON folded."""
     from lowtail.benchmarks.report import targets_table, write_bench_html
     from lowtail.render import html
 
     sections = [targets_table(report.get("targets_met", []))]
-    tables = result_tables(results) + (
-        breakdown_tables(results) if any(r.breakdown_us for r in results) else []
+    tables = (
+        (extra or [])
+        + result_tables(results)
+        + (breakdown_tables(results) if any(r.breakdown_us for r in results) else [])
+        + stage_table(results)
     )
     sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in tables]
     if png:
