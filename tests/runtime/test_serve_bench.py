@@ -246,6 +246,8 @@ def _ladder_row(calibrated_ms: float, ratio: float, error: str = "") -> dict[str
         "served_vs_bare": ratio,
         "overhead_us": 30.0,
         "overhead_share": 0.01,
+        "bare_infer_ms": calibrated_ms,
+        "served_infer_ms": calibrated_ms * 1.1,
         "error": error,
     }
 
@@ -259,6 +261,10 @@ def test_ladder_targets_are_met_not_met_or_not_decided() -> None:
     assert [t["met"] for t in got] == [None, None] and "within 1.5x" in got[0]["why"]
     got = ladder_targets([_ladder_row(16.6, float("nan"), "worker failed"), _ladder_row(1.0, 0.97)])
     assert got[0]["met"] is None and got[0]["why"] == "its run failed" and got[1]["met"] is True
+    # a bare loop that ran at half speed (the host changed between the runs) decides nothing
+    slow_bare = _ladder_row(16.6, 1.8) | {"bare_infer_ms": 14.2, "served_infer_ms": 7.6}
+    got = ladder_targets([slow_bare, _ladder_row(1.0, 0.97)])
+    assert got[0]["met"] is None and "the host changed between the runs" in got[0]["why"]
 
 
 def test_bench_serve_model_ladder_measures_each_size_and_its_stages(

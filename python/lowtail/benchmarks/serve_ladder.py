@@ -40,6 +40,8 @@ CALIBRATE_TOLERANCE = 0.15
 CALIBRATE_STEPS = 5
 MIN_WIDTH, MAX_WIDTH = 8, 8192
 DEPTH = 3
+# A ratio is decided only when the model's infer() ran at about the same speed bare and served.
+INFER_AGREEMENT = 1.25
 
 
 def parse_model_ms(text: str) -> list[float]:
@@ -188,6 +190,8 @@ def ladder_rows(results: list[DesignResult], sizes: list[dict[str, Any]]) -> lis
                 "overhead_us": over,
                 "overhead_share": over / (call_us + over) if call_us + over > 0 else float("nan"),
                 "engine_batch": served.engine_batch_mean if served else float("nan"),
+                "bare_infer_ms": bare.engine_ms_mean if bare else float("nan"),
+                "served_infer_ms": served.engine_ms_mean if served else float("nan"),
                 "p50_ms": lat.p50 if lat else float("nan"),
                 "p999_ms": lat.p999 if lat else float("nan"),
                 "n": lat.n if lat else 0,
@@ -221,6 +225,17 @@ def ladder_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row is None or math.isnan(row["served_vs_bare"]) or row["error"]:
             why = "no size of the ladder measured within 1.5x of it" if row is None else "its run failed"
             out.append({"target": target, "met": None, "why": why, "figure": "-"})
+            continue
+        bare_ms, served_ms = row.get("bare_infer_ms", math.nan), row.get("served_infer_ms", math.nan)
+        if not abs(math.log(served_ms / bare_ms)) <= math.log(INFER_AGREEMENT):
+            # The same model's infer() ran at another speed in the two runs: the host's load changed
+            # between them, and the ratio measures that rather than the serving.
+            why = (
+                f"infer() took {bare_ms:.2f} ms per call in the bare run and {served_ms:.2f} ms served: "
+                f"the host changed between the runs (more than {INFER_AGREEMENT}x apart)"
+            )
+            figure = f"{row['served_vs_bare']:.3f} at {row['calibrated_ms']:.2f} ms per call"
+            out.append({"target": target, "met": None, "why": why, "figure": figure})
             continue
         out.append(
             {
