@@ -15,6 +15,12 @@ with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per eng
 worker's cost per engine call beyond ``infer()`` and, with ``--breakdown``, where that cost goes (the
 per-stage columns of ``lowtail.serve.metrics.CALL_FIELDS``), the worker's RSS and the segment sizes.
 
+Every design also reports the samplers' own CPU per request (the thread that submits and waits) and
+the spin budget their clients chose (``QueueClient.spin_policy``: they park unless alone on an
+isolated CPU). ``--breakdown`` adds one round trip by stage from the answers' stamps
+(``serve_run.STAGES``). ``--model-ms`` replaces the designs with a model-size ladder
+(``lowtail.benchmarks.serve_ladder``): per size, the bare loop and served x4.
+
 A design that fails (a sampler error, a worker that does not start) becomes a row with its error; the
 other rows are kept and the JSON is always written.
 """
@@ -126,8 +132,8 @@ def register(bench_sub: Any) -> None:
     p.add_argument(
         "--model-ms",
         metavar="MS,...",
-        help="a model-size ladder instead of the designs: per size (ms per batch-16 call on the engine "
-        "CPU, e.g. 0.1,1,16.6; models built and calibrated here), the bare loop and served x4 "
+        help="a model-size ladder instead of the designs: per size (CPU ms per batch-16 call on the "
+        "engine CPU, e.g. 0.1,1,16.6; models built and calibrated here), the bare loop and served x4 "
         "(served/bare, the worker's overhead and its share of a call, sampler p50/p99.9)",
     )
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
