@@ -319,3 +319,25 @@ def test_bench_serve_rejects_bad_ladders(small_model: Path, capsys: pytest.Captu
     assert "0 ms is outside 0.01..200" in capsys.readouterr().err
     assert main(["bench", "serve", "--model-ms", "1", "--model", str(small_model)]) == 2
     assert "without --model" in capsys.readouterr().err
+
+
+def test_compare_spin_runs_each_design_parked_and_spinning_in_the_same_round(
+    small_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "spin.json"
+    argv = ["bench", "serve", "--model", str(small_model), "--seconds", "0.3", "--samplers", "2"]
+    code = main([*argv, "--traffic", "", "--compare-spin-us", "300", "--json", str(out), "--no-progress"])
+    report = json.loads(out.read_text())
+    assert code == 0, report["verdicts"]
+    rows = report["results"]
+    assert [r["label"] for r in rows] == ["bare (limit)", "served x2", "served x2 @spin 300 us"]
+    parked, spun = rows[1], rows[2]
+    # this test's samplers share CPUs that no kernel isolated: by default they park
+    assert parked["sampler_spin_us"] == 0 and "park" in parked["sampler_spin_reason"]
+    assert spun["sampler_spin_us"] == 300 and spun["sampler_spin_reason"] == "spin_us=300 given"
+    assert spun["ratio_to_bare"] == pytest.approx(spun["samples_per_s"] / rows[0]["samples_per_s"])
+    assert report["settings"]["compare_spin_us"] == 300
+    # the targets are decided on the default rows only
+    assert [t["target"] for t in report["targets_met"] if "x2" in t["target"]] == [
+        "served x2 >= 95% of bare at batch 16"
+    ]

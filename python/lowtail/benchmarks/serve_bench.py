@@ -123,6 +123,13 @@ def register(bench_sub: Any) -> None:
         help="measure bare and every design this many times, interleaved; targets use the median ratio",
     )
     p.add_argument(
+        "--compare-spin-us",
+        type=int,
+        metavar="N",
+        help="also run every served design with samplers spinning N us, right after it in the same "
+        "round (rows labelled '@spin N us'; the targets are decided on the default rows)",
+    )
+    p.add_argument(
         "--client-spin-us",
         type=int,
         help="samplers spin this long for an answer before parking (default: the queue's, 200); a "
@@ -202,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "batch": args.batch,
         "fifo_scope": args.fifo_scope,
         "client_spin_us": args.client_spin_us,
+        "compare_spin_us": args.compare_spin_us,
         "duration_s": duration,
         "targets": {
             "served_vs_bare": TARGET_RATIO,
@@ -228,8 +236,10 @@ def run(args: argparse.Namespace) -> int:
                 why = next((ln for ln in reversed(str(e).splitlines()) if ln.strip()), str(e)).strip()
                 raise UsageError(f"--model {args.model}: OpenVINO cannot read {model}: {why}") from None
             report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
-            if args.client_spin_us is not None and not 0 <= args.client_spin_us <= 1_000_000:
-                raise UsageError(f"--client-spin-us {args.client_spin_us}: expected 0..1000000")
+            for opt in ("client_spin_us", "compare_spin_us"):
+                v = getattr(args, opt)
+                if v is not None and not 0 <= v <= 1_000_000:
+                    raise UsageError(f"--{opt.replace('_', '-')} {v}: expected 0..1000000")
             setup = Setup(
                 model,
                 cpu,
@@ -246,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
                 _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
             else:
                 rounds = args.rounds
-                total = rounds * (1 + len(designs)) + (len(designs) if args.ray else 0)
+                variants = 1 if args.compare_spin_us is None else 2
+                total = rounds * (1 + variants * len(designs)) + (len(designs) if args.ray else 0)
                 bar = Progress(
                     f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress
                 )
@@ -256,10 +267,16 @@ def run(args: argparse.Namespace) -> int:
                     tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
                     bar.phase(len(results), tag + "bare loop")
                     results.append(_attempt("bare", run_bare, setup))
+                    first = len(results) - 1
                     for t in designs:
                         bar.phase(len(results), tag + t.label)
                         results.append(_attempt(t.label, run_served, setup, t))
-                    for r in results[-1 - len(designs) :]:
+                        if args.compare_spin_us is not None:
+                            spun = dataclasses.replace(setup, client_spin_us=args.compare_spin_us)
+                            bar.phase(len(results), f"{tag}{t.label}, spinning {args.compare_spin_us} us")
+                            results.append(_attempt(t.label, run_served, spun, t))
+                            results[-1].size = f"spin {args.compare_spin_us} us"
+                    for r in results[first:]:
                         r.round = rnd
                 if args.ray:
                     import ray
@@ -312,7 +329,8 @@ def _finish(
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
-    keys = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope", "client_spin_us", "duration_s")
+    keys: tuple[str, ...] = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope")
+    keys += ("client_spin_us", "compare_spin_us", "duration_s")
     report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     report["targets_met"] = targets(results, args.batch) if results else []

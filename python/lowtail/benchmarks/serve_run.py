@@ -106,7 +106,9 @@ class DesignResult:
     sampler_spin_us: int = -1
     sampler_spin_reason: str = ""
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
-    size: str = ""  # --model-ms: the ladder's model this row served ("1 ms"), else ""
+    # The row's variant in its label: the ladder's model ("1 ms", --model-ms) or the samplers' spin
+    # ("spin 200 us", --compare-spin-us); "" for a default row.
+    size: str = ""
     note: str = ""
     error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
 
