@@ -169,7 +169,11 @@ class LowtailTransport(Transport):
             if not self.proc.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"lowtail worker did not attach (exit code {self.proc.exitcode})")
             time.sleep(0.005)
-        self.client = QueueClient.attach(self.server.descriptor)
+        # The harness gives the latency client a CPU of its own (pinned alone, as a sample: lease
+        # would), which this host may not isolate: spin as a client on an isolated CPU does.
+        self.client = QueueClient.attach(
+            self.server.descriptor, spin_us=self.server.descriptor.config.client_spin_us
+        )
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         return self.client.infer(arrays, timeout_s=10.0)
