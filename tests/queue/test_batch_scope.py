@@ -29,6 +29,8 @@ def test_a_batch_refuses_its_views_after_its_answer_and_after_its_block(server: 
         with w.claim(timeout_s=5.0) as batch:
             x = batch.inputs["x"]
             np.testing.assert_array_equal(x, np.full((2, 4), 1.0, np.float32))
+            with pytest.raises(ValueError, match="read-only"):  # the client's slot, never written through
+                x[0, 0] = 9.0
             batch.complete(echo(x))
             with pytest.raises(BatchClosed, match=r"inputs of a batch already answered") as inside:
                 batch.inputs  # noqa: B018 - the access is what is tested

@@ -110,8 +110,9 @@ class Batch:
     a client may write its next request into its slot as soon as it has its answer, so the views are
     valid only until ``complete()`` or ``fail()``. From then on, and after the block, the batch refuses
     ``inputs``, ``complete()`` and ``fail()`` with ``BatchClosed``. numpy cannot revoke an array it has
-    handed out (a buffer with exports cannot be released), so a view taken before stays readable:
-    copy what must outlive the answer. Leaving the block answers every request still unanswered as
+    handed out (a buffer with exports cannot be released), so a view taken before stays readable; the
+    views of a client's slot are read-only, so it can never write the client's next request: copy
+    what must outlive the answer. Leaving the block answers every request still unanswered as
     failed (an exception inside names itself in the message) and lets the exception propagate: the
     batch's clients get an error, not a hang, and the worker claims the next batch as usual.
     """
@@ -613,6 +614,8 @@ class QueueWorker:
                             f"request layout of {layout.inline_end} B exceeds the {geo.req_bytes} B slot"
                         )
                     views = payload.views(buf, layout.inline_layout, off)
+                    for v in views.values():  # the client's slot: a view kept too long can never write it
+                        v.flags.writeable = False
                     self._in_views[g] = (raw, views)
         except Exception as e:  # whatever a request holds, it fails alone
             bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
