@@ -149,7 +149,8 @@ def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any
         while not stop.is_set():
             b = w.claim(timeout_s=0.05)
             if b is not None:
-                b.complete({"logits": echo(b.inputs["obs"])})
+                with b:
+                    b.complete({"logits": echo(b.inputs["obs"])})
 
 
 class LowtailTransport(Transport):

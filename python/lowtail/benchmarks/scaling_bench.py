@@ -126,13 +126,14 @@ def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) 
             batch = w.claim(timeout_s=0.05)
             if batch is None:
                 continue
-            t = mono()
-            claim_ns.append(t - batch.claimed_ns)
-            x = next(iter(batch.inputs.values()))
-            if copy_bytes:
-                np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
-                copy_ns.append(mono() - t)
-            batch.complete({"y": x[:, :1].copy()})
+            with batch:
+                t = mono()
+                claim_ns.append(t - batch.claimed_ns)
+                x = next(iter(batch.inputs.values()))
+                if copy_bytes:
+                    np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
+                    copy_ns.append(mono() - t)
+                batch.complete({"y": x[:, :1].copy()})
     conn.send({"claim_ns": claim_ns, "copy_ns": copy_ns, "attached": NdarraySlot.attached})
     conn.close()
 
