@@ -8,31 +8,34 @@ once, and what its worker had claimed fails WorkerDied: nothing answered twice, 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lowtail.actors.client import InferenceClient, PendingInference, wait_first
+from lowtail.actors.client import InferenceClient, PendingInference, RequestLost, wait_first
 from lowtail.actors.endpoint import Endpoint, EndpointDown
 from lowtail.serve.model import example_inputs
 from lowtail.serve.worker import WorkerConfig, WorkerProcess
-from lowtail.shm.queue import InferenceQueue, QueueConfig, WorkerDied
+from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueDescriptor, QueueTimeout, WorkerDied
 from tests.runtime.conftest import SMALL_SPEC
 
 CPU = max(os.sched_getaffinity(0))
 START_LIMIT_S = 0.5  # "start() does not wait for a down replica", not a latency figure
 
 
+QUEUE = QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)
+
+
 class Replica:
     def __init__(self, model: Path, index: int) -> None:
-        self.queue = InferenceQueue.create(
-            QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)
-        )
+        self.queue = InferenceQueue.create(QUEUE)
         self.model = model
         self.index = index
         self.worker = self._start()
@@ -206,3 +209,69 @@ def test_zero_copy_outputs_are_views_refused_after_release(
         with pytest.raises(QueueError, match="released"):
             out["value"]
         assert np.array_equal(client.infer(x)["value"], expected)  # the slot is reused safely
+
+
+def queue_owner(conn: Connection) -> None:
+    """An inference actor's part in a crash: it creates the queue, reports its descriptor and, when
+    asked, its slots per state; killed, it leaves the queue behind (orphaned), as a crashed actor does."""
+    queue = InferenceQueue.create(QUEUE)
+    conn.send_bytes(queue.descriptor.to_bytes())
+    while True:
+        conn.recv()
+        conn.send(dict(queue.snapshot().counts))
+
+
+def test_requests_of_a_replica_whose_actor_died_wait_for_the_other_replicas_restart(
+    replicas: list[Replica], small_model: Path
+) -> None:
+    """The other replica is down too (its worker restarts, its actor lives): the requests the dead
+    actor's queue held unclaimed move there and are served by the restarted worker, not lost."""
+    a, _ = replicas
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    owner = ctx.Process(target=queue_owner, args=(child,), daemon=True)
+    owner.start()
+    desc = QueueDescriptor.from_bytes(parent.recv_bytes())
+    worker = WorkerProcess.start(desc, CPU, small_model, WorkerConfig(name="t.orphan"))
+    try:
+        worker.wait_ready(120)
+        ep = Endpoint("lowtail-test-orphan", "infer:t:9", "node-a", CPU, 0, desc, worker.pid)
+        with InferenceClient([a.endpoint, ep], node_id="node-a", timeout_s=60) as client:
+            client.infer(x_of(0))  # both attached and warm
+            client.infer(x_of(1))
+            a.worker.kill()  # replica 0: no worker until restarted; its actor (this process) lives
+            a.worker._proc.join(10)
+            os.kill(worker.pid, signal.SIGSTOP)
+            pending = [client.start(x_of(k)) for k in range(QUEUE.slots_per_lane)]
+            assert all(p.target == 1 for p in pending)  # the only serving replica
+            time.sleep(0.2)
+            parent.send("counts")
+            claimed = int(parent.recv().get("PROCESSING", 0))
+            os.kill(owner.pid, signal.SIGKILL)  # the actor dies first, as in a crash; its queue stays
+            owner.join(10)
+            os.kill(worker.pid, signal.SIGKILL)
+            os.kill(worker.pid, signal.SIGCONT)
+            worker._proc.join(10)
+            failed, lost, waiting = 0, 0, []
+            for p in pending:  # no worker serves anywhere now: each one fails, is lost or waits
+                try:
+                    client.finish(p, timeout_s=0.5)
+                    raise AssertionError("answered while no worker serves")
+                except WorkerDied:
+                    failed += 1
+                except RequestLost:
+                    lost += 1
+                except QueueTimeout:
+                    waiting.append(p)
+            assert (lost, failed) == (0, claimed)
+            assert len(waiting) == len(pending) - claimed
+            assert all(p.moved and p.target == 0 for p in waiting)
+            a.restart()
+            for p in waiting:
+                assert client.finish(p)["value"].shape == (1, 1)  # each answered once, by replica 0
+            assert client.moved == len(waiting)
+    finally:
+        worker.stop()
+        owner.kill()
+        owner.join(10)
+        desc.path.unlink(missing_ok=True)
