@@ -411,9 +411,12 @@ class InferenceClient:
                 out: Mapping[str, np.ndarray] = p.pending.finish(timeout_s=max(0.0, min(left, check_s)), **kw)
                 break
             except QueueTimeout:
+                # Seen gone before _move looks, so _move saw it gone too and tried to move it: a worker
+                # dying between _move's look and this one must not turn a movable request into a loss.
+                gone = self._orphaned(t) and not self._serving(t)
                 if self._move(p):
                     continue
-                if self._orphaned(t) and not self._serving(t):
+                if gone and not self._serving(t):
                     t.in_flight -= 1
                     self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
                     if p.claimed:  # its worker took it, then died with its actor: it may have run
