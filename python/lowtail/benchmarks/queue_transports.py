@@ -28,6 +28,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import socket
 import struct
 import tempfile
@@ -524,12 +525,16 @@ class RayTransport(Transport):
         import ray
 
         self.ray = ray
+        # Ray's session directory (sockets, logs) in a directory of this run's, removed at stop: left to
+        # itself Ray keeps /tmp/ray/session_* after shutdown. Short: it holds Unix sockets (108 bytes).
+        self.tmp = tempfile.mkdtemp(prefix="lt-bench-ray-")
         ray.init(
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
             configure_logging=True,
+            _temp_dir=self.tmp,
         )
 
         @ray.remote(num_cpus=0)
@@ -550,6 +555,8 @@ class RayTransport(Transport):
     def stop(self) -> None:
         if hasattr(self, "ray"):
             self.ray.shutdown()
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # -- the floor ----------------------------------------------------------------------------------------
