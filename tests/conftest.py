@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,13 @@ from hypothesis import settings
 # latency assertion in disguise (the project never asserts timings in tests).
 settings.register_profile("lowtail", deadline=None)
 settings.load_profile("lowtail")
+
+# A run started in the background without job control (`nohup make test &`, some CI runners) inherits
+# SIGINT ignored, and every child inherits that across exec: the tests that Ctrl-C a command would see
+# it ignore the signal, as it should when its user asked for that. A caught signal is reset to the
+# default on exec, so catching it here gives the children the terminal's disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -37,3 +37,13 @@ def test_it_is_a_no_op_outside_the_main_thread() -> None:
     t.start()
     t.join(timeout=10)
     assert errors == []
+
+
+def test_children_of_the_test_session_get_ctrl_c_whatever_started_it() -> None:
+    """The Ctrl-C tests send SIGINT to a command they start: it must not inherit SIGINT ignored from a
+    run started in the background (`nohup make test &`), which tests/conftest.py undoes."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
