@@ -334,9 +334,12 @@ def test_module_runs_on_a_python_without_lowtail(machine_roots: dict) -> None:
                     "procfs_root": str(proc_root),
                     "housekeeping": 1,
                     "require_systemd": False,
+                    # One key alone: Ansible's argument spec fills the others from the module's defaults.
+                    "kubelet_memory": {"system_reserved": "2Gi"},
                 }
             ),
         ]
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert '"housekeeping": "0,84"' in result.stdout
+    assert '"system_reserved": "2Gi"' in result.stdout and '"kube_reserved": "1Gi"' in result.stdout

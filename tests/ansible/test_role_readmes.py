@@ -44,6 +44,10 @@ def _description(spec: dict[str, Any]) -> str:
     return " ".join(text) if isinstance(text, list) else str(text)
 
 
+def _suboption_defaults(option: dict[str, Any]) -> dict[str, Any]:
+    return {k: v["default"] for k, v in (option.get("options") or {}).items() if "default" in v}
+
+
 def table(role: Path) -> str:
     """The generated block for one role: every entry point's options, its defaults and descriptions."""
     specs = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]
@@ -74,6 +78,9 @@ def table(role: Path) -> str:
                 default = "required"
             elif "default" in option:
                 default = f"`{_cell(option['default'])}`"
+            elif name in defaults and not defaults[name] and _suboption_defaults(option):
+                # An empty dict whose keys take their defaults from the spec: show what it means.
+                default = f"`{_cell(_suboption_defaults(option))}`"
             elif name in defaults:
                 default = f"`{_cell(defaults[name])}`"
             else:
