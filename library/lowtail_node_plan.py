@@ -202,7 +202,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "require_systemd": {"type": "bool", "default": True},
     "kubelet_memory": {
         "type": "dict",
-        "options": {name: {"type": "raw", "default": value} for name, value in KUBELET_MEMORY_DEFAULTS.items()},
+        "options": {key: {"type": "raw", "default": value} for key, value in KUBELET_MEMORY_DEFAULTS.items()},
     },
 }
 
