@@ -101,14 +101,14 @@ molecule: $(STAMP)
 
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
 # static checks, and the sandbox image and the wheelhouse are built once; then the three long suites run
-# side by side, each one's output printed whole when it ends (--output-sync): pytest, molecule and
-# molecule-runtime wait on processes, containers and systemd more than they compute, so together they
-# take about as long as pytest alone (docs/testing.md). TEST_JOBS=1 runs them one after another.
+# side by side (scripts/run-suites.sh): pytest, molecule and molecule-runtime wait on processes,
+# containers and systemd more than they compute, so together they take about as long as pytest alone
+# (docs/testing.md). Each one's output is printed whole when it ends and kept in build/test-logs/; a
+# summary of all three, with what failed, is printed last. TEST_JOBS=1 runs them one after another.
 TEST_JOBS ?= 3
 test: system-deps
 	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse
-	@echo "==> pytest, molecule and molecule-runtime, $(TEST_JOBS) at a time; each one's output appears when it ends"
-	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target pytest molecule molecule-runtime
+	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest molecule molecule-runtime
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

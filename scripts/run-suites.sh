@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs make targets side by side (at most $TEST_JOBS at once), each one's output in
+# build/test-logs/<target>.log and printed whole when it ends, then a summary of every target last:
+# CI shows only the tail of a run, so what failed must be the last thing printed, not buried above a
+# later suite's success.
+#   scripts/run-suites.sh pytest molecule molecule-runtime
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+jobs_max=${TEST_JOBS:-3}
+if ! [[ $jobs_max =~ ^[1-9][0-9]*$ ]]; then
+  echo "run-suites: TEST_JOBS=$jobs_max: expected a whole number of jobs, 1 or more" >&2
+  exit 2
+fi
+[ $# -gt 0 ] || { echo "usage: $0 TARGET..." >&2; exit 2; }
+
+logs=build/test-logs
+mkdir -p "$logs"
+declare -A pid_of=() start_of=() rc_of=() secs_of=()
+children=()
+
+# Ctrl-C or a CI timeout ends every suite's process group, not only make.
+stop_all() {
+  for p in "${children[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
+  wait
+  exit 130
+}
+trap stop_all INT TERM
+
+finish() {  # $1: target whose job ended with status $2
+  local t=$1
+  rc_of[$t]=$2
+  secs_of[$t]=$(( $(date +%s) - start_of[$t] ))
+  echo "==> $t ended (exit ${rc_of[$t]}, $(( secs_of[$t] / 60 )) min $(( secs_of[$t] % 60 )) s): its output follows"
+  cat "$logs/$t.log"
+}
+
+reap() {  # waits for one job to end, then prints its log
+  local t done_pid rc
+  wait -n -p done_pid "${pid_of[@]}"
+  rc=$?
+  for t in "${!pid_of[@]}"; do
+    if [ "${pid_of[$t]}" = "$done_pid" ]; then
+      unset "pid_of[$t]"; finish "$t" "$rc"; return
+    fi
+  done
+}
+
+for t in "$@"; do
+  while [ ${#pid_of[@]} -ge "$jobs_max" ]; do reap; done
+  echo "==> $t started; its output goes to $logs/$t.log and is printed when it ends"
+  start_of[$t]=$(date +%s)
+  setsid make --no-print-directory "$t" >"$logs/$t.log" 2>&1 &
+  pid_of[$t]=$!
+  children+=("$!")
+done
+while [ ${#pid_of[@]} -gt 0 ]; do reap; done
+
+echo
+echo "==> summary (logs in $logs/)"
+failed=0
+for t in "$@"; do
+  if [ "${rc_of[$t]}" = 0 ]; then status=passed; else status="FAILED (exit ${rc_of[$t]})"; failed=1; fi
+  printf '    %-18s %-18s %3d min %2d s\n' "$t" "$status" $(( secs_of[$t] / 60 )) $(( secs_of[$t] % 60 ))
+  if [ "${rc_of[$t]}" != 0 ]; then
+    # pytest's short summary, ansible's failed tasks, molecule's failed step: what to read first.
+    grep -E '^(FAILED|ERROR) |^=+ .*(failed|error).* =+$|fatal: \[|failed=[1-9]|Executed: Failed|^make(\[[0-9]+\])?: \*\*\*' \
+      "$logs/$t.log" | tail -n 40 | sed 's/^/      /'
+  fi
+done
+exit $failed
