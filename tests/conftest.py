@@ -46,6 +46,8 @@ SLOW_MODULES = {
     "tests/validate/test_role.py",  # playbooks/validate.yml
     "tests/validate/test_report.py",  # lowtail validate on this machine, probes included
     "tests/validate/test_probes.py",  # probes with thousands of samples per CPU
+    "tests/validate/test_inference_progress.py",  # an OpenVINO model compiled in a pinned worker
+    "tests/python/test_cli_ray.py",  # a local Ray started by bench queue and by demo ray
     "tests/runtime/test_worker.py",  # spawned pinned workers compiling OpenVINO models
     "tests/runtime/test_standby.py",  # a primary and a standby worker, killed under clients
     "tests/runtime/test_serve_bench.py",

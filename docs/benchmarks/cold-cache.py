@@ -41,7 +41,8 @@ def main(requests: int = 5000) -> None:
                     if sweep:
                         weights.sum()
                     t3 = perf()
-                    batch.complete(out)
+                    with batch:
+                        batch.complete(out)
                     t4 = perf()
                     pending.finish()
                     claim_ns.append(t2 - t1)

@@ -8,31 +8,34 @@ once, and what its worker had claimed fails WorkerDied: nothing answered twice, 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lowtail.actors.client import InferenceClient, PendingInference, wait_first
+from lowtail.actors.client import InferenceClient, PendingInference, RequestLost, wait_first
 from lowtail.actors.endpoint import Endpoint, EndpointDown
 from lowtail.serve.model import example_inputs
 from lowtail.serve.worker import WorkerConfig, WorkerProcess
-from lowtail.shm.queue import InferenceQueue, QueueConfig, WorkerDied
+from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueDescriptor, QueueTimeout, WorkerDied
 from tests.runtime.conftest import SMALL_SPEC
 
 CPU = max(os.sched_getaffinity(0))
 START_LIMIT_S = 0.5  # "start() does not wait for a down replica", not a latency figure
 
 
+QUEUE = QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)
+
+
 class Replica:
     def __init__(self, model: Path, index: int) -> None:
-        self.queue = InferenceQueue.create(
-            QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)
-        )
+        self.queue = InferenceQueue.create(QUEUE)
         self.model = model
         self.index = index
         self.worker = self._start()
@@ -206,3 +209,132 @@ def test_zero_copy_outputs_are_views_refused_after_release(
         with pytest.raises(QueueError, match="released"):
             out["value"]
         assert np.array_equal(client.infer(x)["value"], expected)  # the slot is reused safely
+
+
+def queue_owner(conn: Connection) -> None:
+    """An inference actor's part in a crash: it creates the queue, reports its descriptor and, when
+    asked, its slots per state; killed, it leaves the queue behind (orphaned), as a crashed actor does."""
+    queue = InferenceQueue.create(QUEUE)
+    conn.send_bytes(queue.descriptor.to_bytes())
+    while True:
+        conn.recv()
+        conn.send(dict(queue.snapshot().counts))
+
+
+class OrphanReplica:
+    """A replica whose inference actor can crash: its queue is created by a child process (the actor's
+    part, ``queue_owner``) and served by a pinned worker this process starts."""
+
+    def __init__(self, model: Path) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.owner = ctx.Process(target=queue_owner, args=(child,), daemon=True)
+        self.owner.start()
+        self.desc = QueueDescriptor.from_bytes(self.conn.recv_bytes())
+        self.worker = WorkerProcess.start(self.desc, CPU, model, WorkerConfig(name="t.orphan"))
+        self.worker.wait_ready(120)
+        self.endpoint = Endpoint(
+            "lowtail-test-orphan", "infer:t:9", "node-a", CPU, 0, self.desc, self.worker.pid
+        )
+
+    def claimed(self) -> int:
+        self.conn.send("counts")
+        return int(self.conn.recv().get("PROCESSING", 0))
+
+    def crash_actor(self) -> None:
+        """The actor dies (its queue stays, orphaned); its worker is left as it is."""
+        os.kill(self.owner.pid, signal.SIGKILL)
+        self.owner.join(10)
+
+    def kill_worker(self) -> None:
+        os.kill(self.worker.pid, signal.SIGKILL)
+        os.kill(self.worker.pid, signal.SIGCONT)
+        self.worker._proc.join(10)
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.owner.kill()
+        self.owner.join(10)
+        self.desc.path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def orphan(small_model: Path) -> Iterator[OrphanReplica]:
+    r = OrphanReplica(small_model)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def test_requests_of_a_replica_whose_actor_died_wait_for_the_other_replicas_restart(
+    replicas: list[Replica], orphan: OrphanReplica
+) -> None:
+    """The other replica is down too (its worker restarts, its actor lives): the requests the dead
+    actor's queue held unclaimed move there and are served by the restarted worker, not lost."""
+    a, _ = replicas
+    with InferenceClient([a.endpoint, orphan.endpoint], node_id="node-a", timeout_s=60) as client:
+        client.infer(x_of(0))  # both attached and warm
+        client.infer(x_of(1))
+        a.worker.kill()  # replica 0: no worker until restarted; its actor (this process) lives
+        a.worker._proc.join(10)
+        os.kill(orphan.worker.pid, signal.SIGSTOP)
+        pending = [client.start(x_of(k)) for k in range(QUEUE.slots_per_lane)]
+        assert all(p.target == 1 for p in pending)  # the only serving replica
+        time.sleep(0.2)
+        claimed = orphan.claimed()
+        orphan.crash_actor()  # the actor dies first, as in a crash; its queue stays
+        orphan.kill_worker()
+        failed, lost, waiting = 0, 0, []
+        for p in pending:  # no worker serves anywhere now: each one fails, is lost or waits
+            try:
+                client.finish(p, timeout_s=0.5)
+                raise AssertionError("answered while no worker serves")
+            except WorkerDied:
+                failed += 1
+            except RequestLost:
+                lost += 1
+            except QueueTimeout:
+                waiting.append(p)
+        assert (lost, failed) == (0, claimed)
+        assert len(waiting) == len(pending) - claimed
+        assert all(p.moved and p.target == 0 for p in waiting)
+        a.restart()
+        for p in waiting:
+            assert client.finish(p)["value"].shape == (1, 1)  # each answered once, by replica 0
+        assert client.moved == len(waiting)
+
+
+def test_a_worker_dying_while_finish_looks_at_its_dead_actors_queue_loses_nothing(
+    replicas: list[Replica], orphan: OrphanReplica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor is dead, its frozen worker still holds the queue: a waiting finish sees it serving
+    (nothing to move), and the worker dies right then. The request is moved on its next look, not
+    failed RequestLost (the race the bench's actor kill hit once in ~1,500 requests)."""
+    a, _ = replicas
+    with InferenceClient([a.endpoint, orphan.endpoint], node_id="node-a", timeout_s=60) as client:
+        client.infer(x_of(0))
+        client.infer(x_of(1))
+        os.kill(orphan.worker.pid, signal.SIGSTOP)
+        p = client.start(x_of(2))
+        while p.target != 1:
+            client.finish(p)
+            p = client.start(x_of(2))
+        time.sleep(0.2)
+        assert orphan.claimed() == 0  # frozen before this request came: unclaimed
+        orphan.crash_actor()
+        move = InferenceClient._move
+        killed: list[bool] = []
+
+        def move_then_the_worker_dies(self: InferenceClient, q: PendingInference) -> bool:
+            moved = move(self, q)
+            if not killed:
+                assert not moved  # it looked while the frozen worker held the queue
+                orphan.kill_worker()
+                killed.append(True)
+            return moved
+
+        monkeypatch.setattr(InferenceClient, "_move", move_then_the_worker_dies)
+        out = client.finish(p)
+        assert killed and out["value"].shape == (1, 1)
+        assert p.moved and p.target == 0 and client.moved == 1

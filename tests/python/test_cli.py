@@ -99,3 +99,49 @@ def test_console_script_runs_on_this_machine() -> None:
     exe = Path(sys.executable).with_name("lowtail")
     out = subprocess.run([str(exe), "plan", "--json", "-"], check=True, capture_output=True, text=True).stdout
     assert json.loads(out)["isolated"]
+
+
+@pytest.mark.parametrize(("command", "schema"), [("topology", "lowtail.topology"), ("plan", "lowtail.plan")])
+def test_topology_and_plan_json_carry_the_schema_stamp(
+    command: str, schema: str, machine_roots: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lowtail import __version__
+
+    s, p = machine_roots["epyc9634_2s"]
+    code, out, _ = run(capsys, command, "--sysfs-root", str(s), "--procfs-root", str(p), "--json", "-")
+    doc = json.loads(out)
+    assert code == 0
+    assert (doc["schema"], doc["schema_version"], doc["lowtail_version"]) == (schema, 1, __version__)
+
+
+def test_a_stamped_plan_file_is_read_by_every_plan_reader(
+    machine_roots: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # `lowtail plan --json FILE` is what operators pass to `validate --plan` and to the lease allocator
+    # ($LOWTAIL_PLAN): the stamp's extra keys must not make them refuse it.
+    from lowtail.node.plan import load_plan
+
+    s, p = machine_roots["epyc9634_2s"]
+    target = tmp_path / "plan.json"
+    code, _, _ = run(capsys, "plan", "--sysfs-root", str(s), "--procfs-root", str(p), "--json", str(target))
+    assert code == 0 and json.loads(target.read_text())["schema"] == "lowtail.plan"
+    plan = load_plan(target)
+    assert plan.isolated == frozenset(range(7, 84)) | frozenset(range(91, 168))
+    code, out, err = run(
+        capsys,
+        "validate",
+        "--sysfs-root",
+        str(s),
+        "--procfs-root",
+        str(p),
+        "--plan",
+        str(target),
+        "--no-probes",
+        "--only",
+        "isolation",
+        "--allow-virtual",
+        "--json",
+        "-",
+    )
+    assert code in (0, 1), err
+    assert json.loads(out)["host"]["plan_source"].startswith(str(target))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lowtail.shm import segments
+from lowtail.shm.queue import InferenceQueue, QueueConfig
 
 
 def _ours_or_dead() -> set[str]:
@@ -26,6 +27,14 @@ def no_segment_left_behind() -> Iterator[None]:
     yield
     left = _ours_or_dead() - before
     assert not left, f"lowtail segments left in /dev/shm after the queue tests: {sorted(left)}"
+
+
+@pytest.fixture
+def server() -> Iterator[InferenceQueue]:
+    """2 lanes x 2 slots, no coalescing: one process plays client and worker step by step (a module
+    that needs another geometry defines its own ``server``)."""
+    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")

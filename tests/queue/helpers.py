@@ -22,6 +22,11 @@ def echo(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
+def filled(tag: float, rows: int = 2) -> dict[str, np.ndarray[Any, Any]]:
+    """A request ``x`` of ``rows`` x 4 float32, every value ``tag``: its answer says whose it is."""
+    return {"x": np.full((rows, 4), tag, np.float32)}
+
+
 def echo_worker(
     desc: QueueDescriptor, cpu: int | None = None, run_s: float = 60.0, delay_s: float = 0.0
 ) -> None:
@@ -42,9 +47,10 @@ def echo_worker(
             b = w.claim(timeout_s=0.05)
             if b is None:
                 continue
-            if delay_s:
-                time.sleep(delay_s)
-            b.complete(echo(b.inputs["x"]))
+            with b:
+                if delay_s:
+                    time.sleep(delay_s)
+                b.complete(echo(b.inputs["x"]))
     finally:
         w.close()
 
@@ -123,7 +129,8 @@ def identity_worker(desc: QueueDescriptor, run_s: float = 120.0) -> None:
         while not stop and time.monotonic() < end:
             b = w.claim(timeout_s=0.05)
             if b is not None:
-                b.complete({"y": b.inputs["x"]})
+                with b:
+                    b.complete({"y": b.inputs["x"]})
 
 
 def tagged(cid: int, seq: int, n: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
@@ -235,7 +242,8 @@ def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
         while time.monotonic() < end:
             b = w.claim(timeout_s=0.05)
             if b is not None:
-                b.complete({"y": b.inputs["x"]})
+                with b:
+                    b.complete({"y": b.inputs["x"]})
 
 
 def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds: float) -> None:
@@ -255,7 +263,8 @@ def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds:
                 time.sleep((due - time.monotonic_ns() - 1_000_000) / 1e9)
             while time.monotonic_ns() < due:
                 pass
-            b.complete({"y": b.inputs["x"]})
+            with b:
+                b.complete({"y": b.inputs["x"]})
 
 
 NOBODY = 65534  # the second uid of the other-user tests (nobody, present on every distribution)

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +22,17 @@ import pytest
 from lowtail.shm import client as client_mod
 from lowtail.shm import payload
 from lowtail.shm.client import MARGIN_NS, MIN_TIMED_PARK_NS, next_prediction_ns, park_until_ns
-from lowtail.shm.queue import BadRequest, InferenceQueue, QueueClient, QueueConfig, QueueWorker
+from lowtail.shm.layout import W_CLAIM_SEQ
+from lowtail.shm.queue import (
+    BadRequest,
+    InferenceQueue,
+    QueueClient,
+    QueueConfig,
+    QueueDescriptor,
+    QueueError,
+    QueueWorker,
+    WorkerDied,
+)
 from tests.queue import helpers
 
 MS = 1_000_000
@@ -226,3 +241,131 @@ def test_a_client_whose_answers_often_come_past_prediction_and_budget_stops_slee
         delta = _rounds(c, 6)
     assert delta["timed_parks"] == 0, delta
     assert delta["futex_waits"] > 0, delta  # it still parks after its spin
+
+
+# -- whether a client spins at all: only on a CPU of its own -------------------------------------------
+
+
+def test_the_default_spins_only_alone_on_an_isolated_cpu() -> None:
+    iso = frozenset({2, 3})
+    own = client_mod.choose_spin(200, {2}, iso, {})
+    assert (own.spin_us, own.own_cpu) == (200, True)
+    for affinity, peers, why in (
+        ({0, 1}, {}, "affinity is 2 CPUs"),  # not pinned: shares whatever the scheduler gives it
+        ({0}, {}, "CPU 0 is not isolated"),  # pinned, but the kernel puts other tasks there
+        ({2}, {4242: frozenset({2, 3})}, "shared with the clients of pids [4242]"),  # a second client
+    ):
+        got = client_mod.choose_spin(200, affinity, iso, peers)
+        assert (got.spin_us, got.own_cpu) == (0, False), got
+        assert why in got.reason
+    assert client_mod.choose_spin(200, {2}, iso, {4242: frozenset({3})}).spin_us == 200  # another CPU
+
+
+def test_an_isolated_cpu_list_that_cannot_be_read_counts_as_none(tmp_path: Path) -> None:
+    (tmp_path / "garbage").write_text("0-x\n")
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "two").write_text("2-3\n")
+    assert client_mod.isolated_cpus(str(tmp_path / "missing")) == frozenset()
+    assert client_mod.isolated_cpus(str(tmp_path / "garbage")) == frozenset()
+    assert client_mod.isolated_cpus(str(tmp_path / "empty")) == frozenset()
+    assert client_mod.isolated_cpus(str(tmp_path / "two")) == frozenset({2, 3})
+
+
+def _pinned_client(desc: QueueDescriptor, cpu: int, attached: Any, release: Any) -> None:
+    os.sched_setaffinity(0, {cpu})
+    with QueueClient.attach(desc):
+        attached.set()
+        release.wait(30)
+
+
+def test_a_client_alone_on_an_isolated_cpu_spins_and_one_that_shares_it_parks(
+    ctx: BaseContext, server: InferenceQueue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision at attach, against the kernel's isolated list (a fixture file here: this host
+    isolates nothing) and a real second client process pinned to the same CPU."""
+    cpu = min(os.sched_getaffinity(0))
+    iso = tmp_path / "isolated"
+    iso.write_text(f"{cpu}\n")
+    monkeypatch.setattr(client_mod, "ISOLATED_CPUS_PATH", str(iso))
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        with QueueClient.attach(server.descriptor) as alone:
+            assert (
+                alone.spin_policy.own_cpu
+                and alone.spin_policy.spin_us == server.descriptor.config.client_spin_us
+            )
+        attached, release = ctx.Event(), ctx.Event()  # type: ignore[attr-defined]
+        peer = ctx.Process(target=_pinned_client, args=(server.descriptor, cpu, attached, release))  # type: ignore[attr-defined]
+        peer.start()
+        try:
+            assert attached.wait(60), "the peer client did not attach"
+            with QueueClient.attach(server.descriptor) as shared:
+                assert (shared.spin_policy.spin_us, shared.spin_policy.own_cpu) == (0, False)
+                assert f"shared with the clients of pids [{peer.pid}]" in shared.spin_policy.reason
+        finally:
+            release.set()
+            peer.join(30)
+        with QueueClient.attach(server.descriptor, spin_us=50) as given:
+            assert given.spin_policy.spin_us == 50  # an explicit budget overrides the decision
+    finally:
+        os.sched_setaffinity(0, saved)
+    with pytest.raises(QueueError, match="spin_us=-1"):
+        QueueClient.attach(server.descriptor, spin_us=-1)
+
+
+def test_a_client_on_a_shared_cpu_parks_through_a_slow_request(
+    ctx: BaseContext, server: InferenceQueue
+) -> None:
+    """No CPU of its own (this test's affinity is not one isolated CPU): the wait parks on the futex,
+    so its thread's CPU time over 50 ms answers is a small part of the wall time (bound generous)."""
+    with _worker_at(ctx, server, [0.05]), QueueClient.attach(server.descriptor) as c:
+        assert c.spin_policy.spin_us == 0 and not c.spin_policy.own_cpu, c.spin_policy
+        _rounds(c, 1)  # the worker's start-up is not the wait measured
+        wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+        delta = _rounds(c, 5)
+        wall, cpu = time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0
+    assert delta["spinning"] == 0 and delta["timed_parks"] == 0, delta
+    assert delta["parked"] + delta["immediate"] == 5 and delta["futex_waits"] >= 5, delta
+    assert wall >= 5 * 50 * MS
+    assert cpu < 0.2 * wall, (cpu, wall)
+
+
+def test_a_client_with_a_spin_budget_spins_for_its_answer(ctx: BaseContext, server: InferenceQueue) -> None:
+    with _worker_at(ctx, server, [0.02]):
+        with QueueClient.attach(server.descriptor, spin_us=0) as warm:
+            _rounds(warm, 1)  # the worker is up before the measured client starts
+        with QueueClient.attach(server.descriptor, spin_us=1_000_000) as c:
+            delta = _rounds(c, 1)  # nothing learned yet: the whole budget is spun
+    assert delta["spinning"] == 1 and delta["futex_waits"] == 0, delta
+
+
+def test_a_parked_client_whose_worker_is_killed_gets_worker_died_promptly(
+    ctx: BaseContext, server: InferenceQueue
+) -> None:
+    """The worker claims the request and never answers (answers after 60 s); killed while the client
+    is parked on it, the client raises WorkerDied within a few park slices, not at its timeout."""
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(server.descriptor, [60.0], 90.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with QueueClient.attach(server.descriptor) as c:
+            assert c.spin_policy.spin_us == 0
+            t = c.submit({"x": np.ones((1, 4), np.float32)})
+            claim_i = c._si[t.slot] + W_CLAIM_SEQ
+            deadline = time.monotonic() + 60
+            while c._q[claim_i] != t.seq:  # claimed: from now on only the worker can answer it
+                assert time.monotonic() < deadline and worker.is_alive(), "the worker never claimed"
+                time.sleep(0.01)
+            killer = threading.Timer(0.3, lambda: os.kill(worker.pid or 0, signal.SIGKILL))
+            killer.start()
+            t0 = time.monotonic()
+            with pytest.raises(WorkerDied, match="died processing"):
+                c.wait(t, timeout_s=30.0)
+            waited_s = time.monotonic() - t0
+            killer.join()
+        assert c.wait_counts["futex_waits"] >= 1
+        assert waited_s < 10.0, waited_s  # no hang: far below the 30 s timeout
+    finally:
+        if worker.is_alive():
+            worker.kill()
+        worker.join(10)

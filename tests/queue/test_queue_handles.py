@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,37 +14,25 @@ from lowtail.shm.queue import (
     InferenceQueue,
     LaneBusy,
     QueueClient,
-    QueueConfig,
     QueueError,
     QueueTimeout,
     QueueWorker,
 )
-from tests.queue.helpers import echo
-
-
-@pytest.fixture
-def server() -> Iterator[InferenceQueue]:
-    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as s:
-        yield s
-
-
-def _x(tag: float, rows: int = 2) -> dict[str, np.ndarray]:
-    return {"x": np.full((rows, 4), tag, np.float32)}
-
+from tests.queue.helpers import echo, filled
 
 # -- withdraw ----------------------------------------------------------------------------------------
 
 
 def test_an_unclaimed_request_withdrawn_is_never_run_and_its_slot_comes_back(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
-        t = c.submit(_x(1.0))
+        t = c.submit(filled(1.0))
         assert c.withdraw(t) is True  # not claimed: ours again, to send elsewhere
         with pytest.raises(QueueError, match="already waited for or withdrawn"):
             c.withdraw(t)
         assert w.claim(timeout_s=0.05) is None  # the worker took it, saw the mark, answered it unrun
         assert w.withdrawn == 1
         # Both slots serve again: the withdrawn one returned once the worker passed it.
-        tickets = [c.submit(_x(2.0)), c.submit(_x(3.0))]
+        tickets = [c.submit(filled(2.0)), c.submit(filled(3.0))]
         b = w.claim(timeout_s=1)
         assert b is not None and len(b) == 2
         b.complete(echo(b.inputs["x"]))
@@ -55,7 +42,7 @@ def test_an_unclaimed_request_withdrawn_is_never_run_and_its_slot_comes_back(ser
 
 def test_a_claimed_request_cannot_be_withdrawn_and_is_answered(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
-        p = c.start(_x(5.0))
+        p = c.start(filled(5.0))
         b = w.claim(timeout_s=1)
         assert b is not None
         assert p.withdraw() is False  # claimed first: it runs, wait for its answer
@@ -69,7 +56,7 @@ def test_a_claimed_request_cannot_be_withdrawn_and_is_answered(server: Inference
 
 def test_timing_names_every_part_of_the_request_and_adds_up(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
-        p = c.start(_x(1.0, rows=3))
+        p = c.start(filled(1.0, rows=3))
         assert p.timing is None  # nothing until the answer is taken
         time.sleep(0.002)  # queued ~2 ms before the claim
         b = w.claim(timeout_s=1)
@@ -96,7 +83,7 @@ def test_timing_names_every_part_of_the_request_and_adds_up(server: InferenceQue
 
 def test_an_error_answer_has_timing_without_call_figures(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
-        p = c.start(_x(1.0))
+        p = c.start(filled(1.0))
         b = w.claim(timeout_s=1)
         assert b is not None
         b.fail("no")
@@ -109,7 +96,7 @@ def test_an_error_answer_has_timing_without_call_figures(server: InferenceQueue)
 
 
 def _answered(c: QueueClient, w: QueueWorker, tag: float) -> object:
-    p = c.start(_x(tag))
+    p = c.start(filled(tag))
     b = w.claim(timeout_s=1)
     assert b is not None
     b.complete(echo(b.inputs["x"]))
@@ -121,7 +108,7 @@ def test_zero_copy_outputs_hold_the_slot_and_refuse_release_while_referenced(
     server: InferenceQueue, rows: int
 ) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
-        p = c.start(_x(4.0, rows))
+        p = c.start(filled(4.0, rows))
         b = w.claim(timeout_s=1)
         assert b is not None
         b.complete(echo(b.inputs["x"]))
@@ -135,9 +122,9 @@ def test_zero_copy_outputs_hold_the_slot_and_refuse_release_while_referenced(
         del twice
         gc.collect()
         # The held slot is not reused: one slot left, then the lane is full.
-        other = c.start(_x(1.0))
+        other = c.start(filled(1.0))
         with pytest.raises(LaneBusy):
-            c.start(_x(1.0))
+            c.start(filled(1.0))
         with pytest.raises(QueueError, match="still referenced"):
             p.release()
         assert (part == 9.0).all()  # still the answer it was
@@ -150,8 +137,8 @@ def test_zero_copy_outputs_hold_the_slot_and_refuse_release_while_referenced(
         assert ob is not None
         ob.complete(echo(ob.inputs["x"]))
         other.finish(1)
-        c.start(_x(1.0))  # the released slot is usable again
-        c.start(_x(1.0))
+        c.start(filled(1.0))  # the released slot is usable again
+        c.start(filled(1.0))
 
 
 def test_zero_copy_outputs_dropped_without_release_free_their_slot(server: InferenceQueue) -> None:
@@ -170,7 +157,10 @@ def test_zero_copy_outputs_dropped_without_release_free_their_slot(server: Infer
         r.finish(1)  # type: ignore[attr-defined]
         assert (kept == 28.0).all()
         del kept
-        both = [c.start(_x(10.0)), c.start(_x(11.0))]  # both slots again: nothing reads the dropped answer
+        both = [
+            c.start(filled(10.0)),
+            c.start(filled(11.0)),
+        ]  # both slots again: nothing reads the dropped answer
         b = w.claim(timeout_s=1)
         assert b is not None and len(b) == 2
         b.complete(echo(b.inputs["x"]))
@@ -186,7 +176,7 @@ def test_done_polls_and_wait_first_returns_the_first_answered(server: InferenceQ
         QueueClient.attach(server.descriptor) as b,
         QueueWorker.attach(server.descriptor) as w,
     ):
-        pa, pb = a.start(_x(1.0)), b.start(_x(2.0))
+        pa, pb = a.start(filled(1.0)), b.start(filled(2.0))
         assert not pa.done() and not pb.done()
         with pytest.raises(QueueTimeout, match="none of 2 requests"):
             wait_first([pa, pb], timeout_s=0.05)

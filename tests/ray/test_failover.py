@@ -6,7 +6,10 @@ worker is frozen (SIGSTOP) mid-batch first, the samplers settle on their request
 PROCESSING slots are counted. Asserted for every sampler and hero: failures equal what was claimed,
 every request started was answered or failed (none twice: each answer is counted once by the client,
 none lost silently), and every sampler was answered again by every hero after the kill (a generous
-bound: "no hang", the millisecond figures belong to ``lowtail bench failover``).
+bound: "no hang", the millisecond figures belong to ``lowtail bench failover``). For the actor kill,
+with the other replica serving throughout: nothing but what was claimed fails (no ``RequestLost``),
+the samplers run at no weaker a nice value than the workers (Ray's 15 let a restarting worker's
+compile starve them on a shared CPU), and no sampler went a second without an answer from either hero.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ SAMPLERS = 3
 RUN_S = 12.0
 KILL_AT_S = 3.0
 ANSWERED_AGAIN_S = 30.0  # "no hang" at a load average of 10+, not a latency
+# No stall of a restart's size while a healthy replica serves: a restarting worker's compile (1-10 s
+# here) starved samplers sharing its CPU for 1.1-2.4 s at load average 12-16; with the samplers out
+# of Ray's nice 15 the longest gap was 63-85 ms at the same load. Generous, not a latency figure.
+NO_STALL_S = 1.0
+STALL_WINDOW_S = 3.0  # after the kill: the restarted actor's worker compiles within it here
 
 
 def run(
@@ -48,6 +56,12 @@ def run(
         for i in range(SAMPLERS):
             spec = SamplerSpec(f"f{i}", env, allocator=alloc_cfg, timeout_s=60.0)
             samplers.append(start_sampler(spec, eps, ray_nodes.head))
+        nices = ray.get([s.nice.remote() for s in samplers])
+        inference = ray.get([a.status.remote() for a in actors])
+        assert all(n <= st["ready"]["nice"]["achieved"] for n in nices for st in inference), (
+            nices,
+            [st["ready"]["nice"] for st in inference],
+        )  # a sampler yields its CPU to a (re)starting worker only as much as the worker to it
         runs = [s.run.remote(RUN_S, "async", 2) for s in samplers]
         time.sleep(KILL_AT_S)
         claimed = crash(actors)
@@ -100,5 +114,12 @@ def test_a_replicas_whole_actor_killed_costs_only_what_its_worker_had_claimed(
         return claimed
 
     results, claimed, killed_at = run(ray_nodes, model, alloc_cfg, False, crash)
-    check(results, claimed, killed_at, {"WorkerDied", "RequestLost"})
-    assert sum(h.moved for r in results for h in r.heroes.values()) >= 0
+    check(results, claimed, killed_at, {"WorkerDied"})  # a.0 served throughout: nothing was lost
+    # The neighbours: hero b and a's healthy replica a.0 kept answering every sampler while Ray
+    # restarted a.1 and its worker compiled (the window opens after the test's own freeze).
+    gaps = {
+        (r.name, hero): h.longest_gap_s(killed_at, killed_at + STALL_WINDOW_S)
+        for r in results
+        for hero, h in r.heroes.items()
+    }
+    assert max(gaps.values()) < NO_STALL_S, gaps

@@ -216,3 +216,128 @@ def _end(proc: subprocess.Popen[str]) -> None:
     for name in os.listdir("/dev/shm"):
         if f".{proc.pid}." in name:
             os.unlink(f"/dev/shm/{name}")
+
+
+# -- the samplers' own CPU, the model-size ladder, one round trip by stage ---------------------------
+
+
+def test_sampler_cpu_target_is_decided_only_for_samplers_that_shared_their_cpu() -> None:
+    from lowtail.benchmarks.serve_report import targets
+    from lowtail.benchmarks.serve_run import DesignResult
+
+    def traffic(cpu_us: float, spin_us: int) -> list[DesignResult]:
+        served = DesignResult("traffic 16x1", 16, 1, ratio_to_bare=0.9, sampler_cpu_us_per_request=cpu_us)
+        served.sampler_spin_us, served.sampler_spin_reason = spin_us, "why"
+        return [DesignResult("bare", 0, 16), served]
+
+    def cpu_target(rows: list[DesignResult]) -> dict[str, object]:
+        return next(t for t in targets(rows, 16) if t["target"].startswith("sampler CPU"))
+
+    assert cpu_target(traffic(12.0, 0))["met"] is True
+    assert cpu_target(traffic(35.0, 0))["met"] is False
+    spun = cpu_target(traffic(12.0, 200))  # a client that spun had a CPU of its own: not this case
+    assert spun["met"] is None and "spun" in str(spun["why"])
+
+
+def _ladder_row(calibrated_ms: float, ratio: float, error: str = "") -> dict[str, object]:
+    return {
+        "calibrated_ms": calibrated_ms,
+        "model_ms": calibrated_ms,
+        "served_vs_bare": ratio,
+        "overhead_us": 30.0,
+        "overhead_share": 0.01,
+        "bare_infer_ms": calibrated_ms,
+        "served_infer_ms": calibrated_ms * 1.1,
+        "error": error,
+    }
+
+
+def test_ladder_targets_are_met_not_met_or_not_decided() -> None:
+    from lowtail.benchmarks.serve_ladder import ladder_targets
+
+    got = ladder_targets([_ladder_row(0.1, 0.5), _ladder_row(1.1, 0.96), _ladder_row(16.0, 0.98)])
+    assert [t["met"] for t in got] == [False, True]  # 0.98 < 0.99 at 16 ms; 0.96 >= 0.95 at 1.1 ms
+    got = ladder_targets([_ladder_row(0.1, 0.5), _ladder_row(3.0, 0.99)])  # neither size was measured
+    assert [t["met"] for t in got] == [None, None] and "within 1.5x" in got[0]["why"]
+    got = ladder_targets([_ladder_row(16.6, float("nan"), "worker failed"), _ladder_row(1.0, 0.97)])
+    assert got[0]["met"] is None and got[0]["why"] == "its run failed" and got[1]["met"] is True
+    # a bare loop that ran at half speed (the host changed between the runs) decides nothing
+    slow_bare = _ladder_row(16.6, 1.8) | {"bare_infer_ms": 14.2, "served_infer_ms": 7.6}
+    got = ladder_targets([slow_bare, _ladder_row(1.0, 0.97)])
+    assert got[0]["met"] is None and "the host changed between the runs" in got[0]["why"]
+
+
+def test_bench_serve_model_ladder_measures_each_size_and_its_stages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ladder.json"
+    argv = ["bench", "serve", "--model-ms", "0.3", "--seconds", "0.5", "--breakdown", "--no-progress"]
+    code = main(
+        [*argv, "--json", str(out), "--png", str(tmp_path / "l.png"), "--html", str(tmp_path / "l.html")]
+    )
+    report = json.loads(out.read_text())
+    assert code == 0, report["verdicts"]
+    assert [r["label"] for r in report["results"]] == ["bare (limit) @0.3 ms", "served x4 @0.3 ms"]
+    (size,) = report["ladder"]["sizes"]
+    assert size["hidden"] == [size["width"]] * 3 and size["measured_ms"] > 0 and size["steps"]
+    (row,) = report["ladder"]["rows"]
+    served = report["results"][1]
+    assert row["served_vs_bare"] == pytest.approx(served["ratio_to_bare"])
+    assert 0 < row["overhead_share"] < 1 and row["n"] == served["latency_ms"]["n"] > 0
+    # the two ladder targets come first; neither 1 ms nor 16.6 ms was measured: not decided
+    ladder_t = [t for t in report["targets_met"] if "a model of" in t["target"]]
+    assert [t["met"] for t in ladder_t] == [None, None]
+    assert (
+        report["verdicts"][0].startswith("served x4 >= 99% of bare")
+        and "not decided" in report["verdicts"][0]
+    )
+    # one round trip by stage: every stage measured for every request, each non-negative
+    stages = served["stages_us"]
+    assert list(stages) == [
+        "copy_in_us",
+        "to_claim_us",
+        "worker_us",
+        "compute_us",
+        "to_client_us",
+        "copy_out_us",
+    ]
+    assert all(p["n"] == served["latency_ms"]["n"] and p["p50"] >= 0 for p in stages.values())
+    assert stages["compute_us"]["mean"] > 0
+    # the stages lie inside the sampler's round trip
+    assert sum(p["mean"] for p in stages.values()) <= served["latency_ms"]["mean"] * 1000 * 1.01
+    assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "l.html").read_text()
+    assert "model-size ladder" in page and "one round trip by stage" in page and "<img" in page
+    text = capsys.readouterr().out
+    assert "model-size ladder" in text and "one round trip by stage" in text
+
+
+def test_bench_serve_rejects_bad_ladders(small_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "serve", "--model-ms", "1,fast"]) == 2
+    assert "--model-ms '1,fast': 'fast' is not a number" in capsys.readouterr().err
+    assert main(["bench", "serve", "--model-ms", "0"]) == 2
+    assert "0 ms is outside 0.01..200" in capsys.readouterr().err
+    assert main(["bench", "serve", "--model-ms", "1", "--model", str(small_model)]) == 2
+    assert "without --model" in capsys.readouterr().err
+
+
+def test_compare_spin_runs_each_design_parked_and_spinning_in_the_same_round(
+    small_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "spin.json"
+    argv = ["bench", "serve", "--model", str(small_model), "--seconds", "0.3", "--samplers", "2"]
+    code = main([*argv, "--traffic", "", "--compare-spin-us", "300", "--json", str(out), "--no-progress"])
+    report = json.loads(out.read_text())
+    assert code == 0, report["verdicts"]
+    rows = report["results"]
+    assert [r["label"] for r in rows] == ["bare (limit)", "served x2", "served x2 @spin 300 us"]
+    parked, spun = rows[1], rows[2]
+    # this test's samplers share CPUs that no kernel isolated: by default they park
+    assert parked["sampler_spin_us"] == 0 and "park" in parked["sampler_spin_reason"]
+    assert spun["sampler_spin_us"] == 300 and spun["sampler_spin_reason"] == "spin_us=300 given"
+    assert spun["ratio_to_bare"] == pytest.approx(spun["samples_per_s"] / rows[0]["samples_per_s"])
+    assert report["settings"]["compare_spin_us"] == 300
+    # the targets are decided on the default rows only
+    assert [t["target"] for t in report["targets_met"] if "x2" in t["target"]] == [
+        "served x2 >= 95% of bare at batch 16"
+    ]

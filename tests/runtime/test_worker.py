@@ -373,3 +373,42 @@ def _rows_after(w: WorkerProcess, cursor: int) -> np.ndarray:
         assert time.monotonic() < deadline, "the call's row never appeared"
         time.sleep(0.001)
     return rows
+
+
+def _write_batch_dropping_model(out: Path) -> Path:
+    """A model whose output sums over the batch axis: one row of outputs whatever the batch.
+
+    A batch of one sample is answered correctly; any larger batch gets outputs that cannot be split per
+    request, so ``Batch.complete`` refuses them: a real fault inside the worker's batch block.
+    """
+    import openvino.opset13 as ops
+
+    obs = ops.parameter([-1, 8], ov.Type.f32, name="obs")
+    obs.output(0).get_tensor().set_names({"obs"})
+    total = ops.reduce_sum(obs, ops.constant(np.array([0], np.int64)), keep_dims=True)
+    total.output(0).get_tensor().set_names({"total"})
+    out.mkdir(parents=True, exist_ok=True)
+    xml = out / "total.xml"
+    ov.save_model(ov.Model([total], [obs], "total"), str(xml), compress_to_fp16=False)
+    return xml
+
+
+def test_a_fault_inside_a_batch_fails_its_requests_alone_and_the_worker_serves_on(tmp_path: Path) -> None:
+    xml = _write_batch_dropping_model(tmp_path / "total")
+    with small_queue(coalesce_us=0) as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, xml, WorkerConfig(name="faulty", max_batch=4))
+        try:
+            w.wait_ready(120)
+            with QueueClient.attach(queue.descriptor) as c, QueueClient.attach(queue.descriptor) as other:
+                ones = np.ones((1, 8), np.float32)
+                np.testing.assert_allclose(c.infer({"obs": ones}, timeout_s=30)["total"], ones)
+                with pytest.raises(RequestFailed, match=r"must share the batch's leading dimension 2"):
+                    c.infer({"obs": np.ones((2, 8), np.float32)}, timeout_s=30)
+                # The same worker answers the next requests, the faulty client's and its neighbour's.
+                np.testing.assert_allclose(other.infer({"obs": 2 * ones}, timeout_s=30)["total"], 2 * ones)
+                np.testing.assert_allclose(c.infer({"obs": 3 * ones}, timeout_s=30)["total"], 3 * ones)
+            assert w.alive()
+            rep = w.report()
+            assert rep.state == "serving" and rep.failed_requests == 1 and rep.calls == 3
+        finally:
+            assert w.stop() == 0

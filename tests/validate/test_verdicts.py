@@ -180,7 +180,7 @@ def _output_options() -> list[tuple[str, str]]:
     return found
 
 
-OUTPUT_WORDS = ("--json", "--html", "--plot", "--png", "--out")
+OUTPUT_WORDS = ("--json", "--html", "--plot", "--png", "--out", "--tb-logdir")
 
 
 def test_every_output_option_is_checked_while_parsing() -> None:
@@ -190,6 +190,7 @@ def test_every_output_option_is_checked_while_parsing() -> None:
             if any(s in OUTPUT_WORDS for s in action.option_strings):
                 assert (p.prog, action.option_strings[0]) in found, f"{p.prog} {action.option_strings}"
     assert ("lowtail model build", "--out") in found and ("lowtail compare", "--html") in found
+    assert ("lowtail demo ray", "--tb-logdir") in found
 
 
 def test_every_output_option_refuses_an_unwritable_path_before_any_work(capsys: Any) -> None:

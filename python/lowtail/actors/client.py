@@ -16,8 +16,10 @@ Failover across replicas:
 - A request published to a replica that goes down before a worker claimed it is moved to a serving
   replica of the same client, **once**: it is first withdrawn from the old queue (then no worker can
   ever claim it) or, when the old queue's actor is gone and no worker holds the queue, nothing can
-  answer it any more. A request the dead worker had claimed fails with ``WorkerDied`` (it may have run:
-  never re-run silently).
+  answer it any more. When no replica serves and the old queue's actor is gone, it moves to a replica
+  whose actor lives and whose worker is restarting (it is served then, within the timeout) rather than
+  failing: ``RequestLost`` only when no replica of the client has a live actor. A request the dead
+  worker had claimed fails with ``WorkerDied`` (it may have run: never re-run silently).
 - ``start()`` never waits on Ray: a lost endpoint is re-resolved by a background thread (``ray.get_actor``
   and the actor's ``endpoint()``, which answers only once its worker serves again), and ``start()`` only
   picks up the result. It takes at most a few fcntl calls and one queue attach (well under
@@ -91,6 +93,7 @@ class PendingInference:
     samples: int
     inputs: Mapping[str, np.ndarray] | None = None
     moved: bool = False  # already sent to another replica once (never twice)
+    claimed: bool = False  # a withdrawal found it claimed by its worker: it may have run, never moved
     timing: Any = None  # lowtail.shm.client.RequestTiming after finish
     sent_s: float = 0.0  # CLOCK_MONOTONIC of its (last) publication: a moved request's is the move
 
@@ -313,6 +316,16 @@ class InferenceClient:
                 return i
         return -1
 
+    def _standing_other(self, exclude: int) -> int:
+        """A target other than ``exclude`` whose queue is attached and whose actor lives (its worker
+        restarts or its standby is starting: a request published there is served then), or -1."""
+        for _ in range(len(self._targets)):
+            i = next(self._order)
+            t = self._targets[i]
+            if i != exclude and t.broken is None and t.client is not None and not self._orphaned(t):
+                return i
+        return -1
+
     # --- requests -------------------------------------------------------------------------------------
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -349,11 +362,16 @@ class InferenceClient:
         if p.moved or p.inputs is None or len(self._targets) < 2 or self._serving(old):
             return False
         j = self._serving_other(p.target)
+        if j < 0 and self._orphaned(old):
+            # Its queue lost its actor: nothing will ever answer it there. A replica whose worker is
+            # restarting will (within the timeout), so it waits there rather than failing RequestLost.
+            j = self._standing_other(p.target)
         if j < 0:
             return False
         withdraw = getattr(p.pending, "withdraw", None)
         if withdraw is not None:
             if not withdraw():
+                p.claimed = True
                 return False  # claimed meanwhile: its answer or WorkerDied comes
         elif not (self._orphaned(old) and old.lock_fd >= 0 and not ofd_lock.held(old.lock_fd, 0)):
             return False  # the queue may get a worker again: it may still claim the request
@@ -393,11 +411,19 @@ class InferenceClient:
                 out: Mapping[str, np.ndarray] = p.pending.finish(timeout_s=max(0.0, min(left, check_s)), **kw)
                 break
             except QueueTimeout:
+                # Seen gone before _move looks, so _move saw it gone too and tried to move it: a worker
+                # dying between _move's look and this one must not turn a movable request into a loss.
+                gone = self._orphaned(t) and not self._serving(t)
                 if self._move(p):
                     continue
-                if self._orphaned(t) and not self._serving(t):
+                if gone and not self._serving(t):
                     t.in_flight -= 1
                     self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
+                    if p.claimed:  # its worker took it, then died with its actor: it may have run
+                        raise WorkerDied(
+                            f"{t.endpoint.actor}: its worker claimed this request and died with its "
+                            f"actor (pid {t.owner[0]}); it may have run: not sent again"
+                        ) from None
                     raise RequestLost(
                         f"{t.endpoint.actor}: its actor (pid {t.owner[0]}) is gone with its queue "
                         f"{t.endpoint.descriptor.name}; this request will not be answered"

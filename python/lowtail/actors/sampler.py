@@ -73,6 +73,11 @@ class SamplerSpec:
     metrics: MetricsConfig | None = None
     pin: bool = True
     timeout_s: float = 2.0
+    # The nice value of the thread that steps the games and waits for answers. Ray starts its workers
+    # at nice 15 (its worker_niceness, RAY_worker_niceness): on a CPU shared with an inference worker
+    # (the demo's lease override) that starts or restarts at nice -20, a sampler at 15 gets ~0.04 % of
+    # the CPU (CFS weights 36 against 88761) and stalls for the whole compile. None: keep Ray's value.
+    nice: int | None = -20
 
 
 @dataclass
@@ -140,8 +145,9 @@ class SamplerActorImpl:
     holding it) or could not be sent contributes no action to that step (the game goes on), so one
     hero's outage never stalls the others.
 
-    Methods: ``lease()``, ``affinity()``, ``infer(inputs)`` / ``infer_many(batches, two_phase)`` (the
-    first hero's client), ``run(seconds, mode, depth)`` -> ``SamplerResult``, ``shutdown()``.
+    Methods: ``lease()``, ``affinity()``, ``nice()``, ``infer(inputs)`` / ``infer_many(batches,
+    two_phase)`` (the first hero's client), ``run(seconds, mode, depth)`` -> ``SamplerResult``,
+    ``shutdown()``.
     """
 
     def __init__(self, spec: SamplerSpec, endpoints: Sequence[Endpoint]) -> None:
@@ -169,12 +175,17 @@ class SamplerActorImpl:
             )
         )
         self._clients: dict[str, InferenceClient] = {}
+        self._nice: Any = None  # lowtail.serve.pinning.NiceResult of the sampling thread
         try:
             if spec.pin:
                 # Ray's own threads of this process off the leased CPU, then the thread that runs the
                 # actor's methods (the main thread, for a non-threaded actor) onto it.
                 keep_threads_off(self._lease.cpu)
                 os.sched_setaffinity(0, {self._lease.cpu})
+            if spec.nice is not None:
+                from lowtail.serve.pinning import raise_priority
+
+                self._nice = raise_priority(spec.nice)  # not permitted: it says so and keeps Ray's
             if not endpoints:
                 raise NoEndpoints("no inference endpoints: expected at least one Endpoint on this node")
             for hero, eps in by_hero(endpoints).items():
@@ -196,6 +207,10 @@ class SamplerActorImpl:
 
     def affinity(self) -> list[int]:
         return sorted(os.sched_getaffinity(0))
+
+    def nice(self) -> int:
+        """The nice value of the thread that runs this actor's methods (``SamplerSpec.nice``, if allowed)."""
+        return os.getpriority(os.PRIO_PROCESS, 0)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._client.infer(inputs)

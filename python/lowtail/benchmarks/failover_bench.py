@@ -3,11 +3,14 @@
 Two heroes: ``a`` with two inference actors (replicas ``a.0``, ``a.1``), ``b`` with one; ``--samplers``
 samplers at batch 1, each with one client per hero (``lowtail.actors.sampler``). Per configuration
 (the hot standby on, then off) it SIGKILLs the serving worker of ``a.0`` (frozen first, so the requests
-it had claimed are counted), then later kills the whole inference actor ``a.1`` (its process and its
-workers). Reported per sampler and hero, in a window around each kill: the longest gap between answers,
-the requests that failed against those the dead worker had claimed, and the time from the kill to the
-first answer of the killed replica again (its standby, or its restarted worker / actor). Table, JSON,
-PNG. A measurement, not a test: on a shared 2-vCPU host the figures move with the load (reported).
+it had claimed are counted), then, once ``a.0`` serves again, kills the whole inference actor ``a.1``
+(its process and its workers): failover to a healthy replica. The actor kill keeps ``a.1``'s worker
+frozen for one Ray call and the actor's death (reported as "worker frozen"): requests on it wait that
+long, and so does every game step of a sampler that waits for them, which is the bench's doing.
+Reported per sampler and hero, in a window around each kill: the longest gap between answers, the
+requests that failed against those the dead worker had claimed, and the time from the kill to the first
+answer of the killed replica again (its standby, or its restarted worker / actor). Table, JSON, PNG. A
+measurement, not a test: on a shared 2-vCPU host the figures move with the load (reported).
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ class Kill:
     kill: str
     at_s: float
     claimed: int
-    failed: int = 0
+    failed: int = 0  # in the sampler run around this kill
     first_answer_of_killed_ms: float = float("nan")  # any sampler's first answer from the killed replica
+    frozen_ms: float = 0.0  # the actor kill: how long its worker was frozen to count what it claimed
+    other_replica_serving_ms: float = float("nan")  # the actor kill: a.0 serving again, ms after its kill
     errors: dict[str, int] = field(default_factory=dict)  # the run's failed requests by class
 
 
@@ -110,7 +115,7 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
 
     from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
     from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
-    from lowtail.actors.sampler import EnvSpec, SamplerResult, SamplerSpec, start_sampler
+    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.demo.local import lease_policy, local_ray
     from lowtail.lease import node_plan
     from lowtail.node import cpulist
@@ -143,15 +148,22 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
             for j in range(samplers):
                 spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
                 handles.append(start_sampler(spec, eps, node))
-            refs = [h.run.remote(seconds, "async", 2) for h in handles]
+            # Two sampler runs on the same clients: the worker kill at 30 % of the first (which ends
+            # 3.5 s after it); then, once a.0 serves again, the actor kill 1 s into the second (which
+            # ends 3.5 s after it). Without a standby a.0's restart took 5-10 s at load average 13-15:
+            # killing a.1 before it serves would measure a hero with no replica at all.
+            refs = [h.run.remote(seconds * 0.3 + 3.5, "async", 2) for h in handles]
             time.sleep(seconds * 0.3)
             say(f"{config}: SIGKILL of a.0's worker")
             ray.get(actors[0].kill_worker.remote())
             worker_kill = ray.get(actors[0].kills.remote())[-1]
-            time.sleep(seconds * 0.35)
+            results = [ray.get(refs, timeout=seconds + 120)]
+            healthy = wait_serving(actors[0], int(worker_kill["pid"]), timeout_s=seconds + 60)
+            refs = [h.run.remote(4.5, "async", 2) for h in handles]
+            time.sleep(1.0)
             say(f"{config}: kill of the whole actor a.1")
             actor_kill = kill_actor(actors[1])
-            results: list[SamplerResult] = ray.get(refs, timeout=seconds + 120)
+            results.append(ray.get(refs, timeout=seconds + 120))
         finally:
             for h in handles:
                 stop_actor(h)
@@ -160,14 +172,14 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
             stop_node_allocator(node, remove_state=True)
     kills = [
         Kill(config, "worker", float(worker_kill["at_s"]), int(worker_kill["claimed"])),
-        Kill(config, "actor", actor_kill[0], actor_kill[1]),
+        Kill(config, "actor", actor_kill[0], actor_kill[1], frozen_ms=actor_kill[2]),
     ]
-    for n, k in enumerate(kills):
-        end = kills[n + 1].at_s if n + 1 < len(kills) else k.at_s + WINDOW_AFTER_S
-        lo, hi = k.at_s - WINDOW_BEFORE_S, min(end, k.at_s + WINDOW_AFTER_S)
+    kills[1].other_replica_serving_ms = 1e3 * (healthy - kills[0].at_s)
+    for k, run_results in zip(kills, results, strict=True):
+        lo, hi = k.at_s - WINDOW_BEFORE_S, k.at_s + WINDOW_AFTER_S
         victim = 0 if k.kill == "worker" else 1  # the client's replica index of a.0 / a.1
         firsts = []
-        for r in results:
+        for r in run_results:
             for hero, h in r.heroes.items():
                 t = np.asarray(h.answer_s)
                 rep = np.asarray(h.replica)
@@ -195,34 +207,55 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
                     if after.size:
                         firsts.append(float(after[0] - k.at_s))
         k.first_answer_of_killed_ms = 1e3 * min(firsts) if firsts else float("nan")
-    # Failures cannot be split between the kills by time stamp (a failure carries none): the run's
-    # total is compared with the sum of what both dead workers had claimed.
-    total_failed = sum(h.failed for r in results for h in r.heroes.values())
-    kills[0].failed = total_failed
-    for r in results:
-        for h in r.heroes.values():
-            for name, n in h.errors.items():
-                kills[0].errors[name] = kills[0].errors.get(name, 0) + n
-    kills[1].failed = -1
+    # Each kill has its own sampler run: its failures are that run's.
+    for k, run_results in zip(kills, results, strict=True):
+        for r in run_results:
+            for h in r.heroes.values():
+                k.failed += h.failed
+                for name, n in h.errors.items():
+                    k.errors[name] = k.errors.get(name, 0) + n
     report.kills.extend(kills)
 
 
-def kill_actor(actor: Any) -> tuple[float, int]:
-    """Freeze the actor's worker, count what it claimed, kill the actor process and its workers."""
+def wait_serving(actor: Any, killed_pid: int, timeout_s: float) -> float:
+    """Wait until ``actor`` serves with a worker other than ``killed_pid``; returns when (monotonic)."""
     import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = ray.get(actor.status.remote())
+        if st["worker_alive"] and st["worker_pid"] not in (None, killed_pid):
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replica a.0 did not serve again within {timeout_s:.0f} s: {st}")
+        time.sleep(0.05)
+
+
+def kill_actor(actor: Any) -> tuple[float, int, float]:
+    """Freeze the actor's worker, count what it claimed, kill the actor process and its workers.
+
+    Returns the kill's time, what the worker had claimed, and how long the worker was kept frozen (ms):
+    requests on it wait that long, and a sampler's step with them (the bench's doing, not failover's).
+    The freeze is kept short: one Ray call to count, and the actor's death (a zombie counts as gone
+    for the clients, ``process_start_time``) rather than its reaping by the raylet (0.1-0.35 s here).
+    """
+    import ray
+
+    from lowtail.node.process import process_start_time
 
     st = ray.get(actor.status.remote())
     pids = [p for p in (st["worker_pid"], st["standby_pid"]) if p]
+    actor_pid = int(ray.get(actor.ping.remote())["pid"])
+    frozen = time.monotonic()
     os.kill(int(st["worker_pid"]), signal.SIGSTOP)
     claimed = int(ray.get(actor.queue_counts.remote())["PROCESSING"])
-    actor_pid = int(ray.get(actor.ping.remote())["pid"])
     at = time.monotonic()
     os.kill(actor_pid, signal.SIGKILL)  # a crash: Ray restarts it (max_actor_restarts) with a new queue
-    while os.path.exists(f"/proc/{actor_pid}") and time.monotonic() - at < 10:
-        time.sleep(0.01)  # reaped: its queue is orphaned before its workers die, as in a real crash
+    while process_start_time(actor_pid) is not None and time.monotonic() - at < 10:
+        time.sleep(0.001)  # dead: its queue is orphaned before its workers die, as in a real crash
     for pid in pids:
         os.kill(int(pid), signal.SIGKILL)
-    return at, claimed
+    return at, claimed, 1e3 * (time.monotonic() - frozen)
 
 
 def gap_ms(t: np.ndarray, lo: float, hi: float) -> float:
@@ -253,8 +286,8 @@ def judge(report: Report) -> None:
         )
     for config in {k.config for k in report.kills}:
         ks = [k for k in report.kills if k.config == config]
-        report.targets[f"{config}: failures == what the dead workers had claimed"] = ks[0].failed == sum(
-            k.claimed for k in ks
+        report.targets[f"{config}: failures == what the dead workers had claimed"] = all(
+            k.failed == k.claimed for k in ks
         )
 
 
@@ -274,16 +307,20 @@ def render(report: Report) -> str:
                 "config",
                 "kill",
                 "claimed by the dead worker",
-                "failed (run total)",
+                "failed",
                 "kill -> first answer of the killed replica ms",
+                "worker frozen ms",
+                "a.0 serving again (ms after its kill)",
             ],
             [
                 [
                     k.config,
                     k.kill,
                     k.claimed,
-                    "-" if k.failed < 0 else f"{k.failed} {k.errors or ''}",
+                    f"{k.failed} {k.errors or ''}",
                     "-" if math.isnan(k.first_answer_of_killed_ms) else f"{k.first_answer_of_killed_ms:.1f}",
+                    f"{k.frozen_ms:.1f}" if k.kill == "actor" else "-",
+                    "-" if math.isnan(k.other_replica_serving_ms) else f"{k.other_replica_serving_ms:.0f}",
                 ]
                 for k in report.kills
             ],

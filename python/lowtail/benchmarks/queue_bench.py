@@ -41,7 +41,7 @@ from lowtail.benchmarks.queue_transports import (
 from lowtail.benchmarks.report import add_check, exit_code, targets_table, verdict, write_bench_html
 from lowtail.cli.main import UsageError
 from lowtail.cli.options import add_html, add_json, add_plot, json_to_stdout, write_json, write_text
-from lowtail.render import table
+from lowtail.render import console, table
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
 from lowtail.telemetry.percentiles import quantiles
@@ -508,7 +508,7 @@ def run(args: argparse.Namespace) -> int:
             for i, name in enumerate(n for n in ORDER if n in names):
                 n = args.n or counts[name]
                 t = TRANSPORTS[name](worker_cpu, prio)
-                print(f"[{i + 1}/{len(names)}] {name}: starting", file=sys.stderr, flush=True)
+                console.info(f"[{i + 1}/{len(names)}] {name}: starting", sys.stderr)
                 try:
                     t.start()  # before pinning: servers (and Ray's daemons) must not inherit the client's CPU
                     prepare(client_cpu, prio)
@@ -523,10 +523,8 @@ def run(args: argparse.Namespace) -> int:
             report["throughput"] = {}
             for kind in ("lowtail", "seed_flock_poll"):
                 if kind in names:
-                    print(
-                        f"throughput: {kind} with {args.clients} clients for {seconds} s",
-                        file=sys.stderr,
-                        flush=True,
+                    console.info(
+                        f"throughput: {kind} with {args.clients} clients for {seconds} s", sys.stderr
                     )
                     rps = throughput(kind, args.clients, seconds, worker_cpu, client_cpu, prio)
                     report["throughput"][kind] = {
@@ -535,8 +533,8 @@ def run(args: argparse.Namespace) -> int:
                         "requests_per_s": round(rps, 1),
                     }
             if "lowtail" in names and args.fairness_clients > 0:
-                print(
-                    f"fairness: {args.fairness_clients} saturating clients for {seconds} s", file=sys.stderr
+                console.info(
+                    f"fairness: {args.fairness_clients} saturating clients for {seconds} s", sys.stderr
                 )
                 per_client = fairness(
                     args.fairness_clients, FAIRNESS_DEPTH, seconds, worker_cpu, client_cpu, prio

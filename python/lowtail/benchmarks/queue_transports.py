@@ -28,6 +28,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import socket
 import struct
 import tempfile
@@ -148,7 +149,8 @@ def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any
         while not stop.is_set():
             b = w.claim(timeout_s=0.05)
             if b is not None:
-                b.complete({"logits": echo(b.inputs["obs"])})
+                with b:
+                    b.complete({"logits": echo(b.inputs["obs"])})
 
 
 class LowtailTransport(Transport):
@@ -168,7 +170,11 @@ class LowtailTransport(Transport):
             if not self.proc.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"lowtail worker did not attach (exit code {self.proc.exitcode})")
             time.sleep(0.005)
-        self.client = QueueClient.attach(self.server.descriptor)
+        # The harness gives the latency client a CPU of its own (pinned alone, as a sample: lease
+        # would), which this host may not isolate: spin as a client on an isolated CPU does.
+        self.client = QueueClient.attach(
+            self.server.descriptor, spin_us=self.server.descriptor.config.client_spin_us
+        )
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         return self.client.infer(arrays, timeout_s=10.0)
@@ -524,12 +530,16 @@ class RayTransport(Transport):
         import ray
 
         self.ray = ray
+        # Ray's session directory (sockets, logs) in a directory of this run's, removed at stop: left to
+        # itself Ray keeps /tmp/ray/session_* after shutdown. Short: it holds Unix sockets (108 bytes).
+        self.tmp = tempfile.mkdtemp(prefix="lt-bench-ray-")
         ray.init(
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
             configure_logging=True,
+            _temp_dir=self.tmp,
         )
 
         @ray.remote(num_cpus=0)
@@ -550,6 +560,8 @@ class RayTransport(Transport):
     def stop(self) -> None:
         if hasattr(self, "ray"):
             self.ray.shutdown()
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # -- the floor ----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import math
 import multiprocessing
 import os
@@ -27,20 +28,29 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lowtail.benchmarks.report import json_safe
+from lowtail.benchmarks.report import json_safe, write_bench_html
 from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
+from lowtail.cli.options import (
+    add_html,
+    add_json,
+    add_no_progress,
+    add_plot,
+    json_to_stdout,
+    positive,
+    write_json,
+    write_text,
+)
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
 from lowtail.serve import metrics
 from lowtail.serve.pinning import pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
+log = logging.getLogger(__name__)
 LANES = (1, 16, 64, 256)
 ACTIVE = (1, 2, 3, 4)
 ND_SIZES_KIB = (64, 256, 1024, 4096, 16384, 65536)
@@ -63,6 +73,7 @@ def _common(p: argparse.ArgumentParser, default_duration: float) -> None:
     # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "the results", old="--png", dest="png")
+    add_html(p, "a report with the table, the plot, the settings and the host")
     p.add_argument(
         "--seconds",
         "--duration",
@@ -115,13 +126,14 @@ def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) 
             batch = w.claim(timeout_s=0.05)
             if batch is None:
                 continue
-            t = mono()
-            claim_ns.append(t - batch.claimed_ns)
-            x = next(iter(batch.inputs.values()))
-            if copy_bytes:
-                np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
-                copy_ns.append(mono() - t)
-            batch.complete({"y": x[:, :1].copy()})
+            with batch:
+                t = mono()
+                claim_ns.append(t - batch.claimed_ns)
+                x = next(iter(batch.inputs.values()))
+                if copy_bytes:
+                    np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
+                    copy_ns.append(mono() - t)
+                batch.complete({"y": x[:, :1].copy()})
     conn.send({"claim_ns": claim_ns, "copy_ns": copy_ns, "attached": NdarraySlot.attached})
     conn.close()
 
@@ -132,6 +144,9 @@ class _EchoWorker:
         self._stop = ctx.Event()
         self._conn, child = ctx.Pipe(duplex=False)
         kw = {"desc": desc, "cpu": cpu, "copy_bytes": copy_bytes, "stop": self._stop, "conn": child}
+        log.debug(
+            "echo worker (spawned process) pinned on CPU %d, copying %d bytes per request", cpu, copy_bytes
+        )
         self._proc = ctx.Process(target=_echo_worker, kwargs=kw, daemon=True)
         start_pinned(self._proc, cpu)
         child.close()
@@ -197,6 +212,13 @@ def lanes_case(
 
     cfg = QueueConfig(
         lanes=lanes, slots_per_lane=2, request_bytes=4096, response_bytes=4096, min_batch_samples=1
+    )
+    log.debug(
+        "%s; %d idle clients, %d sampler processes on CPUs %s",
+        cfg,
+        lanes - active,
+        active,
+        sorted(sampler_cpus),
     )
     row: dict[str, Any] = {"lanes": lanes, "active": active, "error": ""}
     ctx = multiprocessing.get_context("spawn")
@@ -266,19 +288,52 @@ def run_lanes(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         _write_json(args.json, report)
-    return _show(args, rows, render_lanes, plot_lanes, load)
+    return _show(args, report, lanes_table, plot_lanes, load)
+
+
+Tabulated = tuple[str, list[str], list[list[Any]]]  # title, headers, rows
 
 
 def _show(
-    args: argparse.Namespace, rows: list[dict[str, Any]], render: Any, plot: Any, load: tuple[float, ...]
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    tabulate: Any,
+    plot: Any,
+    load: tuple[float, ...],
 ) -> int:
-    """Print the table and the host line, write the plot; exit 1 when a configuration failed."""
+    """Print the table and the host line, write the plot and the page; exit 1 when a configuration
+    failed. The table goes first: a file that cannot be written now must not hide the result."""
+    rows = report["rows"]
+    title, headers, cells = tabulate(rows)
     if not json_to_stdout(args):
-        print(render(rows))
+        print(table.render(headers, cells, title=title))
         print(_host_line(load))
-    if args.png:
-        Path(args.png).write_bytes(plot(rows))
+    png = plot(rows) if (args.png or args.html) and any(not r["error"] for r in rows) else b""
+    if args.png and png:
+        write_text(args.png, png)
+    if args.html:
+        write_html(args.html, report, (title, headers, cells), png)
     return 1 if any(r["error"] for r in rows) else 0
+
+
+SETTINGS = ("command", "cpu", "sampler_cpus", "client_cpus", "duration_s", "request", "floor", "path")
+
+
+def write_html(path: str, report: dict[str, Any], tabulated: Tabulated, png: bytes) -> None:
+    """The page: the results table, the plot, the run's settings and the host, the JSON folded away."""
+    from lowtail.render import html
+
+    title, headers, cells = tabulated
+    settings = [
+        [k, ", ".join(map(str, v)) if isinstance(v, list) else str(v)]
+        for k in SETTINGS
+        if (v := report.get(k)) is not None
+    ]
+    sections = [html.Section(title, table=html.Table(headers, cells))]
+    if png:
+        sections.append(html.Section("Plot", images=[html.Image(title, png)]))
+    sections.append(html.Section("Settings", table=html.Table(["setting", "value"], settings)))
+    write_bench_html(path, f"lowtail bench {report['benchmark']}", report, sections)
 
 
 def _host_line(load: tuple[float, ...]) -> str:
@@ -291,7 +346,7 @@ def _p(row: dict[str, Any], key: str, q: str) -> str:
     return "-" if v is None or math.isnan(v) else f"{v:.1f}"
 
 
-def render_lanes(rows: list[dict[str, Any]]) -> str:
+def lanes_table(rows: list[dict[str, Any]]) -> Tabulated:
     out = []
     for r in rows:
         rtt = r.get("rtt_us", {})
@@ -321,7 +376,7 @@ def render_lanes(rows: list[dict[str, Any]]) -> str:
         "n batches",
         "error",
     ]
-    return table.render(headers, out, title="lowtail bench lanes: idle lanes must not cost the active ones")
+    return "lowtail bench lanes: idle lanes must not cost the active ones", headers, out
 
 
 def plot_lanes(rows: list[dict[str, Any]]) -> bytes:
@@ -472,10 +527,10 @@ def run_ndslot(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         _write_json(args.json, report)
-    return _show(args, rows, render_ndslot, plot_ndslot, load)
+    return _show(args, report, ndslot_table, plot_ndslot, load)
 
 
-def render_ndslot(rows: list[dict[str, Any]]) -> str:
+def ndslot_table(rows: list[dict[str, Any]]) -> Tabulated:
     out = []
     for r in rows:
         nd, cp = r.get("ndslot", {}), r.get("numpy_copy", {})
@@ -500,7 +555,7 @@ def render_ndslot(rows: list[dict[str, Any]]) -> str:
     # (its copy) and the worker's copy-in; "new slots" is what the measured requests created.
     headers = ["KiB", "numpy copy GB/s", "ndslot GB/s", "ratio", "request us p50", "GB/s p10", "us p10"]
     headers += ["copy us", "write us", "worker copy us", "new slots", "n", "error"]
-    return table.render(headers, out, title="lowtail bench ndslot: request throughput vs one numpy copy")
+    return "lowtail bench ndslot: request throughput vs one numpy copy", headers, out
 
 
 def plot_ndslot(rows: list[dict[str, Any]]) -> bytes:

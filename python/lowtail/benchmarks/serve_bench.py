@@ -15,6 +15,12 @@ with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per eng
 worker's cost per engine call beyond ``infer()`` and, with ``--breakdown``, where that cost goes (the
 per-stage columns of ``lowtail.serve.metrics.CALL_FIELDS``), the worker's RSS and the segment sizes.
 
+Every design also reports the samplers' own CPU per request (the thread that submits and waits) and
+the spin budget their clients chose (``QueueClient.spin_policy``: they park unless alone on an
+isolated CPU). ``--breakdown`` adds one round trip by stage from the answers' stamps
+(``serve_run.STAGES``). ``--model-ms`` replaces the designs with a model-size ladder
+(``lowtail.benchmarks.serve_ladder``): per size, the bare loop and served x4.
+
 A design that fails (a sampler error, a worker that does not start) becomes a row with its error; the
 other rows are kept and the JSON is always written.
 """
@@ -22,6 +28,7 @@ other rows are kept and the JSON is always written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -31,6 +38,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from lowtail.benchmarks import serve_ladder
 from lowtail.benchmarks.report import add_check, exit_code, json_safe
 from lowtail.benchmarks.serve_report import (
     OVERHEAD_TARGET_US,
@@ -102,12 +110,24 @@ def register(bench_sub: Any) -> None:
         default="8x1,16x1,8x4,16x4",
         help="predecessor traffic designs SAMPLERSxOBSERVATIONS (the worker coalesces to 8-16); '' for none",
     )
-    p.add_argument("--breakdown", action="store_true", help="print where the worker's time goes per call")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="print where the worker's time goes per call, and one round trip stage by stage (the "
+        "samplers then record every request's stamps, ~1 us of their CPU each)",
+    )
     p.add_argument(
         "--rounds",
         type=positive(int),
         default=1,
         help="measure bare and every design this many times, interleaved; targets use the median ratio",
+    )
+    p.add_argument(
+        "--compare-spin-us",
+        type=int,
+        metavar="N",
+        help="also run every served design with samplers spinning N us, right after it in the same "
+        "round (rows labelled '@spin N us'; the targets are decided on the default rows)",
     )
     p.add_argument(
         "--client-spin-us",
@@ -116,6 +136,13 @@ def register(bench_sub: Any) -> None:
         "spinning sampler needs no futex wake-up from the worker",
     )
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
+    p.add_argument(
+        "--model-ms",
+        metavar="MS,...",
+        help="a model-size ladder instead of the designs: per size (CPU ms per batch-16 call on the "
+        "engine CPU, e.g. 0.1,1,16.6; models built and calibrated here), the bare loop and served x4 "
+        "(served/bare, the worker's overhead and its share of a call, sampler p50/p99.9)",
+    )
     p.add_argument("--cpu", type=int, help="CPU for the engine (default: the highest CPU allowed)")
     p.add_argument("--ray", action="store_true", help="also serve through the Ray inference actor")
     p.add_argument(
@@ -152,6 +179,15 @@ def run(args: argparse.Namespace) -> int:
     if any(c < 1 or c > 64 for c in counts):
         raise UsageError(f"--samplers {args.samplers!r}: expected counts in 1..64")
     designs = [Traffic(n, args.batch, coalesce=False) for n in counts] + parse_traffic(args.traffic)
+    sizes_ms: list[float] = []
+    if args.model_ms is not None:
+        if args.model:
+            raise UsageError("--model-ms builds its own models: expected it without --model")
+        try:
+            sizes_ms = serve_ladder.parse_model_ms(args.model_ms)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        designs = [Traffic(serve_ladder.LADDER_SAMPLERS, args.batch, coalesce=False)]
     if not designs:
         raise UsageError("--samplers and --traffic are both empty: nothing to serve")
     duration = args.duration or (2.0 if args.quick else 10.0)
@@ -173,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "batch": args.batch,
         "fifo_scope": args.fifo_scope,
         "client_spin_us": args.client_spin_us,
+        "compare_spin_us": args.compare_spin_us,
         "duration_s": duration,
         "targets": {
             "served_vs_bare": TARGET_RATIO,
@@ -199,8 +236,10 @@ def run(args: argparse.Namespace) -> int:
                 why = next((ln for ln in reversed(str(e).splitlines()) if ln.strip()), str(e)).strip()
                 raise UsageError(f"--model {args.model}: OpenVINO cannot read {model}: {why}") from None
             report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
-            if args.client_spin_us is not None and not 0 <= args.client_spin_us <= 1_000_000:
-                raise UsageError(f"--client-spin-us {args.client_spin_us}: expected 0..1000000")
+            for opt in ("client_spin_us", "compare_spin_us"):
+                v = getattr(args, opt)
+                if v is not None and not 0 <= v <= 1_000_000:
+                    raise UsageError(f"--{opt.replace('_', '-')} {v}: expected 0..1000000")
             setup = Setup(
                 model,
                 cpu,
@@ -211,37 +250,50 @@ def run(args: argparse.Namespace) -> int:
                 frozenset(sampler_cpus),
                 args.fifo_scope,
                 args.client_spin_us,
+                stages=args.breakdown,
             )
-            rounds = args.rounds
-            total = rounds * (1 + len(designs)) + (len(designs) if args.ray else 0)
-            bar = Progress(f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress)
-            # Rounds interleave the designs, so a slow minute of a shared host hits one round of each
-            # rather than every round of one design.
-            for rnd in range(1, rounds + 1):
-                tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
-                bar.phase(len(results), tag + "bare loop")
-                results.append(_attempt("bare", run_bare, setup))
-                for t in designs:
-                    bar.phase(len(results), tag + t.label)
-                    results.append(_attempt(t.label, run_served, setup, t))
-                for r in results[-1 - len(designs) :]:
-                    r.round = rnd
-            if args.ray:
-                import ray
-
-                bar.phase(len(results), "starting a local Ray")
-                own = not ray.is_initialized()
-                if own:
-                    _start_ray(Path(tmp))
-                try:
+            if sizes_ms:
+                _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
+            else:
+                rounds = args.rounds
+                variants = 1 if args.compare_spin_us is None else 2
+                total = rounds * (1 + variants * len(designs)) + (len(designs) if args.ray else 0)
+                bar = Progress(
+                    f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress
+                )
+                # Rounds interleave the designs, so a slow minute of a shared host hits one round of each
+                # rather than every round of one design.
+                for rnd in range(1, rounds + 1):
+                    tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
+                    bar.phase(len(results), tag + "bare loop")
+                    results.append(_attempt("bare", run_bare, setup))
+                    first = len(results) - 1
                     for t in designs:
-                        bar.phase(len(results), f"Ray actor, {t.label}")
-                        label = f"ray actor x{t.samplers}"
-                        results.append(_attempt(label, run_ray_served, setup, t, Path(tmp)))
-                finally:
+                        bar.phase(len(results), tag + t.label)
+                        results.append(_attempt(t.label, run_served, setup, t))
+                        if args.compare_spin_us is not None:
+                            spun = dataclasses.replace(setup, client_spin_us=args.compare_spin_us)
+                            bar.phase(len(results), f"{tag}{t.label}, spinning {args.compare_spin_us} us")
+                            results.append(_attempt(t.label, run_served, spun, t))
+                            results[-1].size = f"spin {args.compare_spin_us} us"
+                    for r in results[first:]:
+                        r.round = rnd
+                if args.ray:
+                    import ray
+
+                    bar.phase(len(results), "starting a local Ray")
+                    own = not ray.is_initialized()
                     if own:
-                        ray.shutdown()
-            bar.finish()
+                        _start_ray(Path(tmp))
+                    try:
+                        for t in designs:
+                            bar.phase(len(results), f"Ray actor, {t.label}")
+                            label = f"ray actor x{t.samplers}"
+                            results.append(_attempt(label, run_ray_served, setup, t, Path(tmp)))
+                    finally:
+                        if own:
+                            ray.shutdown()
+                bar.finish()
         report["complete"] = True
     except KeyboardInterrupt:
         report["interrupted"] = True  # the designs that finished are kept; main() exits 130
@@ -277,11 +329,18 @@ def _finish(
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
-    keys = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope", "client_spin_us", "duration_s")
+    keys: tuple[str, ...] = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope")
+    keys += ("client_spin_us", "compare_spin_us", "duration_s")
     report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     report["targets_met"] = targets(results, args.batch) if results else []
     lines = verdicts(results, args.batch) if results else ["no design finished"]
+    if "ladder" in report:
+        rows = serve_ladder.ladder_rows(results, report["ladder"]["sizes"])
+        report["ladder"]["rows"] = rows
+        ladder_t = serve_ladder.ladder_targets(rows)
+        report["targets_met"] += ladder_t
+        lines = [*(f"{t['target']}: {_word(t)} ({t['figure']})" for t in ladder_t), *lines]
     if report["interrupted"]:
         lines.insert(0, "INTERRUPTED: a partial run; the designs below finished before Ctrl-C")
     report["verdicts"] = lines
@@ -294,13 +353,54 @@ def _finish(
             text += "\n\n" + render_rounds(results)
         if args.breakdown:
             text += "\n\n" + render_breakdown(results)
+        if "ladder" in report:
+            title, headers, body = serve_ladder.ladder_table(report["ladder"]["rows"])
+            text += "\n\n" + table.render(headers, body, title=title)
         print(text)
         width = table.terminal_width()
         print("\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in [*lines, host]))
     write_json(args.json, json_safe(report))
     if results and results[0].design == "bare" and (args.png or args.html):
-        png = plot(results)
+        ladder = report.get("ladder")
+        png = serve_ladder.ladder_plot(ladder["rows"]) if ladder else plot(results)
         if args.png:
             write_text(args.png, png)
         if args.html:
-            write_html(args.html, report, results, png)
+            extra = [serve_ladder.ladder_table(ladder["rows"])] if ladder else []
+            write_html(args.html, report, results, png, extra)
+
+
+def _word(t: dict[str, Any]) -> str:
+    return f"not decided: {t['why']}" if t["met"] is None else "met" if t["met"] else "NOT met"
+
+
+def _run_ladder(  # noqa: PLR0917 - the run's state, passed down once
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    results: list[DesignResult],
+    setup: Setup,
+    sizes_ms: list[float],
+    tmp: Path,
+) -> None:
+    """Calibrate a model per size on the engine CPU, then run bare and served x4 on each."""
+    bar = Progress(
+        f"bench serve --model-ms ({setup.duration:g} s per design)",
+        1 + 2 * len(sizes_ms),
+        enabled=not args.no_progress,
+    )
+    bar.phase(0, f"calibrating the models on CPU {setup.cpu}")
+    sizes = serve_ladder.calibrate_all(sizes_ms, setup.cpu, args.batch, tmp / "calibrate")
+    report["ladder"] = {"sizes": sizes, "samplers": serve_ladder.LADDER_SAMPLERS}
+    report["model"] = "built per size: " + ", ".join(f"{s['tag']}: hidden {s['hidden']}" for s in sizes)
+    traffic = Traffic(serve_ladder.LADDER_SAMPLERS, args.batch, coalesce=False)
+    for size in sizes:
+        xml = write_model(tmp / f"ladder-{size['width']}", serve_ladder.spec_of(size["width"]))
+        sized = dataclasses.replace(setup, model=xml)
+        bar.phase(len(results) + 1, f"{size['tag']}: bare loop")
+        bare = _attempt("bare", run_bare, sized)
+        bar.phase(len(results) + 2, f"{size['tag']}: {traffic.label}")
+        served = _attempt(traffic.label, run_served, sized, traffic)
+        for r in (bare, served):
+            r.size = size["tag"]
+        results += [bare, served]
+    bar.finish()

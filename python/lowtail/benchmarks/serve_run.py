@@ -29,6 +29,19 @@ from lowtail.serve.pinning import (
 
 REPORT_GRACE_S = 120.0  # a sampler or the bare loop that has not reported this long after its window failed
 BREAKDOWN = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us", "overhead_us")
+# One round trip, stage by stage, from the stamps every answer already carries (``Ticket.stamps``,
+# ``RequestTiming``; CLOCK_MONOTONIC in both processes), in us:
+# - copy_in: ``submit`` entered -> its submit stamp (layout check, slot, the request's copy-in);
+# - to_claim: submit stamp -> the worker's claim stamp (publication, the worker's wake-up or spin,
+#   its poll, the claim; and queueing behind other lanes' requests);
+# - worker: claim -> answer stamp minus the engine call (decode, merge, input check, SCHED_FIFO,
+#   split, the answer's copy; per call, shared by the requests that rode in it);
+# - compute: the engine call's infer() wall time;
+# - to_client: answer stamp -> the client saw it (publication, the client's spin or futex wake-up);
+# - copy_out: the client saw it -> ``wait`` returned (the answer's copy-out).
+# Not stamped separately: the worker's wake-up from its claim (one stamp covers both: to_claim), and
+# the publish of the answer from its copy (both in worker; ``--breakdown``'s answer_us per call).
+STAGES = ("copy_in_us", "to_claim_us", "worker_us", "compute_us", "to_client_us", "copy_out_us")
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,7 @@ class Setup:
     sampler_cpus: frozenset[int]
     fifo_scope: str = "work"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
     client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
+    stages: bool = False  # samplers record each round trip's STAGES (--breakdown; ~1 us per request)
 
     def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -77,24 +91,34 @@ class DesignResult:
     overhead_us_mean: float = float("nan")  # per engine call in the worker beyond infer()
     worker_busy: float = 1.0  # share of the window the engine core spent handling calls
     breakdown_us: dict[str, metrics.Percentiles] = field(default_factory=dict)
+    stages_us: dict[str, metrics.Percentiles] = field(default_factory=dict)  # STAGES, per request
     worker_rss_mib: float = float("nan")
     queue_mib: float = float("nan")  # the queue's control segment (slots, request and response regions)
     fifo_switches_per_call: float = float("nan")  # scheduling-policy system calls per engine call
     fifo_cooldowns: int = 0  # SCHED_FIFO holds cut short to stay inside the RT budget
-    # The samplers' own cost: CPU time per request (submit, wait, read the answer; spinning and parking
-    # included) and how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need
-    # more than that CPU has (bench serve's traffic designs on a 2-vCPU host).
+    # The samplers' own cost: CPU time per request of the thread that submits and waits (submit, wait,
+    # read the answer; spinning and parking included; these samplers have no environment step) and
+    # how busy it kept the sampler CPUs. 16 closed-loop samplers on one vCPU can need more than that
+    # CPU has (bench serve's traffic designs on a 2-vCPU host). The spin budget their clients chose
+    # (QueueClient.spin_policy; -1: none reported) and why.
     sampler_cpu_us_per_request: float = float("nan")
     sampler_cpus_busy: float = float("nan")
+    sampler_spin_us: int = -1
+    sampler_spin_reason: str = ""
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
+    # The row's variant in its label: the ladder's model ("1 ms", --model-ms) or the samplers' spin
+    # ("spin 200 us", --compare-spin-us); "" for a default row.
+    size: str = ""
     note: str = ""
     error: str = ""  # why the design failed (its numbers then cover the samplers that did report)
 
     @property
     def label(self) -> str:
         if self.design == "bare":
-            return "bare (limit)"
-        return self.design if self.design.startswith("traffic") else f"{self.design} x{self.samplers}"
+            base = "bare (limit)"
+        else:
+            base = self.design if self.design.startswith("traffic") else f"{self.design} x{self.samplers}"
+        return f"{base} @{self.size}" if self.size else base
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -102,6 +126,7 @@ class DesignResult:
         d["latency_ms"] = self.latency_ms.to_dict()
         d["deschedule_ms"] = self.deschedule_ms.to_dict()
         d["breakdown_us"] = metrics.percentiles_dict(self.breakdown_us)
+        d["stages_us"] = metrics.percentiles_dict(self.stages_us)
         return d
 
 
@@ -146,7 +171,9 @@ def _bare_child(setup: Setup, conn: Any) -> None:
 def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
     """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
+    stages: list[tuple[int, ...]] = []
     cpu_ns = 0
+    spin: tuple[int, str] = (-1, "")
     start = t = time.perf_counter_ns()
     start_mono = time.monotonic()
     try:
@@ -157,19 +184,25 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
         duration = setup.duration
         perf = time.perf_counter_ns
         with QueueClient.attach(desc, spin_us=setup.client_spin_us) as client:
+            spin = (client.spin_policy.spin_us, client.spin_policy.reason)
             end = perf() + int(warmup * 1e9)
             while perf() < end:
                 client.start(x).finish(timeout_s=10.0)
             start_mono = time.monotonic()
-            cpu0 = time.process_time_ns()
+            # This thread's CPU (the one that submits and waits), not the process's: a sampler has
+            # no environment step here, so all of it is the request's cost.
+            cpu0 = time.thread_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
-                client.start(x).finish(timeout_s=10.0)  # the predecessor's two-phase client
+                pending = client.start(x)  # the predecessor's two-phase client
+                pending.finish(timeout_s=10.0)
                 t1 = perf()
                 lat.append(t1 - t)
                 t = t1
-            cpu_ns = time.process_time_ns() - cpu0
+                if setup.stages:
+                    stages.append(round_trip_stages(pending.ticket))
+            cpu_ns = time.thread_time_ns() - cpu0
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -180,10 +213,22 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             "lat_ns": lat,
             "window": (start_mono, time.monotonic()),
             "cpu_ns": cpu_ns,
+            "spin": spin,
+            "stages_ns": stages,
             "error": error,
         }
     )
     conn.close()
+
+
+def round_trip_stages(ticket: Any) -> tuple[int, int, int, int, int, int]:
+    """STAGES of one answered ticket, in ns (see STAGES); zeros when it has no stamps."""
+    st = ticket.stamps
+    if st is None:
+        return (0, 0, 0, 0, 0, 0)
+    claim, done, engine, _call, seen, end = st
+    submit = ticket.submit_ns
+    return (ticket.copy_in_ns, claim - submit, done - claim - engine, engine, seen - done, end - seen)
 
 
 # ---- designs ---------------------------------------------------------------------------------------
@@ -343,9 +388,17 @@ def _served_result(
     res.duration_s = elapsed
     res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
     res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
+    # Every sampler's own choice: on one isolated CPU the first to attach spins, the others park.
+    spins = sorted({(int(r["spin"][0]), str(r["spin"][1])) for r in ok})
+    res.sampler_spin_us = max(us for us, _ in spins)
+    res.sampler_spin_reason = "; ".join(why for _, why in spins)
     res.samples = samples
     res.samples_per_s = samples / elapsed
     res.latency_ms = metrics.percentiles(lat)
+    rows = [st for r in ok for st in r.get("stages_ns", [])]
+    if rows:
+        us = np.asarray(rows, dtype=np.float64) / 1e3
+        res.stages_us = {name: metrics.percentiles(us[:, i]) for i, name in enumerate(STAGES)}
     res.note = f"{note}, samplers on CPUs {sorted(setup.sampler_cpus)}"
     if len(calls):
         wall_ms, engine_ms = calls[:, col["wall_ms"]], calls[:, col["engine_wall_ms"]]

@@ -30,7 +30,8 @@ def _take(
         t = c.submit(x)
         b = w.claim(timeout_s=1)
         assert b is not None
-        b.complete(out)
+        with b:
+            b.complete(out)
         t0 = time.perf_counter_ns()
         if copy:
             got = c.wait(t, 1)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from lowtail import __version__
 from lowtail.cli import commands
-from lowtail.cli.options import Parser
+from lowtail.cli.options import Parser, verbosity
 from lowtail.errors import LowtailError
 
 
@@ -57,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the subcommand that was given them, with its usage
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    from lowtail.render import console
+
+    console.configure(verbosity(args))
+    if console.quiet() and hasattr(args, "no_progress"):
+        args.no_progress = True  # commands that gate their notes on --no-progress are quiet too
     try:
         return int(args.func(args) or 0)
     except LowtailError as e:

@@ -7,6 +7,9 @@
 - Output paths are checked while the arguments are parsed, before any work: a directory that does not
   exist or cannot be written is a usage error (exit 2) at once, not a traceback after a long probe.
 - Defaults are shown in ``--help``.
+- ``-q``/``--quiet`` and ``-v``/``--verbose`` on every parser (``lowtail -q validate`` and
+  ``lowtail validate -q`` alike): only the result and errors, or also debug logging of what runs
+  (``lowtail.render.console``).
 
 Standard library only: the parser is built for ``lowtail --help``, which must not import numpy.
 """
@@ -46,11 +49,44 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Every lowtail parser and subparser: defaults in --help (subparsers inherit this class)."""
+    """Every lowtail parser and subparser: defaults in --help and -q/-v (subparsers inherit this class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        add_verbosity(self)
+
+
+QUIET, VERBOSE = -1, 1  # the values of lowtail.render.console (not imported: it is not needed for --help)
+
+
+def add_verbosity(p: argparse.ArgumentParser) -> None:
+    """``-q``/``-v``. No default: a subcommand's parser must not reset what ``lowtail -q CMD`` set (argparse
+    copies every attribute of a subparser's namespace over the parent's); ``verbosity(args)`` reads it."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=QUIET,
+        default=argparse.SUPPRESS,
+        help="print only the result and errors: no progress bar, no notes",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=VERBOSE,
+        default=argparse.SUPPRESS,
+        help="also log what runs (probe commands, processes started, their options) to stderr",
+    )
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """-1 quiet, 0 the default, 1 verbose."""
+    return int(getattr(args, "verbosity", 0))
 
 
 class OutputError(LowtailError):

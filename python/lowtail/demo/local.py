@@ -14,6 +14,7 @@ allocator (``pool``/``share``), never what a real node does.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -31,9 +32,13 @@ from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import usable_cpus
 from lowtail.node.plan import Plan
-from lowtail.render import table
+from lowtail.render import console, table
 from lowtail.telemetry.export import WindowStats
 from lowtail.telemetry.percentiles import quantile
+
+log = logging.getLogger(__name__)
+# Ray's driver log level per verbosity: its INFO lines ("Started a local Ray instance") only with -v.
+RAY_LOGGING = {console.QUIET: logging.ERROR, console.NORMAL: logging.WARNING, console.VERBOSE: logging.INFO}
 
 
 class DemoError(LowtailError, RuntimeError):
@@ -48,7 +53,7 @@ class DemoOptions:
     heroes: int = 8  # samples per environment step (the batch one request carries)
     depth: int = 2  # games in flight per sampler (two-phase async)
     strict_leases: bool = False  # refuse the demo override: isolated CPUs only, one owner each
-    metrics_port: int | None = 0  # 0: any free port; None: no HTTP server
+    metrics_port: int | None = None  # None: no HTTP server (nothing of lowtail's listens); 0: any free port
     tb_logdir: str | None = None
     plot: str | None = None  # PNG of the tails (round trip, deschedule, queue wait)
     features: int = 512
@@ -113,6 +118,7 @@ class DemoResult:
     tb_run: str | None
     plot: str | None = None
     prometheus_sample: list[str] = field(default_factory=list)
+    listening: list[dict[str, Any]] = field(default_factory=list)  # TCP ports open during the run
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +138,7 @@ class DemoResult:
             "tb_run": self.tb_run,
             "plot": self.plot,
             "prometheus_sample": self.prometheus_sample,
+            "listening": self.listening,
         }
 
 
@@ -171,13 +178,16 @@ def local_ray(prefix: str, leasable: frozenset[int], namespace: str = "lowtail-d
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
             os.environ["RAY_TMPDIR"] = str(work)
-            ray.init(
-                num_cpus=max(2, os.cpu_count() or 2),
-                resources={"lowtail_isolated_cpu": float(len(leasable))},
-                include_dashboard=False,
-                log_to_driver=False,
-                namespace=namespace,
-            )
+            init: dict[str, Any] = {
+                "num_cpus": max(2, os.cpu_count() or 2),
+                "resources": {"lowtail_isolated_cpu": float(len(leasable))},
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "namespace": namespace,
+                "logging_level": RAY_LOGGING[console.verbosity()],
+            }
+            log.debug("ray.init(%s) with RAY_TMPDIR=%s", init, work)
+            ray.init(**init)
         yield work
     finally:
         if own_ray and ray.is_initialized():
@@ -265,6 +275,7 @@ def _run(
         raw = ray.get(hub.values.remote(["deschedule_ms", "worker_queue_wait_ms", "worker_infer_exec_ms"]))
         prom_text: str = ray.get(hub.render.remote())
         port = ray.get(hub.port.remote())
+        listening = listening_ports()  # while every worker of the run is up
     finally:
         for s in samplers:
             stop_actor(s)
@@ -320,7 +331,44 @@ def _run(
         prometheus_sample=[
             line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
         ],
+        listening=listening,
     )
+
+
+def listening_ports() -> list[dict[str, Any]]:
+    """TCP ports this process and its descendants listen on: a local Ray's GCS, raylet and workers (its
+    gRPC servers bind every interface, and Ray has no option to bind loopback only), and the metrics
+    server when one was asked for."""
+    import psutil
+
+    me = psutil.Process()
+    procs = {me.pid: me, **{c.pid: c for c in me.children(recursive=True)}}
+    out = []
+    for conn in psutil.net_connections("inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in procs or not conn.laddr:
+            continue
+        try:
+            name = procs[conn.pid].name()
+        except psutil.Error:  # ended meanwhile
+            continue
+        ip, port = conn.laddr  # a listening socket always has its (ip, port)
+        out.append({"process": name, "pid": conn.pid, "address": ip, "port": port})
+    return sorted(out, key=lambda p: (p["process"], p["port"]))
+
+
+def render_listening(listening: list[dict[str, Any]], metrics_port: int | None) -> str:
+    """The line that names every port the run had open."""
+    where = ", ".join(
+        f"{p['process']} {'[' + p['address'] + ']' if ':' in p['address'] else p['address']}:{p['port']}"
+        for p in listening
+    )
+    metrics = (
+        f"Prometheus metrics on 127.0.0.1:{metrics_port}"
+        if metrics_port is not None
+        else "no metrics port (--metrics-port to serve one)"
+    )
+    ray_part = f"local Ray listened on {where}" if where else "no listening port found"
+    return f"Ports: {metrics}; {ray_part}"
 
 
 def render(result: DemoResult) -> str:
@@ -358,7 +406,11 @@ def render(result: DemoResult) -> str:
         if s is not None:
             rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
     parts.append(
-        table.render(["ms", "n", "p50", "p99", "p999", "max"], rows, title="Latency and deschedule tails")
+        table.render(
+            ["series", "n", "p50 ms", "p99 ms", "p99.9 ms", "max ms"],
+            rows,
+            title="Latency and deschedule tails",
+        )
     )
     parts.append(
         table.render(
@@ -386,6 +438,7 @@ def render(result: DemoResult) -> str:
             title="Inference actors",
         )
     )
+    parts.append(render_listening(result.listening, result.metrics_port))
     if result.plot:
         parts.append(f"Tail plot: {result.plot}")
     if result.tb_run:
@@ -412,7 +465,7 @@ def plot_tails(series: dict[str, np.ndarray], path: str, title: str) -> None:
         frac = 1.0 - np.arange(v.size) / v.size
         p999 = quantile(v, 0.999)
         ax.step(
-            v, frac, where="post", label=f"{label}: n={values.size}, p999 {p999:.3f} ms, max {v[-1]:.3f} ms"
+            v, frac, where="post", label=f"{label}: n={values.size}, p99.9 {p999:.3f} ms, max {v[-1]:.3f} ms"
         )
     for q in (1e-2, 1e-3):
         ax.axhline(q, color="grey", lw=0.6, ls=":")

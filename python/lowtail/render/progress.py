@@ -2,7 +2,8 @@
 
 On a terminal it redraws one line (at most 10 times a second). Otherwise (Ansible, CI, a pipe) it writes
 a line when the phase starts, one every ``log_every_s`` seconds, and one when it ends, so logs stay short
-and readable. ``enabled=False`` (the commands' ``--no-progress``) writes nothing at all.
+and readable. ``enabled=False`` (the commands' ``--no-progress``) or ``-q`` (``lowtail.render.console``)
+writes nothing at all.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import TextIO
+
+from lowtail.render import console
 
 WIDTH = 30
 
@@ -26,15 +29,15 @@ class Progress:
         self.label = label
         self.total = max(total, 1e-9)
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and self.stream.isatty()
+        self.enabled = enabled and not console.quiet()
+        self.tty = self.enabled and self.stream.isatty()
         self.log_every_s = log_every_s
         self.done = 0.0
         self.note = ""
         self.t0 = time.monotonic()
         self._last_draw = self.t0
         self._finished = False
-        if enabled and not self.tty:
+        if self.enabled and not self.tty:
             self._write(f"{label}: running\n")
 
     def _write(self, text: str) -> None:

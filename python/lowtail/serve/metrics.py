@@ -24,9 +24,11 @@ report time over a fixed-size ring (``CallRing`` in ``lowtail.serve.stats_segmen
 
 from __future__ import annotations
 
+import operator
 import os
 import resource
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -34,30 +36,43 @@ import numpy as np
 # Re-exported ("as" form, for mypy): the worker's reports and the serve benchmark name it metrics.Percentiles.
 from lowtail.telemetry.percentiles import Percentiles as Percentiles  # noqa: PLC0414
 
-# One row per handled batch, float64; the column order is the layout of the shared ring.
-CALL_FIELDS: tuple[str, ...] = (
-    "t_end_s",  # CLOCK_MONOTONIC at the end of the call
-    "wall_ms",  # claim returned -> results written back
-    "cpu_ms",  # process CPU time over the same interval on sampled calls, else the thread's (see below)
-    "thread_cpu_ms",  # the serving thread's CPU time over the same interval
-    "deschedule_ms",  # max(0, wall - cpu_ms): the predecessor system's formula
-    "engine_wall_ms",  # model execution only (the exporters' infer_exec_ms)
-    "engine_cpu_ms",  # as cpu_ms, inside infer()
-    "engine_thread_cpu_ms",
-    "run_delay_ms",  # growth of schedstat run_delay since the previous read (see below)
-    "nivcsw",  # growth of involuntary context switches since the previous read
-    "batch",  # samples in the engine call (the exporters' batch_size)
-    "slots",  # requests merged into it
-    "queue_wait_ms",  # the longest publish -> claim wait among its requests
+
+@dataclass(slots=True, init=False)
+class CallRow:
+    """One row per handled batch, stored as float64 in this field order (the layout of the shared ring).
+
+    The fields are the one list of the row's names: ``CALL_FIELDS`` is read from them, the worker sets
+    each by name and packs them in ``CALL_FIELDS`` order (``call_values``), and readers index by
+    ``COL[name]``, so a field cannot be added, dropped or moved in one place only. A field the worker
+    never sets has no value (no default): packing the row raises AttributeError on the first call.
+    """
+
+    t_end_s: float  # CLOCK_MONOTONIC at the end of the call
+    wall_ms: float  # claim returned -> results written back
+    cpu_ms: float  # process CPU time over the same interval on sampled calls, else the thread's (see below)
+    thread_cpu_ms: float  # the serving thread's CPU time over the same interval
+    deschedule_ms: float  # max(0, wall - cpu_ms): the predecessor system's formula
+    engine_wall_ms: float  # model execution only (the exporters' infer_exec_ms)
+    engine_cpu_ms: float  # as cpu_ms, inside infer()
+    engine_thread_cpu_ms: float
+    run_delay_ms: float  # growth of schedstat run_delay since the previous read (see below)
+    nivcsw: float  # growth of involuntary context switches since the previous read
+    batch: float  # samples in the engine call (the exporters' batch_size)
+    slots: float  # requests merged into it
+    queue_wait_ms: float  # the longest publish -> claim wait among its requests
     # Where the worker's time goes beyond infer() (``lowtail bench serve --breakdown``), in us:
-    "claim_us",  # the poll that took the first request -> claim() returned: decode, merge, coalescing
-    "check_us",  # checking the inputs against the model
-    "fifo_us",  # the SCHED_FIFO enter/leave system calls
-    "answer_us",  # Batch.complete: split, copy outputs back, publish, wake parked samplers
-    "measure_us",  # reading clocks and scheduler counters inside the call
-    "record_us",  # writing the previous call's row and counters (measured there, stored here)
-    "overhead_us",  # the sum of the six above: the worker's cost per call beyond infer()
-)
+    claim_us: float  # the poll that took the first request -> claim() returned: decode, merge, coalescing
+    check_us: float  # checking the inputs against the model
+    fifo_us: float  # the SCHED_FIFO enter/leave system calls
+    answer_us: float  # Batch.complete: split, copy outputs back, publish, wake parked samplers
+    measure_us: float  # reading clocks and scheduler counters inside the call
+    record_us: float  # writing the previous call's row and counters (measured there, stored here)
+    overhead_us: float  # the sum of the six above: the worker's cost per call beyond infer()
+
+
+CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRow))
+# The row's values in CALL_FIELDS order, for the ring's writer (one C-level call, no Python loop).
+call_values: Callable[[CallRow], tuple[float, ...]] = operator.attrgetter(*CALL_FIELDS)
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,8 +355,11 @@ def measure_pinned(
     batch: int = 16,
     calls: int = 3000,
     config: WorkerConfig | None = None,
+    on_call: Callable[[int], None] | None = None,
 ) -> PinnedMeasurement:
     """Serve ``calls`` batches of ``batch`` samples through a fresh queue to a worker pinned on ``cpu``.
+
+    ``on_call(k)`` is told after each of the measured calls (k = 1..calls), for a progress bar.
 
     The calling thread is the client (pinned to ``client_cpu`` for the run when given, then restored).
     Without ``model_dir`` the default policy model is built in a temporary directory. The worker is
@@ -399,8 +403,10 @@ def measure_pinned(
                     # One request per engine call (one client, closed loop); the worker writes a call's
                     # row just after answering it, so wait for the row before taking the cursor.
                     cursor = _wait_for_rows(w, warm)
-                    for _ in range(calls):
+                    for k in range(1, calls + 1):
                         client.infer(x, timeout_s=30)
+                        if on_call is not None:
+                            on_call(k)
                     _wait_for_rows(w, warm + calls)
                 rows = w.calls(cursor).rows
                 return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)

@@ -231,10 +231,6 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
     return None
 
 
-# A call whose wall - thread CPU exceeds this was descheduled: read the scheduler counters for it.
-DESCHEDULED_NS = 20_000
-
-
 def serve(
     *,
     qworker: QueueWorker,
@@ -250,21 +246,28 @@ def serve(
     Everything between two ``infer()`` calls runs with cold caches (a call streams the model's weights
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
     the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
-    back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage).
+    back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
+    stamps it takes go to ``CallRecorder.record``, the call's bookkeeping. A batch lives in a ``with``
+    block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     """
-    from lowtail.serve import metrics as m
     from lowtail.serve import stats_segment as ws
+    from lowtail.serve.call_recorder import CallRecorder
     from lowtail.serve.engine import MalformedInput
 
-    hero = config.name
     claim_timeout = config.claim_timeout_s
-    slow_cpu_ms, slow_total_ms = config.slow_engine_cpu_ms, config.slow_total_ms
-    every = config.stats_every
-    counters = m.ThreadCounters()
     h = stats.words
-    write_row = stats.row_writer()
     ppid = os.getppid()
     threads = int(ready["threads"])
+    rec = CallRecorder(
+        stats,
+        fifo,
+        hero=config.name,
+        cpu=cpu,
+        threads=threads,
+        slow_engine_cpu_ms=config.slow_engine_cpu_ms,
+        slow_total_ms=config.slow_total_ms,
+        stats_every=config.stats_every,
+    )
     h[ws.THREADS] = threads
     h[ws.FIFO] = int(fifo.available)
     h[ws.HEARTBEAT] = time.monotonic_ns()
@@ -281,137 +284,91 @@ def serve(
     # CLOCK_MONOTONIC for every wall time (perf_counter is the same clock on Linux, and the queue stamps
     # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
-    claim, check, infer = qworker.claim, engine.check, engine.infer
+    claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
     enter, leave = fifo.enter, fifo.leave
     per_call = config.fifo_scope == "call"
     drop_when_idle = config.fifo_scope == "work"
-    stop_i, heartbeat_i, count_i, samples_i = ws.STOP, ws.HEARTBEAT, ws.COUNT, ws.SAMPLES
+    stop_i = ws.STOP
     next_check = 0
-    count = 0
-    record_ns = 0  # the cost of recording the previous call, reported in the next row
-    rd_last, iv_last = counters.run_delay_ns(), counters.nivcsw()
-    while not _stop["signalled"] and not h[stop_i]:
-        if drop_when_idle and fifo.active:
-            batch = claim(0.0)  # back to back: stay in SCHED_FIFO, no system call
-            if batch is None:
-                leave()  # nothing ready: never spin or park in SCHED_FIFO
-                h[ws.FIFO_SWITCHES] = fifo.switches
-                continue
-        else:
-            batch = claim(claim_timeout)
-            if batch is None:
+    try:
+        while not _stop["signalled"] and not h[stop_i]:
+            if drop_when_idle and fifo.active:
+                batch = claim(0.0)  # back to back: stay in SCHED_FIFO, no system call
+                if batch is None:
+                    leave()  # nothing ready: never spin or park in SCHED_FIFO
+                    h[ws.FIFO_SWITCHES] = fifo.switches
+                    continue
+            else:
+                batch = claim(claim_timeout)
+                if batch is None:
+                    leave()
+                    h[ws.FIFO_SWITCHES] = fifo.switches
+                    now = clock()
+                    if now >= next_check:  # idle housekeeping, at most twice a second
+                        next_check = now + 500_000_000
+                        h[ws.HEARTBEAT] = now
+                        rec.threads = thread_count()
+                        h[ws.THREADS] = rec.threads
+                        if os.getppid() != ppid:
+                            log.warning("parent %d is gone; exiting", ppid)
+                            return
+                    continue
+
+            try:
+                with batch:
+                    # ---- hot path: every clock() pair below is one column of the breakdown ----
+                    t0 = clock()
+                    sampled = rec.sampled
+                    th0 = ttime()
+                    c0 = ptime() if sampled else 0
+                    m0 = clock()
+                    enter()  # no system call when already in SCHED_FIFO
+                    f0 = clock()
+                    inputs = batch.inputs
+                    try:
+                        n = check(inputs)
+                    except (MalformedInput, ValueError) as e:
+                        leave()
+                        h[ws.FAILED] += fail_malformed(batch, e)
+                        continue
+                    k0 = clock()
+                    et0 = ttime()
+                    ec0 = ptime() if sampled else 0
+                    e0 = clock()
+                    try:
+                        outputs = infer(inputs, n)
+                    except Exception as e:
+                        leave()
+                        batch.fail(f"inference failed: {type(e).__name__}: {e}")
+                        h[ws.FAILED] += len(batch.sizes)
+                        log.error("inference failed for %d requests: %s", len(batch.sizes), e)
+                        continue
+                    e1 = clock()
+                    et1 = ttime()
+                    ec1 = ptime() if sampled else 0
+                    a0 = clock()
+                    # Every answer carries its call's engine time and its deschedule so far (wall - thread
+                    # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
+                    batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
+                a1 = clock()
+                if per_call:
+                    leave()
+                f1 = clock()
+                th1 = ttime()
+                c1 = ptime() if sampled else 0
+                t1 = clock()
+                record(
+                    batch.queue_wait_ns, batch.claimed_ns, n,
+                    t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1,
+                )  # fmt: skip
+            except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()
-                h[ws.FIFO_SWITCHES] = fifo.switches
-                now = clock()
-                if now >= next_check:  # idle housekeeping, at most twice a second
-                    next_check = now + 500_000_000
-                    h[heartbeat_i] = now
-                    threads = thread_count()
-                    h[ws.THREADS] = threads
-                    if os.getppid() != ppid:
-                        log.warning("parent %d is gone; exiting", ppid)
-                        return
-                continue
-
-        # ---- hot path: every clock() pair below is one column of the breakdown ----
-        t0 = clock()
-        claim_ns = t0 - batch.claimed_ns
-        sampled = count % every == 0
-        th0 = ttime()
-        c0 = ptime() if sampled else 0
-        m0 = clock()
-        enter()  # no system call when already in SCHED_FIFO
-        f0 = clock()
-        inputs = batch.inputs
-        try:
-            n = check(inputs)
-        except (MalformedInput, ValueError) as e:
-            leave()
-            h[ws.FAILED] += fail_malformed(batch, e)
-            continue
-        k0 = clock()
-        et0 = ttime()
-        ec0 = ptime() if sampled else 0
-        e0 = clock()
-        try:
-            outputs = infer(inputs, n)
-        except Exception as e:
-            leave()
-            batch.fail(f"inference failed: {type(e).__name__}: {e}")
-            h[ws.FAILED] += len(batch.sizes)
-            log.error("inference failed for %d requests: %s", len(batch.sizes), e)
-            continue
-        e1 = clock()
-        et1 = ttime()
-        ec1 = ptime() if sampled else 0
-        a0 = clock()
-        # Every answer carries its call's engine time and its deschedule so far (wall - thread CPU
-        # since the claim returned): the clients' RequestTiming, with no extra clock read here.
-        batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
-        a1 = clock()
-        if per_call:
-            leave()
-        f1 = clock()
-        th1 = ttime()
-        c1 = ptime() if sampled else 0
-        t1 = clock()
-
-        wall_ns = t1 - t0
-        thread_ns = th1 - th0
-        cpu_ns = c1 - c0 if sampled else thread_ns
-        engine_thread_ns = et1 - et0
-        engine_cpu_ns = ec1 - ec0 if sampled else engine_thread_ns
-        if sampled or wall_ns - thread_ns > DESCHEDULED_NS:
-            r0 = clock()
-            rd, iv = counters.run_delay_ns(), counters.nivcsw()
-            rd_delta, iv_delta = rd - rd_last, iv - iv_last
-            rd_last, iv_last = rd, iv
-            read_ns = clock() - r0
-        else:
-            rd_delta = iv_delta = read_ns = 0
-        engine_ns = e1 - e0
-        measure_ns = (m0 - t0) + (e0 - k0) + (a0 - e1) + (t1 - f1) + read_ns
-        wall = wall_ns / 1e6
-        cpu_ms = cpu_ns / 1e6
-        waits = batch.queue_wait_ns
-        h[heartbeat_i] = t1
-        row = (
-            t1 / 1e9,
-            wall,
-            cpu_ms,
-            thread_ns / 1e6,
-            wall - cpu_ms if wall_ns > cpu_ns else 0.0,
-            engine_ns / 1e6,
-            engine_cpu_ns / 1e6,
-            engine_thread_ns / 1e6,
-            rd_delta / 1e6,
-            iv_delta,
-            n,
-            len(waits),
-            max(waits) / 1e6,
-            claim_ns / 1e3,
-            (k0 - f0) / 1e3,
-            ((f0 - m0) + (f1 - a1)) / 1e3,
-            (a1 - a0) / 1e3,
-            measure_ns / 1e3,
-            record_ns / 1e3,
-            (claim_ns + wall_ns - engine_ns + read_ns + record_ns) / 1e3,
-        )
-        write_row(count, row)
-        count += 1
-        h[count_i] = count
-        h[samples_i] += n
-        if sampled:  # the isolation ratio compares like with like: both clocks of the sampled calls
-            h[ws.ENGINE_CPU] += engine_cpu_ns
-            h[ws.ENGINE_THREAD] += engine_thread_ns
-        if m.is_slow(row, slow_cpu_ms, slow_total_ms):
-            h[ws.SLOW] += 1
-            log.warning(m.SLOW_INFER_FORMAT, *m.slow_infer_args(hero, cpu, row, fifo.available, threads))
-        if not fifo.available and h[ws.FIFO]:
-            h[ws.FIFO] = 0
-        h[ws.FIFO_SWITCHES] = fifo.switches
-        h[ws.FIFO_COOLDOWNS] = fifo.cooldowns
-        record_ns = clock() - t1 - read_ns
+                h[ws.FAILED] += batch.failed
+                log.exception(
+                    "serving a batch of %d requests failed (%d answered failed)", len(batch), batch.failed
+                )
+    finally:
+        rec.close()
 
 
 def fail_malformed(batch: Any, error: Exception) -> int:

@@ -30,7 +30,7 @@ from lowtail.shm.errors import (
     RequestWithdrawn,
     WorkerDied,
 )
-from lowtail.shm.futex import full_barrier, futex_wait, futex_wake
+from lowtail.shm.futex import FutexWaiter, full_barrier, futex_wait, futex_wake
 from lowtail.shm.layout import (
     CALL_BATCH_MASK,
     CALL_DESCHEDULE_SHIFT,
@@ -111,6 +111,66 @@ MARGIN_NS = 50_000
 MIN_TIMED_PARK_NS = 50_000  # a shorter sleep saves less spinning than its two context switches cost
 OVERSLEEP_SHIFT = 3
 MAX_OVERSLEEP_NS = 1_000_000
+
+
+# Whether a client spins at all. A spinning sampler on a CPU it shares burns that CPU against whoever
+# shares it: 16 samplers on one CPU spinning up to 200 us each spent 78-102 us of CPU per batch-1
+# request in ``bench serve --traffic 16x1`` and starved the engine of requests. So the default spin
+# budget is the queue's ``client_spin_us`` only for a client that has a CPU of its own, and 0 (park on
+# the futex at once, woken by the worker) for every other. "Its own": the waiting thread's affinity
+# mask is one CPU, that CPU is isolated by the kernel (``/sys/devices/system/cpu/isolated``: what a
+# lowtail lease hands a sampler; no other task is placed there), and no other live client of this
+# queue may run there. Decided once, at attach: a client attaching later onto the same CPU sees the
+# first and parks, the first keeps its budget (pass ``spin_us`` to override the decision).
+ISOLATED_CPUS_PATH = "/sys/devices/system/cpu/isolated"
+
+
+@dataclass(frozen=True, slots=True)
+class SpinPolicy:
+    """The spin budget a client chose and why (``QueueClient.spin_policy``)."""
+
+    spin_us: int
+    own_cpu: bool
+    reason: str
+
+
+def isolated_cpus(path: str | None = None) -> frozenset[int]:
+    """The CPUs the running kernel isolated (empty when none, or when the file cannot be read)."""
+    from lowtail.node import cpulist
+
+    try:
+        with open(path or ISOLATED_CPUS_PATH) as f:
+            text = f.read().strip()
+    except OSError:
+        return frozenset()
+    try:
+        return frozenset(cpulist.parse(text)) if text else frozenset()
+    except ValueError:
+        return frozenset()  # unreadable: treat as not isolated (park), the cheap side to err on
+
+
+def choose_spin(
+    budget_us: int,
+    affinity: frozenset[int] | set[int],
+    isolated: frozenset[int],
+    peer_affinities: Mapping[int, frozenset[int]],
+) -> SpinPolicy:
+    """The default spin budget: ``budget_us`` on a CPU of the client's own, else 0 (see above).
+
+    ``peer_affinities``: the other live clients of the queue, pid -> affinity mask.
+    """
+    if len(affinity) != 1:
+        cpus = ",".join(str(c) for c in sorted(affinity))
+        return SpinPolicy(0, False, f"affinity is {len(affinity)} CPUs ({cpus}), not one of its own: park")
+    (cpu,) = affinity
+    if cpu not in isolated:
+        return SpinPolicy(
+            0, False, f"CPU {cpu} is not isolated by the kernel (shared with other tasks): park"
+        )
+    sharing = sorted(pid for pid, mask in peer_affinities.items() if cpu in mask)
+    if sharing:
+        return SpinPolicy(0, False, f"CPU {cpu} is shared with the clients of pids {sharing}: park")
+    return SpinPolicy(budget_us, True, f"CPU {cpu} is isolated and its own: spin up to {budget_us} us")
 
 
 def next_prediction_ns(predicted_ns: int, latency_ns: int) -> int:
@@ -378,13 +438,14 @@ class QueueClient:
     after ``fork``/``spawn``, never before: a forked child would share the lane's lifetime lock.
     """
 
-    def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin_us: int) -> None:
+    def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin: SpinPolicy) -> None:
         self.descriptor = desc
         self.lane = lane
         self._m = m
         cfg, geo = desc.config, m.geo
         self._cfg = cfg
-        self._spin_ns = spin_us * 1000
+        self.spin_policy = spin
+        self._spin_ns = spin.spin_us * 1000
         self._pred = _Prediction()
         q = m.q
         self._q, self._mem = q, m.mem
@@ -404,6 +465,7 @@ class QueueClient:
         self._ring_i = geo.lane(lane, L_RING)
         self._parked_i = geo.lane(lane, L_PARKED)
         self._count_i = geo.lane(lane, L_RESP_COUNT)
+        self._waiter = FutexWaiter(m.addr(self._count_i))
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -435,12 +497,25 @@ class QueueClient:
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, spin_us: int | None = None) -> QueueClient:
-        """Map the queue and take a free lane (the only step that may contend: OFD byte locks)."""
+        """Map the queue and take a free lane (the only step that may contend: OFD byte locks).
+
+        ``spin_us``: how long a wait spins for its answer before it parks. None (the default): the
+        queue's ``client_spin_us`` when the calling thread has a CPU of its own (pinned alone to an
+        isolated CPU that no other client of this queue may use, as a ``sample:`` lease gives it),
+        else 0: the wait parks on the futex at once and costs its CPU only the wake-up
+        (``spin_policy`` says which and why). A number: that budget, whatever the CPU.
+        """
+        if spin_us is not None and not 0 <= spin_us <= 1_000_000:
+            raise QueueError(f"spin_us={spin_us!r}: expected None or 0..1000000 (microseconds)")
         m = attach_mapped(desc)
         try:
             for lane in range(m.geo.lanes):
                 if ofd_lock.try_lock(m.seg.fd, 1 + lane):
-                    return cls(desc, m, lane, desc.config.client_spin_us if spin_us is None else spin_us)
+                    if spin_us is None:
+                        spin = cls._default_spin(m, lane, desc.config.client_spin_us)
+                    else:
+                        spin = SpinPolicy(spin_us, False, f"spin_us={spin_us} given")
+                    return cls(desc, m, lane, spin)
         except BaseException:
             m.close()
             raise
@@ -449,6 +524,30 @@ class QueueClient:
             f"all {desc.config.lanes} lanes of queue {desc.name} are held by live clients; "
             f"create the queue with more lanes"
         )
+
+    @staticmethod
+    def _default_spin(m: Mapped, lane: int, budget_us: int) -> SpinPolicy:
+        """``choose_spin`` for the calling thread, against the other live clients of this queue."""
+        affinity = frozenset(os.sched_getaffinity(0))
+        isolated = isolated_cpus()
+        peers: dict[int, frozenset[int]] = {}
+        if len(affinity) == 1 and affinity <= isolated:  # only then do the peers matter
+            me = os.getpid()
+            for other in range(m.geo.lanes):
+                pid = int(m.q[m.geo.lane(other, L_PID)])
+                # a lane's pid word is its client's: bounded to real pids before it reaches a syscall
+                if (
+                    other == lane
+                    or pid == me
+                    or not 0 < pid < 1 << 22
+                    or not ofd_lock.held(m.seg.fd, 1 + other)
+                ):
+                    continue
+                try:
+                    peers[pid] = frozenset(os.sched_getaffinity(pid))
+                except OSError:
+                    continue  # gone, or not ours to inspect
+        return choose_spin(budget_us, affinity, isolated, peers)
 
     def __enter__(self) -> QueueClient:
         return self
@@ -745,9 +844,11 @@ class QueueClient:
         else:
             now = clock()
             answered, deadline = False, 0
-            # (a prediction below the margin never parks: the fast path skips the call)
+            # (a prediction below the margin never parks: the fast path skips the call; with no spin
+            # budget a sleep that ends before the answer would only be followed by a second one)
             if (
-                self._pred.predicted_ns > MARGIN_NS
+                self._spin_ns
+                and self._pred.predicted_ns > MARGIN_NS
                 and self._pred.late.bit_count() <= MAX_LATE
                 and (
                     until := park_until_ns(
@@ -883,7 +984,8 @@ class QueueClient:
         clock = time.monotonic_ns
         start = clock()
         dead_worker = 0
-        parked_i, count_i = self._parked_i, self._count_i
+        parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
+        first = True
         while True:
             expected = q[count_i]
             q[parked_i] = 1
@@ -892,7 +994,10 @@ class QueueClient:
                 q[parked_i] = 0
                 return True
             now = clock()
-            if q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
+            # Liveness from the second slice on: a wait that parks at once (no CPU of its own) skips
+            # the lock query on the way to its first sleep, and a worker that died before it still
+            # shows within one PARK_SLICE_S.
+            if not first and q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
                 dead_worker = int(q[HW_WORKER_PID])
@@ -919,7 +1024,8 @@ class QueueClient:
                     f"of queue {self.descriptor.name} ({why}; wait again, abandon() or drop the ticket)"
                 )
             self._counts.futex_waits += 1
-            futex_wait(m.addr(count_i), expected, min((until - now) / 1e9, PARK_SLICE_S))
+            first = False
+            waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
             q[parked_i] = 0
             answered = q[resp_i] == seq
             now = clock()

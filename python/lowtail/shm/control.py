@@ -87,7 +87,9 @@ class QueueConfig:
     mode: int = 0o600
     shm_dir: str = SHM_DIR
     max_ndslot_bytes: int = 256 << 20  # a payload above this (or 0 to disable) raises PayloadTooLarge
-    client_spin_us: int = 200  # spin up to this long for an answer that is due, then park (client.py)
+    # A client alone on an isolated CPU spins up to this long for an answer that is due, then parks;
+    # any other client parks at once (client.py: QueueClient.attach's spin_us).
+    client_spin_us: int = 200
     worker_idle_us: int = 2000  # the worker spins this long after its last request before parking
 
     def __post_init__(self) -> None:

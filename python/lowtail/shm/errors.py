@@ -59,3 +59,7 @@ class NumaError(QueueError):
 
 class BadConfig(QueueError, ValueError):
     """A queue configuration value out of range; the message names the field and what is expected."""
+
+
+class BatchClosed(QueueError):
+    """A claimed batch used after its answer or its ``with`` block: its input views are gone."""

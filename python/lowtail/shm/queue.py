@@ -25,6 +25,7 @@ from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuz
 from lowtail.shm.errors import (
     BadConfig,
     BadRequest,
+    BatchClosed,
     LaneBusy,
     LaneUnavailable,
     NumaError,
@@ -59,6 +60,7 @@ __all__ = [
     "BadConfig",
     "BadRequest",
     "Batch",
+    "BatchClosed",
     "HeldOutputs",
     "InferenceQueue",
     "LaneBusy",

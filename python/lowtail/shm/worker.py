@@ -21,7 +21,7 @@ import numpy as np
 
 from lowtail.shm import ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
-from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError
+from lowtail.shm.errors import BadRequest, BatchClosed, PayloadTooLarge, QueueError
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
 from lowtail.shm.layout import (
     CALL_BATCH_MASK,
@@ -101,18 +101,37 @@ _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compare
 
 
 class Batch:
-    """Requests claimed together: merged inputs, and per-request completion."""
+    """Requests claimed together: merged inputs, and per-request completion. Use it as a context:
+
+        with worker.claim(timeout_s) as batch:   # after checking the claim is not None
+            batch.complete(model(batch.inputs))
+
+    ``inputs`` are zero-copy views of the requests' slots (one request), or one merged copy (several):
+    a client may write its next request into its slot as soon as it has its answer, so the views are
+    valid only until ``complete()`` or ``fail()``. From then on, and after the block, the batch refuses
+    ``inputs``, ``complete()`` and ``fail()`` with ``BatchClosed``. numpy cannot revoke an array it has
+    handed out (a buffer with exports cannot be released), so a view taken before stays readable; the
+    views of a client's slot are read-only, so it can never write the client's next request: copy
+    what must outlive the answer. Leaving the block answers every request still unanswered as
+    failed (an exception inside names itself in the message) and lets the exception propagate: the
+    batch's clients get an error, not a hang, and the worker claims the next batch as usual.
+    """
+
+    __slots__ = ("_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "queue_wait_ns", "sizes")
 
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
         self._items = items
+        self._open = True
+        self.failed = 0  # requests this batch answered failed (fail, fail_request, the end of its block)
+        self._inputs: Arrays
         if len(items) == 1:  # the common case, without the list building below
             it = items[0]
             self.sizes = [it.layout.batch] if it.layout is not None else []
             self.queue_wait_ns = [it.claim_ns - it.submit_ns]
             self.claimed_ns = it.claim_ns
             if it.inputs is not None:
-                self.inputs: Arrays = it.inputs  # zero-copy views of the request slot (or ndarray slot)
+                self._inputs = it.inputs  # zero-copy views of the request slot (or ndarray slot)
                 return
         self.sizes = [it.layout.batch for it in items if it.layout is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
@@ -120,12 +139,46 @@ class Batch:
         self.claimed_ns = min([it.claim_ns for it in items], default=0)
         parts = [it.inputs for it in items if it.inputs is not None]
         if len(parts) == 1:
-            self.inputs = parts[0]
+            self._inputs = parts[0]
         else:
-            self.inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            self._inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __enter__(self) -> Batch:
+        if not self._open:
+            raise BatchClosed("a batch already answered cannot be entered again: claim the next one")
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if not self._open:
+            return
+        if any(not it.done for it in self._items):
+            why = (
+                "the worker left the batch without answering it"
+                if exc is None
+                else f"worker error while serving this batch: {type(exc).__name__}: {exc}"
+            )
+            self.fail(why)
+        self._close()
+
+    def _close(self) -> None:
+        self._open = False
+        self._inputs = {}  # drops the merged copy; the slot views stay cached in the worker for reuse
+
+    def _refuse(self, what: str) -> BatchClosed:
+        return BatchClosed(
+            f"{what} a batch already answered: its zero-copy views may hold a client's next request "
+            f"(copy what must outlive complete(), inside the batch's with block)"
+        )
+
+    @property
+    def inputs(self) -> Arrays:
+        """The requests' inputs (zero-copy views for one request): valid until ``complete``/``fail``."""
+        if not self._open:
+            raise self._refuse("inputs of")
+        return self._inputs
 
     @property
     def total(self) -> int:
@@ -143,8 +196,10 @@ class Batch:
         ``engine_ns`` and ``deschedule_ns`` describe the call (its ``infer()`` wall time, and wall minus
         thread CPU from the claim to here): every answer carries them with the call's sample count, and
         a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
-        The input views are invalid afterwards: a client may reuse its slot as soon as it is answered.
+        The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
         """
+        if not self._open:
+            raise self._refuse("complete() on")
         total = self.total
         try:
             layout = payload.layout_of(outputs)
@@ -156,6 +211,7 @@ class Batch:
             msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
             self.fail(msg)
             raise BadRequest(msg)
+        self._close()
         worker = self._worker
         worker._call_engine_ns = engine_ns
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK)  # 32 bits: 71 minutes
@@ -177,16 +233,25 @@ class Batch:
         worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
+        """Answer every request not answered yet as failed with ``message``; the views go with it."""
+        if not self._open:
+            raise self._refuse("fail() on")
+        self._close()
         for it in self._items:
             if not it.done:
                 self._worker._answer(it, ST_FAILED, None, None, message)
+                self.failed += 1
         self._worker._wake_parked(self._items)
 
     def fail_request(self, i: int, message: str) -> None:
+        """Fail request ``i`` alone; the others stay to be completed (their views stay valid)."""
+        if not self._open:
+            raise self._refuse("fail_request() on")
         it = self._items[i]
         if not it.done:
             self._worker._answer(it, ST_FAILED, None, None, message)
             self._worker._wake_parked([it])
+            self.failed += 1
 
 
 class WorkerCounts:
@@ -549,6 +614,8 @@ class QueueWorker:
                             f"request layout of {layout.inline_end} B exceeds the {geo.req_bytes} B slot"
                         )
                     views = payload.views(buf, layout.inline_layout, off)
+                    for v in views.values():  # the client's slot: a view kept too long can never write it
+                        v.flags.writeable = False
                     self._in_views[g] = (raw, views)
         except Exception as e:  # whatever a request holds, it fails alone
             bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)

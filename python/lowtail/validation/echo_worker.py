@@ -34,7 +34,8 @@ def main() -> int:
         while not stop:
             batch = worker.claim(timeout_s=0.05)
             if batch is not None:
-                batch.complete({"out": next(iter(batch.inputs.values()))})
+                with batch:
+                    batch.complete({"out": next(iter(batch.inputs.values()))})
     finally:
         worker.close()
     return 0

@@ -15,6 +15,7 @@ and its output), rt-tests ``hwlatdetect`` (which drives the same files), turbost
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
@@ -29,6 +30,8 @@ from lowtail.node.plan import Plan
 from lowtail.node.topology import Topology
 from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, graded, skip
+
+log = logging.getLogger(__name__)
 
 # Exit latency of the deepest idle state an isolated CPU may enter, in us: C1/haltpoll wake in ~1 us;
 # EPYC's C2 (ACPI C2, 400 us on Zen 2/3 per acpi_idle) is what tuned and the Node Tuning Operator keep off
@@ -305,6 +308,7 @@ def probe_hwlat(
     bar = Progress(name, duration_s, enabled=progress)
     try:
         (tracefs / "trace").write_text("")
+        log.debug("hwlat tracer at %s with %s for %g s", tracefs, settings, duration_s)
         for key, value in settings.items():
             (tracefs / key).write_text(value)
         (tracefs / "current_tracer").write_text("hwlat")

@@ -9,8 +9,10 @@ inference core.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -24,6 +26,8 @@ from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats
 from lowtail.validation.evidence import beyond, min_samples, shortfall
 from lowtail.validation.static import read_steal
+
+log = logging.getLogger(__name__)
 
 
 class ProbeError(LowtailError, RuntimeError):
@@ -70,6 +74,7 @@ def run_pinned(
         for cpu in sorted(cpus):
             cmd = [sys.executable, "-m", "lowtail.validation.probe_worker", kind, "--cpu", str(cpu)]
             cmd += ["--samples", str(samples), *extra]
+            log.debug("running %s", shlex.join(cmd))
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs[cpu] = p
             assert p.stdout is not None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +25,7 @@ from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Limits, Status, fmt, histogram_stats, merge_ladders, skip
 
 SHM_STATS = "/dev/shm/cyclictest"  # + pid: cyclictest's running statistics (rt-tests src/cyclictest)
+log = logging.getLogger(__name__)
 HIST_US = 1000  # cyclictest histogram range in us; later samples count as overflows at the maximum
 
 
@@ -106,6 +109,7 @@ def parse_oslat(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def _run(cmd: list[str], json_path: Path, duration_s: float, progress: Progress) -> dict[str, Any]:
+    log.debug("running %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.monotonic()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ from lowtail.node import cpulist
 from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Status, skip, tail_stats
 from lowtail.validation.probes import ProbeError, ProbeOptions, grade
+
+log = logging.getLogger(__name__)
 
 
 def _missing(*modules: str) -> str | None:
@@ -57,8 +61,10 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
     samples: list[float] = []
     saved = os.sched_getaffinity(0)
     with queue.InferenceQueue.create(cfg) as server:
+        cmd = [sys.executable, "-m", "lowtail.validation.echo_worker", str(worker_cpu)]
+        log.debug("running %s (client on CPU %d)", shlex.join(cmd), client_cpu)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lowtail.validation.echo_worker", str(worker_cpu)],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -101,6 +107,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
 INFERENCE_BATCH = 16  # the predecessor system's max batch
+INFERENCE_STEP = 25  # calls between two moves of the progress bar (a call is about a millisecond)
 
 
 def spread(cpus: frozenset[int], k: int) -> list[int]:
@@ -133,10 +140,23 @@ def probe_inference(opts: ProbeOptions) -> Check:
     per_cpu: dict[int, list[float]] = {}
     notes: dict[int, str] = {}
     extra: dict[int, dict[str, Any]] = {}
-    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus), enabled=opts.progress)
+    # Counted in calls (the bar's ETA then holds once the first CPU's model is compiled); each CPU
+    # first compiles its model, named as a phase so a long compile does not look like a hang.
+    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus) * calls, enabled=opts.progress)
     for i, cpu in enumerate(cpus):
         quiet = worker.WorkerConfig(name="measure", log_level="WARNING")  # info lines would break the bar
-        m = measure(cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls, config=quiet)
+        base = i * calls
+        progress.phase(base, f"CPU {cpu}: compiling the model")
+        log.debug("measure_pinned on CPU %d: %d calls of batch %d, client CPU %s", cpu, calls,
+                  INFERENCE_BATCH, client_cpu)  # fmt: skip
+
+        def advance(k: int, base: int = base, cpu: int = cpu) -> None:
+            if k % INFERENCE_STEP == 0 or k == calls:
+                progress.update(base + k, f"CPU {cpu}: {k}/{calls} calls")
+
+        m = measure(
+            cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls, config=quiet, on_call=advance
+        )
         rows = m.rows
         per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
         wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])
@@ -156,7 +176,6 @@ def probe_inference(opts: ProbeOptions) -> Check:
             f"; wall p50 {extra[cpu]['wall_ms_p50']:.3f} p999 {extra[cpu]['wall_ms_p999']:.3f} ms, "
             f"sched_fifo={extra[cpu]['sched_fifo']}, {iso.threads} threads, isolation: {iso.detail}"
         )
-        progress.update(i + 1)
     progress.finish()
     check = grade(
         "inference",

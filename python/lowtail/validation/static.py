@@ -264,7 +264,7 @@ def check_rt_budget(ctx: Context) -> Check:
         threshold,
         evidence,
         reason=f"SCHED_FIFO threads are throttled after {runtime} us of every {period} us; the source "
-        "document measured p999 deschedule of 400-470 ms at 500000 (0.02 ms at 950000)",
+        "document measured p99.9 deschedule of 400-470 ms at 500000 (0.02 ms at 950000)",
     )
 
 

@@ -6,7 +6,15 @@ import argparse
 from typing import Any
 
 from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
+from lowtail.cli.options import (
+    add_json,
+    add_no_progress,
+    add_plot,
+    json_to_stdout,
+    output_dir,
+    positive,
+    write_json,
+)
 
 
 def demo_subparsers(sub: Any) -> Any:
@@ -18,6 +26,16 @@ def demo_subparsers(sub: Any) -> Any:
     if not hasattr(parser, "lowtail_demos"):
         parser.lowtail_demos = parser.add_subparsers(dest="demo", metavar="DEMO")
     return parser.lowtail_demos
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a TCP port 0-65535 (0: any free port)")
+    return port
 
 
 def register(sub: Any) -> None:
@@ -44,8 +62,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="lease isolated CPUs only, one owner each, as a real node does (fails on a small machine)",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0: any free)")
-    p.add_argument("--tb-logdir", help="keep the TensorBoard run here (default: a temporary directory)")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT, 0 for any free port (default: no metrics server)",
+    )
+    p.add_argument(
+        "--tb-logdir",
+        metavar="DIR",
+        type=output_dir(),
+        help="keep the TensorBoard run here (default: a temporary directory, removed at the end)",
+    )
     # The CLI convention (lowtail.cli.options): output paths are checked before Ray starts.
     add_json(p, "the summary")
     add_plot(p, "the latency and deschedule tails")
@@ -55,6 +83,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lowtail.demo.local import DemoError, DemoOptions, render, run_demo
+    from lowtail.render import console
     from lowtail.render.progress import Progress
 
     opts = DemoOptions(
@@ -82,5 +111,5 @@ def run(args: argparse.Namespace) -> int:
     print(render(result))
     if args.json:
         write_json(args.json, result.to_dict())
-        print(f"JSON summary: {args.json}")
+        console.info(f"JSON summary: {args.json}")
     return 0

@@ -11,6 +11,7 @@ from lowtail.node import cpulist
 from lowtail.node.plan import PlanError, make_plan
 from lowtail.node.topology import Topology, TopologyError, read_topology
 from lowtail.render import table
+from lowtail.render.schema import stamp
 
 
 def add_root_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def register(sub: Any) -> None:
 def run_topology(args: argparse.Namespace) -> int:
     topo = load_topology(args)
     d = topo.to_dict()
-    write_json(args.json, d)
+    write_json(args.json, {**stamp("topology"), **d})
     if json_to_stdout(args):
         return 0
     print(
@@ -95,7 +96,9 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = make_plan(topo, args.housekeeping)
     except PlanError as e:
         raise UsageError(str(e)) from None
-    write_json(args.json, plan.to_dict())
+    # Stamped like every report; plan readers (Plan.from_dict, hence validate --plan and the lease
+    # allocator) read their fields by name and ignore the stamp.
+    write_json(args.json, {**stamp("plan"), **plan.to_dict()})
     if json_to_stdout(args):
         return 0
     print(

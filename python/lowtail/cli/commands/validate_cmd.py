@@ -13,6 +13,7 @@ from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.cli.main import UsageError
 from lowtail.cli.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
 from lowtail.node import cpulist
+from lowtail.render import console
 from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.evidence import min_samples
 from lowtail.validation.runner import (
@@ -232,10 +233,10 @@ def run_validate(args: argparse.Namespace) -> int:
         print(render_table(doc))
     write_json(args.json, doc)
     if args.json and args.json != "-":
-        print(f"JSON report: {args.json}", file=notes)
+        console.info(f"JSON report: {args.json}", notes)
     if args.html:
         write_text(args.html, render_html(report))
-        print(f"HTML report: {args.html}", file=notes)
+        console.info(f"HTML report: {args.html}", notes)
     if report.interrupted:
         return 130  # the shell's code for SIGINT: callers stop, as they would had the run been killed
     return 1 if report.failed else 0
