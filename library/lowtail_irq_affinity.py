@@ -18,13 +18,21 @@ description:
     and I(cpus) to C(irq/default_smp_affinity) as a hex mask.
   - An IRQ already confined to some of I(cpus) is left alone, because irqbalance spreads IRQs over
     single housekeeping CPUs and widening them back to the whole list on every run would fight it.
-  - With I(default_only), only C(irq/default_smp_affinity) is written (rollback restores it to every
-    online CPU and leaves the existing IRQs to irqbalance).
+  - With I(default_only), only C(irq/default_smp_affinity) is written.
+  - With I(record), the affinity each IRQ had before this module first moved it, and the default
+    before it first changed it, are kept in that JSON file (written before any IRQ moves, so an
+    interrupted run still knows them; a value already recorded is kept, so the record is what the
+    host had before lowtail).
+  - With I(restore), the IRQs and the default in I(record) get their recorded affinity back (rollback);
+    IRQs that no longer exist are reported as C(gone); without a recorded default, or without a
+    record at all, the default becomes I(cpus) and unrecorded IRQs are left to irqbalance.
   - IRQs the kernel does not let user space move (per-CPU timer and IPI vectors, managed IRQs)
     answer EIO or EINVAL; they are reported as C(unmovable), not as failures.
 options:
   cpus:
-    description: The housekeeping cpulist, e.g. C(0-6,84-90).
+    description: >-
+      The housekeeping cpulist, e.g. C(0-6,84-90); with I(restore), the default affinity when none is
+      recorded (every online CPU, the kernel's default).
     type: str
     required: true
   procfs_root:
@@ -33,6 +41,13 @@ options:
     default: /proc
   default_only:
     description: Set only the default affinity for new IRQs; leave existing IRQs as they are.
+    type: bool
+    default: false
+  record:
+    description: JSON file keeping the affinities from before lowtail moved them (for rollback).
+    type: path
+  restore:
+    description: Put the affinities in I(record) back; the default becomes I(cpus) when none is recorded.
     type: bool
     default: false
 author: lowtail
@@ -53,9 +68,15 @@ unmovable:
   description: IRQ numbers the kernel refused to move.
   type: list
   returned: always
+gone:
+  description: With I(restore), recorded IRQ numbers that no longer exist.
+  type: list
+  returned: always
 """
 
 import errno
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,45 +88,116 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "cpus": {"type": "str", "required": True},
     "procfs_root": {"type": "path", "default": "/proc"},
     "default_only": {"type": "bool", "default": False},
+    "record": {"type": "path"},
+    "restore": {"type": "bool", "default": False},
 }
 
 
+def _write(path: Path, text: str) -> bool:
+    """Write one procfs file; False when the kernel refuses (per-CPU and managed IRQs answer EIO or
+    EINVAL, EPERM without CAP_SYS_ADMIN)."""
+    try:
+        path.write_text(text + "\n")
+    except OSError as e:
+        if e.errno in (errno.EIO, errno.EINVAL, errno.EPERM):
+            return False
+        raise
+    return True
+
+
+def read_record(record: Path | None) -> dict[str, Any]:
+    if record is None or not record.exists():
+        return {"irqs": {}}
+    data = json.loads(record.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("irqs"), dict):
+        raise ValueError(f"{record}: expected a JSON object with an 'irqs' map")
+    return data
+
+
+def write_record(record: Path, data: dict[str, Any]) -> None:
+    """Replace the record atomically: a run interrupted mid-write leaves the old one whole."""
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, record)
+
+
+def _default_differs(default: Path, mask: str) -> bool:
+    # The kernel pads the mask with leading zero words; compare numerically.
+    return int(default.read_text().strip().replace(",", ""), 16) != int(mask.replace(",", ""), 16)
+
+
 def set_affinity(
-    procfs_root: Path, wanted: frozenset[int], check_mode: bool, default_only: bool = False
+    procfs_root: Path,
+    wanted: frozenset[int],
+    check_mode: bool,
+    default_only: bool = False,
+    record: Path | None = None,
 ) -> dict[str, Any]:
     irq_root = procfs_root / "irq"
     if not irq_root.is_dir():
         raise FileNotFoundError(f"{irq_root} does not exist: not a procfs tree")
-    moved: list[int] = []
-    unmovable: list[int] = []
     irqs = [] if default_only else [p for p in irq_root.iterdir() if p.name.isdigit()]
+    to_move: dict[int, str] = {}
     for d in sorted(irqs, key=lambda p: int(p.name)):
-        f = d / "smp_affinity_list"
         try:
-            current = cpulist.parse(f.read_text())
+            text = (d / "smp_affinity_list").read_text().strip()
         except FileNotFoundError:
             continue
-        if current and current <= wanted:
-            continue
-        if not check_mode:
-            try:
-                f.write_text(cpulist.format(wanted) + "\n")
-            except OSError as e:
-                if e.errno in (errno.EIO, errno.EINVAL, errno.EPERM):
-                    unmovable.append(int(d.name))
-                    continue
-                raise
-        moved.append(int(d.name))
+        current = cpulist.parse(text)
+        if not (current and current <= wanted):
+            to_move[int(d.name)] = text
     default = irq_root / "default_smp_affinity"
-    default_changed = False
-    if default.exists():
-        want_mask = cpulist.format_mask(wanted)
-        # The kernel pads the mask with leading zero words; compare numerically.
-        if int(default.read_text().strip().replace(",", ""), 16) != int(want_mask.replace(",", ""), 16):
-            default_changed = True
-            if not check_mode:
-                default.write_text(want_mask + "\n")
-    return {"moved": moved, "unmovable": unmovable, "default_changed": default_changed}
+    want_mask = cpulist.format_mask(wanted)
+    default_changed = default.exists() and _default_differs(default, want_mask)
+    if record is not None and not check_mode:
+        kept = read_record(record)
+        for irq, text in to_move.items():
+            kept["irqs"].setdefault(str(irq), text)
+        if default_changed:
+            kept.setdefault("default_smp_affinity", default.read_text().strip())
+        write_record(record, kept)
+    moved: list[int] = []
+    unmovable: list[int] = []
+    for irq in to_move:
+        if check_mode or _write(irq_root / str(irq) / "smp_affinity_list", cpulist.format(wanted)):
+            moved.append(irq)
+        else:
+            unmovable.append(irq)
+    if default_changed and not check_mode:
+        default.write_text(want_mask + "\n")
+    return {"moved": moved, "unmovable": unmovable, "gone": [], "default_changed": default_changed}
+
+
+def restore_affinity(
+    procfs_root: Path, fallback_default: frozenset[int], record: Path, check_mode: bool
+) -> dict[str, Any]:
+    """Put back what `record` kept; the default falls back to `fallback_default` (every online CPU,
+    the kernel's own default) when the record has none."""
+    irq_root = procfs_root / "irq"
+    if not irq_root.is_dir():
+        raise FileNotFoundError(f"{irq_root} does not exist: not a procfs tree")
+    kept = read_record(record)
+    moved: list[int] = []
+    unmovable: list[int] = []
+    gone: list[int] = []
+    for name, text in sorted(kept["irqs"].items(), key=lambda kv: int(kv[0])):
+        path = irq_root / name / "smp_affinity_list"
+        if not path.exists():
+            gone.append(int(name))
+            continue
+        if cpulist.parse(path.read_text()) == cpulist.parse(text):
+            continue
+        if check_mode or _write(path, text):
+            moved.append(int(name))
+        else:
+            unmovable.append(int(name))
+    default = irq_root / "default_smp_affinity"
+    mask = kept.get("default_smp_affinity") or cpulist.format_mask(fallback_default)
+    default_changed = default.exists() and _default_differs(default, mask)
+    if default_changed and not check_mode:
+        default.write_text(mask + "\n")
+    return {"moved": moved, "unmovable": unmovable, "gone": gone, "default_changed": default_changed}
 
 
 def main() -> None:
@@ -116,11 +208,18 @@ def main() -> None:
         module.fail_json(msg=f"cpus: {e}")
     if not wanted:
         module.fail_json(msg="cpus is empty: IRQs need at least one housekeeping CPU")
+    record = Path(module.params["record"]) if module.params["record"] else None
+    procfs_root = Path(module.params["procfs_root"])
     try:
-        result = set_affinity(
-            Path(module.params["procfs_root"]), wanted, module.check_mode, module.params["default_only"]
-        )
-    except OSError as e:
+        if not module.params["restore"]:
+            result = set_affinity(
+                procfs_root, wanted, module.check_mode, module.params["default_only"], record
+            )
+        elif record is None:
+            raise ValueError("restore needs record: the file with the affinities from before lowtail")
+        else:
+            result = restore_affinity(procfs_root, wanted, record, module.check_mode)
+    except (OSError, ValueError) as e:
         module.fail_json(msg=f"cannot set IRQ affinity: {e}")
     module.exit_json(changed=bool(result["moved"] or result["default_changed"]), **result)
 

@@ -155,6 +155,16 @@ KERNEL_ROLE_KEYS = frozenset(
 
 
 # What DOCUMENTATION describes (tests/ansible/test_module_docs.py checks that they agree).
+# The one source of kubelet's memory reservations by default: the argument spec below is built from it,
+# DOCUMENTATION and the preflight role's argument spec state it (tests/ansible/test_module_docs.py holds
+# them equal), and a key the caller leaves out or sets to null takes its value from here.
+KUBELET_MEMORY_DEFAULTS: dict[str, Any] = {
+    "kube_reserved": "1Gi",
+    "system_reserved": "1Gi",
+    "eviction_hard": "100Mi",
+    "per_numa": "auto",
+}
+
 ARGUMENT_SPEC: dict[str, Any] = {
     "sysfs_root": {"type": "path", "default": "/sys"},
     "procfs_root": {"type": "path", "default": "/proc"},
@@ -192,12 +202,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "require_systemd": {"type": "bool", "default": True},
     "kubelet_memory": {
         "type": "dict",
-        "options": {
-            "kube_reserved": {"type": "raw", "default": "1Gi"},
-            "system_reserved": {"type": "raw", "default": "1Gi"},
-            "eviction_hard": {"type": "raw", "default": "100Mi"},
-            "per_numa": {"type": "raw", "default": "auto"},
-        },
+        "options": {key: {"type": "raw", "default": value} for key, value in KUBELET_MEMORY_DEFAULTS.items()},
     },
 }
 
@@ -486,16 +491,17 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         ),
     )
 
-    mem = params.get("kubelet_memory") or {}
+    given = params.get("kubelet_memory") or {}
+    mem = {**KUBELET_MEMORY_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
 
     def reserve() -> kubelet_memory.MemoryReservations:
         try:
             return kubelet_memory.plan_reservations(
                 topo.numa_nodes,
-                mem.get("kube_reserved", "1Gi"),
-                mem.get("system_reserved", "1Gi"),
-                mem.get("eviction_hard", "100Mi"),
-                mem.get("per_numa", "auto"),
+                mem["kube_reserved"],
+                mem["system_reserved"],
+                mem["eviction_hard"],
+                mem["per_numa"],
             )
         except kubelet_memory.MemoryReservationError as e:
             raise PreflightError(f"lowtail_kubelet_memory: {e}") from None

@@ -63,3 +63,8 @@ def run_ansible(args: list[str], timeout: int = 300, **kw: Any) -> subprocess.Co
     return subprocess.run(
         args, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout, check=False, **kw
     )
+
+
+@pytest.fixture(scope="session")
+def sysfs_module() -> ModuleType:
+    return load_module(ROOT / "library/lowtail_sysfs_values.py", "lowtail_sysfs_values")

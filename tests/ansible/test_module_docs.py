@@ -79,3 +79,43 @@ def test_integer_inputs_with_a_trailing_newline_are_refused(value: str) -> None:
         node_plan.check_rt_budget(value, 1000000, False)
     with pytest.raises(node_plan.PreflightError, match="expected a whole number"):
         node_plan.check_hugepages(Path("/nonexistent"), {"size": "1G", "count": value}, {0: 0})
+
+
+def test_kubelet_memory_defaults_are_written_once() -> None:
+    """The reservations' defaults have one source, the plan module's KUBELET_MEMORY_DEFAULTS: its
+    argument_spec is built from it (DOCUMENTATION is held equal by the test above), the preflight role's
+    argument spec states the same defaults (it documents them), and neither the role's defaults nor
+    the example inventory restate them."""
+    node_plan = load_module(ROOT / "library/lowtail_node_plan.py", "mem_lowtail_node_plan")
+    source = node_plan.KUBELET_MEMORY_DEFAULTS
+    assert set(source) == {"kube_reserved", "system_reserved", "eviction_hard", "per_numa"}
+    module_spec = node_plan.ARGUMENT_SPEC["kubelet_memory"]["options"]
+    assert {k: v["default"] for k, v in module_spec.items()} == source
+    role = yaml.safe_load((ROOT / "roles/lowtail_preflight/meta/argument_specs.yml").read_text())
+    role_spec = role["argument_specs"]["main"]["options"]["lowtail_kubelet_memory"]["options"]
+    assert {k: v["default"] for k, v in role_spec.items()} == source
+    defaults = yaml.safe_load((ROOT / "roles/lowtail_preflight/defaults/main.yml").read_text())
+    assert defaults["lowtail_kubelet_memory"] == {}
+    example = yaml.safe_load((ROOT / "inventory/example/group_vars/lowtail_nodes.yml").read_text())
+    assert "lowtail_kubelet_memory" not in example
+
+
+@pytest.mark.parametrize(
+    "given",
+    [None, {}, {"kube_reserved": "2Gi"}, {"kube_reserved": None, "per_numa": None}],
+    ids=["unset", "empty", "one-key", "null-keys"],
+)
+def test_kubelet_memory_keys_left_out_take_the_module_defaults(
+    given: dict[str, Any] | None, machine_roots: dict[str, Any]
+) -> None:
+    from tests.ansible.test_modules import params
+
+    node_plan = load_module(ROOT / "library/lowtail_node_plan.py", "memd_lowtail_node_plan")
+    node, _ = node_plan.build_node(params(*machine_roots["epyc9634_2s"], kubelet_memory=given))
+    wanted = {**node_plan.KUBELET_MEMORY_DEFAULTS, **{k: v for k, v in (given or {}).items() if v}}
+    memory = node["kubelet_memory"]
+    assert (memory["kube_reserved"], memory["system_reserved"], memory["eviction_hard"]) == (
+        wanted["kube_reserved"],
+        wanted["system_reserved"],
+        wanted["eviction_hard"],
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -280,7 +281,7 @@ def test_irq_affinity_moves_every_irq_once(irq_module: ModuleType, tmp_path: Pat
     }
     assert (proc_root / "irq/default_smp_affinity").read_text().strip() == "7f00000,00000000,0000007f"
     again = irq_module.set_affinity(proc_root, wanted, check_mode=False)
-    assert again == {"moved": [], "unmovable": [], "default_changed": False}
+    assert again == {"moved": [], "unmovable": [], "gone": [], "default_changed": False}
 
 
 def test_irq_already_on_a_housekeeping_cpu_is_not_moved_again(irq_module: ModuleType, tmp_path: Path) -> None:
@@ -302,7 +303,7 @@ def test_default_only_restores_the_default_and_leaves_irqs(irq_module: ModuleTyp
     irq_module.set_affinity(proc_root, wanted, check_mode=False)
     every = frozenset(range(168))
     back = irq_module.set_affinity(proc_root, every, check_mode=False, default_only=True)
-    assert back == {"moved": [], "unmovable": [], "default_changed": True}
+    assert back == {"moved": [], "unmovable": [], "gone": [], "default_changed": True}
     assert (
         proc_root / "irq/default_smp_affinity"
     ).read_text().strip() == "ff,ffffffff,ffffffff,ffffffff,ffffffff,ffffffff"
@@ -334,9 +335,74 @@ def test_module_runs_on_a_python_without_lowtail(machine_roots: dict) -> None:
                     "procfs_root": str(proc_root),
                     "housekeeping": 1,
                     "require_systemd": False,
+                    # One key alone: Ansible's argument spec fills the others from the module's defaults.
+                    "kubelet_memory": {"system_reserved": "2Gi"},
                 }
             ),
         ]
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert '"housekeeping": "0,84"' in result.stdout
+    assert '"system_reserved": "2Gi"' in result.stdout and '"kube_reserved": "1Gi"' in result.stdout
+
+
+def test_irq_record_keeps_the_affinity_from_before_lowtail_and_restore_puts_it_back(
+    irq_module: ModuleType, tmp_path: Path
+) -> None:
+    _, proc_root = write_host(tmp_path / "host")
+    (proc_root / "irq/1/smp_affinity_list").write_text("100-110\n")
+    (proc_root / "irq/2/smp_affinity_list").write_text("0-3\n")
+    record = tmp_path / "irq-before.json"
+    hk = frozenset(range(7)) | frozenset(range(84, 91))
+    irq_module.set_affinity(proc_root, hk, check_mode=False, record=record)
+    # A second run (irqbalance moved IRQ 1 meanwhile) keeps the first value: the record is pre-lowtail.
+    (proc_root / "irq/1/smp_affinity_list").write_text("120\n")
+    irq_module.set_affinity(proc_root, hk, check_mode=False, record=record)
+    kept = json.loads(record.read_text())
+    assert kept["irqs"]["1"] == "100-110" and "2" not in kept["irqs"]  # IRQ 2 was never moved
+    shutil.rmtree(proc_root / "irq/5")  # an IRQ that went away (a removed device)
+    back = irq_module.restore_affinity(proc_root, frozenset(range(168)), record, check_mode=False)
+    assert back["gone"] == [5] and 1 in back["moved"] and back["default_changed"]
+    assert (proc_root / "irq/1/smp_affinity_list").read_text().strip() == "100-110"
+    assert (proc_root / "irq/0/smp_affinity_list").read_text().strip() == "0-167"
+    assert (proc_root / "irq/2/smp_affinity_list").read_text().strip() == "0-3"
+
+
+def test_sysfs_values_record_the_choice_and_restore_reports_what_it_could_not(
+    sysfs_module: ModuleType, tmp_path: Path
+) -> None:
+    root = tmp_path / "sys"
+    thp = root / "kernel/mm/transparent_hugepage/enabled"
+    thp.parent.mkdir(parents=True)
+    thp.write_text("[always] madvise never\n")
+    for cpu in (0, 1):
+        gov = root / f"devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor"
+        gov.parent.mkdir(parents=True)
+        gov.write_text("schedutil\n")
+    tmpfiles = tmp_path / "lowtail.conf"
+    tmpfiles.write_text(
+        "# comment\n\nw /sys/kernel/mm/transparent_hugepage/enabled - - - - never\n"
+        "w /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor - - - - performance\n"
+        "w /sys/kernel/mm/ksm/run - - - - 2\n"  # absent here: nothing to record
+    )
+    record = tmp_path / "sysfs-before.json"
+    sysfs_module.record_values(tmpfiles, root, record, check_mode=False)
+    assert json.loads(record.read_text()) == {
+        "/sys/kernel/mm/transparent_hugepage/enabled": "always",
+        "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor": "schedutil",
+        "/sys/devices/system/cpu/cpu1/cpufreq/scaling_governor": "schedutil",
+    }
+    thp.write_text("always madvise [never]\n")
+    (root / "devices/system/cpu/cpu0/cpufreq/scaling_governor").write_text("performance\n")
+    shutil.rmtree(root / "devices/system/cpu/cpu1")
+    back = sysfs_module.restore_values(root, record, check_mode=False)
+    assert back["gone"] == ["/sys/devices/system/cpu/cpu1/cpufreq/scaling_governor"]
+    assert sorted(back["restored"]) == [
+        "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+    ]
+    assert thp.read_text() == "always\n"
+    with pytest.raises(ValueError, match="expected only 'w' lines"):
+        sysfs_module.written_paths("d /run/lowtail 0755 root root -\n")
+    with pytest.raises(ValueError, match="expected a path under /sys/"):
+        sysfs_module.written_paths("w /etc/passwd - - - - x\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,109 @@ def test_kubelet_version_failure_names_its_cause(tmp_path: Path) -> None:
     rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, lowtail_kubelet_binary=str(missing))
     assert rc != 0, out
     assert f"kubelet --version failed (rc 2): no output; {missing}: Error executing" in out, out
+
+
+# systemd-tmpfiles --create FILE for "w" lines, under a fixture sysfs tree: tmpfiles.d(5) "w" writes
+# the argument to the file if it exists, and its path may be a shell-style glob. lowtail's file holds
+# only "w" lines on /sys (roles/lowtail_tuning/templates); any other line type is refused here.
+TMPFILES_STANDIN = """#!{python}
+import glob, sys
+with open({log!r}, "a") as log:
+    log.write("systemd-tmpfiles " + " ".join(sys.argv[1:]) + "\\n")
+for line in open(sys.argv[-1]):
+    fields = line.split(None, 6)
+    if not fields or fields[0].startswith("#"):
+        continue
+    if fields[0] != "w" or not fields[1].startswith("/sys/") or len(fields) != 7:
+        sys.exit("unsupported tmpfiles line: " + line)
+    for path in sorted(glob.glob({root!r} + fields[1][len("/sys"):])):
+        with open(path, "w") as f:
+            f.write(fields[6].strip() + "\\n")
+"""
+
+ISOLATED_CPUS = [*range(7, 84), *range(91, 168)]
+FULL_MASK = "ff,ffffffff,ffffffff,ffffffff,ffffffff,ffffffff"
+
+
+def sysfs_before_lowtail(sys_root: Path) -> dict[str, str]:
+    """Values a host had before lowtail, none of them lowtail's; relative path -> content."""
+    values = {
+        "kernel/mm/transparent_hugepage/enabled": "[always] madvise never",
+        "kernel/mm/transparent_hugepage/defrag": "always defer defer+madvise [madvise] never",
+        "kernel/mm/ksm/run": "1",
+        "devices/virtual/workqueue/cpumask": FULL_MASK,
+        "bus/workqueue/devices/writeback/cpumask": FULL_MASK,
+        "devices/system/machinecheck/machinecheck0/ignore_ce": "0",
+        "devices/system/machinecheck/machinecheck1/ignore_ce": "0",
+        **{f"devices/system/cpu/cpu{c}/cpufreq/scaling_governor": "schedutil" for c in range(168)},
+        **{f"devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us": "0" for c in ISOLATED_CPUS},
+    }
+    for rel, value in values.items():
+        (sys_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sys_root / rel).write_text(value + "\n")
+    return values
+
+
+# The tuning role's rollback entry point alone: playbooks/rollback.yml also removes the runtime's
+# files under /opt, /etc and /usr/local, which are this machine's own here.
+ROLLBACK_TUNING = """
+- name: Roll the runtime tuning back
+  hosts: lowtail_nodes
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - name: Remove lowtail's runtime tuning
+      ansible.builtin.include_role:
+        name: lowtail_tuning
+        tasks_from: rollback
+"""
+
+
+def selected(text: str) -> str:
+    """The value a sysfs choice file holds: the bracketed word of "always [madvise] never"."""
+    words = text.split()
+    return next((w[1:-1] for w in words if w.startswith("[")), text.strip())
+
+
+@pytest.mark.slow
+def test_rollback_restores_the_irq_affinities_and_sysfs_values_lowtail_changed(
+    tmp_path: Path, machine_roots: dict[str, tuple[Path, Path]]
+) -> None:
+    inventory, private = live_tuning_inventory(
+        tmp_path, machine_roots, {"host": {"lowtail_tuning_apply_irq_affinity": True}}
+    )
+    sys_root, proc_root = tmp_path / "hosts/host/sys", tmp_path / "hosts/host/proc"
+    before = sysfs_before_lowtail(sys_root)
+    shutil.rmtree(proc_root / "irq", ignore_errors=True)
+    irqs_before = {0: "0-167", 1: "100-110", 2: "0-3"}
+    for irq, cpus in irqs_before.items():
+        (proc_root / f"irq/{irq}").mkdir(parents=True)
+        (proc_root / f"irq/{irq}/smp_affinity_list").write_text(cpus + "\n")
+    (proc_root / "irq/default_smp_affinity").write_text(FULL_MASK + "\n")
+    (tmp_path / "bin/systemd-tmpfiles").write_text(
+        TMPFILES_STANDIN.format(python=sys.executable, log=str(tmp_path / "calls.log"), root=str(sys_root))
+    )
+    private_vars = {**json.loads(private[1]), "__lowtail_tuning_irqbalance_env": str(tmp_path / "irqbalance")}
+
+    rc, out = run(inventory, tmp_path, "-e", json.dumps(private_vars))
+    assert rc == 0, out
+    # lowtail changed them: the governor, THP, KSM, the masks, PM QoS, ignore_ce; IRQs 0 and 1 moved.
+    assert (sys_root / "devices/system/cpu/cpu9/cpufreq/scaling_governor").read_text() == "performance\n"
+    assert (sys_root / "kernel/mm/ksm/run").read_text() == "2\n"
+    assert (proc_root / "irq/1/smp_affinity_list").read_text().strip() == "0-6,84-90"
+    assert (proc_root / "irq/2/smp_affinity_list").read_text().strip() == "0-3"  # already housekeeping
+
+    rollback = tmp_path / "rollback.yml"
+    rollback.write_text(ROLLBACK_TUNING)
+    rc, out = ansible_playbook(
+        "-i", str(inventory), str(rollback), "-e", json.dumps(private_vars), bin_dir=tmp_path / "bin"
+    )
+    assert rc == 0, out
+    after = {rel: selected((sys_root / rel).read_text()) for rel in before}
+    assert after == {rel: selected(value) for rel, value in before.items()}, out
+    assert {
+        irq: (proc_root / f"irq/{irq}/smp_affinity_list").read_text().strip() for irq in irqs_before
+    } == irqs_before, out
+    assert (proc_root / "irq/default_smp_affinity").read_text().strip() == FULL_MASK
+    # The records of what was there before are gone with the rest of lowtail's state.
+    assert not list((tmp_path / "state").glob("*before-lowtail*")), list((tmp_path / "state").iterdir())
