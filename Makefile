@@ -7,7 +7,7 @@ STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt python/constraints.txt requirements-dev.txt python/pyproject.toml
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-fast clean sandbox-image \
+.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-actor-kill pytest-fast clean sandbox-image \
 	wheelhouse molecule-runtime ansible-lint molecule system-deps
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs (the first failure
@@ -78,6 +78,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q --durations=25
 
+# The tests that kill a whole inference actor under samplers and count the requests each sampler lost.
+# They failed beside the molecule scenarios until their kill sequence was fixed (docs/testing.md); no
+# full run has shown them beside the other suites since, so `make test` runs them alone once the
+# parallel suites have ended, and `pytest-most` runs every other test.
+ACTOR_KILL_TESTS := tests/ray/test_failover.py tests/ray/test_restart.py
+pytest-actor-kill: $(STAMP)
+	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)
+
+pytest-most: $(STAMP)
+	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS))
+
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
 pytest-fast: $(STAMP)
@@ -104,11 +115,12 @@ molecule: $(STAMP)
 # side by side (scripts/run-suites.sh): pytest, molecule and molecule-runtime wait on processes,
 # containers and systemd more than they compute, so together they take about as long as pytest alone
 # (docs/testing.md). Each one's output is printed whole when it ends and kept in build/test-logs/; a
-# summary of all three, with what failed, is printed last. TEST_JOBS=1 runs them one after another.
+# summary of all of them, with what failed, is printed last. TEST_JOBS=1 runs them one after another.
+# The actor-kill tests run alone after them (see pytest-actor-kill).
 TEST_JOBS ?= 3
 test: system-deps
 	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse
-	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest molecule molecule-runtime
+	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-most molecule molecule-runtime --then pytest-actor-kill
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

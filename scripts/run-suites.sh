@@ -3,7 +3,8 @@
 # build/test-logs/<target>.log and printed whole when it ends, then a summary of every target last:
 # CI shows only the tail of a run, so what failed must be the last thing printed, not buried above a
 # later suite's success.
-#   scripts/run-suites.sh pytest molecule molecule-runtime
+#   scripts/run-suites.sh pytest molecule molecule-runtime --then pytest-actor-kill
+# --then: the targets after it start only once every target before it has ended (a quiet host).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +47,13 @@ reap() {  # waits for one job to end, then prints its log
   done
 }
 
+targets=()
 for t in "$@"; do
+  if [ "$t" = --then ]; then
+    while [ ${#pid_of[@]} -gt 0 ]; do reap; done
+    continue
+  fi
+  targets+=("$t")
   while [ ${#pid_of[@]} -ge "$jobs_max" ]; do reap; done
   echo "==> $t started; its output goes to $logs/$t.log and is printed when it ends"
   start_of[$t]=$(date +%s)
@@ -59,7 +66,7 @@ while [ ${#pid_of[@]} -gt 0 ]; do reap; done
 echo
 echo "==> summary (logs in $logs/)"
 failed=0
-for t in "$@"; do
+for t in "${targets[@]}"; do
   if [ "${rc_of[$t]}" = 0 ]; then status=passed; else status="FAILED (exit ${rc_of[$t]})"; failed=1; fi
   printf '    %-18s %-18s %3d min %2d s\n' "$t" "$status" $(( secs_of[$t] / 60 )) $(( secs_of[$t] % 60 ))
   if [ "${rc_of[$t]}" != 0 ]; then

@@ -71,3 +71,13 @@ def test_a_bad_job_count_is_refused_naming_it(tmp_path: Path) -> None:
     done = _run(tmp_path, "fast", jobs="three")
     assert done.returncode == 2
     assert "TEST_JOBS=three" in done.stderr
+
+
+def test_targets_after_then_start_once_every_earlier_one_ended(tmp_path: Path) -> None:
+    done = _run(tmp_path, "slow", "broken", "--then", "fast")
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert out.index("==> slow ended") < out.index("==> fast started")
+    assert out.index("==> broken ended") < out.index("==> fast started")
+    summary = out[out.index("==> summary") :]
+    assert "fast" in summary and "--then" not in summary

@@ -109,8 +109,7 @@ def test_a_replicas_whole_actor_killed_costs_only_what_its_worker_had_claimed(
     def crash(actors: list[Any]) -> int:
         victim = actors[1]  # a.1: Ray restarts it with a new queue; its unclaimed requests go to a.0
         pid, claimed = freeze_and_count(victim, ("PROCESSING",))
-        crash_actor_process(victim)
-        os.kill(pid, signal.SIGKILL)  # frozen: it would only exit once resumed
+        crash_actor_process(victim, pid)
         return claimed
 
     results, claimed, killed_at = run(ray_nodes, model, alloc_cfg, False, crash)

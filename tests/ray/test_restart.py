@@ -49,11 +49,19 @@ def freeze_and_count(actor: Any, states: tuple[str, ...]) -> tuple[int, int]:
     return pid, sum(int(counts[s]) for s in states)
 
 
-def crash_actor_process(actor: Any, timeout_s: float = 10.0) -> int:
-    """SIGKILL an inference actor's process, as a crash would (Ray restarts it), and wait until it is
-    gone (reaped): its queue is then orphaned before its frozen worker is killed, so every client sees
-    the actor gone when it sees the worker gone. Returns the actor's pid."""
+def crash_actor_process(actor: Any, frozen_worker: int, timeout_s: float = 10.0) -> int:
+    """SIGKILL an inference actor's process and its frozen worker together, as a crash of both would
+    (Ray restarts the actor), and wait until the actor is gone (reaped). Returns the actor's pid.
+
+    Both signals are sent back to back, the worker's first: the frozen worker must never run again.
+    Killed alone first, the actor leaves its worker's process group orphaned, and the kernel then sends
+    every stopped member SIGHUP and SIGCONT (POSIX, _exit(2)): the worker resumed and answered the
+    requests the test had counted as claimed, so the count of lost requests was wrong. Killed alone
+    first, the worker would be restarted by the actor's supervisor; back to back, the actor dies in
+    the same instant, before any restart.
+    """
     pid = int(ray.get(actor.ping.remote())["pid"])
+    os.kill(frozen_worker, signal.SIGKILL)
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
@@ -118,8 +126,7 @@ def test_samplers_lose_only_their_in_flight_requests_when_the_inference_actor_is
     def crash(actor: Any) -> int:
         pid, in_flight = freeze_and_count(actor, ("WRITING", "READY", "PROCESSING"))
         pids["worker"] = pid
-        pids["actor"] = crash_actor_process(actor)  # Ray restarts it (max_restarts)
-        os.kill(pid, signal.SIGKILL)  # its frozen worker would otherwise only exit once resumed
+        pids["actor"] = crash_actor_process(actor, pid)  # Ray restarts it (max_restarts)
         return in_flight
 
     results, in_flight = run_samplers(ray_nodes, model, alloc_cfg, crash)
