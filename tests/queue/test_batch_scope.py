@@ -105,3 +105,25 @@ def test_a_block_left_without_an_answer_fails_its_requests_instead_of_leaving_th
         with pytest.raises(BatchClosed):
             batch.inputs  # noqa: B018
         assert w.claim(timeout_s=0.0) is None  # answered once: nothing is left claimed or queued
+
+
+def test_closing_the_worker_closes_its_open_batch_and_fails_its_request(server: InferenceQueue) -> None:
+    with QueueClient.attach(server.descriptor) as c:
+        t = c.submit(filled(1.0))
+        w = QueueWorker.attach(server.descriptor)
+        batch = w.claim(timeout_s=5.0)
+        assert batch is not None
+        w.close()  # e.g. the serving loop's finally after a stop word, with a batch still in hand
+        with pytest.raises(BatchClosed, match=r"inputs of a batch whose worker was closed"):
+            batch.inputs  # noqa: B018 - its views pointed into the mapping close() released
+        with pytest.raises(BatchClosed, match=r"complete\(\) on a batch whose worker was closed"):
+            batch.complete({"twice": np.zeros((2, 4), np.float32)})
+        with pytest.raises(RequestFailed, match="worker closed before answering"):
+            c.wait(t, timeout_s=5.0)
+        # The client goes on: the next worker on the same queue serves its next request.
+        with QueueWorker.attach(server.descriptor) as w2:
+            t2 = c.submit(filled(2.0))
+            with w2.claim(timeout_s=5.0) as b2:
+                assert b2 is not None
+                b2.complete(echo(b2.inputs["x"]))
+            np.testing.assert_allclose(c.wait(t2, timeout_s=5.0)["twice"], 5.0)

@@ -62,4 +62,4 @@ class BadConfig(QueueError, ValueError):
 
 
 class BatchClosed(QueueError):
-    """A claimed batch used after its answer or its ``with`` block: its input views are gone."""
+    """A claimed batch used after its answer, its ``with`` block or its worker's close(): views gone."""

@@ -117,12 +117,23 @@ class Batch:
     batch's clients get an error, not a hang, and the worker claims the next batch as usual.
     """
 
-    __slots__ = ("_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "queue_wait_ns", "sizes")
+    __slots__ = (
+        "_closed_by",
+        "_inputs",
+        "_items",
+        "_open",
+        "_worker",
+        "claimed_ns",
+        "failed",
+        "queue_wait_ns",
+        "sizes",
+    )
 
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
         self._items = items
         self._open = True
+        self._closed_by = "answered"  # what _refuse names once the batch is closed
         self.failed = 0  # requests this batch answered failed (fail, fail_request, the end of its block)
         self._inputs: Arrays
         if len(items) == 1:  # the common case, without the list building below
@@ -167,7 +178,17 @@ class Batch:
         self._open = False
         self._inputs = {}  # drops the merged copy; the slot views stay cached in the worker for reuse
 
+    def _close_with_worker(self) -> None:
+        """The worker closed (its requests answered failed, its mapping going): refuse from now on."""
+        self._closed_by = "whose worker was closed"
+        self._close()
+
     def _refuse(self, what: str) -> BatchClosed:
+        if self._closed_by != "answered":
+            return BatchClosed(
+                f"{what} a batch {self._closed_by}: its requests were answered failed and its views "
+                f"point into a mapping that is gone"
+            )
         return BatchClosed(
             f"{what} a batch already answered: its zero-copy views may hold a client's next request "
             f"(copy what must outlive complete(), inside the batch's with block)"
@@ -300,6 +321,7 @@ class QueueWorker:
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
+        self._open_batches: list[Batch] = []
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
@@ -358,7 +380,8 @@ class QueueWorker:
         return len(orphans)
 
     def close(self) -> None:
-        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap."""
+        """Answer what was claimed but not completed ("worker closed"), close the batches not answered
+        yet (they refuse their views from now on), release the lock, unmap."""
         if self._closed:
             return
         self._closed = True
@@ -367,6 +390,10 @@ class QueueWorker:
             if not it.done:
                 self._answer(it, ST_FAILED, None, None, "worker closed before answering")
         self._wake_parked(pending)
+        for batch in self._open_batches:  # their views would read an unmapped segment
+            if batch._open:
+                batch._close_with_worker()
+        self._open_batches.clear()
         self._carry.clear()
         self._outstanding.clear()
         self._in_views.clear()
@@ -652,7 +679,11 @@ class QueueWorker:
             items = same
         for it in items:
             self._outstanding[it.g] = it
-        return Batch(self, items)
+        batch = Batch(self, items)
+        # The batches not answered yet, for close(): usually this one alone (claim, complete, claim).
+        self._open_batches = [b for b in self._open_batches if b._open]
+        self._open_batches.append(batch)
+        return batch
 
     def _answer(
         self,
