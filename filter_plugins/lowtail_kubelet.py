@@ -145,20 +145,58 @@ def kubelet_merge_dropins(config: Mapping[str, Any], dropins: list[list[Any]]) -
     return merged
 
 
-def kubelet_dropin_overrides(dropins: list[list[Any]], fields: list[str]) -> list[str]:
-    """Problems for drop-ins that set a field lowtail writes to the main file."""
-    return list(_module("kubelet_flags").dropin_overrides({p: c for p, c in dropins}, list(fields)))
+def kubelet_with_dropin(
+    dropins: list[list[Any]], path: str, content: Mapping[str, Any] | None
+) -> list[list[Any]]:
+    """The drop-ins ([[path, content], ...]) with the one named like ``path`` replaced by ``content``
+    (None: removed), in the order kubelet merges them (by file name)."""
+    name = Path(str(path)).name
+    out = [[p, c] for p, c in dropins if Path(str(p)).name != name]
+    if content is not None:
+        out.append([str(path), dict(content)])
+    return sorted(out, key=lambda item: Path(str(item[0])).name)
 
 
-def kubelet_ownership(cmd: Mapping[str, Any], config_path: str, version: str) -> list[str]:
-    """Notes on who else writes kubelet's configuration and what a kubeadm upgrade does to it."""
+def kubelet_dropin_of(dropins: list[list[Any]], path: str) -> dict[str, Any] | None:
+    """The content of the drop-in named like ``path``, or None when there is none."""
+    name = Path(str(path)).name
+    return next((dict(c) for p, c in dropins if Path(str(p)).name == name), None)
+
+
+def kubelet_dropin_overrides(
+    dropins: list[list[Any]], fields: list[str], ours: str | None = None
+) -> list[str]:
+    """Problems for drop-ins that set a field lowtail writes: to the main file (``ours`` None), or to
+    lowtail's drop-in ``ours`` (only drop-ins sorting after it win)."""
+    kf = _module("kubelet_flags")
+    return list(kf.dropin_overrides({p: c for p, c in dropins}, list(fields), str(ours) if ours else None))
+
+
+def kubelet_dropin_target_problems(cmd: Mapping[str, Any], version: str, source: str) -> list[str]:
+    """Why lowtail cannot write its settings as a --config-dir drop-in on this kubelet."""
+    kf, ko = _module("kubelet_flags"), _module("kubelet_options")
+    try:
+        minor: int | None = ko.parse_version(str(version))[1]
+    except ko.KubeletVersionError:
+        minor = None  # preflight reports the version itself
+    line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
+    return list(kf.dropin_target_problems(line, minor, str(source), ko.CONFIG_DIR_MIN_MINOR))
+
+
+def kubelet_ownership(
+    cmd: Mapping[str, Any], config_path: str, version: str, dropin: str | None = None
+) -> list[str]:
+    """Notes on who else writes kubelet's configuration and what a kubeadm upgrade does to it, with
+    lowtail's settings in ``config_path`` or in the drop-in ``dropin``."""
     kf, ko = _module("kubelet_flags"), _module("kubelet_options")
     try:
         minor: int | None = ko.parse_version(str(version))[1]
     except ko.KubeletVersionError:
         minor = None
     line = kf.CommandLine(dict(cmd.get("flags") or {}), [], bool(cmd.get("kubeadm")))
-    return list(kf.ownership(line, str(config_path), minor, ko.CONFIG_DIR_MIN_MINOR))
+    return list(
+        kf.ownership(line, str(config_path), minor, ko.CONFIG_DIR_MIN_MINOR, str(dropin) if dropin else None)
+    )
 
 
 def kernel_args_unsafe(args: list[Any]) -> list[Any]:
@@ -182,5 +220,8 @@ class FilterModule:
             "lowtail_kubelet_dropins": kubelet_dropins,
             "lowtail_kubelet_merge_dropins": kubelet_merge_dropins,
             "lowtail_kubelet_dropin_overrides": kubelet_dropin_overrides,
+            "lowtail_kubelet_with_dropin": kubelet_with_dropin,
+            "lowtail_kubelet_dropin_of": kubelet_dropin_of,
+            "lowtail_kubelet_dropin_target_problems": kubelet_dropin_target_problems,
             "lowtail_kubelet_ownership": kubelet_ownership,
         }

@@ -19,6 +19,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 # kubelet flag -> KubeletConfiguration field (k8s.io/kubelet/config/v1beta1 types.go).
 FLAG_FIELDS: dict[str, str] = {
@@ -181,23 +182,78 @@ def command_line_overrides(cmd: CommandLine, fields: list[str], source: str) -> 
     return problems
 
 
-def dropin_overrides(dropins: Mapping[str, Mapping[str, object]], fields: list[str]) -> list[str]:
-    """One message per --config-dir drop-in (path -> content) that sets a field lowtail writes to the
-    main file: drop-ins merge over it, so the drop-in's value would win."""
+def dropin_overrides(
+    dropins: Mapping[str, Mapping[str, object]], fields: list[str], ours: str | None = None
+) -> list[str]:
+    """One message per --config-dir drop-in (path -> content) that sets a field lowtail writes.
+
+    Without ``ours`` lowtail writes the main file and every drop-in merges over it, so any drop-in's
+    value would win. With ``ours`` (the path of lowtail's own drop-in) only drop-ins whose file name
+    sorts after it win (kubelet merges them in file-name order, KEP-3983); earlier ones lose to it."""
+    if ours is None:
+        return [
+            f"{path} sets {name}, which overrides {name} that lowtail writes to the configuration file "
+            "(--config-dir drop-ins merge over it); remove it from the drop-in and let lowtail set it"
+            for path, content in sorted(dropins.items())
+            for name in fields
+            if name in content
+        ]
+    mine = PurePosixPath(ours).name
     return [
-        f"{path} sets {name}, which overrides {name} that lowtail writes to the configuration file "
-        "(--config-dir drop-ins merge over it); remove it from the drop-in and let lowtail set it"
-        for path, content in sorted(dropins.items())
+        f"{path} sets {name}, which overrides {name} that lowtail writes to its drop-in {ours} ({path} "
+        f"sorts after it and kubelet merges drop-ins in file-name order); remove it from the drop-in or "
+        "rename the drop-in to sort before lowtail's"
+        for path, content in sorted(dropins.items(), key=lambda item: PurePosixPath(item[0]).name)
+        if PurePosixPath(path).name > mine
         for name in fields
         if name in content
     ]
 
 
-def ownership(cmd: CommandLine, config_path: str, minor: int | None, config_dir_min_minor: int) -> list[str]:
-    """What owning ``config_path`` means on this node: who else rewrites it, and what a kubeadm upgrade
-    does to lowtail's settings. Messages for the operator, not problems."""
+def dropin_target_problems(
+    cmd: CommandLine, minor: int | None, source: str, config_dir_min_minor: int
+) -> list[str]:
+    """Why lowtail cannot own its settings as a --config-dir drop-in on this kubelet: no --config-dir on
+    its command line, or a version that reads drop-ins only behind an alpha switch (KEP-3983: alpha in
+    1.28 with the KUBELET_CONFIG_DROPIN_DIR_ALPHA environment variable, beta and on by default from
+    1.30)."""
+    problems = []
+    if not cmd.config_dir:
+        problems.append(
+            f"lowtail_kubelet_config_target is dropin but {source} starts kubelet without --config-dir, so "
+            "kubelet reads no drop-in; add --config-dir=/etc/kubernetes/kubelet.conf.d to kubelet's command "
+            "line (KUBELET_EXTRA_ARGS in /etc/default/kubelet or /etc/sysconfig/kubelet on a kubeadm node, "
+            "or an ExecStart= drop-in under /etc/systemd/system/kubelet.service.d/) and create the "
+            "directory, or set lowtail_kubelet_config_target: file"
+        )
+    if minor is not None and minor < config_dir_min_minor:
+        problems.append(
+            f"lowtail_kubelet_config_target is dropin but kubelet 1.{minor} reads --config-dir drop-ins only "
+            "as an alpha feature (KEP-3983: with the KUBELET_CONFIG_DROPIN_DIR_ALPHA environment variable; "
+            f"beta and on by default from 1.{config_dir_min_minor}); upgrade kubelet to "
+            f"1.{config_dir_min_minor} or later, or set lowtail_kubelet_config_target: file"
+        )
+    return problems
+
+
+def ownership(
+    cmd: CommandLine,
+    config_path: str,
+    minor: int | None,
+    config_dir_min_minor: int,
+    dropin: str | None = None,
+) -> list[str]:
+    """What owning kubelet's configuration means on this node: who else rewrites it, and what a kubeadm
+    upgrade does to lowtail's settings (kept in ``config_path``, or in the drop-in ``dropin``).
+    Messages for the operator, not problems."""
     notes = []
-    if cmd.kubeadm:
+    if cmd.kubeadm and dropin:
+        notes.append(
+            f"kubeadm manages {config_path}: `kubeadm upgrade node` (phase kubelet-config) rewrites it "
+            f"from the kube-system/kubelet-config ConfigMap, and leaves lowtail's drop-in {dropin} alone, "
+            "so lowtail's settings survive the upgrade; the ConfigMap's other fields apply as before"
+        )
+    elif cmd.kubeadm:
         notes.append(
             f"kubeadm manages {config_path}: `kubeadm upgrade node` (phase kubelet-config) rewrites "
             "it from the kube-system/kubelet-config ConfigMap, which drops lowtail's settings; kubelet "
@@ -205,9 +261,9 @@ def ownership(cmd: CommandLine, config_path: str, minor: int | None, config_dir_
             "records static, and refuses to start until the checkpoints are reset. Run lowtail again "
             "on each node after a kubeadm upgrade (it drains and resets), or keep the settings across "
             "upgrades with a kubeadm patch (--patches DIR with a kubeletconfiguration target) or in "
-            "the ConfigMap itself"
+            "the ConfigMap itself, or let lowtail write a drop-in (lowtail_kubelet_config_target: dropin)"
         )
-    if cmd.config_dir:
+    if cmd.config_dir and not dropin:
         if minor is not None and minor < config_dir_min_minor:
             notes.append(
                 f"kubelet reads drop-ins from {cmd.config_dir}, an alpha feature on kubelet 1.{minor} "
@@ -218,6 +274,7 @@ def ownership(cmd: CommandLine, config_path: str, minor: int | None, config_dir_
             notes.append(
                 f"kubelet reads drop-ins from {cmd.config_dir}: they merge over {config_path}, and "
                 "kubeadm upgrades leave them alone, so a drop-in is where settings that must survive an "
-                "upgrade belong; lowtail checks them against what it writes"
+                "upgrade belong (lowtail_kubelet_config_target: dropin); lowtail checks them against what "
+                "it writes"
             )
     return notes
