@@ -138,14 +138,21 @@ def test_check_mode_compares_but_applies_nothing(tmp_path: Path) -> None:
 
 
 def rollback_play(tmp: Path) -> Path:
-    """The play of playbooks/rollback.yml that deletes the Kubernetes objects, on its own: the other
-    plays of rollback.yml change the hosts themselves (tests/ansible/test_rollout.py runs those)."""
+    """The play of playbooks/rollback.yml that deletes the Kubernetes objects, then a marker play: the
+    other plays of rollback.yml change the hosts themselves (tests/ansible/test_rollout.py runs those)."""
     plays = yaml.safe_load((REPO / "playbooks" / "rollback.yml").read_text())
     mine = [p for p in plays if _includes_k8s_rollback(p.get("tasks", []))]
     assert len(mine) == 1, f"rollback.yml must have one play running lowtail_k8s rollback, found {len(mine)}"
     assert plays.index(mine[0]) == 0, "the Kubernetes objects go first, before any node is rolled back"
+    # Stands for the node plays that follow it in rollback.yml: they must not start after a failure.
+    nodes_next = {
+        "name": "Stand-in for the node plays",
+        "hosts": "lowtail_nodes",
+        "gather_facts": False,
+        "tasks": [{"name": "Mark", "ansible.builtin.debug": {"msg": "the node plays started"}}],
+    }
     playbook = tmp / "k8s-rollback.yml"
-    playbook.write_text(yaml.safe_dump(mine))
+    playbook.write_text(yaml.safe_dump([*mine, nodes_next]))
     return playbook
 
 
@@ -184,8 +191,8 @@ def test_rollback_deletes_lowtail_objects_workload_first_and_keeps_the_operators
     )
     assert cluster(bin_dir)["objects"] == OPERATOR_OBJECTS
     assert not (tmp_path / "remote").exists(), "the manifest directory stays on the control host"
-    # Once for the play, not once per node (the play runs for two nodes).
-    assert len(deletes(made)) == 4
+    # Once for the play, not once per node (the play runs for two nodes): one listing per manifest.
+    assert len([c for c in made if c.startswith("get ")]) == 4, made
 
     second = run(tmp_path, kubectl, playbook=playbook)
     assert second.returncode == 0, second.output
@@ -232,6 +239,7 @@ def test_rollback_stops_at_a_failed_delete_with_kubectls_message(tmp_path: Path)
         in output
     ), failed.output
     assert "not deleted: the rest of raycluster.ray.io/lowtail and the manifests after it" in output, output
+    assert "the node plays started" not in failed.output, "a failed delete must stop the rollback"
     # Nothing after the RayCluster was deleted: the Namespace would have taken the workload with it.
     assert deletes(calls(bin_dir)) == ["20-raycluster.yaml"]
     assert sorted(cluster(bin_dir)["objects"]) == sorted([*LOWTAIL_OBJECTS, *OPERATOR_OBJECTS])
@@ -242,6 +250,7 @@ def test_rollback_stops_at_a_failed_delete_with_kubectls_message(tmp_path: Path)
     (bin_dir / "cluster.json").write_text(json.dumps(state))
     rerun = run(tmp_path, kubectl, playbook=playbook)
     assert rerun.returncode == 0, rerun.output
+    assert "the node plays started" in rerun.output
     assert cluster(bin_dir)["objects"] == OPERATOR_OBJECTS
 
 
