@@ -95,6 +95,13 @@ def test_inference_actor_places_its_queue_and_releases_everything_on_shutdown(
     assert status["worker_alive"] and status["ready"]["affinity"] in ([lease.cpu], str(lease.cpu))
     if len(os.sched_getaffinity(0)) > 1:
         assert lease.cpu not in status["actor_affinity"]  # the actor's own threads stay off the worker's CPU
+    # Every thread at the spec's nice value, Ray's own included: at Ray's nice 15 the supervisor and the
+    # threads that receive the clients' calls waited behind every thread at -20 on a shared CPU.
+    assert status["actor_nice"]["requested"] == -20
+    if status["actor_nice"]["error"] is None:
+        assert status["actor_thread_nices"] == [-20], status["actor_thread_nices"]
+    else:  # not permitted: nothing changed, and the status says so
+        assert status["actor_thread_nices"] == [status["actor_nice"]["achieved"]]
     assert ep.descriptor.path.exists()
     counts = ray.get(actor.queue_counts.remote())
     assert counts["FREE"] == ep.descriptor.config.slots and counts["PROCESSING"] == 0
@@ -277,6 +284,10 @@ def test_start_failures_surface_as_themselves_and_bad_specs_are_refused_at_const
         InferenceSpec(hero="h:0", index=0, model_dir=str(empty))
     with pytest.raises(BadInferenceSpec, match=r"index=-1"):
         InferenceSpec(hero="h", index=-1, model_dir=str(empty))
+    for nice in (-21, 20, 1.5, True):
+        with pytest.raises(BadInferenceSpec, match=r"nice=.*: expected an integer from -20 to 19, or None"):
+            InferenceSpec(hero="h", index=0, model_dir=str(empty), nice=nice)  # type: ignore[arg-type]
+    assert InferenceSpec(hero="h", index=0, model_dir=str(empty), nice=None).nice is None
 
 
 def test_the_hero_label_is_kept_with_a_custom_worker_config(tmp_path: Path) -> None:
