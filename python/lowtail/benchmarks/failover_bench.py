@@ -65,7 +65,6 @@ class Kill:
     failed: int = 0  # in the sampler run around this kill
     first_answer_of_killed_ms: float = float("nan")  # any sampler's first answer from the killed replica
     frozen_ms: float = 0.0  # the actor kill: how long its worker was frozen to count what it claimed
-    other_replica_serving_ms: float = float("nan")  # the actor kill: a.0 serving again, ms after its kill
     errors: dict[str, int] = field(default_factory=dict)  # the run's failed requests by class
 
 
@@ -168,7 +167,7 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
             ray.get(actors[0].kill_worker.remote())
             worker_kill = ray.get(actors[0].kills.remote())[-1]
             results = [ray.get(refs, timeout=seconds + 120)]
-            healthy = wait_serving(actors[0], int(worker_kill["pid"]), timeout_s=seconds + 60)
+            wait_serving(actors[0], int(worker_kill["pid"]), timeout_s=seconds + 60)
             refs = [h.run.remote(1.0 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
             time.sleep(1.0)
             say(f"{config}: kill of the whole actor a.1")
@@ -184,7 +183,6 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
         Kill(config, "worker", float(worker_kill["at_s"]), int(worker_kill["claimed"])),
         Kill(config, "actor", actor_kill[0], actor_kill[1], frozen_ms=actor_kill[2]),
     ]
-    kills[1].other_replica_serving_ms = 1e3 * (healthy - kills[0].at_s)
     for k, run_results in zip(kills, results, strict=True):
         victim = 0 if k.kill == "worker" else 1  # the client's replica index of a.0 / a.1
         firsts = []
@@ -354,7 +352,6 @@ def render(report: Report) -> str:
                 "failed",
                 "kill -> first answer of the killed replica ms",
                 "worker frozen ms",
-                "a.0 serving again (ms after its kill)",
             ],
             [
                 [
@@ -364,7 +361,6 @@ def render(report: Report) -> str:
                     f"{k.failed} {k.errors or ''}",
                     "-" if math.isnan(k.first_answer_of_killed_ms) else f"{k.first_answer_of_killed_ms:.1f}",
                     f"{k.frozen_ms:.1f}" if k.kill == "actor" else "-",
-                    "-" if math.isnan(k.other_replica_serving_ms) else f"{k.other_replica_serving_ms:.0f}",
                 ]
                 for k in report.kills
             ],
