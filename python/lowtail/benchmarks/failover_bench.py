@@ -158,9 +158,9 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
                 spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
                 handles.append(start_sampler(spec, eps, node))
             # Two sampler runs on the same clients: the worker kill at 30 % of the first (which ends
-            # 3.5 s after it); then, once a.0 serves again, the actor kill 1 s into the second (which
-            # ends 3.5 s after it). Without a standby a.0's restart took 5-10 s at load average 13-15:
-            # killing a.1 before it serves would measure a hero with no replica at all.
+            # RUN_AFTER_KILL_S after the planned kill); then, once a.0 serves again, the actor kill 1 s
+            # into the second. Without a standby a.0 is out for its whole restart (seconds on a loaded
+            # host): killing a.1 before it serves would measure a hero with no replica at all.
             refs = [h.run.remote(seconds * 0.3 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
             time.sleep(seconds * 0.3)
             say(f"{config}: SIGKILL of a.0's worker")
