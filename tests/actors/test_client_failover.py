@@ -27,7 +27,9 @@ from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueDescriptor, Queu
 from tests.runtime.conftest import SMALL_SPEC
 
 CPU = max(os.sched_getaffinity(0))
-START_LIMIT_S = 0.5  # "start() does not wait for a down replica", not a latency figure
+# "start() does not wait for a down replica": the waits ruled out are the 30 s request timeout and a
+# restart (seconds); 5 s leaves room for a preempted test process on a loaded host. Not a latency figure.
+START_LIMIT_S = 5.0
 
 
 QUEUE = QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_bytes=16384)

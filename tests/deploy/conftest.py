@@ -38,9 +38,10 @@ def render_manifests(
     inventory_vars: dict[str, Any],
     check: bool = False,
     children: dict[str, Any] | None = None,
+    playbook: Path = REPO / "playbooks" / "k8s.yml",
 ) -> Rendered:
-    """Run playbooks/k8s.yml with these inventory variables (group_vars of all, not extra vars) and
-    inventory groups."""
+    """Run playbooks/k8s.yml (or another playbook) with these inventory variables (group_vars of all,
+    not extra vars) and inventory groups."""
     out_dir = Path(inventory_vars.get("lowtail_k8s_output_dir", tmp / "manifests"))
     inventory = {
         "all": {
@@ -54,7 +55,7 @@ def render_manifests(
     }
     inv = tmp / "inventory.yml"
     inv.write_text(yaml.safe_dump(inventory))
-    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(REPO / "playbooks" / "k8s.yml")]
+    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(playbook)]
     if check:
         cmd += ["--check", "--diff"]
     proc = subprocess.run(

@@ -96,7 +96,8 @@ def submit_and_hang(desc: QueueDescriptor, ready: Any) -> None:
 
 
 def wait_for_answer(desc: QueueDescriptor, timeout: float, out: Any) -> None:
-    """Submit one request and report what waiting for it raised (or 'ok') and how long it took."""
+    """Submit one request and report what waiting for it raised (or 'ok'), how long it took, and when
+    it ended (CLOCK_MONOTONIC, one clock for every process here)."""
     with QueueClient.attach(desc) as c:
         t = c.submit({"x": np.ones((1, 8), np.float32)})
         out.put(("submitted", c.lane))
@@ -106,7 +107,8 @@ def wait_for_answer(desc: QueueDescriptor, timeout: float, out: Any) -> None:
             result = "ok"
         except Exception as e:
             result = f"{type(e).__name__}: {e}"
-        out.put((result, time.monotonic() - start))
+        end = time.monotonic()
+        out.put((result, end - start, end))
 
 
 def attach_and_exit(desc: QueueDescriptor) -> None:
@@ -195,7 +197,9 @@ def die_at_line(desc: QueueDescriptor, func: str, line_no: int, ready: Any) -> N
     sys.settrace(_killer(getattr(queue_mod.QueueClient, func).__code__, line_no))
     c.submit({"x": np.ones((1, 8), np.uint8)})
     sys.settrace(None)
-    time.sleep(60)  # the line was never reached (a branch not taken): the parent kills us
+    # The line was never reached (a branch not taken): die as the parent would have killed us, now
+    # rather than after its join timeout (5 s for each such line).
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fuzz_lane(desc: QueueDescriptor, field: str, lane: int, seconds: float, seed: int) -> None:
@@ -244,6 +248,10 @@ def worker_dies_at_line(desc: QueueDescriptor, func: str, line_no: int) -> None:
             if b is not None:
                 with b:
                     b.complete({"y": b.inputs["x"]})
+                # Answered without reaching the line (a branch the request did not take): die as the
+                # parent would have killed us, now rather than after its join timeout (10 s a line).
+                sys.settrace(None)
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def serve_at_latencies(desc: QueueDescriptor, latencies_s: list[float], seconds: float) -> None:

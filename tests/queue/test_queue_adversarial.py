@@ -181,8 +181,9 @@ def test_garbage_from_a_third_process_fences_one_lane_and_the_others_go_on(
         rng = np.random.default_rng(3)
         answered = 0
         try:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline:
+            # At least 2 s, and for as long as the fuzzer writes (it may start late on a loaded host).
+            start = time.monotonic()
+            while time.monotonic() - start < 2.0 or (fuzz.is_alive() and time.monotonic() - start < 60):
                 x = helpers.tagged(2, answered, int(rng.integers(8, 2 * REQ)), rng)
                 assert bytes(good.infer({"x": x}, timeout_s=10.0)["y"]) == bytes(x)
                 answered += 1

@@ -37,10 +37,12 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     before = iceoryx2_files()
     out = tmp_path / "q.json"
     png, page = tmp_path / "q.png", tmp_path / "q.html"
-    # A subprocess: Ray is started and shut down there, never in the test session's process.
+    # A subprocess: Ray is started and shut down there, never in the test session's process. The
+    # fairness window is long enough that its last staggered client (it starts at the window's middle)
+    # is answered on a loaded host: at 0.3 s it had 0.15 s to be scheduled and served.
     proc = subprocess.run(
         [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--quick", "--json", str(out),
-         "--png", str(png), "--html", str(page), "--throughput-seconds", "0.3"],
+         "--png", str(png), "--html", str(page), "--throughput-seconds", "2"],
         check=False, capture_output=True, text=True, timeout=600,
         env={**os.environ, "COLUMNS": "200"},  # wide enough that no header wraps
     )  # fmt: skip

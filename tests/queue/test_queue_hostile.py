@@ -175,8 +175,10 @@ def hostile_client(desc: QueueDescriptor, seconds: float, out: Any) -> None:
 
         th = threading.Thread(target=vandal, daemon=True)
         th.start()
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        # At least ``seconds``, and on until one vandalised request was refused (a starved process on
+        # a loaded host may get few rounds in): at most a minute.
+        start = time.monotonic()
+        while time.monotonic() - start < seconds or (not refused and time.monotonic() - start < 60):
             x = np.full((16, 64), 3.0, np.float32)
             try:
                 t = c.submit({"x": x})
@@ -194,7 +196,7 @@ def hostile_client(desc: QueueDescriptor, seconds: float, out: Any) -> None:
 
 def test_a_client_vandalising_its_own_slot_fails_alone(ctx: BaseContext) -> None:
     with InferenceQueue.create(CFG) as q:
-        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 30.0))
+        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 300.0))
         w.start()
         try:
             out = ctx.Queue()
@@ -274,7 +276,7 @@ def test_a_request_naming_a_slot_not_its_own_fails_alone(ctx: BaseContext, trick
 
 def test_a_killed_clients_slot_files_are_swept_while_the_queue_lives(ctx: BaseContext) -> None:
     with InferenceQueue.create(CFG) as q:
-        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 30.0))
+        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 300.0))
         w.start()
         try:
             out = ctx.Queue()

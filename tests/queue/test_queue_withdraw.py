@@ -72,7 +72,11 @@ def test_withdraw_against_claim_runs_every_request_at_most_once(ctx: BaseContext
                         continue
                     assert int(got["tag"][0, 0]) == i  # its own answer
                     answered.add(i)
-                time.sleep(0.1)  # the worker passes the last withdrawn requests
+                # The worker passes the last withdrawn requests (their slots come back FREE): waited
+                # for, not slept for, so a worker starved on a loaded host still counts them all.
+                deadline = time.monotonic() + 30
+                while server.snapshot().counts.get("FREE", 0) < cfg.slots and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 stop.set()
                 ran, worker_withdrawn = out.get(timeout=60)
         finally:

@@ -37,7 +37,7 @@ def direct(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.get_any_name(): v for k, v in compiled(x).items()}
 
 
-def wait_until(predicate: Any, timeout_s: float = 30.0) -> bool:
+def wait_until(predicate: Any, timeout_s: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -95,13 +95,20 @@ def test_inference_actor_places_its_queue_and_releases_everything_on_shutdown(
     assert status["worker_alive"] and status["ready"]["affinity"] in ([lease.cpu], str(lease.cpu))
     if len(os.sched_getaffinity(0)) > 1:
         assert lease.cpu not in status["actor_affinity"]  # the actor's own threads stay off the worker's CPU
+    # Every thread at the spec's nice value, Ray's own included: at Ray's nice 15 the supervisor and the
+    # threads that receive the clients' calls waited behind every thread at -20 on a shared CPU.
+    assert status["actor_nice"]["requested"] == -20
+    if status["actor_nice"]["error"] is None:
+        assert status["actor_thread_nices"] == [-20], status["actor_thread_nices"]
+    else:  # not permitted: nothing changed, and the status says so
+        assert status["actor_thread_nices"] == [status["actor_nice"]["achieved"]]
     assert ep.descriptor.path.exists()
     counts = ray.get(actor.queue_counts.remote())
     assert counts["FREE"] == ep.descriptor.config.slots and counts["PROCESSING"] == 0
     stop_actor(actor)
     assert not ep.descriptor.path.exists()
     assert ray.get(alloc.leases.remote()) == []
-    assert wait_until(lambda: not os.path.exists(f"/proc/{ep.worker_pid}"), 10)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{ep.worker_pid}"), 60)
 
 
 def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_are_served(
@@ -131,19 +138,27 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
         ep = ray.get(actor.endpoint.remote())
         with InferenceClient([ep], node_id=ray_nodes.head, timeout_s=30) as client:
             assert client.infer(x)["value"].shape == (64, 1024)
-            # Asked first: the actor freezes and kills the worker as soon as it sees the request claimed.
+            # Asked first: the actor freezes and kills the worker as soon as it sees a request claimed.
+            # Four in flight, ~1 s each and one per batch: the kill lands on one of them however late
+            # Ray runs the call (one request alone could be answered before it on a loaded host).
             kill = actor.kill_worker.remote(while_processing=True, timeout_s=60.0)
-            pending = client.start(x)
+            pendings = [client.start(x) for _ in range(4)]
             killed = ray.get(kill)
-            with pytest.raises(WorkerDied):
-                client.finish(pending)
+            claimed = ray.get(actor.kills.remote())[-1]["claimed"]
+            died = 0
+            for p in pendings:  # the others: answered before the kill, or by the restarted worker
+                try:
+                    assert client.finish(p)["value"].shape == (64, 1024)
+                except WorkerDied:
+                    died += 1
+            assert died == claimed == 1, (died, claimed)
             last: dict[str, Any] = {}
 
             def restarted() -> bool:
                 last.update(ray.get(actor.status.remote()))
                 return bool(last["restarts"] == 1 and last["worker_alive"])
 
-            assert wait_until(restarted), f"no restarted worker within 30 s: {last}"
+            assert wait_until(restarted), f"no restarted worker within 120 s: {last}"
             status = ray.get(actor.status.remote())
             assert status["worker_pid"] != killed and status["failed"] is None
             # the same queue and attachment, served by the restarted worker: nothing to re-resolve
@@ -183,7 +198,7 @@ def test_a_killed_sampler_lease_is_reclaimed(
         owners = lambda: sorted(x.owner for x in ray.get(alloc.leases.remote()))  # noqa: E731
         assert owners() == ["infer:t:0", "sample:doomed"]
         ray.kill(sampler)  # no shutdown(): the process just dies
-        assert wait_until(lambda: owners() == ["infer:t:0"], 20)
+        assert wait_until(lambda: owners() == ["infer:t:0"])
     finally:
         stop_actor(actor)
 
@@ -277,6 +292,10 @@ def test_start_failures_surface_as_themselves_and_bad_specs_are_refused_at_const
         InferenceSpec(hero="h:0", index=0, model_dir=str(empty))
     with pytest.raises(BadInferenceSpec, match=r"index=-1"):
         InferenceSpec(hero="h", index=-1, model_dir=str(empty))
+    for nice in (-21, 20, 1.5, True):
+        with pytest.raises(BadInferenceSpec, match=r"nice=.*: expected an integer from -20 to 19, or None"):
+            InferenceSpec(hero="h", index=0, model_dir=str(empty), nice=nice)  # type: ignore[arg-type]
+    assert InferenceSpec(hero="h", index=0, model_dir=str(empty), nice=None).nice is None
 
 
 def test_the_hero_label_is_kept_with_a_custom_worker_config(tmp_path: Path) -> None:

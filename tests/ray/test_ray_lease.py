@@ -56,7 +56,7 @@ class Owner:
         return int(lease.cpu)
 
 
-def wait_until(predicate: Any, timeout_s: float = 20.0) -> bool:
+def wait_until(predicate: Any, timeout_s: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

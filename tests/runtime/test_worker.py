@@ -263,7 +263,10 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
     practice twice in all). Counted by the worker (SchedFifo.switches in the stats segment). The eight
     are published before the worker starts, so all of them are waiting when it serves, however slowly
     a loaded host runs this client."""
-    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=1.0)
+    # "busy" holds FIFO until a claim timeout passes idle: 5 s, so that a test process preempted on a
+    # loaded host still reads the policy before the worker leaves FIFO (the worker checks its stop word
+    # between claims, so stop() below is given longer than that).
+    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=5.0 if scope == "busy" else 1.0)
     with (
         small_queue(slots_per_lane=8, max_batch_samples=16) as queue,
         QueueClient.attach(queue.descriptor) as c,
@@ -326,7 +329,10 @@ def test_a_worker_busy_for_longer_than_the_rt_budget_slice_cools_down_and_serves
 def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
     small_model: Path, scope: str
 ) -> None:
-    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=1.0)
+    # "busy" holds FIFO until a claim timeout passes idle: 5 s, so that a test process preempted on a
+    # loaded host still reads the policy before the worker leaves FIFO (the worker checks its stop word
+    # between claims, so stop() below is given longer than that).
+    cfg = WorkerConfig(name=scope, fifo_scope=scope, claim_timeout_s=5.0 if scope == "busy" else 1.0)
     with small_queue() as queue, QueueClient.attach(queue.descriptor) as c:
         w = WorkerProcess.start(queue.descriptor, CPU, small_model, cfg)
         try:
@@ -336,14 +342,14 @@ def test_sched_fifo_scope_call_toggles_per_batch_and_busy_holds_until_idle(
             if not info["sched_fifo"]:  # not permitted here: the worker serves on nice alone
                 assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
                 return
-            deadline = time.monotonic() + 0.5
+            deadline = time.monotonic() + 10
             policy = os.sched_getscheduler(w.pid)
             while scope == "call" and policy != os.SCHED_OTHER and time.monotonic() < deadline:
                 policy = os.sched_getscheduler(w.pid)  # it leaves FIFO right after answering
-            # "busy" keeps FIFO until a whole claim timeout (1 s here) passes without a request.
+            # "busy" keeps FIFO until a whole claim timeout (5 s here) passes without a request.
             assert policy == (os.SCHED_OTHER if scope == "call" else os.SCHED_FIFO)
         finally:
-            assert w.stop() == 0
+            assert w.stop(timeout_s=15.0) == 0
 
 
 def test_every_answer_carries_the_timing_of_its_engine_call(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
@@ -123,7 +124,9 @@ def test_compare_puts_the_deschedule_headline_first(
     )
     after_path, _, _ = live_report
     html = tmp_path / "compare.html"
-    assert main(["compare", str(before_path), str(after_path), "--html", str(html)]) == 0  # not worse
+    # The two runs are minutes apart on a shared host: the values may move either way, so the exit
+    # status is read on the statuses alone (the hog's run fails deschedule; nothing can turn into a fail).
+    assert main(["compare", str(before_path), str(after_path), "--status-only", "--html", str(html)]) == 0
     out = capsys.readouterr().out
     text = out[out.index("headline p99.9 deschedule") :]
     before, after = load_report(before_path), load_report(after_path)
@@ -132,7 +135,7 @@ def test_compare_puts_the_deschedule_headline_first(
         f"headline p99.9 deschedule: {b['p999_deschedule_ms']:.4g} ms (n=1000, max {b['max_ms']:.4g} ms) -> "
         f"{a['p999_deschedule_ms']:.4g} ms (n=1000"
     )
-    cmp = compare(before, after)
+    cmp = compare(before, after, tolerance=math.inf)
     assert cmp["checks"][0]["name"] == "deschedule"
     assert cmp["headline"]["ratio"] == pytest.approx(b["p999_deschedule_ms"] / a["p999_deschedule_ms"])
     assert {r["name"] for r in cmp["checks"]} >= {"rt_budget", "deschedule", "timer", "thp"}

@@ -122,6 +122,10 @@ class SamplerResult:
     recovery_s: list[float] = field(default_factory=list)  # each outage: first failure to next answer
     rpc_ms: list[float] = field(default_factory=list)
     heroes: dict[str, HeroRun] = field(default_factory=dict)
+    # CLOCK_MONOTONIC of the run's first and last step (one clock for every process on the node): a
+    # measurement window around an event must lie inside [started_s, ended_s] to say anything about it.
+    started_s: float = 0.0
+    ended_s: float = 0.0
 
 
 def hero_of(ep: Endpoint) -> str:
@@ -269,7 +273,8 @@ class SamplerActorImpl:
                     envs[k].step(out)
                     result.steps += 1
                     result.samples += envs[k].spec.heroes
-        result.seconds = time.monotonic() - t0
+        result.ended_s = time.monotonic()
+        result.started_s, result.seconds = t0, result.ended_s - t0
         for hero, c in self._clients.items():
             runs[hero].reattached, runs[hero].moved = c.reattached, c.moved
         result.reattached = sum(c.reattached for c in self._clients.values())

@@ -1,0 +1,64 @@
+"""``lowtail bench failover`` grades only what its samplers' runs covered (no Ray: the report's logic).
+
+A kill that lands late in a sampler run (Ray ran the kill call seconds after its plan) used to count the
+time after the run's last step as a gap: all samplers "stalled" 1-3 s on a quiet host while every one
+of them had been answered within 40 ms until its run ended.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lowtail.benchmarks.failover_bench import (
+    TARGET_GAP_MS,
+    WINDOW_AFTER_S,
+    WINDOW_BEFORE_S,
+    Report,
+    Row,
+    gap_ms,
+    judge,
+    render,
+    window,
+)
+
+STANDBY_TARGET = "standby: no sampler's gap > 50 ms for any hero (worker kill)"
+
+
+def test_the_window_is_cut_to_the_run() -> None:
+    at = 100.0
+    assert window(at, 90.0, 110.0) == (at - WINDOW_BEFORE_S, at + WINDOW_AFTER_S)
+    assert window(at, 99.9, 101.0) == (99.9, 101.0)  # started late, ended early: its own span
+    assert window(at, 90.0, 99.0) == (at - WINDOW_BEFORE_S, at)  # ended before the kill: nothing after
+
+
+def test_a_run_that_ends_after_the_kill_shows_no_gap_after_its_end() -> None:
+    at, ended = 100.0, 101.0
+    answers = np.arange(at - 1.0, ended, 0.02)  # answered every 20 ms until the run's end
+    lo, hi = window(at, 90.0, ended)
+    assert gap_ms(answers, lo, hi) < 25.0
+    # The old fixed window closed 3 s after the kill: the 2 s after the run's end looked like a stall.
+    assert gap_ms(answers, at - WINDOW_BEFORE_S, at + WINDOW_AFTER_S) > 1900.0
+
+
+def rows(covered_after_s: float, gap: float = 30.0) -> list[Row]:
+    return [
+        Row("standby", "worker", f"s{i}", f"hero {h}", gap, 100, 0, covered_after_s)
+        for i in range(3)
+        for h in "ab"
+    ]
+
+
+def test_a_gap_target_is_graded_on_covered_windows_and_not_decided_otherwise() -> None:
+    met = Report(rows=rows(WINDOW_AFTER_S))
+    judge(met)
+    assert met.targets[STANDBY_TARGET] is True
+    missed = Report(rows=rows(WINDOW_AFTER_S, gap=TARGET_GAP_MS + 1))
+    judge(missed)
+    assert missed.targets[STANDBY_TARGET] is False
+    cut = Report(rows=rows(WINDOW_AFTER_S)[:-1] + rows(0.8)[-1:])
+    judge(cut)
+    assert cut.targets[STANDBY_TARGET] is None
+    assert "ended 0.80 s after the kill" in cut.undecided[STANDBY_TARGET]
+    text = render(cut)
+    assert "not decided: a sampler's run ended 0.80 s after the kill" in text
+    assert "s after kill" in text  # the coverage of every row is shown
