@@ -117,23 +117,12 @@ class Batch:
     batch's clients get an error, not a hang, and the worker claims the next batch as usual.
     """
 
-    __slots__ = (
-        "_closed_by",
-        "_inputs",
-        "_items",
-        "_open",
-        "_worker",
-        "claimed_ns",
-        "failed",
-        "queue_wait_ns",
-        "sizes",
-    )
+    __slots__ = ("_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "queue_wait_ns", "sizes")
 
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
         self._items = items
         self._open = True
-        self._closed_by = "answered"  # what _refuse names once the batch is closed
         self.failed = 0  # requests this batch answered failed (fail, fail_request, the end of its block)
         self._inputs: Arrays
         if len(items) == 1:  # the common case, without the list building below
@@ -178,15 +167,16 @@ class Batch:
         self._open = False
         self._inputs = {}  # drops the merged copy; the slot views stay cached in the worker for reuse
 
-    def _close_with_worker(self) -> None:
-        """The worker closed (its requests answered failed, its mapping going): refuse from now on."""
-        self._closed_by = "whose worker was closed"
-        self._close()
+    @property
+    def _usable(self) -> bool:
+        # A closed worker answered this batch's requests failed and released the mapping its views
+        # point into: derived from the worker, so claim() keeps no list of open batches.
+        return self._open and not self._worker._closed
 
     def _refuse(self, what: str) -> BatchClosed:
-        if self._closed_by != "answered":
+        if self._open:  # not answered, yet unusable: its worker was closed
             return BatchClosed(
-                f"{what} a batch {self._closed_by}: its requests were answered failed and its views "
+                f"{what} a batch whose worker was closed: its requests were answered failed and its views "
                 f"point into a mapping that is gone"
             )
         return BatchClosed(
@@ -197,7 +187,7 @@ class Batch:
     @property
     def inputs(self) -> Arrays:
         """The requests' inputs (zero-copy views for one request): valid until ``complete``/``fail``."""
-        if not self._open:
+        if not self._usable:
             raise self._refuse("inputs of")
         return self._inputs
 
@@ -219,7 +209,7 @@ class Batch:
         a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
         The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
         """
-        if not self._open:
+        if not self._usable:
             raise self._refuse("complete() on")
         total = self.total
         try:
@@ -255,7 +245,7 @@ class Batch:
 
     def fail(self, message: str) -> None:
         """Answer every request not answered yet as failed with ``message``; the views go with it."""
-        if not self._open:
+        if not self._usable:
             raise self._refuse("fail() on")
         self._close()
         for it in self._items:
@@ -266,7 +256,7 @@ class Batch:
 
     def fail_request(self, i: int, message: str) -> None:
         """Fail request ``i`` alone; the others stay to be completed (their views stay valid)."""
-        if not self._open:
+        if not self._usable:
             raise self._refuse("fail_request() on")
         it = self._items[i]
         if not it.done:
@@ -321,7 +311,6 @@ class QueueWorker:
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
-        self._open_batches: list[Batch] = []
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
@@ -380,8 +369,8 @@ class QueueWorker:
         return len(orphans)
 
     def close(self) -> None:
-        """Answer what was claimed but not completed ("worker closed"), close the batches not answered
-        yet (they refuse their views from now on), release the lock, unmap."""
+        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap. A batch
+        not answered yet refuses its views from now on (``Batch`` reads the worker's state)."""
         if self._closed:
             return
         self._closed = True
@@ -390,10 +379,6 @@ class QueueWorker:
             if not it.done:
                 self._answer(it, ST_FAILED, None, None, "worker closed before answering")
         self._wake_parked(pending)
-        for batch in self._open_batches:  # their views would read an unmapped segment
-            if batch._open:
-                batch._close_with_worker()
-        self._open_batches.clear()
         self._carry.clear()
         self._outstanding.clear()
         self._in_views.clear()
@@ -679,11 +664,7 @@ class QueueWorker:
             items = same
         for it in items:
             self._outstanding[it.g] = it
-        batch = Batch(self, items)
-        # The batches not answered yet, for close(): usually this one alone (claim, complete, claim).
-        self._open_batches = [b for b in self._open_batches if b._open]
-        self._open_batches.append(batch)
-        return batch
+        return Batch(self, items)
 
     def _answer(
         self,
