@@ -59,6 +59,16 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
+def local_node_inventory(directory: Path, host: str = "node-a") -> Path:
+    """An inventory of one host on the local connection, with this interpreter (lowtail importable)."""
+    inventory = directory / "hosts.yml"
+    inventory.write_text(
+        f"all:\n  hosts:\n    {host}:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"
+    )
+    return inventory
+
+
 def run_ansible(args: list[str], timeout: int = 300, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=timeout, check=False, **kw

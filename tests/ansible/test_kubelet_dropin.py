@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ansible.conftest import ROOT, run_ansible
+from tests.ansible.conftest import ROOT, local_node_inventory, run_ansible
 from tests.ansible.test_kubelet_preflight import KUBEADM, KUBEADM_UNIT, STANDIN, node, run_preflight
 
 pytestmark = pytest.mark.slow
@@ -288,21 +288,7 @@ class Node:
                 ]
             )
         )
-        inventory = self.tmp / "hosts.yml"
-        inventory.write_text(
-            yaml.safe_dump(
-                {
-                    "all": {
-                        "hosts": {
-                            "node-a": {
-                                "ansible_connection": "local",
-                                "ansible_python_interpreter": sys.executable,
-                            }
-                        }
-                    }
-                }
-            )
-        )
+        inventory = local_node_inventory(self.tmp)
         result = run_ansible(["ansible-playbook", "-i", str(inventory), str(playbook), *args])
         return result.returncode, result.stdout + result.stderr
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ansible.conftest import ROOT, run_ansible
+from tests.ansible.conftest import ROOT, local_node_inventory, run_ansible
 
 pytestmark = pytest.mark.slow
 
@@ -145,21 +145,7 @@ def run_preflight(
             ]
         )
     )
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "hosts": {
-                        "node-a": {
-                            "ansible_connection": "local",
-                            "ansible_python_interpreter": sys.executable,
-                        }
-                    }
-                }
-            }
-        )
-    )
+    inventory = local_node_inventory(tmp_path)
     result = run_ansible(["ansible-playbook", "-i", str(inventory), str(playbook)])
     return result.returncode, " ".join((result.stdout + result.stderr).split())
 
