@@ -92,7 +92,7 @@ class InferenceSpec:
     # the worker starts at its parent's value until it has pinned itself), its method thread answers
     # the clients' endpoint() on re-resolve. Ray starts its workers at nice 15 (worker_niceness): on CPUs
     # shared with workers and samplers at -20 (the demo's lease override) the kill call of `lowtail bench
-    # failover` ran 0.5-9 s late and a restart took 2-7 s. None: keep Ray's value.
+    # failover` ran seconds after its plan (docs/benchmarks.md). None: keep Ray's value.
     nice: int | None = -20
 
     def __post_init__(self) -> None:
