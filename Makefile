@@ -7,8 +7,8 @@ STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt python/constraints.txt requirements-dev.txt python/pyproject.toml
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-actor-kill pytest-fast clean sandbox-image \
-	wheelhouse molecule-runtime ansible-lint molecule system-deps
+.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-actor-kill \
+	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs (the first failure
 # used to come after eight minutes of tests): podman with runc (crun fails on this kernel's cgroup setup),
@@ -86,8 +86,15 @@ ACTOR_KILL_TESTS := tests/ray/test_failover.py tests/ray/test_restart.py
 pytest-actor-kill: $(STAMP)
 	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)
 
+# The ansible-playbook runs against fixture trees, stand-ins and the two-node sandbox: they create no
+# shared-memory segment on this host (tests/conftest.py, SEGMENT_FREE_DIRS), so `make test` runs them
+# as a session of their own beside the rest.
+ANSIBLE_TESTS := tests/ansible tests/deploy
+pytest-ansible: $(STAMP)
+	$(BIN)/pytest -q --durations=15 $(ANSIBLE_TESTS)
+
 pytest-most: $(STAMP)
-	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS))
+	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS))
 
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
@@ -111,16 +118,18 @@ molecule: $(STAMP)
 	$(ANSIBLE_ENV) $(BIN)/molecule test -s default
 
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
-# static checks, and the sandbox image and the wheelhouse are built once; then the three long suites run
-# side by side (scripts/run-suites.sh): pytest, molecule and molecule-runtime wait on processes,
-# containers and systemd more than they compute, so together they take about as long as pytest alone
-# (docs/testing.md). Each one's output is printed whole when it ends and kept in build/test-logs/; a
-# summary of all of them, with what failed, is printed last. TEST_JOBS=1 runs them one after another.
-# The actor-kill tests run alone after them (see pytest-actor-kill).
-TEST_JOBS ?= 3
+# static checks, and the sandbox image and the wheelhouse are built once; then the four long suites run
+# side by side (scripts/run-suites.sh): the ansible-playbook tests, the other tests, molecule and
+# molecule-runtime. Together they keep both CPUs of a 2-vCPU machine busy, so the run takes about their
+# total CPU time over two (docs/testing.md has the figures). Each one's output is printed whole when it
+# ends and kept in build/test-logs/; a summary of all of them, with what failed, is printed last.
+# TEST_JOBS=1 runs them one after another. The actor-kill tests run alone after them (see
+# pytest-actor-kill).
+TEST_JOBS ?= 4
 test: system-deps
 	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse
-	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-most molecule molecule-runtime --then pytest-actor-kill
+	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh molecule pytest-ansible pytest-most molecule-runtime \
+	  --then pytest-actor-kill
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
 sandbox-image:

@@ -44,6 +44,10 @@ def make_machine(tmp_path: Path):  # type: ignore[no-untyped-def]
     return _make
 
 
+def _relative(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+
+
 # What makes a test slow here (seconds to minutes on a shared 2-vCPU machine): a Ray cluster, an
 # ansible-playbook run, an OpenVINO model compiled in a spawned worker, a validation run with its
 # probes, a benchmark. Marked in one place, by module and by fixture, so `make quick` (-m "not slow")
@@ -70,7 +74,7 @@ SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        rel = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+        rel = _relative(item)
         if (
             rel in SLOW_MODULES
             or rel.startswith(SLOW_DIRS)
@@ -79,18 +83,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+# Directories whose tests create no shared-memory segment on this host (their nodes are containers and
+# fixture trees). `make test` runs them as a session of their own beside the rest (pytest-ansible).
+SEGMENT_FREE_DIRS = ("tests/ansible/", "tests/deploy/")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_private_shm_dir_left_behind() -> Iterator[None]:
+def no_private_shm_dir_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """The first queue a uid creates makes its private directory under /dev/shm (``lowtail-<uid>``,
     0700) and lowtail keeps it for the next one, as /run/user keeps a runtime directory. A test
     session that made it removes it again when it is empty (segments left in it are the queue suite's
-    ``no_segment_left_behind`` to name)."""
+    ``no_segment_left_behind`` to name). A session of segment-free tests only never made it: the
+    directory it sees is a concurrent session's, which may be about to create a segment in it."""
     from lowtail.shm.segments import private_dir
 
     path = private_dir()
     existed = path.exists()
+    segment_free = all(_relative(item).startswith(SEGMENT_FREE_DIRS) for item in request.session.items)
     yield
-    if existed or not path.is_dir() or path.is_symlink():
+    if segment_free or existed or not path.is_dir() or path.is_symlink():
         return
     # The session's last actors can still be unlinking their queues: Ray stops (and its raylet kills)
     # their processes after the session's own teardown, seconds later on a loaded host (a CI run left
