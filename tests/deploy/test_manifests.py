@@ -167,8 +167,8 @@ def test_shm_and_memory_sizes_add_up(render: Callable[..., Rendered]) -> None:
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
 
 
-def test_default_shm_holds_the_seed_queue_shape(default_render: Rendered) -> None:
-    # 256 slots of 16 KiB + 32 KiB (the seed's queue) plus Ray's object store must fit in /dev/shm.
+def test_default_shm_holds_the_predecessors_queue_shape(default_render: Rendered) -> None:
+    # 256 slots of 16 KiB + 32 KiB (the predecessor's queue) plus Ray's object store must fit in /dev/shm.
     spec = worker_spec(default_render.objects())
     (dshm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
     assert mib(dshm["emptyDir"]["sizeLimit"]) * MIB >= 256 * (16 + 32) * 1024 + 512 * MIB

@@ -41,7 +41,7 @@ def lane_states(server: InferenceQueue, lane: int) -> tuple[str, ...]:
     return server.snapshot().lanes[lane].states
 
 
-def test_round_trip_walks_the_seed_slot_states(server: InferenceQueue) -> None:
+def test_round_trip_walks_the_predecessors_slot_states(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
         assert lane_states(server, c.lane)[0] == "FREE"
         x = np.arange(24, dtype=np.float32).reshape(3, 8)

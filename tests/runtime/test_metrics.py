@@ -94,7 +94,7 @@ def test_nivcsw_is_the_counter_proc_status_prints() -> None:
     t.join()
 
 
-def test_slow_infer_line_has_the_seed_fields_in_order() -> None:
+def test_slow_infer_line_has_the_predecessors_fields_in_order() -> None:
     row = [0.0] * len(CALL_FIELDS)
     col = metrics.COL
     row[col["wall_ms"]] = 250.0

@@ -227,7 +227,7 @@ def _worst_fifo_share(stretches: list[tuple[int, int]], window_ns: int, end_ns: 
 )
 def test_sched_fifo_stays_inside_the_rt_budget_however_the_work_comes(batch_ns: int, gap_every: int) -> None:
     """The kernel stops every SCHED_FIFO task of the CPU once they ran 950 ms of a 1 s period (the
-    seed's 400-470 ms deschedule at a 500 ms budget). Whatever the shape of the load, no 1 s window
+    predecessor's 400-470 ms deschedule at a 500 ms budget). Whatever the shape of the load, no 1 s window
     may hold that much SCHED_FIFO; and the worker does use its budget. The policy changes are real."""
     fifo, stretches = _fifo_timeline(batch_ns, gap_every, 3.0)
     if not fifo.available:

@@ -392,7 +392,7 @@ class SeedTransport(Transport):
 
     def start(self) -> None:
         self.seg = segments.create_segment("q", SeedQueue.nbytes())
-        fd, self.lock_path = tempfile.mkstemp(prefix="lowtail-seed-", suffix=".lock")
+        fd, self.lock_path = tempfile.mkstemp(prefix="lowtail-flock-poll-", suffix=".lock")
         os.close(fd)
         self.stop_event = _ctx().Event()
         self.proc = _ctx().Process(
