@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -108,7 +109,7 @@ def test_per_call_metrics_and_isolation_after_serving(served: tuple[InferenceQue
     assert rep.percentiles["wall_ms"].n == 50
     iso = w.isolation()
     assert iso.engine_calls >= 50
-    # The seed's 1:1 test: only the serving thread used CPU during infer().
+    # The predecessor's 1:1 test: only the serving thread used CPU during infer().
     assert iso.engine_cpu_ratio == pytest.approx(1.0, abs=0.1), iso
     assert iso.ok, iso.detail
 
@@ -209,28 +210,45 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
     assert set(os.listdir("/proc/self/fd")) <= fds_before
 
 
-def _start_worker_then_die(desc: object, model: str, conn: object) -> None:
+def _start_worker_then_die(desc: object, model: str, conn: object, wait_ready: bool) -> None:
     w = WorkerProcess.start(desc, CPU, model)
-    w.wait_ready(120)
+    if wait_ready:
+        w.wait_ready(120)
     conn.send(w.pid)  # type: ignore[attr-defined]
     os._exit(0)  # no cleanup: as if the Ray actor were killed
 
 
-def test_worker_exits_when_its_parent_dies(small_model: Path) -> None:
+@pytest.mark.parametrize("wait_ready", [True, False], ids=["after-ready", "while-starting"])
+def test_worker_exits_when_its_parent_dies(small_model: Path, wait_ready: bool) -> None:
+    """The parent dies right after the worker said ready, or while the worker still starts (imports,
+    compile). Either way the orphan exits and leaves its CPU. The first is the regression test (it
+    fails only when the race is lost, as on a loaded host): a worker that read its parent with
+    getppid() only after ready found the reaper there and served forever (a loaded host's make test
+    left one running for 1.5 h, pinned on CPU 1)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
+    worker_pid = 0
     with small_queue() as queue:
-        middle = ctx.Process(target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child))
+        middle = ctx.Process(
+            target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child, wait_ready)
+        )
         middle.start()
-        assert parent.poll(120)
-        worker_pid = parent.recv()
-        middle.join(30)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
-            assert time.monotonic() < deadline, "the orphaned worker kept running"
-            time.sleep(0.05)
+        try:
+            assert parent.poll(120)
+            worker_pid = parent.recv()
+            middle.join(30)
+            # Half a second of idle housekeeping, or the rest of its start-up; the bound is generous:
+            # it proves "exits", not how fast.
+            deadline = time.monotonic() + 120
+            while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+                assert time.monotonic() < deadline, "the orphaned worker kept running"
+                time.sleep(0.05)
+        finally:
+            if worker_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker_pid, signal.SIGKILL)  # a failing run leaves no orphan on CPU 1
 
 
 def _state(pid: int) -> str:
@@ -280,16 +298,21 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
                 pytest.skip(f"SCHED_FIFO not permitted here ({info['sched_fifo_reason']}): nothing to count")
             for p in pending:
                 assert next(iter(p.finish(timeout_s=30).values())).shape[0] == 16
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 30  # generous: a loaded CPU 1 may delay its next claim
             while os.sched_getscheduler(w.pid) != os.SCHED_OTHER and time.monotonic() < deadline:
                 time.sleep(0.001)  # idle: both scopes leave SCHED_FIFO
             assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
             report = w.report()
             assert report.calls == 8
+            # Batches longer than the RT credit (20 ms: 16 samples on a loaded host, 36 ms in one CI
+            # run) spend it, and a cool-down keeps the worker in SCHED_OTHER until half of it is back:
+            # "work" then leaves and enters once more per cool-down, "call" skips the batches cooled.
+            cooled = report.fifo_cooldowns
             if scope == "call":
-                assert report.fifo_switches == 2 * report.calls
+                assert report.fifo_switches == 2 * report.calls or cooled, report
+                assert report.fifo_switches <= 2 * report.calls, report
             else:
-                assert 2 <= report.fifo_switches <= report.calls, report
+                assert 2 <= report.fifo_switches <= report.calls + 2 * cooled, report
         finally:
             assert w.stop() == 0
 

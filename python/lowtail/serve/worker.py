@@ -100,7 +100,8 @@ class IsolationReport:
     masks: dict[str, int]  # cpulist -> threads with that mask
     all_on_cpu: bool  # every thread of the worker may run only on its CPU
     serving_thread_share: float  # the serving thread's share of the process's CPU time
-    engine_cpu_ratio: float  # process CPU / thread CPU inside infer(): ~1.0 when isolated (seed 3.1.7)
+    # process CPU / thread CPU inside infer(): ~1.0 when isolated, the predecessor's test of its subprocess
+    engine_cpu_ratio: float
     engine_calls: int
     ok: bool
     detail: str
@@ -179,6 +180,7 @@ class WorkerProcess:
                 "conn": child_conn,
                 "config": asdict(config),
                 "standby": standby,
+                "parent_pid": os.getpid(),  # the child compares getppid() with it: a parent gone early shows
             },
             name=f"lowtail-worker-{config.name or cpu}" + ("-standby" if standby else ""),
             daemon=True,

@@ -75,6 +75,7 @@ def main(
     stats_fd: InheritedFd,
     conn: Connection,
     config: dict[str, Any],
+    parent_pid: int,
     standby: bool = False,
 ) -> None:
     cfg = WorkerConfig(**config)
@@ -87,7 +88,9 @@ def main(
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
-    ppid = os.getppid()
+    # The parent as it named itself when it spawned this process. A getppid() here would return the
+    # reaper if the parent died while this process started, and the orphan would never notice.
+    ppid = parent_pid
     ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu, "role": role}
     idle_class = False
     try:
@@ -167,6 +170,11 @@ def main(
         ready["standby_sched_idle_reason"] = f"left before parking: {err or 'ok'}"
         if err:
             log.warning("the standby stays in SCHED_IDLE: %s", err)
+    if os.getppid() != ppid:  # died while this process imported and compiled: nobody to serve
+        log.warning("parent %d is gone before the worker was ready; exiting", ppid)
+        holder.close()
+        stats.close()
+        sys.exit(0)
     stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
     conn.send({"ready": True, **ready})
     conn.close()
@@ -182,7 +190,8 @@ def main(
                 "took over the queue: %d requests the dead worker had claimed answered WorkerDied",
                 qworker.restarted_failed,
             )
-        serve(qworker=qworker, engine=engine, stats=stats, fifo=fifo, cpu=cpu, config=cfg, ready=ready)
+        serve(qworker=qworker, engine=engine, stats=stats, fifo=fifo, cpu=cpu, config=cfg, ready=ready,
+              ppid=ppid)  # fmt: skip
     except BaseException:
         log.exception("worker loop failed")
         code = 1
@@ -240,8 +249,10 @@ def serve(
     cpu: int,
     config: WorkerConfig,
     ready: dict[str, Any],
+    ppid: int,
 ) -> None:
-    """The serving loop. Hot path first, idle housekeeping after it.
+    """The serving loop. Hot path first, idle housekeeping after it; it ends when the parent ``ppid``
+    (the pid the parent gave when it spawned this process) is gone.
 
     Everything between two ``infer()`` calls runs with cold caches (a call streams the model's weights
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
@@ -256,7 +267,8 @@ def serve(
 
     claim_timeout = config.claim_timeout_s
     h = stats.words
-    ppid = os.getppid()
+    # ``ppid`` is the parent's own pid (main), not read here: once ready is sent the parent may exit at
+    # once, and a getppid() after that returns the reaper's pid, so the orphan would serve forever.
     threads = int(ready["threads"])
     rec = CallRecorder(
         stats,
