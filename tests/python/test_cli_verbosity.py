@@ -106,6 +106,26 @@ def test_a_log_record_clears_the_progress_line_on_a_terminal(monkeypatch: pytest
     assert tty.getvalue() == "\r\x1b[KDEBUG lowtail.test: started x\n"
 
 
+def test_a_log_record_after_stderr_was_replaced_and_closed_goes_to_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A finished test's capture (or a host program's old stderr) is closed; the next record must not
+    # fail flushing it (it did: the call recorder's slow_infer warning raised "I/O on closed file").
+    import io
+    import logging
+
+    from lowtail.render import console
+
+    old, new = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()  # pytest's capture is a file
+    console.configure(console.NORMAL)
+    monkeypatch.setattr(sys, "stderr", old)
+    logging.getLogger("lowtail.test").warning("first")
+    old.close()
+    monkeypatch.setattr(sys, "stderr", new)
+    logging.getLogger("lowtail.test").warning("second")
+    assert new.getvalue() == "WARNING lowtail.test: second\n"
+
+
 def test_the_default_verbosity_does_not_touch_the_loggers_levels() -> None:
     # A host program's (or a test's) own logging keeps working after a lowtail command ran in-process.
     import logging

@@ -19,6 +19,7 @@ from lowtail import __version__
 from lowtail.cli import commands
 from lowtail.cli.options import Parser, verbosity
 from lowtail.errors import LowtailError
+from lowtail.node.process import end_resource_tracker
 
 
 class UsageError(LowtailError):
@@ -72,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `lowtail ... | head`: the reader left; no traceback (Python docs, SIGPIPE)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        end_resource_tracker()  # the command's spawned children are stopped: none of its own is left
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Standard library only (shipped to hosts by Ansible).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -29,3 +30,19 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def end_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker, if this process started one, and reap it.
+
+    Spawning a child (the pinned worker) starts the tracker as a child of this process; left alone, it
+    ends only after this process has exited and it has read EOF, so for a moment a finished command
+    still has a child in its session (a Ctrl-C'd ``lowtail validate`` seemed to leave one behind). Call
+    it once every spawned child has been stopped, on the way out.
+    """
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    if module is None:
+        return  # nothing was spawned: no tracker to end
+    stop = getattr(module._resource_tracker, "_stop", None)  # CPython 3.8+; private, so looked up
+    if stop is not None:
+        stop()

@@ -34,7 +34,9 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stderr)
+        # Assigned, not setStream(): that flushes the stream it replaces, which may be closed by now
+        # (a finished test's capture, a host program's old stderr) and would fail this record.
+        self.stream = sys.stderr
         if sys.stderr.isatty():
             sys.stderr.write("\r\x1b[K")  # erase the progress bar's line first
         super().emit(record)
