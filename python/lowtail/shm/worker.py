@@ -209,9 +209,10 @@ class Batch:
         a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
         The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
         """
-        if not self._usable:
+        if not self._open or self._worker._closed:  # _usable, inlined: this is the hot path
             raise self._refuse("complete() on")
-        total = self.total
+        sizes = self.sizes
+        total = sizes[0] if len(sizes) == 1 else sum(sizes)
         try:
             layout = payload.layout_of(outputs)
         except BadRequest as e:
@@ -224,13 +225,12 @@ class Batch:
             raise BadRequest(msg)
         self._close()
         worker = self._worker
-        worker._call_engine_ns = engine_ns
-        deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK)  # 32 bits: 71 minutes
-        worker._call_word = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)
+        deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
+        call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
         if len(self._items) == 1:
             it = self._items[0]
             if not it.done:
-                worker._answer(it, ST_OK, outputs, layout, "")
+                worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
         else:
             off = 0
             for it in self._items:
@@ -238,9 +238,8 @@ class Batch:
                 n = it.layout.batch
                 if not it.done:
                     part = {k: v[off : off + n] for k, v in outputs.items()}
-                    worker._answer(it, ST_OK, part, layout.with_batch(n), "")
+                    worker._answer(it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call)
                 off += n
-        worker._call_engine_ns = worker._call_word = 0
         worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
@@ -294,6 +293,7 @@ class QueueWorker:
         self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
         self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
@@ -317,7 +317,6 @@ class QueueWorker:
         self._active: list[int] = []
         self._rr = 0
         self.counts = WorkerCounts()
-        self._call_engine_ns = self._call_word = 0  # the call words Batch.complete gives its answers
         self._closed = False
         self.counts.orphans_failed = self._fail_orphans(prev)
 
@@ -552,7 +551,7 @@ class QueueWorker:
             self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
             return None
         g = lane * geo.spl + s
-        si = geo.slot_word(g)
+        si = self._slot_i[g]
         seq = q[si + W_REQ_SEQ]
         if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
             q[self._tail_i[lane]] = tail + 1
@@ -673,7 +672,11 @@ class QueueWorker:
         arrays: Mapping[str, np.ndarray[Any, Any]] | None,
         layout: PayloadLayout | None,
         message: str,
+        *,
+        engine_ns: int = 0,
+        call: int = 0,
     ) -> None:
+        """Answer ``it``; ``engine_ns`` and ``call`` are the call's words (Batch.complete), 0 otherwise."""
         m = self._m
         q, geo = m.q, m.geo
         g, si = it.g, it.si
@@ -702,8 +705,8 @@ class QueueWorker:
             n = _write_message(m, g, message)
         q[si + W_RESP_LEN] = n
         q[si + W_RESP_STATUS] = status
-        q[si + W_CALL_ENGINE_NS] = self._call_engine_ns
-        q[si + W_CALL] = self._call_word
+        q[si + W_CALL_ENGINE_NS] = engine_ns
+        q[si + W_CALL] = call
         q[si + W_DONE_NS] = time.monotonic_ns()
         q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
         ci = self._count_i[it.lane]
