@@ -50,8 +50,25 @@ def filters() -> ModuleType:
     return load_module(ROOT / "filter_plugins/lowtail.py", "lowtail_filters")
 
 
+ZIP_BYTECODE_HOOK = Path(__file__).resolve().parent / "zip_bytecode"
+ZIP_BYTECODE_CACHE = ROOT / "build/ansible-zip-bytecode"
+
+
+def zip_bytecode_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the test-only bytecode cache for zip imports (``zip_bytecode/sitecustomize.py``):
+    the processes of an ansible-playbook run, local-connection modules included, compile Ansible's
+    module_utils once instead of at every module run."""
+    ZIP_BYTECODE_CACHE.mkdir(parents=True, exist_ok=True)
+    path = env.get("PYTHONPATH")
+    return {
+        **env,
+        "PYTHONPATH": f"{ZIP_BYTECODE_HOOK}:{path}" if path else str(ZIP_BYTECODE_HOOK),
+        "LOWTAIL_TEST_ZIP_BYTECODE": str(ZIP_BYTECODE_CACHE),
+    }
+
+
 def ansible_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = zip_bytecode_env(dict(os.environ))
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
     env["ANSIBLE_NOCOLOR"] = "1"

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ansible.conftest import zip_bytecode_env
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 IMAGE = "registry.example.com/rl/lowtail:0.1.0"
@@ -65,11 +67,9 @@ def render_manifests(
         capture_output=True,
         text=True,
         timeout=300,
-        env={
-            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "ANSIBLE_NOCOLOR": "1",
-            "HOME": str(tmp),
-        },
+        env=zip_bytecode_env(
+            {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp)}
+        ),
     )
     return Rendered(proc.returncode, proc.stdout + proc.stderr, out_dir)
 

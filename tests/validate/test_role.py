@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tests.ansible.conftest import zip_bytecode_env
 from tests.fixtures.machines import MACHINES, write_machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def _play(tmp: Path, hosts: dict[str, dict[str, Any]], *extra: str) -> subproces
         text=True,
         timeout=300,
         check=False,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp)},
+        env=zip_bytecode_env({"PATH": f"{BIN}:/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp)}),
     )
 
 
