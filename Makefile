@@ -7,7 +7,7 @@ STAMP := $(VENV)/.lowtail-installed
 REQS := python/requirements.txt python/constraints.txt requirements-dev.txt python/pyproject.toml
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-actor-kill \
+.PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
 	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs (the first failure
@@ -86,15 +86,21 @@ ACTOR_KILL_TESTS := tests/ray/test_failover.py tests/ray/test_restart.py
 pytest-actor-kill: $(STAMP)
 	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)
 
-# The ansible-playbook runs against fixture trees, stand-ins and the two-node sandbox: they create no
-# shared-memory segment on this host (tests/conftest.py, SEGMENT_FREE_DIRS), so `make test` runs them
-# as a session of their own beside the rest.
-ANSIBLE_TESTS := tests/ansible tests/deploy
+# The ansible-playbook runs against fixture trees and stand-ins (tests/ansible), and the k8s role and the
+# two-node sandbox (tests/deploy, five minutes of it the whole `make demo` on one CPU): they create no
+# shared-memory segment on this host (tests/conftest.py, SEGMENT_FREE_DIRS), so `make test` runs each
+# as a session of their own beside the rest, the deploy one from the start so that its demo does not
+# run alone at the end.
+ANSIBLE_TESTS := tests/ansible
+DEPLOY_TESTS := tests/deploy
 pytest-ansible: $(STAMP)
-	$(BIN)/pytest -q --durations=15 $(ANSIBLE_TESTS)
+	$(BIN)/pytest -q --durations=25 $(ANSIBLE_TESTS)
+
+pytest-deploy: $(STAMP)
+	$(BIN)/pytest -q --durations=10 $(DEPLOY_TESTS)
 
 pytest-most: $(STAMP)
-	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS))
+	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS))
 
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
@@ -106,6 +112,9 @@ quick: lint typecheck pytest-fast
 
 # Ansible tools find each other (ansible-config, ansible-playbook) on PATH.
 ANSIBLE_ENV := PATH=$(CURDIR)/$(BIN):$$PATH
+# The tests' bytecode cache for the zip files Ansible runs its modules from (tests/ansible/zip_bytecode):
+# each module run would compile ansible.module_utils again, about a third of its CPU.
+ZIP_BYTECODE_ENV := PYTHONPATH=$(CURDIR)/tests/ansible/zip_bytecode LOWTAIL_TEST_ZIP_BYTECODE=$(CURDIR)/build/ansible-zip-bytecode
 
 # Roles and playbooks: ansible-lint (production profile, strict) and yamllint.
 ansible-lint: $(STAMP)
@@ -115,20 +124,21 @@ ansible-lint: $(STAMP)
 # The molecule scenario: two systemd containers (podman) converge site.yml; builds the sandbox image
 # on first use (about 3 minutes), then the whole sequence takes about 10 minutes.
 molecule: $(STAMP)
-	$(ANSIBLE_ENV) $(BIN)/molecule test -s default
+	$(ANSIBLE_ENV) $(ZIP_BYTECODE_ENV) $(BIN)/molecule test -s default
 
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
-# static checks, and the sandbox image and the wheelhouse are built once; then the four long suites run
-# side by side (scripts/run-suites.sh): the ansible-playbook tests, the other tests, molecule and
-# molecule-runtime. Together they keep both CPUs of a 2-vCPU machine busy, so the run takes about their
-# total CPU time over two (docs/testing.md has the figures). Each one's output is printed whole when it
-# ends and kept in build/test-logs/; a summary of all of them, with what failed, is printed last.
+# static checks, and the sandbox image and the wheelhouse are built once; then the five long suites run
+# side by side (scripts/run-suites.sh): the deploy tests, molecule, the ansible-playbook tests, the other
+# tests and molecule-runtime. Together they keep both CPUs of a 2-vCPU machine busy, so the run takes
+# about their total CPU time over two (docs/testing.md has the figures). Each one's output is printed
+# whole when it ends and kept in build/test-logs/; a summary of all of them, with each one's time, its
+# CPU and what failed, is printed last.
 # TEST_JOBS=1 runs them one after another. The actor-kill tests run alone after them (see
 # pytest-actor-kill).
-TEST_JOBS ?= 4
+TEST_JOBS ?= 5
 test: system-deps
 	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse
-	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh molecule pytest-ansible pytest-most molecule-runtime \
+	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime \
 	  --then pytest-actor-kill
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).

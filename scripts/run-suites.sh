@@ -57,18 +57,33 @@ for t in "$@"; do
   while [ ${#pid_of[@]} -ge "$jobs_max" ]; do reap; done
   echo "==> $t started; its output goes to $logs/$t.log and is printed when it ends"
   start_of[$t]=$(date +%s)
-  setsid make --no-print-directory "$t" >"$logs/$t.log" 2>&1 &
+  # `times` in the suite's own shell: the CPU of every process of the suite that was waited for (not
+  # of the daemons it left to init, such as podman's conmon and the containers, or Ray's raylet).
+  setsid bash -c 'make --no-print-directory "$1"; rc=$?; times >"$2"; exit $rc' _ "$t" "$logs/$t.cpu" \
+    >"$logs/$t.log" 2>&1 &
   pid_of[$t]=$!
   children+=("$!")
 done
 while [ ${#pid_of[@]} -gt 0 ]; do reap; done
 
+cpu_of() {  # "CPU 12 min 3 s": user + system of the suite's waited-for processes, from `times`
+  local line ms=0 m sec frac
+  line=$(sed -n 2p "$logs/$1.cpu" 2>/dev/null) || true
+  [[ $line =~ ^[0-9]+m[0-9]+\.[0-9]{3}s\ [0-9]+m[0-9]+\.[0-9]{3}s$ ]] || { echo "CPU not recorded"; return; }
+  for field in $line; do  # e.g. 1m2.345s; 10#: a leading zero is not octal
+    m=${field%%m*}; sec=${field#*m}; frac=${sec#*.}; sec=${sec%%.*}; frac=${frac%s}
+    ms=$(( ms + (10#$m * 60 + 10#$sec) * 1000 + 10#$frac ))
+  done
+  echo "CPU $(( ms / 60000 )) min $(( ms % 60000 / 1000 )) s"
+}
+
 echo
-echo "==> summary (logs in $logs/)"
+echo "==> summary (logs in $logs/; CPU counts a suite's processes that were waited for, not its daemons)"
 failed=0
 for t in "${targets[@]}"; do
   if [ "${rc_of[$t]}" = 0 ]; then status=passed; else status="FAILED (exit ${rc_of[$t]})"; failed=1; fi
-  printf '    %-18s %-18s %3d min %2d s\n' "$t" "$status" $(( secs_of[$t] / 60 )) $(( secs_of[$t] % 60 ))
+  printf '    %-18s %-18s %3d min %2d s   %s\n' "$t" "$status" $(( secs_of[$t] / 60 )) $(( secs_of[$t] % 60 )) \
+    "$(cpu_of "$t")"
   if [ "${rc_of[$t]}" != 0 ]; then
     # pytest's short summary, ansible's failed tasks, molecule's failed step: what to read first.
     grep -E '^(FAILED|ERROR) |^=+ .*(failed|error).* =+$|fatal: \[|failed=[1-9]|Executed: Failed|^make(\[[0-9]+\])?: \*\*\*' \

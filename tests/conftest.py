@@ -95,7 +95,7 @@ def no_private_shm_dir_left_behind(request: pytest.FixtureRequest) -> Iterator[N
     session that made it removes it again when it is empty (segments left in it are the queue suite's
     ``no_segment_left_behind`` to name). A session of segment-free tests only never made it: the
     directory it sees is a concurrent session's, which may be about to create a segment in it."""
-    from lowtail.shm.segments import private_dir
+    from lowtail.shm.segments import parse_name, private_dir, process_alive
 
     path = private_dir()
     existed = path.exists()
@@ -104,10 +104,16 @@ def no_private_shm_dir_left_behind(request: pytest.FixtureRequest) -> Iterator[N
     if segment_free or existed or not path.is_dir() or path.is_symlink():
         return
     # The session's last actors can still be unlinking their queues: Ray stops (and its raylet kills)
-    # their processes after the session's own teardown, seconds later on a loaded host (a CI run left
-    # the directory behind, empty by the time it was looked at).
-    deadline = time.monotonic() + 30
-    while any(path.iterdir()) and time.monotonic() < deadline:
+    # their processes after the session's own teardown, and a worker orphaned by a killed actor exits
+    # by itself later still. A fixed wait (30 s) still left the directory behind in a full run (empty
+    # when looked at later); so wait while a segment's owner (the pid in its name) lives, and name what
+    # is left rather than leave it silently.
+    deadline = time.monotonic() + 180
+    while (left := sorted(e.name for e in path.iterdir())) and time.monotonic() < deadline:
+        owners = [parse_name(name) for name in left]
+        if not any(o is not None and process_alive(o.pid) for o in owners):
+            break  # nobody is left to unlink them
         time.sleep(0.2)
-    if not any(path.iterdir()):
-        path.rmdir()
+    if left:
+        pytest.fail(f"this session left {len(left)} entries in {path}: {', '.join(left)}", pytrace=False)
+    path.rmdir()

@@ -21,18 +21,13 @@ import yaml
 
 from tests.ansible.conftest import ROOT, ansible_env
 from tests.ansible.test_kubelet_preflight import KUBEADM, run_preflight
-from tests.ansible.test_site_playbook import GOOD, write_inventory
+from tests.ansible.test_site_playbook import GOOD, recap_line, write_inventory
 
 # Logs its name and arguments, one call a line, and succeeds (sysctl -p, systemd-tmpfiles --create and
 # systemctl daemon-reexec print nothing on success).
 STANDIN = """#!/bin/sh
 echo "$(basename "$0") $*" >> {log}
 """
-
-
-def recap_line(out: str, host: str) -> str:
-    recap = out[out.rindex("PLAY RECAP") :]
-    return recap.split(host + " ")[1].splitlines()[0]
 
 
 def provision_output(out: str) -> str:

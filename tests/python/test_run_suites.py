@@ -20,6 +20,8 @@ broken:
 \t@echo "FAILED tests/test_x.py::test_y - AssertionError: boom"; echo "1 failed, 3 passed"; exit 1
 fast:
 \t@echo fast suite ok
+busy:
+\t@python3 -c 'import time; exec("while time.process_time() < 1.2: pass")'
 """
 
 
@@ -81,3 +83,15 @@ def test_targets_after_then_start_once_every_earlier_one_ended(tmp_path: Path) -
     assert out.index("==> broken ended") < out.index("==> fast started")
     summary = out[out.index("==> summary") :]
     assert "fast" in summary and "--then" not in summary
+
+
+def test_each_suite_s_cpu_time_is_in_the_summary(tmp_path: Path) -> None:
+    done = _run(tmp_path, "busy", "fast")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout[done.stdout.index("==> summary") :]
+    lines = {line.split()[0]: line for line in summary.splitlines()[1:] if line.startswith("    ")}
+    # A child that spun until it had used 1.2 s of CPU (however long a loaded host made that take),
+    # waited for by the suite's make: at least 1 s counted, and the idle suite next to none.
+    busy = lines["busy"].split("CPU ")[1].split()
+    assert int(busy[0]) * 60 + int(busy[2]) >= 1, lines["busy"]
+    assert "CPU 0 min 0 s" in lines["fast"], lines["fast"]
