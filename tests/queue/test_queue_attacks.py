@@ -26,8 +26,8 @@ import pytest
 
 from lowtail.shm import payload, segments
 from lowtail.shm.errors import BadConfig, BadRequest, LaneBusy, QueueTimeout, SegmentNotFound, WorkerDied
+from lowtail.shm.layout import HW_DOORBELLS, HW_WORKER_PID
 from lowtail.shm.queue import (
-    H_DOORBELLS,
     L_RING,
     S_CLAIM_SEQ,
     S_REQ_SEQ,
@@ -319,7 +319,7 @@ def test_a_worker_killed_between_claim_and_tail_does_not_answer_twice() -> None:
         t = c.submit(_x(1.0))
         q, geo = s._m.q, s._m.geo
         q[geo.slot(t.slot, S_CLAIM_SEQ)] = t.seq  # the dead worker's claim; its tail store never happened
-        q[8] = 2**22 + 12345  # H_WORKER_PID: a pid that is not running (no lock held)
+        q[HW_WORKER_PID] = 2**22 + 12345  # a pid that is not running (no lock held)
         with QueueWorker.attach(s.descriptor) as w:
             assert w.restarted_failed == 1
             with pytest.raises(WorkerDied):
@@ -343,7 +343,7 @@ def test_a_corrupt_control_word_fences_its_lane_and_the_others_go_on(word: str) 
         q, geo = s._m.q, s._m.geo
         tb = b.submit(_x(1.0))
         if word == "doorbell":
-            q[H_DOORBELLS // 8 + b.lane] = 2**63 + 7
+            q[HW_DOORBELLS + b.lane] = 2**63 + 7
         else:
             q[geo.lane(b.lane, L_RING)] = 2**40
         ta = a.submit(_x(2.0))
@@ -364,7 +364,7 @@ def test_a_lane_fenced_by_a_garbage_doorbell_fails_one_more_honest_request_then_
     with _served(QueueConfig(lanes=1, slots_per_lane=4, coalesce_us=0)) as (s, w, c):
         for tag in range(10):  # the client's own doorbell count is 10, far from 3
             _round_trip(c, w, float(tag))
-        s._m.q[H_DOORBELLS // 8 + c.lane] = garbage
+        s._m.q[HW_DOORBELLS + c.lane] = garbage
         assert _serve(w, timeout=0.05) == []
         assert w.fenced == 1
         t = c.submit(_x(1.0))

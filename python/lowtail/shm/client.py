@@ -35,7 +35,7 @@ from lowtail.shm.layout import (
     CALL_BATCH_MASK,
     CALL_DESCHEDULE_SHIFT,
     FREE,
-    H_DOORBELLS,
+    HW_DOORBELLS,
     HW_WORKER_PID,
     HW_WORKER_SLEEP,
     L_GEN,
@@ -260,21 +260,21 @@ class HeldOutputs(Mapping[str, np.ndarray]):
     without ``release()``, the slot returns once this object and every array over it are gone.
     """
 
-    __slots__ = ("__weakref__", "_base", "_client", "_plan", "_seq", "_slot", "_views")
+    __slots__ = ("__weakref__", "_base", "_client", "_fields", "_seq", "_slot", "_views")
 
     def __init__(
         self,
         client: QueueClient,
         ticket: Ticket,
         base: np.ndarray[Any, Any],
-        plan: tuple[tuple[str, Any, Any, int, int], ...],
+        fields: tuple[tuple[str, Any, Any, int, int], ...],
     ) -> None:
         self._client: QueueClient | None = client
         # The slot and seq, not the ticket: the ticket holds this object (no cycle for the GC to find).
         self._slot, self._seq = ticket.slot, ticket.seq
-        self._plan = plan  # (name, dtype, shape, byte offset in the base, nbytes)
+        self._fields = fields  # (name, dtype, shape, byte offset in the base, nbytes)
         self._base = weakref.ref(base)
-        self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, plan)
+        self._views: dict[str, np.ndarray[Any, Any]] | None = _views_of(base, fields)
 
     def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
         return self._valid()[name]
@@ -288,7 +288,7 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         return iter(self._valid())
 
     def __len__(self) -> int:
-        return len(self._plan)
+        return len(self._fields)
 
     @property
     def released(self) -> bool:
@@ -302,7 +302,7 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self._views = None  # our own references: if nobody else holds a view, the base goes with them
         base = self._base()
         if base is not None:
-            self._views = _views_of(base, self._plan)
+            self._views = _views_of(base, self._fields)
             raise QueueError(
                 f"zero-copy outputs of slot {self._slot} seq {self._seq} are still referenced "
                 f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
@@ -323,9 +323,9 @@ class HeldOutputs(Mapping[str, np.ndarray]):
 
 
 def _views_of(
-    base: np.ndarray[Any, Any], plan: tuple[tuple[str, Any, Any, int, int], ...]
+    base: np.ndarray[Any, Any], fields: tuple[tuple[str, Any, Any, int, int], ...]
 ) -> dict[str, np.ndarray[Any, Any]]:
-    return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in plan}
+    return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in fields}
 
 
 class Pending:
@@ -460,8 +460,8 @@ class QueueClient:
         self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
         self._req_off = [geo.req_off(self._g0 + s) for s in range(geo.spl)]
         self._resp_off = [geo.resp_off(self._g0 + s) for s in range(geo.spl)]
-        self._head = int(q[H_DOORBELLS // 8 + lane])
-        self._doorbell_i = H_DOORBELLS // 8 + lane
+        self._head = int(q[HW_DOORBELLS + lane])
+        self._doorbell_i = HW_DOORBELLS + lane
         self._ring_i = geo.lane(lane, L_RING)
         self._parked_i = geo.lane(lane, L_PARKED)
         self._count_i = geo.lane(lane, L_RESP_COUNT)
@@ -489,7 +489,7 @@ class QueueClient:
         # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
         # export. Reused only once released, or once both it and every array over it are gone.
         self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
-        self._hold_plans: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
+        self._held_layouts: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
         self._counts = _WaitCounts()
@@ -650,7 +650,7 @@ class QueueClient:
         """
         q, geo = self._m.q, self._m.geo
         tail = q[geo.lane(self.lane, L_TAIL)]
-        head = q[H_DOORBELLS // 8 + self.lane]
+        head = q[HW_DOORBELLS + self.lane]
         if not 0 <= head - tail <= geo.spl:
             return set(range(geo.spl))  # corrupt words: trust nothing, wait for answers
         ring = geo.lane(self.lane, L_RING)
@@ -921,17 +921,17 @@ class QueueClient:
         m = self._m
         geo = m.geo
         ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
-        plan = self._hold_plans.get(raw)
-        if plan is None:
+        hit = self._held_layouts.get(raw)
+        if hit is None:
             # Offsets from the start of the memoryview below: the response region, or the ndarray slot.
             lay, end = (
                 (layout.inline_layout, layout.inline_end) if ext is None else payload.layout(layout.spec, 0)
             )
-            plan = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
-            if len(self._hold_plans) >= 64:
-                self._hold_plans.clear()
-            self._hold_plans[raw] = plan
-        arrays, end = plan
+            hit = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
+            if len(self._held_layouts) >= 64:
+                self._held_layouts.clear()
+            self._held_layouts[raw] = hit
+        arrays, end = hit
         if ext is not None:
             nd = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode)
             if end > nd.capacity:

@@ -81,7 +81,7 @@ class ArrayLayout:
 class PayloadLayout:
     """Everything about one payload shape, computed once: spec, batch, header bytes, inline layout.
 
-    Plans are interned (one object per distinct shape), so the hot paths compare them by identity.
+    Layouts are interned (one object per distinct shape), so the hot paths compare them by identity.
     """
 
     __slots__ = (
@@ -141,15 +141,15 @@ class PayloadLayout:
         return hit
 
 
-_plans: dict[Spec, PayloadLayout] = {}
-_fast_plans: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
+_layouts: dict[Spec, PayloadLayout] = {}
+_fast_layouts: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
 
 
 def layout_for(spec: Spec) -> PayloadLayout:
-    hit = _plans.get(spec)
+    hit = _layouts.get(spec)
     if hit is None:
         hit = PayloadLayout(spec)
-        _bounded_put(_plans, spec, hit)
+        _bounded_put(_layouts, spec, hit)
     return hit
 
 
@@ -157,14 +157,14 @@ def layout_of(arrays: Mapping[str, Any]) -> PayloadLayout:
     """The (validated) layout of a payload; a shape seen before costs one dict lookup."""
     try:
         key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
-        hit = _fast_plans.get(key)
+        hit = _fast_layouts.get(key)
     except (AttributeError, TypeError):
         hit, key = None, ()
     if hit is None:
         spec, _ = describe(arrays)
         hit = layout_for(spec)
         if key:
-            _bounded_put(_fast_plans, key, hit)
+            _bounded_put(_fast_layouts, key, hit)
     return hit
 
 
@@ -356,7 +356,7 @@ def write_header(buf: np.ndarray[Any, Any], off: int, ext_name: str | None, spec
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-_header_plans: dict[bytes, tuple[str | None, PayloadLayout]] = {}
+_header_layouts: dict[bytes, tuple[str | None, PayloadLayout]] = {}
 
 
 def read_layout(
@@ -374,11 +374,11 @@ def read_layout(
             f"(expected flags 0 or {FLAG_EXTERNAL})"
         )
     raw = mem[off : off + 8 + hlen].tobytes()  # with the prefix: the flags are part of the key
-    hit = _header_plans.get(raw)
+    hit = _header_layouts.get(raw)
     if hit is None:
         ext, spec = decode_header(raw[8:], flags == FLAG_EXTERNAL)
         hit = (ext, layout_for(spec))
-        _bounded_put(_header_plans, raw, hit)
+        _bounded_put(_header_layouts, raw, hit)
     return hit[0], hit[1], raw
 
 
