@@ -187,7 +187,7 @@ class Batch:
     @property
     def inputs(self) -> Arrays:
         """The requests' inputs (zero-copy views for one request): valid until ``complete``/``fail``."""
-        if not self._usable:
+        if not self._open or self._worker._closed:  # _usable, inlined: read once per call
             raise self._refuse("inputs of")
         return self._inputs
 
@@ -504,7 +504,7 @@ class QueueWorker:
         heads = {lane: head_of(raw, lane << 3)[0] for lane in look}
         cfg = self._cfg
         max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
-        samples = _samples(items)
+        samples = _samples(items) if items else 0  # usually none yet: no generator for nothing
         now = time.monotonic_ns()
         start = self._rr
         order = sorted(lane for lane in look if heads[lane] != tails[lane])
