@@ -1,13 +1,13 @@
 """The transports ``lowtail bench queue`` compares, each a server process plus a client in the caller.
 
 - ``lowtail``: ``lowtail.shm.queue``.
-- ``seed_flock_poll``: the baseline, a faithful re-implementation of the predecessor's SharedInferenceQueue
-  (its sections 3.1.5, 3.1.6 and 3.2): 256 slots with int32 states FREE/WRITING/READY/PROCESSING/
-  DONE/ERROR, ``fcntl.flock`` around slot allocation and claiming, pickled request/response dicts in
-  16 KiB / 32 KiB slot regions, arrays in preallocated, reused shared ndarray slots described by
-  bundles, and ``time.sleep(0.0005)`` polling on both sides (the worker waits for a minimum batch of
-  8 samples the same way). One simplification: the worker reads each request's sample count from an
-  int32 array beside the lengths instead of unpickling the request during its pre-scan.
+- ``seed_flock_poll``: the baseline, the predecessor system's SharedInferenceQueue re-implemented as it
+  worked: 256 slots with int32 states FREE/WRITING/READY/PROCESSING/DONE/ERROR, ``fcntl.flock`` around
+  slot allocation and claiming, pickled request/response dicts in 16 KiB / 32 KiB slot regions, arrays
+  in preallocated, reused shared ndarray slots described by bundles, and ``time.sleep(0.0005)`` polling
+  on both sides; the worker sleep-polls until 8 samples are ready and takes at most 16 per batch. One
+  simplification: the worker reads each request's sample count from an int32 array beside the lengths
+  instead of unpickling the request during its pre-scan.
 - ``mp_pipe``: ``multiprocessing.Pipe`` with pickle. ``tcp_pickle``: length-prefixed pickle over TCP
   loopback (the predecessor's socket version). ``ray_actor``: a plain Ray actor method call.
 - ``spin_floor``: two pinned processes ping-ponging a sequence word and copying the same payload through
