@@ -1,13 +1,13 @@
 """The transports ``lowtail bench queue`` compares, each a server process plus a client in the caller.
 
 - ``lowtail``: ``lowtail.shm.queue``.
-- ``seed_flock_poll``: the baseline, a faithful re-implementation of the predecessor's SharedInferenceQueue
-  (its sections 3.1.5, 3.1.6 and 3.2): 256 slots with int32 states FREE/WRITING/READY/PROCESSING/
-  DONE/ERROR, ``fcntl.flock`` around slot allocation and claiming, pickled request/response dicts in
-  16 KiB / 32 KiB slot regions, arrays in preallocated, reused shared ndarray slots described by
-  bundles, and ``time.sleep(0.0005)`` polling on both sides (the worker waits for a minimum batch of
-  8 samples the same way). One simplification: the worker reads each request's sample count from an
-  int32 array beside the lengths instead of unpickling the request during its pre-scan.
+- ``seed_flock_poll``: the baseline, the predecessor system's SharedInferenceQueue re-implemented as it
+  worked: 256 slots with int32 states FREE/WRITING/READY/PROCESSING/DONE/ERROR, ``fcntl.flock`` around
+  slot allocation and claiming, pickled request/response dicts in 16 KiB / 32 KiB slot regions, arrays
+  in preallocated, reused shared ndarray slots described by bundles, and ``time.sleep(0.0005)`` polling
+  on both sides; the worker sleep-polls until 8 samples are ready and takes at most 16 per batch. One
+  simplification: the worker reads each request's sample count from an int32 array beside the lengths
+  instead of unpickling the request during its pre-scan.
 - ``mp_pipe``: ``multiprocessing.Pipe`` with pickle. ``tcp_pickle``: length-prefixed pickle over TCP
   loopback (the predecessor's socket version). ``ray_actor``: a plain Ray actor method call.
 - ``spin_floor``: two pinned processes ping-ponging a sequence word and copying the same payload through
@@ -193,16 +193,16 @@ class LowtailTransport(Transport):
 
 # -- the predecessor's design ----------------------------------------------------------------------------
 
-SEED_SLOTS = 256
-SEED_REQ_BYTES = 16384
-SEED_RESP_BYTES = 32768
-SEED_POLL_S = 0.0005
-SEED_MIN_BATCH = 8
-SEED_MAX_BATCH = 16
+FLOCK_POLL_SLOTS = 256
+FLOCK_POLL_REQ_BYTES = 16384
+FLOCK_POLL_RESP_BYTES = 32768
+FLOCK_POLL_POLL_S = 0.0005
+FLOCK_POLL_MIN_BATCH = 8
+FLOCK_POLL_MAX_BATCH = 16
 S_FREE, S_WRITING, S_READY, S_PROCESSING, S_DONE, S_ERROR = range(6)
 
 
-class SeedNdarraySlot:
+class FlockPollNdarraySlot:
     """The predecessor's SharedNdarraySlot: arrays in their own segment, described by a picklable bundle."""
 
     def __init__(self, seg: segments.Segment, spec: dict[str, tuple[tuple[int, ...], str]]) -> None:
@@ -216,12 +216,12 @@ class SeedNdarraySlot:
         self.bundle = {"name": seg.name, "spec": spec}
 
     @classmethod
-    def create(cls, spec: dict[str, tuple[tuple[int, ...], str]]) -> SeedNdarraySlot:
+    def create(cls, spec: dict[str, tuple[tuple[int, ...], str]]) -> FlockPollNdarraySlot:
         size = sum((int(np.prod(s)) * np.dtype(d).itemsize + 63) & ~63 for s, d in spec.values())
         return cls(segments.create_segment("nd", size), spec)
 
     @classmethod
-    def attach(cls, bundle: dict[str, Any]) -> SeedNdarraySlot:
+    def attach(cls, bundle: dict[str, Any]) -> FlockPollNdarraySlot:
         return cls(segments.attach_segment(bundle["name"]), bundle["spec"])
 
     def close(self) -> None:
@@ -229,24 +229,24 @@ class SeedNdarraySlot:
         self.seg.close()
 
 
-class SeedQueue:
+class FlockPollQueue:
     """The predecessor's SharedInferenceQueue: int32 state array, flock-guarded allocation, sleep polling."""
 
     def __init__(self, seg: segments.Segment, lock_path: str) -> None:
         self.seg = seg
-        n = SEED_SLOTS
+        n = FLOCK_POLL_SLOTS
         self.states = np.ndarray((n,), np.int32, buffer=seg.mm, offset=0)
         self.request_lens = np.ndarray((n,), np.int32, buffer=seg.mm, offset=4 * n)
         self.response_lens = np.ndarray((n,), np.int32, buffer=seg.mm, offset=8 * n)
         self.batch_sizes = np.ndarray((n,), np.int32, buffer=seg.mm, offset=12 * n)
         self.req_base = 16 * n
-        self.resp_base = self.req_base + n * SEED_REQ_BYTES
+        self.resp_base = self.req_base + n * FLOCK_POLL_REQ_BYTES
         self.buf = memoryview(seg.mm)
         self.lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
 
     @staticmethod
     def nbytes() -> int:
-        return 16 * SEED_SLOTS + SEED_SLOTS * (SEED_REQ_BYTES + SEED_RESP_BYTES)
+        return 16 * FLOCK_POLL_SLOTS + FLOCK_POLL_SLOTS * (FLOCK_POLL_REQ_BYTES + FLOCK_POLL_RESP_BYTES)
 
     def close(self) -> None:
         del self.states, self.request_lens, self.response_lens, self.batch_sizes
@@ -268,12 +268,12 @@ class SeedQueue:
                 fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
             if time.monotonic() > deadline:
                 raise TimeoutError("no free slot")
-            time.sleep(SEED_POLL_S)
+            time.sleep(FLOCK_POLL_POLL_S)
 
     def submit_request(self, request: dict[str, Any], timeout_s: float) -> int:
         idx = self.acquire_free_slot(timeout_s)
         payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        off = self.req_base + idx * SEED_REQ_BYTES
+        off = self.req_base + idx * FLOCK_POLL_REQ_BYTES
         self.buf[off : off + len(payload)] = payload
         self.request_lens[idx] = len(payload)
         self.batch_sizes[idx] = int(request.get("batch_size", 1))
@@ -286,19 +286,20 @@ class SeedQueue:
         while True:
             ready = np.flatnonzero(self.states == S_READY)
             if ready.size and (
-                int(self.batch_sizes[ready].sum()) >= SEED_MIN_BATCH or time.monotonic() - start > max_wait_s
+                int(self.batch_sizes[ready].sum()) >= FLOCK_POLL_MIN_BATCH
+                or time.monotonic() - start > max_wait_s
             ):
                 break
             if time.monotonic() - start > max_wait_s:
                 return []
-            time.sleep(SEED_POLL_S)
+            time.sleep(FLOCK_POLL_POLL_S)
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         try:
             ready = np.flatnonzero(self.states == S_READY)
             taken: list[int] = []
             samples = 0
             for idx in ready:
-                if taken and samples + int(self.batch_sizes[idx]) > SEED_MAX_BATCH:
+                if taken and samples + int(self.batch_sizes[idx]) > FLOCK_POLL_MAX_BATCH:
                     break
                 taken.append(int(idx))
                 samples += int(self.batch_sizes[idx])
@@ -308,12 +309,12 @@ class SeedQueue:
         return taken
 
     def read_request(self, idx: int) -> dict[str, Any]:
-        off = self.req_base + idx * SEED_REQ_BYTES
+        off = self.req_base + idx * FLOCK_POLL_REQ_BYTES
         return arrays_loads(self.buf[off : off + int(self.request_lens[idx])])  # type: ignore[no-any-return]
 
     def complete_slot(self, idx: int, response: dict[str, Any]) -> None:
         payload = pickle.dumps(response, protocol=pickle.HIGHEST_PROTOCOL)
-        off = self.resp_base + idx * SEED_RESP_BYTES
+        off = self.resp_base + idx * FLOCK_POLL_RESP_BYTES
         self.buf[off : off + len(payload)] = payload
         self.response_lens[idx] = len(payload)
         self.states[idx] = S_DONE
@@ -323,22 +324,22 @@ class SeedQueue:
         while self.states[idx] not in (S_DONE, S_ERROR):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"slot {idx}: no response within {timeout_s} s")
-            time.sleep(SEED_POLL_S)
-        off = self.resp_base + idx * SEED_RESP_BYTES
+            time.sleep(FLOCK_POLL_POLL_S)
+        off = self.resp_base + idx * FLOCK_POLL_RESP_BYTES
         response: dict[str, Any] = arrays_loads(self.buf[off : off + int(self.response_lens[idx])])
         self.states[idx] = S_FREE
         return response
 
 
-def _seed_worker(name: str, lock_path: str, cpu: int | None, prio: str, stop: Any) -> None:
+def _flock_poll_worker(name: str, lock_path: str, cpu: int | None, prio: str, stop: Any) -> None:
     prepare(cpu, prio)
-    q = SeedQueue(segments.attach_segment(name), lock_path)
-    attached: dict[str, SeedNdarraySlot] = {}
+    q = FlockPollQueue(segments.attach_segment(name), lock_path)
+    attached: dict[str, FlockPollNdarraySlot] = {}
 
-    def slot(bundle: dict[str, Any]) -> SeedNdarraySlot:
+    def slot(bundle: dict[str, Any]) -> FlockPollNdarraySlot:
         s = attached.get(bundle["name"])
         if s is None:
-            s = attached[bundle["name"]] = SeedNdarraySlot.attach(bundle)
+            s = attached[bundle["name"]] = FlockPollNdarraySlot.attach(bundle)
         return s
 
     try:
@@ -358,13 +359,13 @@ def _seed_worker(name: str, lock_path: str, cpu: int | None, prio: str, stop: An
         q.close()
 
 
-class SeedClient:
+class FlockPollClient:
     """The predecessor's InferenceShmClientAsync, one endpoint: pooled input/output ndarray slots."""
 
     def __init__(self, name: str, lock_path: str, obs_shape: tuple[int, int]) -> None:
-        self.q = SeedQueue(segments.attach_segment(name), lock_path)
-        self.input_slot = SeedNdarraySlot.create({"obs": (obs_shape, "float32")})
-        self.output_slot = SeedNdarraySlot.create({"logits": ((obs_shape[0], 64), "float32")})
+        self.q = FlockPollQueue(segments.attach_segment(name), lock_path)
+        self.input_slot = FlockPollNdarraySlot.create({"obs": (obs_shape, "float32")})
+        self.output_slot = FlockPollNdarraySlot.create({"logits": ((obs_shape[0], 64), "float32")})
 
     def infer(self, arrays: Arrays) -> Arrays:
         obs = arrays["obs"]
@@ -387,20 +388,20 @@ class SeedClient:
         self.q.close()
 
 
-class SeedTransport(Transport):
+class FlockPollTransport(Transport):
     name = "seed_flock_poll"
 
     def start(self) -> None:
-        self.seg = segments.create_segment("q", SeedQueue.nbytes())
+        self.seg = segments.create_segment("q", FlockPollQueue.nbytes())
         fd, self.lock_path = tempfile.mkstemp(prefix="lowtail-flock-poll-", suffix=".lock")
         os.close(fd)
         self.stop_event = _ctx().Event()
         self.proc = _ctx().Process(
-            target=_seed_worker,
+            target=_flock_poll_worker,
             args=(self.seg.name, self.lock_path, self.worker_cpu, self.prio, self.stop_event),
         )
         self.proc.start()
-        self.client = SeedClient(self.seg.name, self.lock_path, (16, 512))
+        self.client = FlockPollClient(self.seg.name, self.lock_path, (16, 512))
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         return self.client.infer(arrays)
@@ -646,7 +647,14 @@ class SpinFloorTransport(Transport):
 
 TRANSPORTS: dict[str, type[Transport]] = {
     t.name: t
-    for t in (LowtailTransport, SeedTransport, PipeTransport, TcpTransport, RayTransport, SpinFloorTransport)
+    for t in (
+        LowtailTransport,
+        FlockPollTransport,
+        PipeTransport,
+        TcpTransport,
+        RayTransport,
+        SpinFloorTransport,
+    )
 }
 
 # Optional peers (python/pyproject.toml's group "peer"): each module registers its transports into
@@ -672,7 +680,7 @@ def _throughput_client(  # noqa: PLR0917 - a process target: positional argument
     if kind == "lowtail":
         client: Any = QueueClient.attach(target)
     else:
-        client = SeedClient(target[0], target[1], (16, 512))
+        client = FlockPollClient(target[0], target[1], (16, 512))
     try:
         client.infer({"obs": obs})
         out.put("ready")
@@ -693,8 +701,8 @@ def throughput(  # noqa: PLR0917
 ) -> float:
     """Requests per second served to ``clients`` concurrent closed-loop client processes, one window."""
     ctx = _ctx()
-    t: LowtailTransport | SeedTransport = (
-        LowtailTransport(worker_cpu, prio) if kind == "lowtail" else SeedTransport(worker_cpu, prio)
+    t: LowtailTransport | FlockPollTransport = (
+        LowtailTransport(worker_cpu, prio) if kind == "lowtail" else FlockPollTransport(worker_cpu, prio)
     )
     t.start()
     try:
