@@ -10,11 +10,11 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 .PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
 	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps
 
-# Debian packages `make test` and `make demo` need, checked before anything else runs (the first failure
-# used to come after eight minutes of tests): podman with runc (crun fails on this kernel's cgroup setup),
-# debootstrap, uidmap, slirp4netns and fuse-overlayfs build and run the sandbox systemd container that
-# molecule and the demo boot (scripts/sandbox-image.sh); rt-tests gives cyclictest and oslat to
-# `lowtail validate`; python3-venv makes the venv.
+# Debian packages `make test` and `make demo` need, checked before anything else runs, so a missing one
+# stops the run at once rather than minutes into the tests: podman with runc (crun fails on this
+# kernel's cgroup setup), debootstrap, uidmap, slirp4netns and fuse-overlayfs build and run the sandbox
+# systemd container that molecule and the demo boot (scripts/sandbox-image.sh); rt-tests gives
+# cyclictest and oslat to `lowtail validate`; python3-venv makes the venv.
 APT_PACKAGES := make git podman runc debootstrap uidmap slirp4netns fuse-overlayfs rt-tests python3-venv
 
 # Installs the missing ones as root with apt; otherwise stops at once and prints the command to run.
@@ -79,9 +79,9 @@ pytest: $(STAMP)
 	$(BIN)/pytest -q --durations=25
 
 # The tests that kill a whole inference actor under samplers and count the requests each sampler lost.
-# They failed beside the molecule scenarios until their kill sequence was fixed (docs/testing.md); no
-# full run has shown them beside the other suites since, so `make test` runs them alone once the
-# parallel suites have ended, and `pytest-most` runs every other test.
+# No full run has shown them passing beside the molecule scenarios and the other suites (docs/testing.md,
+# "Actor-kill tests"), so `make test` runs them alone once the parallel suites have ended, and
+# `pytest-most` runs every other test.
 ACTOR_KILL_TESTS := tests/ray/test_failover.py tests/ray/test_restart.py
 pytest-actor-kill: $(STAMP)
 	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)

@@ -135,7 +135,7 @@ BAD_INPUTS = {
         {"machine": "epyc_2s_nps4", "lowtail_expected_hardware": {"numa_per_socket": 1}},
         "numa_per_socket expected 1, host has 4",
     ),
-    # Inputs that used to pass preflight and fail (or do harm) later.
+    # Inputs that would only fail (or do harm) later, in the provision play: preflight refuses them first.
     "cstate_limit_negative": (
         {"machine": "epyc9634_2s", "lowtail_kernel_cstate_limit": -1},
         "lowtail_kernel_cstate_limit -1: expected null",

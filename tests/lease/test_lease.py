@@ -474,7 +474,7 @@ def test_the_state_file_is_private_to_its_owner_like_its_lock(tmp_path: Path) ->
 
 
 def test_a_live_owners_lease_cannot_be_taken_with_or_without_a_pid(tmp_path: Path) -> None:
-    """A pid-less acquire used to return the live owner's CPU and set its pid to None (never reclaimed)."""
+    """A pid-less acquire must not take the live owner's CPU: its pid set to None, it is never reclaimed."""
     holder = subprocess.Popen(["sleep", "30"])
     try:
         alloc = LeaseAllocator(tiny_plan(), state_dir=tmp_path)

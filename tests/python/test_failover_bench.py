@@ -1,8 +1,8 @@
 """``lowtail bench failover`` grades only what its samplers' runs covered (no Ray: the report's logic).
 
-A kill that lands late in a sampler run (Ray ran the kill call seconds after its plan) used to count the
-time after the run's last step as a gap: all samplers "stalled" 1-3 s on a quiet host while every one
-of them had been answered within 40 ms until its run ended.
+A kill can land late in a sampler run (Ray runs the kill call seconds after its plan): counting the time
+after the run's last step as a gap would show all samplers "stalled" 1-3 s on a quiet host while every
+one of them was answered within 40 ms until its run ended.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_a_run_that_ends_after_the_kill_shows_no_gap_after_its_end() -> None:
     answers = np.arange(at - 1.0, ended, 0.02)  # answered every 20 ms until the run's end
     lo, hi = window(at, 90.0, ended)
     assert gap_ms(answers, lo, hi) < 25.0
-    # The old fixed window closed 3 s after the kill: the 2 s after the run's end looked like a stall.
+    # A fixed window closing 3 s after the kill would count the 2 s after the run's end as a stall.
     assert gap_ms(answers, at - WINDOW_BEFORE_S, at + WINDOW_AFTER_S) > 1900.0
 
 

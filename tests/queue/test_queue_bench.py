@@ -1,4 +1,5 @@
-"""`lowtail bench queue --quick`: every transport runs, the JSON has the issue's schema, plots are written.
+"""`lowtail bench queue --quick`: every transport runs, the JSON has the `lowtail.bench.queue` schema,
+plots are written.
 
 A smoke run: it checks behaviour (schema, counts, files, cleanup), never a latency or a ratio.
 """

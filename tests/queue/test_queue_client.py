@@ -227,7 +227,7 @@ def test_a_wait_never_gives_its_cpu_away_with_sched_yield(
     monkeypatch.setattr(os, "sched_yield", no_yield)
     with _worker_at(ctx, server, [0.005, 0.0002]), QueueClient.attach(server.descriptor) as c:
         delta = _rounds(c, 12)  # a 5 ms answer (a first wait, parked), then 0.2 ms ones (spun for)
-    assert delta["futex_waits"] >= 1, delta  # the 5 ms wait parked (it used to yield instead)
+    assert delta["futex_waits"] >= 1, delta  # the 5 ms wait parked (a yield would not)
 
 
 def test_a_client_whose_answers_often_come_past_prediction_and_budget_stops_sleeping(

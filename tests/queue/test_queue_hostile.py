@@ -64,7 +64,8 @@ def _plant_names(top: Path, count: int) -> None:
 def test_names_another_user_plants_in_the_mount_stop_nothing(
     shared_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Names any user can create in /dev/shm used to make create/close/ls/gc raise OverflowError."""
+    """Names any user can create in /dev/shm (a pid past 2^31, a directory) make create/close/ls/gc
+    neither raise (an OverflowError from a pid that big) nor stall."""
     assert as_nobody(lambda: _plant_names(shared_dir, 2000)) == 0
     planted = sorted(os.listdir(shared_dir))
     cfg = QueueConfig(lanes=1, slots_per_lane=1, shm_dir=str(shared_dir))

@@ -84,7 +84,7 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
     if len(plan.isolated) < 4:
         assert result.lease_note.startswith("DEMO OVERRIDE")
     assert any(line.startswith('lowtail_p999_deschedule_ms{node="') for line in result.prometheus_sample)
-    # the validator's tb-report reads the run under the document's names
+    # the validator's tb-report reads the run under the predecessor system's names
     report = tbreport.load(str(tmp_path / "tb"))
     assert (
         report["p999_deschedule_ms"]["tag"].endswith(P999_DESCHEDULE_TAG)

@@ -221,10 +221,9 @@ def _start_worker_then_die(desc: object, model: str, conn: object, wait_ready: b
 @pytest.mark.parametrize("wait_ready", [True, False], ids=["after-ready", "while-starting"])
 def test_worker_exits_when_its_parent_dies(small_model: Path, wait_ready: bool) -> None:
     """The parent dies right after the worker said ready, or while the worker still starts (imports,
-    compile). Either way the orphan exits and leaves its CPU. The first is the regression test (it
-    fails only when the race is lost, as on a loaded host): a worker that read its parent with
-    getppid() only after ready found the reaper there and served forever (a loaded host's make test
-    left one running for 1.5 h, pinned on CPU 1)."""
+    compile). Either way the orphan exits and leaves its CPU. The first catches a race (lost only on a
+    loaded host): a worker that reads its parent with getppid() only after ready can find the reaper
+    there, and then serves forever, pinned on its CPU."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")

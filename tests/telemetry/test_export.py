@@ -1,4 +1,4 @@
-"""TensorBoard and Prometheus export under the document's names, read back the way a reader would."""
+"""TensorBoard and Prometheus export under the predecessor's names, read back the way a reader would."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_window_percentiles_are_nearest_rank_with_their_count() -> None:
     assert empty.n == 0 and math.isnan(empty.p999)
 
 
-def test_scalars_use_the_documents_tag_names() -> None:
+def test_scalars_use_the_predecessors_tag_names() -> None:
     stats = window_stats(
         {
             "infer_exec_ms": [10.0, 20.0, 30.0],

@@ -51,14 +51,14 @@ def test_validate_page_keeps_status_colours_checks_and_host() -> None:
     assert "p99.9 deschedule" not in page  # no headline without a deschedule probe
 
 
-def test_validate_page_puts_the_headline_against_the_source_documents_figure() -> None:
+def test_validate_page_puts_the_headline_against_the_predecessors_figure() -> None:
     r = _report("node-a", [])
     head = {"p999_deschedule_ms": 0.02, "cpu": 3, "n": 1000, "max_ms": 0.05, "status": "pass"}
     r.summary["headline"] = head
     page = report.render_html(r)
     assert (
-        '<p class="head">headline: p99.9 deschedule 0.02 ms on CPU 3 (n=1000, max 0.05 ms); the source '
-        "document: 400-470 ms on VMware with sched_rt_runtime_us=500000, 0.02 ms at 950000</p>"
+        '<p class="head">headline: p99.9 deschedule 0.02 ms on CPU 3 (n=1000, max 0.05 ms); the predecessor '
+        "system: 400-470 ms on VMware with sched_rt_runtime_us=500000, 0.02 ms at 950000</p>"
     ) in page
 
 

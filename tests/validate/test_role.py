@@ -1,7 +1,7 @@
 """The lowtail_validate role through playbooks/validate.yml, with real ansible-playbook.
 
 Two inventory hosts on the local connection stand for two nodes: one validates the tuned EPYC fixture
-(passes), the other the document's VMware guest (fails). Each host's `lowtail validate` reads its own
+(passes), the other the predecessor's VMware guest (fails). Each host's `lowtail validate` reads its own
 fixture tree; the play must fetch both reports, print one fleet table, and fail only the VMware host.
 """
 

@@ -1,4 +1,4 @@
-"""tb-report on event files written here by tensorboardX with the source document's Task-A figures."""
+"""tb-report on event files written here by tensorboardX with the write-up's Task-A figures."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from lowtail.cli.main import main
 from lowtail.telemetry.tbreport import load
 from lowtail.telemetry.tfevents import EventFileError, read_scalars
 
-STEPS = range(3, 20211, 202)  # 103 steps over the document's step range [3, 20210]
+STEPS = range(3, 20211, 202)  # 103 steps over the write-up's step range [3, 20210]
 
 
 def _tensor_scalar(tag: str, value: float) -> summary_pb2.Summary:
@@ -51,7 +51,7 @@ def runs(tmp_path: Path) -> tuple[Path, Path]:
     return before, after
 
 
-def test_the_documents_wait_share_is_94_3_percent(
+def test_the_write_ups_wait_share_is_94_3_percent(
     runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before, _ = runs

@@ -12,7 +12,7 @@ Failover across replicas:
   held: killed, restarting) or its attachment is lost (its actor died with its queue). Round robin skips
   a down replica at once while another one serves; with a single replica (or all down but one whose
   queue is still there) the request is published anyway and waits for the standby or the restarted
-  worker, bounded by the timeout, as before.
+  worker, bounded by the timeout.
 - A request published to a replica that goes down before a worker claimed it is moved to a serving
   replica of the same client, **once**: it is first withdrawn from the old queue (then no worker can
   ever claim it) or, when the old queue's actor is gone and no worker holds the queue, nothing can

@@ -158,7 +158,8 @@ def keep_threads_off(cpu: int) -> frozenset[int]:
     """Move every thread of this process off ``cpu`` (if it may run elsewhere); returns the new mask.
 
     Ray's gRPC threads exist before any actor code runs; ``sched_setaffinity(0)`` moves only the calling
-    thread, so every task id is set (section 4.5's level two, applied to all threads).
+    thread, so the mask is set on every task id: per-thread affinity for all of the process's threads,
+    not only the caller's.
     """
     allowed = frozenset(os.sched_getaffinity(0)) - {cpu}
     if not allowed:

@@ -2,8 +2,8 @@
 
 - Milliseconds for the latencies a node verdict or a serving run is about: deschedule (wall - CPU),
   timer wake-up, cyclictest and oslat, hwlat gaps, an inference request's round trip and its parts. The
-  limits (``validate --threshold``) and the source document's figures (0.02 ms on bare metal, 400-470 ms
-  on the VMware guest) are in ms, and a report mixing units invites a factor-1000 misreading.
+  limits (``validate --threshold``) and the figures of the predecessor's write-up (0.02 ms on bare metal,
+  400-470 ms on the VMware guest) are in ms, and a report mixing units invites a factor-1000 misreading.
 - Microseconds for the queue microbenchmarks (``bench queue``, ``bench lanes``, ``bench ndslot``): their
   round trips and claim costs are 1-100 us, which in ms would be 0.001-0.1.
 - C-state exit latency is in us, the kernel's unit for it (sysfs ``cpuidle/state*/latency``).

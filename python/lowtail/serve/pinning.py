@@ -147,13 +147,13 @@ def set_timer_slack_ns(ns: int = 1) -> int:
 
 
 # RT throttling: the kernel stops every SCHED_FIFO task of a CPU (or of an RT cgroup) once they ran
-# sched_rt_runtime_us of a sched_rt_period_us; the source document's 400-470 ms p999 deschedule was
-# exactly that (500000 of 1000000). A worker that holds SCHED_FIFO through back-to-back batches would be
+# sched_rt_runtime_us of a sched_rt_period_us; the 400-470 ms p999 deschedule in the predecessor's write-up
+# was exactly that (500000 of 1000000). A worker that holds SCHED_FIFO through back-to-back batches would be
 # stopped for the rest of every period. So SchedFifo keeps a credit of SCHED_FIFO time that grows at
-# ``budget - RT_MARGIN`` of wall time (capped at RT_BURST_NS) and is spent 1:1 in SCHED_FIFO; at zero
-# the worker runs as SCHED_OTHER (on its isolated core that loses nothing) until half the burst is back.
-# Any window T then holds at most RT_BURST_NS + (budget - margin) * T of SCHED_FIFO, plus what one
-# batch overruns between two checks: 920 ms + 10% of a batch per second at the default 95%.
+# ``budget - RT_MARGIN`` of wall time (capped at RT_BURST_NS) and is spent 1:1 in SCHED_FIFO; at zero the
+# worker runs as SCHED_OTHER (on its isolated core that loses nothing) until half the burst is back. Any
+# window T then holds at most RT_BURST_NS + (budget - margin) * T of SCHED_FIFO, plus what one batch
+# overruns between two checks: 920 ms + 10% of a batch per second at the default 95%.
 RT_MARGIN = 0.05
 RT_BURST_NS = 20_000_000
 PROC_RT = "/proc/sys/kernel"

@@ -1,12 +1,12 @@
-"""Metrics export under the source document's names: TensorBoard scalars and Prometheus gauges.
+"""Metrics export under the predecessor system's names: TensorBoard scalars and Prometheus gauges.
 
-The document reads its inference tails from TensorBoard scalars ``sample_infos/sl_remote_*`` (written by
-the model dispatcher: the mean of a window and the mean of window maxima) and from a periodic
-``p999_deschedule_ms``. lowtail writes the same names, so a dashboard or ``lowtail tb-report`` built for
-the old system reads the new one, and adds the percentiles the old one lacked:
+The predecessor's write-up reads its inference tails from TensorBoard scalars ``sample_infos/sl_remote_*``
+(written by the model dispatcher: the mean of a window and the mean of window maxima) and from a
+periodic ``p999_deschedule_ms``. lowtail writes the same names, so a dashboard or ``lowtail tb-report``
+built for the predecessor system reads lowtail's, and adds the percentiles the predecessor lacked:
 
-    sample_infos/sl_remote_<series>_ms        window mean       (the document's "average")
-    sample_infos/sl_remote_<series>_max_ms    window maximum    (the document's "tail")
+    sample_infos/sl_remote_<series>_ms        window mean       (the write-up's "average")
+    sample_infos/sl_remote_<series>_max_ms    window maximum    (the write-up's "tail")
     sample_infos/sl_remote_<series>_p50_ms / _p99_ms / _p999_ms
     sample_infos/sl_remote_samples_per_s      throughput of the window
     sample_infos/p999_deschedule_ms           p999 of deschedule = wall - CPU per inference call
@@ -14,7 +14,7 @@ the old system reads the new one, and adds the percentiles the old one lacked:
 Series with a unit other than ms (``batch_size``) drop the ``_ms``. Prometheus gets one gauge per
 series, ``lowtail_sl_remote_<series>{node, source, stat}`` with stat in mean/p50/p99/p999/max/n, and
 ``lowtail_p999_deschedule_ms{node, source}``, served on one port per node. Milliseconds rather than
-Prometheus's base unit (seconds) so both exports carry the document's numbers unconverted.
+Prometheus's base unit (seconds) so both exports carry the write-up's numbers unconverted.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from lowtail.telemetry.percentiles import Percentiles
 
-TB_RUN = "model_dispatcher"  # the document's TensorBoard run holding the sampler-side scalars
+TB_RUN = "model_dispatcher"  # the predecessor's TensorBoard run holding the sampler-side scalars
 TB_PREFIX = "sample_infos/sl_remote_"
 P999_DESCHEDULE_TAG = "sample_infos/p999_deschedule_ms"
 SAMPLES_PER_S_TAG = TB_PREFIX + "samples_per_s"
@@ -48,7 +48,7 @@ SERIES: dict[str, tuple[str, str]] = {
     "infer_total_ms": (WORKER, "the worker's whole call: claim returned to results written back"),
     "engine_cpu_ms": (WORKER, "process CPU time of the worker during the batch"),
     "engine_thread_cpu_ms": (WORKER, "CPU time of the inference thread during the batch"),
-    "deschedule_ms": (WORKER, "wall - CPU of the inference call (the document's formula)"),
+    "deschedule_ms": (WORKER, "wall - CPU of the inference call (the write-up's formula)"),
     "run_delay_ms": (WORKER, "growth of schedstat run_delay during the call (time runnable but not running)"),
     "worker_queue_wait_ms": (WORKER, "the longest publication -> claim wait among a batch's requests"),
     "worker_batch_size": (WORKER, "samples per batch the worker ran"),

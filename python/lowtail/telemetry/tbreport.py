@@ -1,4 +1,5 @@
-"""The source document's Task-A metrics from a training run's TensorBoard logs, and a before/after view.
+"""The Task-A metrics of the predecessor's write-up from a training run's TensorBoard logs, and a
+before/after view.
 
 Tags are matched by suffix, so any prefix (``learner/``, ``model_dispatcher/``, a run subdirectory) works:
 

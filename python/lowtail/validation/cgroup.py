@@ -31,8 +31,8 @@ from lowtail.validation.check import Check, Status, skip
 
 # What an operator can do about a quota on an exclusive-CPU container, by Kubernetes version: from 1.33
 # the kubelet leaves the quota off for containers with exclusive CPUs (feature gate
-# DisableCPUQuotaWithExclusiveCPUs, kubernetes PR #127525); before, only cpuCFSQuota: false (every pod
-# loses its limit) or the CRI-O runtime-class annotation cpu-quota.crio.io: "disable".
+# DisableCPUQuotaWithExclusiveCPUs, kubernetes PR #127525); older versions offer only cpuCFSQuota: false
+# (every pod loses its limit) or the CRI-O runtime-class annotation cpu-quota.crio.io: "disable".
 QUOTA_REMEDY = (
     "Kubernetes >= 1.33 removes the quota of exclusive-CPU containers (feature gate "
     "DisableCPUQuotaWithExclusiveCPUs); older clusters: CRI-O runtime class with the annotation "

@@ -7,8 +7,8 @@ only one report has, or that one of them skipped, is ``not compared``. ``lowtail
 any check is worse, so a migration that made a node worse fails its pipeline. Reports from different
 hosts, lowtail versions, CPUs or probe settings are compared, with a warning line for each difference.
 
-The headline is the source document's number: p99.9 deschedule, 400-470 ms on the VMware guest against
-the 0.02 ms a well-configured node gives.
+The headline is the number of the predecessor's write-up: p99.9 deschedule, 400-470 ms on the VMware
+guest against the 0.02 ms a well-configured node gives.
 """
 
 from __future__ import annotations

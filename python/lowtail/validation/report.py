@@ -96,8 +96,8 @@ def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _headline(head: dict[str, Any]) -> str:
     return (
         f"headline: p99.9 deschedule {fmt(float(head['p999_deschedule_ms']))} ms on CPU {head['cpu']} "
-        f"(n={head['n']}, max {fmt(float(head['max_ms']))} ms); the source document: 400-470 ms on VMware "
-        "with sched_rt_runtime_us=500000, 0.02 ms at 950000"
+        f"(n={head['n']}, max {fmt(float(head['max_ms']))} ms); the predecessor system: 400-470 ms on "
+        "VMware with sched_rt_runtime_us=500000, 0.02 ms at 950000"
     )
 
 

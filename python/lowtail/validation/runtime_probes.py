@@ -49,7 +49,11 @@ def _two_cpus(opts: ProbeOptions) -> tuple[int, int] | None:
 def probe_shm_rtt(opts: ProbeOptions) -> Check:
     missing = _missing("lowtail.shm.queue")
     if missing:
-        return skip("shm_rtt", f"{missing} is not installed (the shared-memory queue issue)", kind="probe")
+        return skip(
+            "shm_rtt",
+            f"{missing} is not installed (lowtail's shared-memory queue, which the round trip runs through)",
+            kind="probe",
+        )
     pair = _two_cpus(opts)
     if pair is None:
         return skip("shm_rtt", "needs two CPUs: the worker's and the client's", kind="probe")
@@ -121,12 +125,15 @@ def spread(cpus: frozenset[int], k: int) -> list[int]:
 
 
 def probe_inference(opts: ProbeOptions) -> Check:
-    """The pinned OpenVINO worker on the generated model: per engine call, the document's deschedule
+    """The pinned OpenVINO worker on the generated model: per engine call, the write-up's deschedule
     (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
     missing = _missing("lowtail.serve.worker", "lowtail.serve.model", "lowtail.shm.queue")
     if missing:
         return skip(
-            "inference", f"{missing} is not installed (the pinned inference worker issue)", kind="probe"
+            "inference",
+            f"{missing} is not installed (lowtail's pinned OpenVINO inference worker and the shared-memory "
+            "queue it serves)",
+            kind="probe",
         )
     worker = importlib.import_module("lowtail.serve.worker")
     measure = getattr(worker, "measure_pinned", None)
@@ -188,7 +195,7 @@ def probe_inference(opts: ProbeOptions) -> Check:
         0,
         f"lowtail.serve.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
         f"through the queue from CPU {client_cpu if client_cpu is not None else 'unpinned'}; "
-        "deschedule = wall - process CPU per engine call (the document's formula)",
+        "deschedule = wall - process CPU per engine call (the write-up's formula)",
     )
     not_isolated = [c for c in cpus if not extra[c]["isolated"]]
     if not_isolated and check.status is Status.PASS:

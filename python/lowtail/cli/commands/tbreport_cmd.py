@@ -1,4 +1,4 @@
-"""``lowtail tb-report LOGDIR [LOGDIR2]``: the document's Task-A metrics from TensorBoard logs."""
+"""``lowtail tb-report LOGDIR [LOGDIR2]``: the write-up's Task-A metrics from TensorBoard logs."""
 
 from __future__ import annotations
 
