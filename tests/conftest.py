@@ -105,9 +105,8 @@ def no_private_shm_dir_left_behind(request: pytest.FixtureRequest) -> Iterator[N
         return
     # The session's last actors can still be unlinking their queues: Ray stops (and its raylet kills)
     # their processes after the session's own teardown, and a worker orphaned by a killed actor exits
-    # by itself later still. A fixed wait (30 s) still left the directory behind in a full run (empty
-    # when looked at later); so wait while a segment's owner (the pid in its name) lives, and name what
-    # is left rather than leave it silently.
+    # by itself later still, so no fixed wait is long enough on a loaded host. Wait while a segment's
+    # owner (the pid in its name) lives to unlink its own, then name what is left: a leak, not a delay.
     deadline = time.monotonic() + 180
     while (left := sorted(e.name for e in path.iterdir())) and time.monotonic() < deadline:
         owners = [parse_name(name) for name in left]
