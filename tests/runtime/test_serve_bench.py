@@ -267,21 +267,62 @@ def test_ladder_targets_are_met_not_met_or_not_decided() -> None:
     assert got[0]["met"] is None and "the host changed between the runs" in got[0]["why"]
 
 
+def test_ladder_row_is_the_median_round_and_a_failed_round_is_not_outvoted() -> None:
+    from lowtail.benchmarks.serve_ladder import ladder_rows, ladder_table, ladder_targets
+    from lowtail.benchmarks.serve_run import DesignResult
+
+    def round_of(rnd: int, ratio: float, infer_ms: float, error: str = "") -> list[DesignResult]:
+        bare = DesignResult("bare", 0, 16, engine_ms_mean=16.0, size="16.6 ms", round=rnd)
+        served = DesignResult("served", 4, 16, ratio_to_bare=ratio, engine_ms_mean=infer_ms, size="16.6 ms")
+        served.round, served.error, served.overhead_us_mean = rnd, error, 100.0
+        return [bare, served]
+
+    size = {"tag": "16.6 ms", "target_ms": 16.6, "hidden": [3864] * 3, "measured_ms": 16.9}
+    results = round_of(1, 0.991, 16.1) + round_of(2, 0.962, 16.2) + round_of(3, 0.995, 16.3)
+    (row,) = ladder_rows(results, [size])
+    # the median round's own figures (round 1), not the best round's nor a mix of rounds
+    assert row["served_vs_bare"] == 0.991 and row["served_infer_ms"] == 16.1
+    assert row["rounds"] == [0.991, 0.962, 0.995]
+    (at_predecessor, _) = ladder_targets([row])
+    assert at_predecessor["met"] is True and "median of 3 rounds, 0.962-0.995" in at_predecessor["figure"]
+    assert "3: 0.962-0.995" in ladder_table([row])[2][0]
+    # an even count takes the lower middle: two rounds never round a target up
+    (row,) = ladder_rows(round_of(1, 0.995, 16.1) + round_of(2, 0.985, 16.2), [size])
+    assert row["served_vs_bare"] == 0.985
+    # a failed round reaches the row with its error, whatever the others measured
+    failed = (
+        round_of(1, 0.999, 16.1) + round_of(2, float("nan"), 16.2, "worker died") + round_of(3, 0.999, 16.0)
+    )
+    (row,) = ladder_rows(failed, [size])
+    assert row["error"] == "worker died" and ladder_targets([row])[0]["met"] is None
+
+
 def test_bench_serve_model_ladder_measures_each_size_and_its_stages(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "ladder.json"
     argv = ["bench", "serve", "--model-ms", "0.3", "--seconds", "0.5", "--breakdown", "--no-progress"]
+    argv += ["--rounds", "2"]
     code = main(
         [*argv, "--json", str(out), "--png", str(tmp_path / "l.png"), "--html", str(tmp_path / "l.html")]
     )
     report = json.loads(out.read_text())
     assert code == 0, report["verdicts"]
-    assert [r["label"] for r in report["results"]] == ["bare (limit) @0.3 ms", "served x4 @0.3 ms"]
+    # two rounds, each the bare loop then served x4, each round's ratio against its own bare loop
+    labels = [(r["label"], r["round"]) for r in report["results"]]
+    one_round = ["bare (limit) @0.3 ms", "served x4 @0.3 ms"]
+    assert labels == [(label, rnd) for rnd in (1, 2) for label in one_round]
+    assert report["ladder"]["rounds"] == 2
     (size,) = report["ladder"]["sizes"]
     assert size["hidden"] == [size["width"]] * 3 and size["measured_ms"] > 0 and size["steps"]
     (row,) = report["ladder"]["rows"]
-    served = report["results"][1]
+    ratios = [
+        r["samples_per_s"] / report["results"][i - 1]["samples_per_s"]
+        for i, r in enumerate(report["results"])
+        if i % 2
+    ]
+    assert row["rounds"] == pytest.approx(ratios)
+    served = report["results"][1 if ratios[0] <= ratios[1] else 3]  # the lower middle of two rounds
     assert row["served_vs_bare"] == pytest.approx(served["ratio_to_bare"])
     assert 0 < row["overhead_share"] < 1 and row["n"] == served["latency_ms"]["n"] > 0
     # the two ladder targets come first; neither 1 ms nor 16.6 ms was measured: not decided

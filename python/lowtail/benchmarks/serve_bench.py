@@ -120,7 +120,8 @@ def register(bench_sub: Any) -> None:
         "--rounds",
         type=positive(int),
         default=1,
-        help="measure bare and every design this many times, interleaved; targets use the median ratio",
+        help="measure bare and every design (with --model-ms: every size) this many times, interleaved; "
+        "targets use the median ratio",
     )
     p.add_argument(
         "--compare-spin-us",
@@ -382,25 +383,33 @@ def _run_ladder(  # noqa: PLR0917 - the run's state, passed down once
     sizes_ms: list[float],
     tmp: Path,
 ) -> None:
-    """Calibrate a model per size on the engine CPU, then run bare and served x4 on each."""
+    """Calibrate a model per size on the engine CPU, then run bare and served x4 on each, ``--rounds``
+    times: each round runs every size, so a slow minute of a shared host hits one round of each size
+    (served/bare moved by 2-6% between two single runs here; the rows take the median round)."""
+    rounds = args.rounds
     bar = Progress(
         f"bench serve --model-ms ({setup.duration:g} s per design)",
-        1 + 2 * len(sizes_ms),
+        1 + 2 * len(sizes_ms) * rounds,
         enabled=not args.no_progress,
     )
     bar.phase(0, f"calibrating the models on CPU {setup.cpu}")
     sizes = serve_ladder.calibrate_all(sizes_ms, setup.cpu, args.batch, tmp / "calibrate")
-    report["ladder"] = {"sizes": sizes, "samplers": serve_ladder.LADDER_SAMPLERS}
+    report["ladder"] = {"sizes": sizes, "samplers": serve_ladder.LADDER_SAMPLERS, "rounds": rounds}
     report["model"] = "built per size: " + ", ".join(f"{s['tag']}: hidden {s['hidden']}" for s in sizes)
     traffic = Traffic(serve_ladder.LADDER_SAMPLERS, args.batch, coalesce=False)
-    for size in sizes:
-        xml = write_model(tmp / f"ladder-{size['width']}", serve_ladder.spec_of(size["width"]))
-        sized = dataclasses.replace(setup, model=xml)
-        bar.phase(len(results) + 1, f"{size['tag']}: bare loop")
-        bare = _attempt("bare", run_bare, sized)
-        bar.phase(len(results) + 2, f"{size['tag']}: {traffic.label}")
-        served = _attempt(traffic.label, run_served, sized, traffic)
-        for r in (bare, served):
-            r.size = size["tag"]
-        results += [bare, served]
+    models = {
+        size["tag"]: write_model(tmp / f"ladder-{size['width']}", serve_ladder.spec_of(size["width"]))
+        for size in sizes
+    }
+    for rnd in range(1, rounds + 1):
+        tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
+        for size in sizes:
+            sized = dataclasses.replace(setup, model=models[size["tag"]])
+            bar.phase(len(results) + 1, f"{tag}{size['tag']}: bare loop")
+            bare = _attempt("bare", run_bare, sized)
+            bar.phase(len(results) + 2, f"{tag}{size['tag']}: {traffic.label}")
+            served = _attempt(traffic.label, run_served, sized, traffic)
+            for r in (bare, served):
+                r.size, r.round = size["tag"], rnd
+            results += [bare, served]
     bar.finish()
