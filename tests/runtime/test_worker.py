@@ -297,12 +297,20 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
                 pytest.skip(f"SCHED_FIFO not permitted here ({info['sched_fifo_reason']}): nothing to count")
             for p in pending:
                 assert next(iter(p.finish(timeout_s=30).values())).shape[0] == 16
+            # Idle: both scopes leave SCHED_FIFO. The worker publishes its counts after what they count
+            # (a call's row after its answer, the switch count just after the system call that leaves),
+            # and on a loaded CPU it is preempted right there (leaving FIFO drops it behind the tasks
+            # waiting for the CPU): the policy and the answers can show before the counts, so wait for
+            # all three. In SCHED_OTHER every FIFO stretch is counted twice (enter, leave): an even count.
             deadline = time.monotonic() + 30  # generous: a loaded CPU 1 may delay its next claim
-            while os.sched_getscheduler(w.pid) != os.SCHED_OTHER and time.monotonic() < deadline:
-                time.sleep(0.001)  # idle: both scopes leave SCHED_FIFO
+            while time.monotonic() < deadline:
+                report = w.report()
+                other = os.sched_getscheduler(w.pid) == os.SCHED_OTHER
+                if other and report.calls == 8 and report.fifo_switches % 2 == 0:
+                    break
+                time.sleep(0.005)
             assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
-            report = w.report()
-            assert report.calls == 8
+            assert report.calls == 8 and report.fifo_switches % 2 == 0, report
             # Batches longer than the RT credit (20 ms: 16 samples on a loaded host, 36 ms in one CI
             # run) spend it, and a cool-down keeps the worker in SCHED_OTHER until half of it is back:
             # "work" then leaves and enters once more per cool-down, "call" skips the batches cooled.
