@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,22 @@ import pytest
 from lowtail.errors import LowtailError
 from lowtail.serve.metrics import CALL_FIELDS
 from lowtail.serve.model import ModelNotFound, example_inputs, find_model_xml
-from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerStartFailed
+from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerReport, WorkerStartFailed
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.runtime.conftest import write_slow_model
+
+
+def report_when(
+    w: WorkerProcess, done: Callable[[WorkerReport], bool], timeout_s: float = 30.0
+) -> WorkerReport:
+    """The worker's report once ``done`` holds for it, or the last one read after ``timeout_s``. The worker
+    answers first and counts after (a call's row, a failed request, a policy switch), and a loaded CPU
+    can preempt it in between: a count read right after an answer may still lag it."""
+    deadline = time.monotonic() + timeout_s
+    while not done(report := w.report()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return report
+
 
 CPU = max(os.sched_getaffinity(0))
 
@@ -129,7 +142,9 @@ def test_a_malformed_request_fails_alone(served: tuple[InferenceQueue, WorkerPro
             bad.infer({"observation": np.zeros((1, 64), np.float32)}, timeout_s=30)
         assert good.infer(example_inputs(64, 2), timeout_s=30)["value"].shape == (2, 1)
     assert w.alive()
-    assert w.report().failed_requests == failed_before + 2
+    assert (
+        report_when(w, lambda r: r.failed_requests == failed_before + 2).failed_requests == failed_before + 2
+    )
 
 
 def test_a_worker_that_cannot_start_says_why(small_model: Path, tmp_path: Path) -> None:
@@ -297,18 +312,17 @@ def test_sched_fifo_scope_work_makes_no_system_call_between_back_to_back_batches
                 pytest.skip(f"SCHED_FIFO not permitted here ({info['sched_fifo_reason']}): nothing to count")
             for p in pending:
                 assert next(iter(p.finish(timeout_s=30).values())).shape[0] == 16
+
             # Idle: both scopes leave SCHED_FIFO. The worker publishes its counts after what they count
             # (a call's row after its answer, the switch count just after the system call that leaves),
             # and on a loaded CPU it is preempted right there (leaving FIFO drops it behind the tasks
             # waiting for the CPU): the policy and the answers can show before the counts, so wait for
             # all three. In SCHED_OTHER every FIFO stretch is counted twice (enter, leave): an even count.
-            deadline = time.monotonic() + 30  # generous: a loaded CPU 1 may delay its next claim
-            while time.monotonic() < deadline:
-                report = w.report()
+            def idle_and_counted(r: WorkerReport) -> bool:
                 other = os.sched_getscheduler(w.pid) == os.SCHED_OTHER
-                if other and report.calls == 8 and report.fifo_switches % 2 == 0:
-                    break
-                time.sleep(0.005)
+                return other and r.calls == 8 and r.fifo_switches % 2 == 0
+
+            report = report_when(w, idle_and_counted)  # 30 s: a loaded CPU 1 may delay its next claim
             assert os.sched_getscheduler(w.pid) == os.SCHED_OTHER
             assert report.calls == 8 and report.fifo_switches % 2 == 0, report
             # Batches longer than the RT credit (20 ms: 16 samples on a loaded host, 36 ms in one CI
@@ -349,7 +363,7 @@ def test_a_worker_busy_for_longer_than_the_rt_budget_slice_cools_down_and_serves
                 pending = [c.start(x) for _ in range(16)]
                 for p in pending:
                     assert p.finish(timeout_s=60)["value"].shape == (64, 1024)
-            report = w.report()
+            report = report_when(w, lambda r: r.calls == 16)
             assert report.calls == 16 and report.fifo_cooldowns >= 1, report
         finally:
             assert w.stop() == 0
@@ -444,7 +458,7 @@ def test_a_fault_inside_a_batch_fails_its_requests_alone_and_the_worker_serves_o
                 np.testing.assert_allclose(other.infer({"obs": 2 * ones}, timeout_s=30)["total"], 2 * ones)
                 np.testing.assert_allclose(c.infer({"obs": 3 * ones}, timeout_s=30)["total"], 3 * ones)
             assert w.alive()
-            rep = w.report()
+            rep = report_when(w, lambda r: r.failed_requests == 1 and r.calls == 3)
             assert rep.state == "serving" and rep.failed_requests == 1 and rep.calls == 3
         finally:
             assert w.stop() == 0
