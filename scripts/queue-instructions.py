@@ -8,9 +8,10 @@ queue and does ``bench queue``'s round trip in turn (submit a 16 x 512 float32 r
 complete it with ``obs[:, :64]``, wait for the answer), under ``valgrind --tool=callgrind`` with
 instrumentation off until a warm-up is done: only the N measured round trips are counted. Wall-clock
 latency on a shared 2-vCPU guest moves by 5-10% from run to run; the instruction count of the same code
-and inputs moves by well under 0.1%, so a change of the hot path's cost (a renamed call, an extra
-check, a feature) shows as what it is. It does not count what a second process adds (the wake-up, the
-cache lines crossing cores): that is ``lowtail bench queue``'s job. Needs valgrind (Debian package).
+and inputs moved by 0.004% over three runs beside a ``make test``, so a change of the hot path's cost
+(a renamed call, an extra check, a feature) shows as what it is. It does not count what a second
+process adds (the wake-up, the cache lines crossing cores): that is ``lowtail bench queue``'s job.
+Needs valgrind (the Debian package).
 
 ``--tree`` takes a checkout or worktree of any revision whose ``python/`` holds lowtail (e.g. one from
 ``git worktree add /tmp/old REV``), so revisions compare in one run; each runs in this interpreter.
