@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from lowtail.cli.main import main
 from lowtail.serve.metrics import CALL_FIELDS
 
 BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us")
+LIMITS = ("batches", "sampler_cpu", "full_batches", "sampler_us_for_target")
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
@@ -48,6 +50,9 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert r["sampler_cpu_us_per_request"] > 1 and 0 < r["sampler_cpus_busy"] <= 1.05
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
+    # the traffic design's ceilings come from its own figures; the batch-per-request designs have none
+    assert [sorted(r["limits"]) for r in report["results"]] == [[], [], sorted(LIMITS)]
+    assert all(v > 0 for v in report["results"][2]["limits"].values())
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
@@ -237,6 +242,33 @@ def test_sampler_cpu_target_is_decided_only_for_samplers_that_shared_their_cpu()
     assert cpu_target(traffic(35.0, 0))["met"] is False
     spun = cpu_target(traffic(12.0, 200))  # a client that spun had a CPU of its own: not this case
     assert spun["met"] is None and "spun" in str(spun["why"])
+
+
+def test_traffic_limits_give_the_ceilings_the_host_allows_and_the_target_cites_them() -> None:
+    from lowtail.benchmarks.serve_report import targets, traffic_limits
+    from lowtail.benchmarks.serve_run import DesignResult
+
+    # a bare call of 16 every 800 us; batches of 8 in 0.5 ms; 50 us of sampler CPU per request on 1 CPU
+    bare = DesignResult("bare", 0, 16, samples_per_s=20_000.0)
+    run = DesignResult("traffic 16x1", 16, 1, samples_per_s=9_000.0, ratio_to_bare=0.45)
+    run.engine_ms_mean, run.engine_batch_mean = 0.5, 8.0
+    run.sampler_cpu_us_per_request, run.sampler_cpu_count, run.sampler_spin_us = 50.0, 1, 0
+    lim = traffic_limits(run, bare)
+    assert lim["batches"] == pytest.approx(0.8)  # 16,000 samples/s of infer() at batch 8
+    assert lim["sampler_cpu"] == pytest.approx(1.0)  # 20,000 requests/s of sampler CPU
+    assert lim["full_batches"] == pytest.approx(0.5)  # 800 / (800 + 16 * 50)
+    assert lim["sampler_us_for_target"] == pytest.approx(800 * (1 / 0.85 - 1) / 16)
+    run.sampler_cpu_count = 2  # two CPUs resubmit the 16 in half the time
+    assert traffic_limits(run, bare)["full_batches"] == pytest.approx(800 / 1200)
+    run.sampler_cpu_count = 1
+    run.limits = lim
+    (got,) = (t for t in targets([bare, run], 16) if t["target"].startswith("traffic 16x1"))
+    assert got["met"] is False and "0.50 with full batches" in got["figure"]
+    assert "0.80 at the engine's batches of 8.0" in got["figure"] and got["limits"] == [lim]
+    for missing in ("engine_ms_mean", "engine_batch_mean", "sampler_cpu_us_per_request"):
+        assert traffic_limits(dataclasses.replace(run, **{missing: float("nan")}), bare) == {}
+    assert traffic_limits(dataclasses.replace(run, sampler_cpu_count=0), bare) == {}
+    assert traffic_limits(run, dataclasses.replace(bare, samples_per_s=float("nan"))) == {}
 
 
 def _ladder_row(calibrated_ms: float, ratio: float, error: str = "") -> dict[str, object]:

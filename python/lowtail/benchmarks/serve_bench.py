@@ -49,6 +49,7 @@ from lowtail.benchmarks.serve_report import (
     render_rounds,
     render_table,
     targets,
+    traffic_limits,
     verdicts,
     write_html,
 )
@@ -317,12 +318,14 @@ def _finish(
 ) -> None:
     """Print and write whatever was measured: also when a design failed or the run was interrupted (the
     table first, then the files, so a file that cannot be written never hides the result)."""
-    bare = float("nan")
+    bare: DesignResult | None = None
     for r in results:  # each round's designs against the bare loop measured just before them
         if r.design == "bare":
-            bare = r.samples_per_s
-        else:
-            r.ratio_to_bare = r.samples_per_s / bare
+            bare = r
+        elif bare is not None:
+            r.ratio_to_bare = r.samples_per_s / bare.samples_per_s
+            if r.design.startswith("traffic"):
+                r.limits = traffic_limits(r, bare)
     load_after = os.getloadavg()
     report["host"] = {
         "name": platform.node(),

@@ -265,7 +265,8 @@ def targets(results: list[DesignResult], batch: int) -> list[dict[str, Any]]:
                 "figure": f"{_spread(got)}; mean engine batch "
                 f"{_median([r.engine_batch_mean for r in runs]):.1f}; the samplers used {per_req:.0f} us "
                 "of CPU per request, "
-                f"{_median([r.sampler_cpus_busy for r in runs]):.0%} of their CPUs",
+                f"{_median([r.sampler_cpus_busy for r in runs]):.0%} of their CPUs{_limits_text(runs)}",
+                "limits": [r.limits for r in runs],
             }
         )
     if got:
@@ -286,6 +287,50 @@ def targets(results: list[DesignResult], batch: int) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
+    """What this host lets a coalescing traffic design reach, as fractions of ``bare``'s samples/s,
+    from the run's own figures with lowtail's own cost counted as zero. ``{}`` when a figure is missing.
+
+    - ``batches``: the engine alone at the batches the run made (a call of 8 costs more per sample
+      than one of 16): the served engine's samples per second of ``infer()`` over the bare loop's.
+    - ``sampler_cpu``: the samplers' CPU alone: ``c`` shared CPUs at ``S`` us per request.
+    - ``full_batches``: every request of one full batch in flight at once, as closed-loop samplers
+      waiting for the same call are: the engine then idles while they resubmit one after another on
+      their shared CPUs, ``E / (E + n * S / c)``, ``E`` the bare call and ``n`` requests per batch.
+    - ``sampler_us_for_target``: the ``S`` at which ``full_batches`` reaches TRAFFIC_TARGET_RATIO.
+
+    Batches of half the requests overlap the engine with the samplers but are held to ``batches``;
+    full ones are held to ``full_batches``: a run below both lost the rest to lowtail and the wake-ups.
+    """
+    rate0, s_us, c = bare.samples_per_s, run.sampler_cpu_us_per_request, run.sampler_cpu_count
+    figures = (rate0, s_us, run.engine_ms_mean, run.engine_batch_mean)
+    if c < 1 or run.batch < 1 or any(math.isnan(v) or v <= 0 for v in figures):
+        return {}
+    period_us = bare.batch / rate0 * 1e6  # one bare call of a full batch, with its loop
+    per_batch = bare.batch / run.batch
+    return {
+        "batches": run.engine_batch_mean / (run.engine_ms_mean / 1e3) / rate0,
+        "sampler_cpu": c * 1e6 / s_us * run.batch / rate0,
+        "full_batches": period_us / (period_us + per_batch * s_us / c),
+        "sampler_us_for_target": c * period_us * (1 / TRAFFIC_TARGET_RATIO - 1) / per_batch,
+    }
+
+
+def _limits_text(runs: list[DesignResult]) -> str:
+    """The median of the runs' ``traffic_limits``, as the sentence the 16x1 target's figure ends with."""
+    got = [r.limits for r in runs if r.limits]
+    if not got:
+        return ""
+    lim = {k: _median([g[k] for g in got]) for k in got[0]}
+    batch = _median([r.engine_batch_mean for r in runs])
+    return (
+        f"; this host's ceilings with lowtail costing nothing: {lim['batches']:.2f} at the engine's "
+        f"batches of {batch:.1f}, {lim['sampler_cpu']:.2f} from the samplers' CPU, "
+        f"{lim['full_batches']:.2f} with full batches (those reach {TRAFFIC_TARGET_RATIO:.2f} at "
+        f"{lim['sampler_us_for_target']:.0f} us of sampler CPU per request)"
+    )
 
 
 def _sampler_cpu_target(runs: list[DesignResult]) -> dict[str, Any]:

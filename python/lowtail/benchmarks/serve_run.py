@@ -105,6 +105,10 @@ class DesignResult:
     sampler_cpus_busy: float = float("nan")
     sampler_spin_us: int = -1
     sampler_spin_reason: str = ""
+    sampler_cpu_count: int = 0  # the CPUs the samplers shared (their affinity)
+    # A coalescing traffic design's ceilings on this host, from the run's own figures (lowtail's cost
+    # counted as zero): serve_report.traffic_limits. Empty for the other designs.
+    limits: dict[str, float] = field(default_factory=dict)
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
     # The row's variant in its label: the ladder's model ("1 ms", --model-ms) or the samplers' spin
     # ("spin 200 us", --compare-spin-us); "" for a default row.
@@ -388,6 +392,7 @@ def _served_result(
     res.duration_s = elapsed
     res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
     res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
+    res.sampler_cpu_count = len(setup.sampler_cpus)
     # Every sampler's own choice: on one isolated CPU the first to attach spins, the others park.
     spins = sorted({(int(r["spin"][0]), str(r["spin"][1])) for r in ok})
     res.sampler_spin_us = max(us for us, _ in spins)
