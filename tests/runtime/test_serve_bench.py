@@ -113,6 +113,23 @@ def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> 
     assert "--traffic '16by1'" in capsys.readouterr().err
     assert main(["bench", "serve", "--samplers", "", "--traffic", ""]) == 2
     assert "nothing to serve" in capsys.readouterr().err
+    for bad, why in (("16", "MIN:US"), ("17:100", "MIN in 1..16"), ("8:200000", "US in 0..100000")):
+        assert main(["bench", "serve", "--coalesce", bad]) == 2
+        assert f"--coalesce {bad!r}: expected {why}" in capsys.readouterr().err
+
+
+def test_coalesce_sets_the_traffic_designs_batching_and_leaves_the_others_alone(tmp_path: Path) -> None:
+    from lowtail.benchmarks.serve_run import Setup, Traffic, _queue_config
+    from lowtail.shm.queue import QueueConfig
+
+    setup = Setup(tmp_path, 1, 16, "obs", 512, 1.0, frozenset({0}))
+    default = _queue_config(setup, Traffic(16, 1, coalesce=True))
+    assert (default.min_batch_samples, default.coalesce_us) == (QueueConfig.min_batch_samples, 200)
+    full = dataclasses.replace(setup, coalesce=(16, 2000))
+    got = _queue_config(full, Traffic(16, 1, coalesce=True))
+    assert (got.min_batch_samples, got.coalesce_us, got.max_batch_samples) == (16, 2000, 16)
+    served = _queue_config(full, Traffic(4, 16, coalesce=False))  # one request is one batch: no waiting
+    assert served.min_batch_samples == 1
 
 
 def test_call_rows_carry_the_breakdown_columns() -> None:

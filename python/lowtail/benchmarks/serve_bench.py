@@ -112,6 +112,13 @@ def register(bench_sub: Any) -> None:
         help="predecessor traffic designs SAMPLERSxOBSERVATIONS (the worker coalesces to 8-16); '' for none",
     )
     p.add_argument(
+        "--coalesce",
+        metavar="MIN:US",
+        help="the traffic designs' batching: the worker waits up to US microseconds for MIN samples "
+        "while other lanes are active (QueueConfig min_batch_samples:coalesce_us; default: the "
+        "queue's, 8:200); e.g. 16:2000 for full batches",
+    )
+    p.add_argument(
         "--breakdown",
         action="store_true",
         help="print where the worker's time goes per call, and one round trip stage by stage (the "
@@ -171,6 +178,24 @@ def parse_traffic(text: str) -> list[Traffic]:
     return out
 
 
+def parse_coalesce(text: str | None) -> tuple[int, int] | None:
+    """``--coalesce MIN:US`` as (min_batch_samples, coalesce_us); None for the queue's defaults."""
+    if text is None:
+        return None
+    from lowtail.shm.queue import QueueConfig
+
+    try:
+        lo, us = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--coalesce {text!r}: expected MIN:US like 16:2000") from None
+    largest = QueueConfig.max_batch_samples  # the traffic designs keep the queue's largest batch
+    if not 1 <= lo <= largest:
+        raise UsageError(f"--coalesce {text!r}: expected MIN in 1..{largest} (the largest batch)")
+    if not 0 <= us <= 100_000:
+        raise UsageError(f"--coalesce {text!r}: expected US in 0..100000 (a bounded window)")
+    return lo, us
+
+
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UsageError(f"--batch {args.batch}: expected >= 1")
@@ -181,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     if any(c < 1 or c > 64 for c in counts):
         raise UsageError(f"--samplers {args.samplers!r}: expected counts in 1..64")
     designs = [Traffic(n, args.batch, coalesce=False) for n in counts] + parse_traffic(args.traffic)
+    coalesce = parse_coalesce(args.coalesce)
     sizes_ms: list[float] = []
     if args.model_ms is not None:
         if args.model:
@@ -212,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
         "fifo_scope": args.fifo_scope,
         "client_spin_us": args.client_spin_us,
         "compare_spin_us": args.compare_spin_us,
+        # the traffic designs' (min_batch_samples, coalesce_us); null: the queue's defaults
+        "coalesce": list(coalesce) if coalesce else None,
         "duration_s": duration,
         "targets": {
             "served_vs_bare": TARGET_RATIO,
@@ -253,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
                 args.fifo_scope,
                 args.client_spin_us,
                 stages=args.breakdown,
+                coalesce=coalesce,
             )
             if sizes_ms:
                 _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
@@ -334,7 +363,7 @@ def _finish(
         "loadavg_after": [round(x, 2) for x in load_after],
     }
     keys: tuple[str, ...] = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope")
-    keys += ("client_spin_us", "compare_spin_us", "duration_s")
+    keys += ("client_spin_us", "compare_spin_us", "coalesce", "duration_s")
     report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     report["targets_met"] = targets(results, args.batch) if results else []

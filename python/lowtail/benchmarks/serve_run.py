@@ -56,6 +56,7 @@ class Setup:
     fifo_scope: str = "work"  # the worker's WorkerConfig.fifo_scope; the bare loop does the same
     client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
     stages: bool = False  # samplers record each round trip's STAGES (--breakdown; ~1 us per request)
+    coalesce: tuple[int, int] | None = None  # traffic designs: (min_batch_samples, coalesce_us) or defaults
 
     def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -301,9 +302,15 @@ def _queue_config(setup: Setup, traffic: Traffic) -> Any:
     from lowtail.shm.queue import QueueConfig
 
     size = request_bytes(max(traffic.per_request, setup.batch), setup.features)
-    if traffic.coalesce:  # the queue's defaults: min 8, max 16 samples, up to 16 requests per batch
+    if traffic.coalesce:  # the queue's defaults (min 8, max 16 samples, up to 16 requests per batch)
+        lo, us = setup.coalesce or (QueueConfig.min_batch_samples, QueueConfig.coalesce_us)
         return QueueConfig(
-            lanes=max(4, traffic.samplers), slots_per_lane=4, request_bytes=size, response_bytes=size
+            lanes=max(4, traffic.samplers),
+            slots_per_lane=4,
+            request_bytes=size,
+            response_bytes=size,
+            min_batch_samples=lo,
+            coalesce_us=us,
         )
     return QueueConfig(
         lanes=max(4, traffic.samplers),
