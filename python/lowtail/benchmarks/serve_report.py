@@ -182,12 +182,19 @@ def plot(results: list[DesignResult]) -> bytes:
     bare = results[0].samples_per_s
     a.axhline(bare * TARGET_RATIO, color="r", ls="--", lw=1, label=f"{TARGET_RATIO:.0%} of bare")
     a.axhline(bare * TRAFFIC_TARGET_RATIO, color="orange", ls=":", lw=1, label=f"{TRAFFIC_TARGET_RATIO:.0%}")
+    # A traffic design's ceilings on this host (traffic_limits): ticks across its bar.
+    marks = (("batches", "_", 900, "engine at its batches"), ("full_batches", "v", 80, "full batches"))
+    for key, marker, size, what in marks:
+        at = [(i, r.limits[key] * bare) for i, r in enumerate(results) if key in r.limits]
+        if at:
+            xy = zip(*at, strict=True)
+            a.scatter(*xy, marker=marker, s=size, color="k", zorder=3, label=f"host ceiling: {what}")
     a.set_ylabel("samples/s")
     a.set_title(
         f"throughput (bare at batch {results[0].batch}; red = error)"
         + (f", round {last}" if last > 1 else "")
     )
-    a.legend()
+    a.legend(fontsize=8, markerscale=0.6)
     xs = np.arange(len(results))
     for i, (q, name) in enumerate([("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")]):
         b.bar(xs + (i - 1) * 0.27, [getattr(r.latency_ms, q) for r in results], 0.27, label=name)
