@@ -308,8 +308,9 @@ def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
       their shared CPUs, ``E / (E + n * S / c)``, ``E`` the bare call and ``n`` requests per batch.
     - ``sampler_us_for_target``: the ``S`` at which ``full_batches`` reaches TRAFFIC_TARGET_RATIO.
 
-    Batches of half the requests overlap the engine with the samplers but are held to ``batches``;
-    full ones are held to ``full_batches``: a run below both lost the rest to lowtail and the wake-ups.
+    Batches of half the requests let the samplers work while the engine runs, and are held to the
+    lower of ``batches`` and ``sampler_cpu``; full batches are held to ``full_batches``. What a run
+    reads below the ceiling of its regime is what lowtail and the wake-ups cost.
     """
     rate0, s_us, c = bare.samples_per_s, run.sampler_cpu_us_per_request, run.sampler_cpu_count
     figures = (rate0, s_us, run.engine_ms_mean, run.engine_batch_mean)

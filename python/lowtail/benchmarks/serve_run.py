@@ -302,7 +302,7 @@ def _queue_config(setup: Setup, traffic: Traffic) -> Any:
     from lowtail.shm.queue import QueueConfig
 
     size = request_bytes(max(traffic.per_request, setup.batch), setup.features)
-    if traffic.coalesce:  # the queue's defaults (min 8, max 16 samples, up to 16 requests per batch)
+    if traffic.coalesce:  # up to 16 samples and 16 requests per batch; the minimum: --coalesce or 8
         lo, us = setup.coalesce or (QueueConfig.min_batch_samples, QueueConfig.coalesce_us)
         return QueueConfig(
             lanes=max(4, traffic.samplers),
