@@ -16,7 +16,7 @@ from lowtail.cli.main import main
 from lowtail.serve.metrics import CALL_FIELDS
 
 BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us")
-LIMITS = ("batches", "sampler_cpu", "full_batches", "sampler_us_for_target")
+LIMITS = ("batches", "worker", "sampler_cpu", "full_batches", "sampler_us_for_target")
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
@@ -264,14 +264,19 @@ def test_sampler_cpu_target_is_decided_only_for_samplers_that_shared_their_cpu()
 def test_traffic_limits_give_the_ceilings_the_host_allows_and_the_target_cites_them() -> None:
     from lowtail.benchmarks.serve_report import targets, traffic_limits
     from lowtail.benchmarks.serve_run import DesignResult
+    from lowtail.telemetry.percentiles import Percentiles
 
     # a bare call of 16 every 800 us; batches of 8 in 0.5 ms; 50 us of sampler CPU per request on 1 CPU
     bare = DesignResult("bare", 0, 16, samples_per_s=20_000.0)
     run = DesignResult("traffic 16x1", 16, 1, samples_per_s=9_000.0, ratio_to_bare=0.45)
     run.engine_ms_mean, run.engine_batch_mean = 0.5, 8.0
     run.sampler_cpu_us_per_request, run.sampler_cpu_count, run.sampler_spin_us = 50.0, 1, 0
+    assert "worker" not in traffic_limits(run, bare)  # without the per-stage figures
+    run.overhead_us_mean = 150.0  # of which the claim (its wait included) is 50 us on average
+    run.breakdown_us = {"claim_us": Percentiles.of([40.0, 60.0])}
     lim = traffic_limits(run, bare)
     assert lim["batches"] == pytest.approx(0.8)  # 16,000 samples/s of infer() at batch 8
+    assert lim["worker"] == pytest.approx(8 / 600e-6 / 20_000)  # 500 us of infer() + 100 us of work
     assert lim["sampler_cpu"] == pytest.approx(1.0)  # 20,000 requests/s of sampler CPU
     assert lim["full_batches"] == pytest.approx(0.5)  # 800 / (800 + 16 * 50)
     assert lim["sampler_us_for_target"] == pytest.approx(800 * (1 / 0.85 - 1) / 16)
@@ -281,7 +286,8 @@ def test_traffic_limits_give_the_ceilings_the_host_allows_and_the_target_cites_t
     run.limits = lim
     (got,) = (t for t in targets([bare, run], 16) if t["target"].startswith("traffic 16x1"))
     assert got["met"] is False and "0.50 with full batches" in got["figure"]
-    assert "0.80 at the engine's batches of 8.0" in got["figure"] and got["limits"] == [lim]
+    assert "0.80 from the engine at its batches of 8.0 (0.67 adding the worker's" in got["figure"]
+    assert got["limits"] == [lim]
     for missing in ("engine_ms_mean", "engine_batch_mean", "sampler_cpu_us_per_request"):
         assert traffic_limits(dataclasses.replace(run, **{missing: float("nan")}), bare) == {}
     assert traffic_limits(dataclasses.replace(run, sampler_cpu_count=0), bare) == {}

@@ -183,7 +183,11 @@ def plot(results: list[DesignResult]) -> bytes:
     a.axhline(bare * TARGET_RATIO, color="r", ls="--", lw=1, label=f"{TARGET_RATIO:.0%} of bare")
     a.axhline(bare * TRAFFIC_TARGET_RATIO, color="orange", ls=":", lw=1, label=f"{TRAFFIC_TARGET_RATIO:.0%}")
     # A traffic design's ceilings on this host (traffic_limits): ticks across its bar.
-    marks = (("batches", "_", 900, "engine at its batches"), ("full_batches", "v", 80, "full batches"))
+    marks = (
+        ("batches", "_", 900, "engine at its batches"),
+        ("worker", "x", 80, "worker at its batches"),
+        ("full_batches", "v", 80, "full batches"),
+    )
     for key, marker, size, what in marks:
         at = [(i, r.limits[key] * bare) for i, r in enumerate(results) if key in r.limits]
         if at:
@@ -298,10 +302,14 @@ def targets(results: list[DesignResult], batch: int) -> list[dict[str, Any]]:
 
 def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
     """What this host lets a coalescing traffic design reach, as fractions of ``bare``'s samples/s,
-    from the run's own figures with lowtail's own cost counted as zero. ``{}`` when a figure is missing.
+    from the run's own figures; all but ``worker`` count lowtail's own cost as zero. ``{}`` when a
+    figure is missing.
 
     - ``batches``: the engine alone at the batches the run made (a call of 8 costs more per sample
       than one of 16): the served engine's samples per second of ``infer()`` over the bare loop's.
+    - ``worker``: the worker alone at those batches: ``infer()`` plus its own work per call beyond the
+      claim (answer, checks, bookkeeping; the claim, which holds the coalescing wait, left out), as if
+      requests were always waiting for it. Only with the per-stage figures (``breakdown_us``).
     - ``sampler_cpu``: the samplers' CPU alone: ``c`` shared CPUs at ``S`` us per request.
     - ``full_batches``: every request of one full batch in flight at once, as closed-loop samplers
       waiting for the same call are: the engine then idles while they resubmit one after another on
@@ -318,12 +326,15 @@ def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
         return {}
     period_us = bare.batch / rate0 * 1e6  # one bare call of a full batch, with its loop
     per_batch = bare.batch / run.batch
-    return {
-        "batches": run.engine_batch_mean / (run.engine_ms_mean / 1e3) / rate0,
-        "sampler_cpu": c * 1e6 / s_us * run.batch / rate0,
-        "full_batches": period_us / (period_us + per_batch * s_us / c),
-        "sampler_us_for_target": c * period_us * (1 / TRAFFIC_TARGET_RATIO - 1) / per_batch,
-    }
+    out = {"batches": run.engine_batch_mean / (run.engine_ms_mean / 1e3) / rate0}
+    claim = run.breakdown_us.get("claim_us")
+    if claim is not None and claim.n and not math.isnan(run.overhead_us_mean):
+        work_us = max(0.0, run.overhead_us_mean - claim.mean)
+        out["worker"] = run.engine_batch_mean / (run.engine_ms_mean / 1e3 + work_us / 1e6) / rate0
+    out["sampler_cpu"] = c * 1e6 / s_us * run.batch / rate0
+    out["full_batches"] = period_us / (period_us + per_batch * s_us / c)
+    out["sampler_us_for_target"] = c * period_us * (1 / TRAFFIC_TARGET_RATIO - 1) / per_batch
+    return out
 
 
 def _limits_text(runs: list[DesignResult]) -> str:
@@ -331,11 +342,12 @@ def _limits_text(runs: list[DesignResult]) -> str:
     got = [r.limits for r in runs if r.limits]
     if not got:
         return ""
-    lim = {k: _median([g[k] for g in got]) for k in got[0]}
+    lim = {k: _median([g[k] for g in got if k in g]) for k in got[0]}
     batch = _median([r.engine_batch_mean for r in runs])
+    worker = f" ({lim['worker']:.2f} adding the worker's own work per call)" if "worker" in lim else ""
     return (
-        f"; this host's ceilings with lowtail costing nothing: {lim['batches']:.2f} at the engine's "
-        f"batches of {batch:.1f}, {lim['sampler_cpu']:.2f} from the samplers' CPU, "
+        f"; this host's ceilings: {lim['batches']:.2f} from the engine at its "
+        f"batches of {batch:.1f}{worker}, {lim['sampler_cpu']:.2f} from the samplers' CPU, "
         f"{lim['full_batches']:.2f} with full batches (those reach {TRAFFIC_TARGET_RATIO:.2f} at "
         f"{lim['sampler_us_for_target']:.0f} us of sampler CPU per request)"
     )
