@@ -16,7 +16,7 @@ from lowtail.cli.main import main
 from lowtail.serve.metrics import CALL_FIELDS
 
 BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us")
-LIMITS = ("batches", "worker", "sampler_cpu", "full_batches", "sampler_us_for_target")
+LIMITS = ("batches", "worker", "sampler_cpu")  # and the full-batch two where the samplers fill a batch
 
 
 def test_bench_serve_writes_table_json_plots_and_breakdown(
@@ -50,7 +50,8 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert r["sampler_cpu_us_per_request"] > 1 and 0 < r["sampler_cpus_busy"] <= 1.05
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
-    # the traffic design's ceilings come from its own figures; the batch-per-request designs have none
+    # the traffic design's ceilings come from its own figures; the batch-per-request designs have none,
+    # and 3 samplers x 2 observations never fill a batch of 16: no full-batch ceiling
     assert [sorted(r["limits"]) for r in report["results"]] == [[], [], sorted(LIMITS)]
     assert all(v > 0 for v in report["results"][2]["limits"].values())
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -283,6 +284,9 @@ def test_traffic_limits_give_the_ceilings_the_host_allows_and_the_target_cites_t
     run.sampler_cpu_count = 2  # two CPUs resubmit the 16 in half the time
     assert traffic_limits(run, bare)["full_batches"] == pytest.approx(800 / 1200)
     run.sampler_cpu_count = 1
+    lone = traffic_limits(dataclasses.replace(run, samplers=1), bare)  # 1 request never fills 16
+    assert "full_batches" not in lone and "sampler_us_for_target" not in lone
+    assert lone["batches"] == pytest.approx(0.8)
     run.limits = lim
     (got,) = (t for t in targets([bare, run], 16) if t["target"].startswith("traffic 16x1"))
     assert got["met"] is False and "0.50 with full batches" in got["figure"]

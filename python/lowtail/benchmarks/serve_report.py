@@ -316,6 +316,8 @@ def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
       their shared CPUs, ``E / (E + n * S / c)``, ``E`` the bare call and ``n`` requests per batch.
     - ``sampler_us_for_target``: the ``S`` at which ``full_batches`` reaches TRAFFIC_TARGET_RATIO.
 
+    The last two only where the samplers can fill a batch (``traffic 16x1``, not ``1x1``).
+
     Batches of half the requests let the samplers work while the engine runs, and are held to the
     lower of ``batches`` and ``sampler_cpu``; full batches are held to ``full_batches``. What a run
     reads below the ceiling of its regime is what lowtail and the wake-ups cost.
@@ -332,8 +334,9 @@ def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
         work_us = max(0.0, run.overhead_us_mean - claim.mean)
         out["worker"] = run.engine_batch_mean / (run.engine_ms_mean / 1e3 + work_us / 1e6) / rate0
     out["sampler_cpu"] = c * 1e6 / s_us * run.batch / rate0
-    out["full_batches"] = period_us / (period_us + per_batch * s_us / c)
-    out["sampler_us_for_target"] = c * period_us * (1 / TRAFFIC_TARGET_RATIO - 1) / per_batch
+    if run.samplers >= per_batch:  # fewer samplers than a batch's requests never fill one
+        out["full_batches"] = period_us / (period_us + per_batch * s_us / c)
+        out["sampler_us_for_target"] = c * period_us * (1 / TRAFFIC_TARGET_RATIO - 1) / per_batch
     return out
 
 
@@ -345,11 +348,15 @@ def _limits_text(runs: list[DesignResult]) -> str:
     lim = {k: _median([g[k] for g in got if k in g]) for k in got[0]}
     batch = _median([r.engine_batch_mean for r in runs])
     worker = f" ({lim['worker']:.2f} adding the worker's own work per call)" if "worker" in lim else ""
+    full = (
+        f", {lim['full_batches']:.2f} with full batches (those reach {TRAFFIC_TARGET_RATIO:.2f} at "
+        f"{lim['sampler_us_for_target']:.0f} us of sampler CPU per request)"
+        if "full_batches" in lim
+        else ""
+    )
     return (
         f"; this host's ceilings: {lim['batches']:.2f} from the engine at its "
-        f"batches of {batch:.1f}{worker}, {lim['sampler_cpu']:.2f} from the samplers' CPU, "
-        f"{lim['full_batches']:.2f} with full batches (those reach {TRAFFIC_TARGET_RATIO:.2f} at "
-        f"{lim['sampler_us_for_target']:.0f} us of sampler CPU per request)"
+        f"batches of {batch:.1f}{worker}, {lim['sampler_cpu']:.2f} from the samplers' CPU{full}"
     )
 
 
