@@ -10,8 +10,9 @@ the sampler's submit-to-result time, which includes queueing behind the other sa
   with the two-phase client (``start`` then ``finish``), the worker coalescing them into engine batches
   of 8-16 samples (the queue's defaults: ``min_batch_samples`` 8, ``max_batch_samples`` 16; ``--coalesce``
   sets the minimum and the window). Each traffic row also gives the host's ceilings for it, from its own
-  figures (``serve_report.traffic_limits``): what the engine allows at the batches it ran, what the
-  samplers' CPU allows, and what full batches allow when the samplers resubmit on a shared CPU.
+  figures (``serve_report.traffic_limits``): what the engine allows at the batches it ran, and the worker
+  with its own work per call, what the samplers' CPU allows, and what full batches allow when the
+  samplers resubmit on a shared CPU.
 
 Reported per design: samples/s and served/bare (bare at batch B), sampler-side latency p50/p99/p99.9/max
 with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per engine call) with n, the

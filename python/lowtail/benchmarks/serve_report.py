@@ -192,7 +192,7 @@ def plot(results: list[DesignResult]) -> bytes:
         at = [(i, r.limits[key] * bare) for i, r in enumerate(results) if key in r.limits]
         if at:
             xy = zip(*at, strict=True)
-            a.scatter(*xy, marker=marker, s=size, color="k", zorder=3, label=f"host ceiling: {what}")
+            a.scatter(*xy, marker=marker, s=size, color="k", zorder=3, label=f"ceiling: {what}")
     a.set_ylabel("samples/s")
     a.set_title(
         f"throughput (bare at batch {results[0].batch}; red = error)"
@@ -319,8 +319,8 @@ def traffic_limits(run: DesignResult, bare: DesignResult) -> dict[str, float]:
     The last two only where the samplers can fill a batch (``traffic 16x1``, not ``1x1``).
 
     Batches of half the requests let the samplers work while the engine runs, and are held to the
-    lower of ``batches`` and ``sampler_cpu``; full batches are held to ``full_batches``. What a run
-    reads below the ceiling of its regime is what lowtail and the wake-ups cost.
+    lower of ``worker`` (``batches`` without it) and ``sampler_cpu``; full batches are held to
+    ``full_batches`` and ``worker``. What a run reads below them is queueing and the wake-ups.
     """
     rate0, s_us, c = bare.samples_per_s, run.sampler_cpu_us_per_request, run.sampler_cpu_count
     figures = (rate0, s_us, run.engine_ms_mean, run.engine_batch_mean)

@@ -107,8 +107,8 @@ class DesignResult:
     sampler_spin_us: int = -1
     sampler_spin_reason: str = ""
     sampler_cpu_count: int = 0  # the CPUs the samplers shared (their affinity)
-    # A coalescing traffic design's ceilings on this host, from the run's own figures (lowtail's cost
-    # counted as zero): serve_report.traffic_limits. Empty for the other designs.
+    # A coalescing traffic design's ceilings on this host, from the run's own figures (all but the
+    # worker's count lowtail's cost as zero): serve_report.traffic_limits. Empty for the other designs.
     limits: dict[str, float] = field(default_factory=dict)
     round: int = 1  # --rounds: each round measures bare and every design again, in the same order
     # The row's variant in its label: the ladder's model ("1 ms", --model-ms) or the samplers' spin
