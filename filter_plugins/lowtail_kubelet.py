@@ -68,15 +68,31 @@ def kubelet_policy(
     }
 
 
-def kubelet_config_check(config: Any, version: str, numa_nodes: int = 0) -> dict[str, list[str]]:
+def kubelet_config_check(
+    config: Any,
+    version: str,
+    numa_nodes: int = 0,
+    topology: Mapping[str, Any] | None = None,
+    cgroup_version: Any = None,
+) -> dict[str, list[str]]:
     """{problems, warnings} for the whole configuration kubelet ``version`` will read (the merged file),
-    on a host with ``numa_nodes`` NUMA nodes. An unsupported version or a file that is not a map is a
-    problem."""
+    on a host with ``numa_nodes`` NUMA nodes; ``topology`` (lowtail_node.topology: sockets, online) and
+    ``cgroup_version`` (1 or 2) add the checks that need them. An unsupported version or a file that is
+    not a map is a problem."""
     ko = _module("kubelet_options")
     if not isinstance(config, Mapping):
         return {"problems": [f"the kubelet configuration is {config!r}; expected a map"], "warnings": []}
+    topo = dict(topology or {})
+    online = topo.get("online")
     try:
-        result = ko.check_config(str(version), config, int(numa_nodes or 0))
+        result = ko.check_config(
+            str(version),
+            config,
+            int(numa_nodes or 0),
+            sockets=int(topo.get("sockets") or 0),
+            cpus=set(_module("cpulist").parse(str(online))) if online else None,
+            cgroup_version=int(cgroup_version) if cgroup_version not in (None, "") else None,
+        )
     except ko.KubeletVersionError as e:
         return {"problems": [str(e)], "warnings": []}
     return {"problems": list(result.problems), "warnings": list(result.warnings)}

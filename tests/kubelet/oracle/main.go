@@ -7,7 +7,7 @@
 // case, {"id", "accept", "reason"}, in input order. Many cases run in one process; the feature gates
 // are copied fresh for every case.
 //
-// -gates prints the feature gates this kubelet knows ({name: {default, locked, prerelease}}) and
+// -gates prints the feature gates this kubelet knows ({name: {default, locked, prerelease, depends}}) and
 // -version the k8s.io/kubernetes module version the binary was built from.
 package main
 
@@ -58,15 +58,22 @@ func moduleVersion() string {
 }
 
 type gateInfo struct {
-	Default    bool   `json:"default"`
-	Locked     bool   `json:"locked"`
-	PreRelease string `json:"prerelease"`
+	Default    bool     `json:"default"`
+	Locked     bool     `json:"locked"`
+	PreRelease string   `json:"prerelease"`
+	Depends    []string `json:"depends,omitempty"`
 }
 
 func dumpGates() error {
 	out := map[string]gateInfo{}
+	deps := utilfeature.DefaultMutableFeatureGate.Dependencies()
 	for name, spec := range utilfeature.DefaultMutableFeatureGate.GetAll() {
-		out[string(name)] = gateInfo{spec.Default, spec.LockToDefault, string(spec.PreRelease)}
+		info := gateInfo{Default: spec.Default, Locked: spec.LockToDefault, PreRelease: string(spec.PreRelease)}
+		for _, d := range deps[name] {
+			info.Depends = append(info.Depends, string(d))
+		}
+		sort.Strings(info.Depends)
+		out[string(name)] = info
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")

@@ -258,9 +258,10 @@ type jsonCore struct {
 }
 
 type jsonNode struct {
-	ID     int        `json:"node_id"`
-	Memory uint64     `json:"memory"`
-	Cores  []jsonCore `json:"cores"`
+	ID        int        `json:"node_id"`
+	Memory    uint64     `json:"memory"`
+	Cores     []jsonCore `json:"cores"`
+	Distances []uint64   `json:"distances"`
 }
 
 type jsonMachine struct {
@@ -329,6 +330,28 @@ func readMachine(sysfs string) ([]byte, error) {
 		m.MemoryCapacity += nodeMemory
 	}
 	m.NumSockets = len(sockets)
+	// The SLIT distances cadvisor reads from node*/distance: the fixture's file when it has one, else
+	// 10 to itself and 20 to every other node (what firmware reports for a two-hop-free machine).
+	for i := range m.Topology {
+		text, err := os.ReadFile(filepath.Join(sysfs, fmt.Sprintf("devices/system/node/node%d/distance", m.Topology[i].ID)))
+		if err == nil {
+			for _, f := range strings.Fields(string(text)) {
+				d, err := strconv.ParseUint(f, 10, 64)
+				if err != nil {
+					return nil, err
+				}
+				m.Topology[i].Distances = append(m.Topology[i].Distances, d)
+			}
+			continue
+		}
+		for j := range m.Topology {
+			d := uint64(20)
+			if i == j {
+				d = 10
+			}
+			m.Topology[i].Distances = append(m.Topology[i].Distances, d)
+		}
+	}
 	return json.Marshal(m)
 }
 
