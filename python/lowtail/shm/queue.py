@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from lowtail.shm.client import HeldOutputs, Pending, QueueClient, RequestTiming, Ticket, wait_first
 from lowtail.shm.control import InferenceQueue, LaneSnapshot, QueueConfig, QueueDescriptor, QueueSnapshot
-from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/queue map with it
+from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/shm map with it
 from lowtail.shm.errors import (
     BadConfig,
     BadRequest,
@@ -87,7 +87,7 @@ __all__ = [
     "WorkerStandby",
     "wait_first",
 ]
-# The offsets stay importable from here for tools that write single words (the fuzzers in tests/queue).
+# The offsets stay importable from here for tools that write single words (the fuzzers in tests/shm).
 __all__ += [
     "H_DOORBELLS",
     "H_WORKER_EPOCH",
