@@ -68,8 +68,8 @@ demo-local: $(STAMP)
 	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check python tests library filter_plugins
-	$(BIN)/ruff format --check python tests library filter_plugins
+	$(BIN)/ruff check python tests library filter_plugins benchmarks
+	$(BIN)/ruff format --check python tests library filter_plugins benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

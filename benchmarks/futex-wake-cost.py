@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What waking parked samplers costs the waker's CPU: one futex word per waiter against one shared word.
 
-    scripts/futex-wake-cost.py [--waiters 1,8,16] [--rounds N] [--target-busy] [--json FILE]
+    benchmarks/futex-wake-cost.py [--waiters 1,8,16] [--rounds N] [--target-busy] [--json FILE]
 
 The worker answers a batch and wakes the parked samplers whose requests it held, one ``FUTEX_WAKE``
 per lane (each lane parks on its own answer counter). On a KVM guest a wake-up of a task on another

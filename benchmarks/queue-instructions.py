@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per queue round trip, counted by callgrind: a cost figure a noisy host cannot move.
 
-    scripts/queue-instructions.py [--tree DIR ...] [--trips N] [--json FILE]
+    benchmarks/queue-instructions.py [--tree DIR ...] [--trips N] [--json FILE]
 
 For each source tree (default: this checkout), one process attaches a client and a worker to one
 queue and does ``bench queue``'s round trip in turn (submit a 16 x 512 float32 request, claim it,
