@@ -81,10 +81,7 @@ SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         rel = _relative(item)
-        if (
-            rel in SLOW_MODULES
-            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
-        ):
+        if rel in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 

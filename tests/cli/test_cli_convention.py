@@ -1,4 +1,4 @@
-"""One CLI convention across every command (lowtail.cli.options): --json FILE or '-', the same flag names
+"""One CLI convention across every command (lowtail.options): --json FILE or '-', the same flag names
 for the same things, defaults in --help, --no-progress where progress is drawn, errors prefixed with the
 subcommand, output paths checked before any work, and a --help that does not import numpy."""
 

@@ -46,7 +46,7 @@ def test_every_parser_has_quiet_and_verbose() -> None:
 )
 def test_quiet_and_verbose_are_read_wherever_they_are_given(argv: list[str], want: int) -> None:
     from lowtail.cli.main import build_parser
-    from lowtail.cli.options import verbosity
+    from lowtail.options import verbosity
 
     assert verbosity(build_parser().parse_args(argv)) == want
 
@@ -138,6 +138,6 @@ def test_the_default_verbosity_does_not_touch_the_loggers_levels() -> None:
 
 
 def test_argparse_namespace_without_verbosity_is_the_default() -> None:
-    from lowtail.cli.options import verbosity
+    from lowtail.options import verbosity
 
     assert verbosity(argparse.Namespace()) == 0

@@ -208,7 +208,7 @@ def test_every_output_option_refuses_an_unwritable_path_before_any_work(capsys: 
 
 
 def test_a_writable_new_path_is_accepted_and_left_absent(tmp_path: Path) -> None:
-    from lowtail.cli.options import output_path
+    from lowtail.options import output_path
 
     target = tmp_path / "r.json"
     assert output_path()(str(target)) == str(target) and not target.exists()

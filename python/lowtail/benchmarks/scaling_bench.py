@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from lowtail.benchmarks.report import json_safe, write_bench_html
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_html,
     add_json,
     add_no_progress,
@@ -70,7 +70,7 @@ def register(bench_sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, default_duration: float) -> None:
-    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    # The CLI convention (lowtail.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "the results", old="--png", dest="png")
     add_html(p, "a report with the table, the plot, the settings and the host")

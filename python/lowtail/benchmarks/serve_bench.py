@@ -67,8 +67,8 @@ from lowtail.benchmarks.serve_run import (
     run_ray_served,
     run_served,
 )
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_html,
     add_json,
     add_no_progress,
@@ -89,7 +89,7 @@ def register(bench_sub: Any) -> None:
     p = bench_sub.add_parser(
         "serve", help="bare OpenVINO loop vs queue + pinned worker (samplers x batch, predecessor traffic)"
     )
-    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    # The CLI convention (lowtail.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "throughput and latency per design", old="--png", dest="png")
     add_html(p)

@@ -1,5 +1,8 @@
 """The command line's one convention, shared by every command (``lowtail <command> --help`` shows it).
 
+It sits at the package root, not in ``lowtail.cli``: the benchmark commands register their own subcommands
+and use it too, and library code never imports the CLI.
+
 - ``--json FILE`` writes the command's result as JSON; ``-`` writes it to standard output instead of the
   tables (nothing else goes to stdout then). Every table a command prints is also in its JSON.
 - ``--plot FILE`` (PNG) and ``--html FILE`` write a plot and a self-contained report.
