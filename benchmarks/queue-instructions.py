@@ -40,7 +40,7 @@ import numpy as np
 from lowtail.benchmarks.queue_transports import echo, lowtail_config
 from lowtail.shm.client import QueueClient
 from lowtail.shm.queue import InferenceQueue
-from lowtail.shm.worker import QueueWorker
+from lowtail.shm.server import QueueWorker
 
 trips, warmup = int(sys.argv[2]), int(sys.argv[3])
 x = {"obs": np.ones((16, 512), np.float32)}

@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 
 from lowtail.serve.model import ModelSpec, example_inputs, write_model
-from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
 from lowtail.shm import segments
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, WorkerDied
 

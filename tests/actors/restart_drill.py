@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
     from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
-    from lowtail.lease import node_plan
+    from lowtail.node.lease import node_plan
     from lowtail.serve.model import ModelSpec, write_model
     from tests.actors.test_restart import freeze_and_count
 

@@ -19,12 +19,12 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.client import InferenceClient
 from lowtail.actors.endpoint import CrossNodeAttach, NoEndpoints
 from lowtail.actors.inference import InferenceActorFailed, InferenceSpec, start_inference_actor, stop_actor
+from lowtail.actors.inference_client import InferenceClient
 from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
 from lowtail.serve.model import example_inputs, find_model_xml
-from lowtail.serve.worker import WorkerConfig
+from lowtail.serve.worker_process import WorkerConfig
 from lowtail.shm.queue import QueueConfig, WorkerDied
 from tests.fixtures.ray_cluster import RayNodes
 from tests.serve.conftest import SMALL_SPEC, write_slow_model

@@ -26,7 +26,7 @@ from lowtail.actors.allocator import (
     ping,
     stop_node_allocator,
 )
-from lowtail.lease import LeaseExhausted
+from lowtail.node.lease import LeaseExhausted
 from tests.fixtures.plans import tiny_plan
 from tests.fixtures.ray_cluster import RayNodes
 
@@ -137,7 +137,7 @@ def test_an_allocator_constructor_failure_is_reported_as_that_failure_not_a_time
     plan = tiny_plan(isolated="100-101", housekeeping="0", l3=("0,100-101",))
     cfg = AllocatorConfig(state_dir=str(tmp_path), plan=plan.to_dict())
     t0 = time.monotonic()
-    with pytest.raises(AllocatorStartFailed, match=r"to start: lowtail.lease.PoolMismatch: .* 100-101 "):
+    with pytest.raises(AllocatorStartFailed, match=r"to start: lowtail.node.lease.PoolMismatch: .* 100-101 "):
         get_node_allocator(ray_nodes.head, cfg, timeout_s=120)
     assert time.monotonic() - t0 < 60  # reported as it happened, not after the answer timeout
     stop_node_allocator(ray_nodes.head)

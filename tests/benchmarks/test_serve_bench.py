@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lowtail.cli.main import main
-from lowtail.serve.metrics import CALL_FIELDS
+from lowtail.serve.call_stats import CALL_FIELDS
 
 BREAKDOWN_PARTS = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us")
 LIMITS = ("batches", "worker", "sampler_cpu")  # and the full-batch two where the samplers fill a batch

@@ -82,7 +82,7 @@ def test_quiet_prints_the_verdict_and_nothing_else(tmp_path: Path) -> None:
 def test_verbose_logs_the_probe_commands(tmp_path: Path) -> None:
     done, _ = _validate(tmp_path, "-v")
     cpu = max(os.sched_getaffinity(0))
-    assert f"lowtail.validation.probe_worker deschedule --cpu {cpu} --samples 1000" in done.stderr
+    assert f"lowtail.validation.probe_process deschedule --cpu {cpu} --samples 1000" in done.stderr
     assert "DEBUG" in done.stderr
 
 

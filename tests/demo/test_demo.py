@@ -14,10 +14,10 @@ import pytest
 import ray
 
 from lowtail.actors.allocator import NAMESPACE, allocator_name
-from lowtail.actors.metrics import hub_name
+from lowtail.actors.metrics_hub import hub_name
 from lowtail.cli.main import main
 from lowtail.demo.local import DemoError, DemoOptions, lease_policy, run_demo
-from lowtail.lease import node_plan
+from lowtail.node.lease import node_plan
 from lowtail.node.plan import Plan
 from lowtail.telemetry import tbreport
 from lowtail.telemetry.export import P999_DESCHEDULE_TAG

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from lowtail.actors.allocator import AllocatorConfig, build_allocator
-from lowtail.lease import PlanNotFound, PoolMismatch, locate_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import cgroup_cpuset
+from lowtail.node.lease import PlanNotFound, PoolMismatch, locate_plan
 from lowtail.node.plan import make_plan
 from lowtail.node.topology import read_topology
 from tests.fixtures.machines import MACHINES, write_machine
@@ -176,7 +176,7 @@ def test_pod_without_the_host_plan_refuses_to_compute_its_own(
 ) -> None:
     monkeypatch.delenv("LOWTAIL_PLAN", raising=False)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setattr("lowtail.lease.DEFAULT_PLAN_PATH", tmp_path / "absent.json")
+    monkeypatch.setattr("lowtail.node.lease.DEFAULT_PLAN_PATH", tmp_path / "absent.json")
     with pytest.raises(PlanNotFound, match="LOWTAIL_PLAN"):
         locate_plan()
 
@@ -196,7 +196,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from lowtail.actors.allocator import AllocatorConfig, build_allocator
-    from lowtail.lease import LeaseError
+    from lowtail.node.lease import LeaseError
     from lowtail.node.cpuset import cgroup_cpuset
 
     plan, state, pin = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtail import lease
-from lowtail.lease import (
+from lowtail.node import cpulist, lease
+from lowtail.node.lease import (
     BadOwner,
     BadPlacement,
     Lease,
@@ -32,7 +32,6 @@ from lowtail.lease import (
     pid_alive,
     process_start_time,
 )
-from lowtail.node import cpulist
 from lowtail.node.plan import Plan, make_plan
 from lowtail.node.topology import read_topology
 from tests.fixtures.plans import tiny_plan

@@ -9,7 +9,7 @@ import pytest
 
 from lowtail.serve import stats_segment as ws
 from lowtail.serve.call_recorder import CallRecorder
-from lowtail.serve.metrics import CALL_FIELDS, COL, CallRow, call_values
+from lowtail.serve.call_stats import CALL_FIELDS, COL, CallRow, call_values
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
 
@@ -54,7 +54,7 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
         for call in range(2):
             sampled = rec.sampled
             base = time.monotonic_ns() - 1_000_000_000
-            # wall-clock stamps in the hot path's order (serve() in worker_child), 1..19 us apart
+            # wall-clock stamps in the hot path's order (serve() in worker_main), 1..19 us apart
             t0, m0, f0, k0, e0, e1, a0, a1, f1, t1 = _stamps(base, [1000 * (i + 1) for i in range(10)])
             th0, th1 = 5_000, 5_000 + (t1 - t0) - 3_000  # thread CPU: 3 us less than the wall
             et0, et1 = 20_000, 20_000 + (e1 - e0) - 500

@@ -12,7 +12,7 @@ import openvino as ov
 import pytest
 
 from lowtail.serve.model import example_inputs
-from lowtail.serve.worker import WorkerConfig, WorkerProcess, WorkerStopped
+from lowtail.serve.worker_process import WorkerConfig, WorkerProcess, WorkerStopped
 from lowtail.shm.queue import InferenceQueue, Pending, QueueClient, QueueConfig, WorkerDied
 from tests.serve.conftest import write_slow_model
 

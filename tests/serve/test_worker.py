@@ -14,9 +14,15 @@ import openvino as ov
 import pytest
 
 from lowtail.errors import LowtailError
-from lowtail.serve.metrics import CALL_FIELDS
+from lowtail.serve.call_stats import CALL_FIELDS
 from lowtail.serve.model import ModelNotFound, example_inputs, find_model_xml
-from lowtail.serve.worker import WorkerConfig, WorkerExited, WorkerProcess, WorkerReport, WorkerStartFailed
+from lowtail.serve.worker_process import (
+    WorkerConfig,
+    WorkerExited,
+    WorkerProcess,
+    WorkerReport,
+    WorkerStartFailed,
+)
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
 from tests.serve.conftest import write_slow_model
 
@@ -273,7 +279,7 @@ def _state(pid: int) -> str:
 
 
 def test_measure_pinned_serves_the_requested_calls_and_cleans_up(small_model: Path) -> None:
-    from lowtail.serve.worker import measure_pinned
+    from lowtail.serve.worker_process import measure_pinned
 
     before = os.sched_getaffinity(0)
     client_cpu = min(before)

@@ -27,7 +27,7 @@ def filled(tag: float, rows: int = 2) -> dict[str, np.ndarray[Any, Any]]:
     return {"x": np.full((rows, 4), tag, np.float32)}
 
 
-def echo_worker(
+def echo_server(
     desc: QueueDescriptor, cpu: int | None = None, run_s: float = 60.0, delay_s: float = 0.0
 ) -> None:
     """Serve ``echo`` until SIGTERM or ``run_s``; a ``delay_s`` inference keeps requests PROCESSING."""

@@ -201,7 +201,7 @@ def test_a_real_openvino_worker_answers_a_poison_request_with_an_error_and_serve
     small_model: Path,
 ) -> None:
     from lowtail.serve.model import example_inputs
-    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+    from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
 
     cfg = QueueConfig(
         lanes=2, slots_per_lane=2, request_bytes=16384, response_bytes=16384, min_batch_samples=1

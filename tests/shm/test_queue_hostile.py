@@ -21,7 +21,7 @@ from lowtail.cli.main import main
 from lowtail.shm import payload, segments
 from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError, QueueTimeout, ShmDirUnsafe
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
-from tests.shm.helpers import NOBODY, as_nobody, checking_client, echo_worker, hold_ndslot
+from tests.shm.helpers import NOBODY, as_nobody, checking_client, echo_server, hold_ndslot
 
 # -- names: strict, and only in this uid's 0700 directory ---------------------------------------
 
@@ -197,7 +197,7 @@ def hostile_client(desc: QueueDescriptor, seconds: float, out: Any) -> None:
 
 def test_a_client_vandalising_its_own_slot_fails_alone(ctx: BaseContext) -> None:
     with InferenceQueue.create(CFG) as q:
-        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 300.0))
+        w = ctx.Process(target=echo_server, args=(q.descriptor, None, 300.0))
         w.start()
         try:
             out = ctx.Queue()
@@ -277,7 +277,7 @@ def test_a_request_naming_a_slot_not_its_own_fails_alone(ctx: BaseContext, trick
 
 def test_a_killed_clients_slot_files_are_swept_while_the_queue_lives(ctx: BaseContext) -> None:
     with InferenceQueue.create(CFG) as q:
-        w = ctx.Process(target=echo_worker, args=(q.descriptor, None, 300.0))
+        w = ctx.Process(target=echo_server, args=(q.descriptor, None, 300.0))
         w.start()
         try:
             out = ctx.Queue()

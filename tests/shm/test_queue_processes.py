@@ -44,7 +44,7 @@ def test_many_clients_random_batches_each_answer_matches_its_request(
     ctx: BaseContext, server: InferenceQueue
 ) -> None:
     cpus = _cpus()
-    worker = ctx.Process(target=helpers.echo_worker, args=(server.descriptor, cpus[-1]))  # type: ignore[attr-defined]
+    worker = ctx.Process(target=helpers.echo_server, args=(server.descriptor, cpus[-1]))  # type: ignore[attr-defined]
     worker.start()
     out = ctx.Queue()  # type: ignore[attr-defined]
     clients = [
@@ -108,7 +108,7 @@ WAIT_S = 20.0
 def test_killed_worker_waiting_clients_get_worker_died_within_timeout(ctx: BaseContext) -> None:
     cfg = QueueConfig(lanes=4, slots_per_lane=2)
     with InferenceQueue.create(cfg) as s:
-        worker = ctx.Process(target=helpers.echo_worker, args=(s.descriptor, None, 60.0, 30.0))  # type: ignore[attr-defined]
+        worker = ctx.Process(target=helpers.echo_server, args=(s.descriptor, None, 60.0, 30.0))  # type: ignore[attr-defined]
         worker.start()
         out = ctx.Queue()  # type: ignore[attr-defined]
         clients = [
@@ -149,7 +149,7 @@ def test_restarted_worker_fails_orphans_with_worker_died(ctx: BaseContext) -> No
         InferenceQueue.create(QueueConfig(lanes=1, slots_per_lane=2)) as s,
         QueueClient.attach(s.descriptor) as c,
     ):
-        worker = ctx.Process(target=helpers.echo_worker, args=(s.descriptor, None, 60.0, 30.0))  # type: ignore[attr-defined]
+        worker = ctx.Process(target=helpers.echo_server, args=(s.descriptor, None, 60.0, 30.0))  # type: ignore[attr-defined]
         worker.start()
         t = c.submit({"x": np.ones((1, 8), np.float32)})
         deadline = time.monotonic() + 10
@@ -176,7 +176,7 @@ def test_a_client_exiting_does_not_unlink_the_queue(ctx: BaseContext, server: In
 
 
 def test_idle_worker_and_parked_client_do_not_spin(ctx: BaseContext, server: InferenceQueue) -> None:
-    worker = ctx.Process(target=helpers.echo_worker, args=(server.descriptor,))  # type: ignore[attr-defined]
+    worker = ctx.Process(target=helpers.echo_server, args=(server.descriptor,))  # type: ignore[attr-defined]
     worker.start()
     out = ctx.Queue()  # type: ignore[attr-defined]
     waiter = ctx.Process(target=helpers.wait_for_answer, args=(server.descriptor, 3.0, out))  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lowtail.benchmarks import queue_bench
-from lowtail.serve import metrics
+from lowtail.serve import call_stats as metrics
 from lowtail.telemetry import export
 from lowtail.telemetry.percentiles import Percentiles, quantile, quantiles, rank
 from lowtail.validation import check

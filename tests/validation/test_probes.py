@@ -157,10 +157,12 @@ def test_inference_probe_measures_the_pinned_worker_or_names_what_is_missing() -
     check = probe_inference(
         ProbeOptions(cpus=frozenset({PROBE_CPU}), main_cpu=0, samples=300, progress=False)
     )
-    worker = importlib.util.find_spec("lowtail.serve.worker")
-    if worker is None or not hasattr(importlib.import_module("lowtail.serve.worker"), "measure_pinned"):
+    worker = importlib.util.find_spec("lowtail.serve.worker_process")
+    if worker is None or not hasattr(
+        importlib.import_module("lowtail.serve.worker_process"), "measure_pinned"
+    ):
         assert check.status is Status.SKIP
-        assert "lowtail.serve.worker" in check.reason
+        assert "lowtail.serve.worker_process" in check.reason
         return
     assert check.status is not Status.SKIP, check.reason
     stats = check.data["per_cpu"][str(PROBE_CPU)]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 
-from lowtail.lease import Lease
+from lowtail.node.lease import Lease
 from lowtail.validation.check import Status
 from lowtail.validation.threads import PF_KTHREAD, Sampler, check_leased_threads, read_leases
 from tests.validation.conftest import PROBE_CPU
@@ -55,7 +55,7 @@ THREADS = [
     (100, 100, "ray::Infer", 1, "0-7", False),
     (101, 101, "lowtail-worker", 100, "3", False),
     (500, 500, "lowtail", 1, "0-7", False),
-    (501, 501, "probe_worker", 500, "3", False),
+    (501, 501, "probe_process", 500, "3", False),
     (200, 201, "raylet", 1, "0-7", False),
     (30, 30, "ksoftirqd/3", 2, "3", True),
     (40, 40, "rcuop/1", 2, "0-7", True),
@@ -84,7 +84,7 @@ def test_a_foreign_thread_on_a_leased_cpu_fails_and_is_named(tmp_path: Path) -> 
     ran = {
         "ray::Infer": 5,
         "lowtail-worker": 900,
-        "probe_worker": 50,
+        "probe_process": 50,
         "raylet": 40,
         "ksoftirqd/3": 2,
         "rcuop/1": 3,
@@ -101,7 +101,7 @@ def test_a_foreign_thread_on_a_leased_cpu_fails_and_is_named(tmp_path: Path) -> 
 
 
 def test_only_the_owner_the_validator_and_per_cpu_kthreads_on_a_leased_cpu_pass(tmp_path: Path) -> None:
-    ran = {"ray::Infer": 5, "lowtail-worker": 990, "probe_worker": 300, "ksoftirqd/3": 4}
+    ran = {"ray::Infer": 5, "lowtail-worker": 990, "probe_process": 300, "ksoftirqd/3": 4}
     c = check_leased_threads(_sample(tmp_path, ran), [OWNER], own_pids=[500], nohz_full=frozenset({LEASED}))
     assert c.status is Status.PASS and c.value == 0.0, c
 

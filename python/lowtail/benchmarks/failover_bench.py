@@ -126,9 +126,9 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
     from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.demo.local import lease_policy, local_ray
-    from lowtail.lease import node_plan
     from lowtail.node import cpulist
     from lowtail.node.cpuset import usable_cpus
+    from lowtail.node.lease import node_plan
     from lowtail.serve.model import ModelSpec, write_model
 
     plan, usable = node_plan(), usable_cpus()

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import usable_cpus
+from lowtail.node.lease import KINDS, node_plan
 from lowtail.node.plan import Plan
 from lowtail.render import console, table
 from lowtail.telemetry.export import WindowStats
@@ -213,7 +213,7 @@ def _run(
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
     from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
-    from lowtail.actors.metrics import MetricsConfig, get_node_metrics, stop_node_metrics
+    from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics, stop_node_metrics
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.serve.model import ModelSpec, write_model
     from lowtail.telemetry.export import window_stats

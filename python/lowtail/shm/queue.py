@@ -13,7 +13,7 @@ The queue lives in four parts, split at its seams:
   (create, snapshot, close, sweep); lane and worker liveness.
 - ``lowtail.shm.client``: ``QueueClient``, ``Ticket``, ``Pending``, ``RequestTiming``, ``HeldOutputs``,
   ``wait_first``; the hot path ``submit`` / ``wait``, and ``withdraw``.
-- ``lowtail.shm.worker``: ``QueueWorker``, ``Batch``, ``WorkerStandby``; the hot path ``claim`` /
+- ``lowtail.shm.server``: ``QueueWorker``, ``Batch``, ``WorkerStandby``; the hot path ``claim`` /
   ``answer``, fencing, and a standby's takeover.
 """
 
@@ -54,7 +54,7 @@ from lowtail.shm.layout import (
     S_SUBMIT_NS,
 )
 from lowtail.shm.payload import NdarraySlot
-from lowtail.shm.worker import Batch, QueueWorker, WorkerStandby
+from lowtail.shm.server import Batch, QueueWorker, WorkerStandby
 
 __all__ = [
     "BadConfig",

@@ -1,4 +1,4 @@
-"""Entry point of the pinned inference worker process (the child side of ``lowtail.serve.worker``).
+"""Entry point of the pinned inference worker process (the child side of ``lowtail.serve.worker_process``).
 
 Only the standard library is imported at module level, on purpose: the worker pins itself to its leased
 CPU before numpy or OpenVINO are imported, so every thread they create inherits the one-CPU mask and
@@ -82,7 +82,7 @@ def main(
     role = "standby" if standby else "primary"
     logging.basicConfig(
         level=cfg.log_level,
-        format="%(asctime)s %(levelname)s lowtail.serve.worker[" + cfg.name + " " + role
+        format="%(asctime)s %(levelname)s lowtail.serve.worker_process[" + cfg.name + " " + role
         + " pid %(process)d] %(message)s",
         stream=sys.stderr,
     )  # fmt: skip
@@ -142,7 +142,7 @@ def main(
 
         # 3. Attach (as the worker, or as its standby) and report.
         from lowtail.shm.queue import QueueDescriptor, QueueWorker
-        from lowtail.shm.worker import WorkerStandby
+        from lowtail.shm.server import WorkerStandby
 
         desc = QueueDescriptor.from_bytes(descriptor)
         holder: QueueWorker | WorkerStandby = (

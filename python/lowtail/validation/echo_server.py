@@ -1,6 +1,6 @@
 """The queue consumer of the ``shm_rtt`` probe: pinned, it returns every request's input as its output.
 
-Run as ``python -m lowtail.validation.echo_worker CPU`` with the queue descriptor's bytes
+Run as ``python -m lowtail.validation.echo_server CPU`` with the queue descriptor's bytes
 (``QueueDescriptor.to_bytes``) on stdin; it prints ``ready`` once attached and exits on SIGTERM.
 A plain subprocess rather than multiprocessing, so no resource-tracker process outlives the probe.
 """

@@ -2,7 +2,7 @@
 
 Parent-side handle (stable API; the Ray inference actor uses exactly this)::
 
-from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
 
     w = WorkerProcess.start(queue.descriptor, cpu=5, model_dir="model/", config=WorkerConfig(name="hero3"))
     info = w.wait_ready(timeout_s=60)      # dict: pid, affinity, nice, sched_fifo, precision, threads, ...
@@ -21,7 +21,7 @@ from lowtail.serve.worker import WorkerConfig, WorkerProcess
     m = measure_pinned(cpu=5, calls=3000)   # for validation: a queue + worker on CPU 5 driven by this
                                             # thread; PinnedMeasurement(rows, report, isolation, ready)
 
-The child (``lowtail.serve.worker_child``) pins itself before importing numpy or OpenVINO. The handle
+The child (``lowtail.serve.worker_main``) pins itself before importing numpy or OpenVINO. The handle
 also makes the child *born* pinned: ``start`` pins the calling thread to the CPU for the instant of the
 spawn (the child inherits the mask of the thread that forks it) and restores it, so even code that runs
 before the entry function (multiprocessing re-imports the parent's ``__main__`` module in a spawned
@@ -46,9 +46,9 @@ import psutil
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.node.signals import deaf_to_ctrl_c
-from lowtail.serve import metrics
+from lowtail.serve import call_stats as metrics
 from lowtail.serve import stats_segment as workerstats
-from lowtail.serve import worker_child as worker_main
+from lowtail.serve import worker_main
 from lowtail.serve.config import WorkerConfig
 from lowtail.serve.model import find_model_xml
 from lowtail.serve.pinning import start_pinned

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from lowtail.serve import metrics
-from lowtail.serve.metrics import (
+from lowtail.serve import call_stats as metrics
+from lowtail.serve.call_stats import (
     CALL_FIELDS,
     SLOW_INFER_FORMAT,
     LatencyWindow,

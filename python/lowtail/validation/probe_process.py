@@ -1,6 +1,6 @@
 """The measuring side of the probes: one process per CPU, pinned before it does anything else.
 
-Run as ``python -m lowtail.validation.probe_worker {deschedule|timer} --cpu N --samples N ...``. It writes
+Run as ``python -m lowtail.validation.probe_process {deschedule|timer} --cpu N --samples N ...``. It writes
 JSON lines to stdout: ``{"progress": k}`` now and then, and one final ``{"result": {...}}`` with the raw
 samples in nanoseconds. Only the standard library is imported, so the measured process is small and
 nothing else (numpy's thread pools, OpenVINO) shares its CPU.
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C reaches the whole process group: the measuring child ends at once and quietly (no
     # KeyboardInterrupt traceback); the validator reports what it had and ends the others.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    p = argparse.ArgumentParser(prog="probe_worker")
+    p = argparse.ArgumentParser(prog="probe_process")
     p.add_argument("kind", choices=["deschedule", "timer"])
     p.add_argument("--cpu", type=int, required=True)
     p.add_argument("--samples", type=int, required=True)
