@@ -46,7 +46,7 @@ class Options:
     nodes: int = 2
     samplers: int = 1  # per node
     seconds: float = 6.0
-    heroes: int = 8
+    rows: int = 8  # samples per environment step
     features: int = 512
     request_timeout_s: float = 2.0
     kill_file: str | None = None  # node-loss handshake; None skips the node-loss phase
@@ -86,8 +86,8 @@ def ray_nodes() -> list[dict[str, Any]]:
 
 def _node_facts() -> dict[str, Any]:
     """Runs on a node: what it is, its plan (its own /etc/lowtail/plan.json) and its cgroup cpuset."""
-    from lowtail.lease import node_plan
     from lowtail.node.cpuset import usable_cpus
+    from lowtail.node.lease import node_plan
 
     return {
         "host": socket.gethostname(),
@@ -111,8 +111,8 @@ def _attach_elsewhere(endpoint: Any) -> str:
     """Runs on a node: try to reach another node's inference actor; returns the refusal."""
     import ray
 
-    from lowtail.actors.client import InferenceClient
     from lowtail.actors.endpoint import CrossNodeAttach
+    from lowtail.actors.inference_client import InferenceClient
 
     try:
         InferenceClient([endpoint], node_id=ray.get_runtime_context().get_node_id()).close()
@@ -215,7 +215,7 @@ def set_up(opts: Options, say: Say) -> list[Node]:
         for j in range(opts.samplers):
             spec = SamplerSpec(
                 name=f"{tag}-{j}",
-                env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
+                env=EnvSpec(features=opts.features, rows=opts.rows, seed=j),
                 allocator=cfg,
                 timeout_s=opts.request_timeout_s,
             )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_json,
     add_no_progress,
     add_plot,
@@ -48,7 +48,10 @@ def register(sub: Any) -> None:
     p.add_argument("--seconds", type=positive(float), default=10.0, help="how long samplers run")
     p.add_argument("--actors", type=positive(int), default=2, help="inference actors")
     p.add_argument("--samplers", type=positive(int), default=2, help="sampler actors")
-    p.add_argument("--heroes", type=positive(int), default=8, help="samples per request")
+    # --heroes was this option's first name; it counted rows, never heroes (--policies counts those).
+    p.add_argument(
+        "--rows", "--heroes", dest="rows", type=positive(int), default=8, help="samples per request"
+    )
     p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler")
     p.add_argument(
         "--policies",
@@ -74,7 +77,7 @@ def register(sub: Any) -> None:
         type=output_dir(),
         help="keep the TensorBoard run here (default: a temporary directory, removed at the end)",
     )
-    # The CLI convention (lowtail.cli.options): output paths are checked before Ray starts.
+    # The CLI convention (lowtail.options): output paths are checked before Ray starts.
     add_json(p, "the summary")
     add_plot(p, "the latency and deschedule tails")
     add_no_progress(p)
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         actors=args.actors,
         samplers=args.samplers,
-        heroes=args.heroes,
+        rows=args.rows,
         depth=args.depth,
         strict_leases=args.strict_leases,
         metrics_port=args.metrics_port,
