@@ -98,6 +98,35 @@ def kubelet_config_check(
     return {"problems": list(result.problems), "warnings": list(result.warnings)}
 
 
+def kubelet_files_check(  # noqa: PLR0917 - a Jinja filter takes its arguments by position
+    main: Any,
+    dropins: list[list[Any]],
+    version: str,
+    numa_nodes: int = 0,
+    topology: Mapping[str, Any] | None = None,
+    cgroup_version: Any = None,
+) -> dict[str, list[str]]:
+    """{problems, warnings} for what kubelet ``version`` loads: the main file and its --config-dir
+    drop-ins ([[path, content], ...]) as kubelet_options.check_files judges them (each file's header,
+    kubelet's eviction defaults before the merge, the merge, then every check_config rule)."""
+    ko = _module("kubelet_options")
+    topo = dict(topology or {})
+    online = topo.get("online")
+    try:
+        result = ko.check_files(
+            str(version),
+            main,
+            [(str(p), c) for p, c in dropins],
+            int(numa_nodes or 0),
+            sockets=int(topo.get("sockets") or 0),
+            cpus=set(_module("cpulist").parse(str(online))) if online else None,
+            cgroup_version=int(cgroup_version) if cgroup_version not in (None, "") else None,
+        )
+    except ko.KubeletVersionError as e:
+        return {"problems": [str(e)], "warnings": []}
+    return {"problems": list(result.problems), "warnings": list(result.warnings)}
+
+
 def kubelet_eviction_hard(existing: Mapping[str, Any] | None, memory_available: str) -> dict[str, str]:
     """evictionHard keeping kubelet's default signals and the file's values, with lowtail's memory."""
     return dict(_module("kubelet_options").eviction_hard(existing, memory_available))
@@ -225,6 +254,7 @@ class FilterModule:
         return {
             "lowtail_kubelet_policy": kubelet_policy,
             "lowtail_kubelet_config_check": kubelet_config_check,
+            "lowtail_kubelet_files_check": kubelet_files_check,
             "lowtail_kubelet_eviction_hard": kubelet_eviction_hard,
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,

@@ -162,3 +162,19 @@ def test_command_line_follows_execstart_resets_and_variable_expansion() -> None:
     # ${ONE} stays one word: kubelet gets the flag --max-pods with the value "9 --x".
     assert cmd.flags["--max-pods"] == "9 --x"
     assert cmd.env_files == ["/var/lib/kubelet/kubeadm-flags.env"]
+
+
+def test_files_check_filter_judges_the_main_file_and_drop_ins_as_kubelet_loads_them(kf: ModuleType) -> None:
+    main = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": "0-3",
+    }
+    ok = kf.kubelet_files_check(main, [], "v1.37.2", 1, {"online": "0-7"}, 2)
+    assert ok == {"problems": [], "warnings": []}
+    headless = [["/etc/kubernetes/kubelet.conf.d/50-x.conf", {"maxPods": 10}]]
+    assert kf.kubelet_files_check(main, headless, "v1.37.2", 1)["problems"] == [
+        "drop-in /etc/kubernetes/kubelet.conf.d/50-x.conf has apiVersion None and kind None; expected "
+        "kubelet.config.k8s.io/v1beta1 KubeletConfiguration (kubelet fails to load it)"
+    ]
