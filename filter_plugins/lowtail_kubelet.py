@@ -68,6 +68,18 @@ def kubelet_policy(
     }
 
 
+def _machine(topology: Mapping[str, Any] | None, cgroup_version: Any) -> dict[str, Any]:
+    """check_config's machine arguments from lowtail_node.topology (sockets, online) and the cgroup
+    version preflight read (1 or 2; none: unknown)."""
+    topo = dict(topology or {})
+    online = topo.get("online")
+    return {
+        "sockets": int(topo.get("sockets") or 0),
+        "cpus": set(_module("cpulist").parse(str(online))) if online else None,
+        "cgroup_version": int(cgroup_version) if cgroup_version not in (None, "") else None,
+    }
+
+
 def kubelet_config_check(
     config: Any,
     version: str,
@@ -82,16 +94,12 @@ def kubelet_config_check(
     ko = _module("kubelet_options")
     if not isinstance(config, Mapping):
         return {"problems": [f"the kubelet configuration is {config!r}; expected a map"], "warnings": []}
-    topo = dict(topology or {})
-    online = topo.get("online")
     try:
         result = ko.check_config(
             str(version),
             config,
             int(numa_nodes or 0),
-            sockets=int(topo.get("sockets") or 0),
-            cpus=set(_module("cpulist").parse(str(online))) if online else None,
-            cgroup_version=int(cgroup_version) if cgroup_version not in (None, "") else None,
+            **_machine(topology, cgroup_version),
         )
     except ko.KubeletVersionError as e:
         return {"problems": [str(e)], "warnings": []}
@@ -110,17 +118,13 @@ def kubelet_files_check(  # noqa: PLR0917 - a Jinja filter takes its arguments b
     drop-ins ([[path, content], ...]) as kubelet_options.check_files judges them (each file's header,
     kubelet's eviction defaults before the merge, the merge, then every check_config rule)."""
     ko = _module("kubelet_options")
-    topo = dict(topology or {})
-    online = topo.get("online")
     try:
         result = ko.check_files(
             str(version),
             main,
             [(str(p), c) for p, c in dropins],
             int(numa_nodes or 0),
-            sockets=int(topo.get("sockets") or 0),
-            cpus=set(_module("cpulist").parse(str(online))) if online else None,
-            cgroup_version=int(cgroup_version) if cgroup_version not in (None, "") else None,
+            **_machine(topology, cgroup_version),
         )
     except ko.KubeletVersionError as e:
         return {"problems": [str(e)], "warnings": []}
