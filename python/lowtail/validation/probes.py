@@ -23,8 +23,9 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats
+from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats, worst_cpu_interval
 from lowtail.validation.evidence import beyond, min_samples, shortfall
+from lowtail.validation.intervals import fmt_interval
 from lowtail.validation.static import read_steal
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,11 @@ def grade(
     everything = [x for xs in per_cpu_ms.values() for x in xs]
     overall = tail_stats(everything, over=limits.pass_max)
     overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
+    ci = worst_cpu_interval({c: sorted(xs) for c, xs in per_cpu_ms.items()})
+    evidence.append(
+        f"worst CPU's p99.9 {fmt(value)} ms, 95% interval {fmt_interval(ci)} (order statistics; "
+        "'open': too few samples to bound it from above)"
+    )
     w = per_cpu[worst_cpu]
     reason = ""
     if status is not Status.PASS:
@@ -178,6 +184,7 @@ def grade(
         kind="probe",
         data={
             "metric": "p999",
+            "ci": ci,
             "limits_ms": [limits.pass_max, limits.warn_max],
             "min_samples": min_samples(0.999),
             "enough_samples": not short,

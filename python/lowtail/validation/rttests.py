@@ -22,7 +22,16 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, fmt, histogram_stats, merge_ladders, skip
+from lowtail.validation.check import (
+    Check,
+    Limits,
+    Status,
+    fmt,
+    histogram_stats,
+    merge_ladders,
+    pooled_top,
+    skip,
+)
 
 SHM_STATS = "/dev/shm/cyclictest"  # + pid: cyclictest's running statistics (rt-tests src/cyclictest)
 log = logging.getLogger(__name__)
@@ -175,7 +184,7 @@ def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], l
             "worst_cpu": worst_cpu,
             "cpus": cpulist.format(per_cpu),
             "per_cpu": {str(c): s for c, s in per_cpu.items()},
-            "all": {"ladder_worst_cpu": merge_ladders(per_cpu)},
+            "all": {"ladder_worst_cpu": merge_ladders(per_cpu), **pooled_top(per_cpu)},
         },
     )
 
