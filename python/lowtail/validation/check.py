@@ -140,6 +140,7 @@ def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str,
     n = len(xs)
     if n == 0:
         return {"n": 0}
+    maxima = intervals.block_maxima(samples)
     out: dict[str, Any] = {
         "n": n,
         "mean": round(math.fsum(xs) / n, 6),
@@ -150,7 +151,10 @@ def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str,
         "max": xs[-1],
         "ladder": [[q, xs[_rank(n, q)]] for q in LADDER],
         "p999_ci": intervals.quantile_interval(n, 0.999, xs.__getitem__),
-        "top": xs[-intervals.TOP :][::-1],
+        # The largest maximum of each block of samples taken in a row: one stall that delays several
+        # samples in a row counts once in the maximum's test.
+        "top": maxima[: intervals.TOP],
+        "blocks": len(maxima),
     }
     if over is not None:
         out["over"] = sum(1 for x in xs if x > over)
@@ -200,13 +204,19 @@ def histogram_stats(
         "ladder": [[q, at(q) if q < 1 else maximum / divisor] for q in LADDER],
         "p999_ci": intervals.quantile_interval(n, 0.999, at_index),
         "top": top,
+        "blocks": n,  # a histogram has no time order: every sample is its own block
     }
 
 
 def pooled_top(per_cpu: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
-    """n and the largest samples of all CPUs together (each CPU's largest hold the pooled largest)."""
+    """n, blocks and the largest block maxima of all CPUs together (each CPU's largest hold the pooled
+    largest)."""
     tops = sorted((x for s in per_cpu.values() for x in s.get("top") or []), reverse=True)
-    return {"n": sum(int(s.get("n", 0)) for s in per_cpu.values()), "top": tops[: intervals.TOP]}
+    return {
+        "n": sum(int(s.get("n", 0)) for s in per_cpu.values()),
+        "blocks": sum(int(s.get("blocks", s.get("n", 0))) for s in per_cpu.values()),
+        "top": tops[: intervals.TOP],
+    }
 
 
 def worst_cpu_interval(per_cpu_sorted: Mapping[Any, Sequence[float]], q: float = 0.999) -> list[float | None]:

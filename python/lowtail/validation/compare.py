@@ -23,14 +23,18 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.render import html, style, table
 from lowtail.render.schema import stamp
-from lowtail.validation import plots, report
+from lowtail.validation import intervals, plots, report
 from lowtail.validation.check import SEVERITY, Status
+from lowtail.validation.intervals import fmt_interval
 
 SCHEMA = "lowtail.validate"
 SCHEMA_VERSION = 1  # the newest validate report this module reads
 DEFAULT_TOLERANCE = 0.10
 STATUSES = tuple(str(s) for s in Status)
 WORSE, BETTER, SAME, NOT_COMPARED = "worse", "better", "same", "not compared"
+NOT_MEASURED = "not measured"  # skipped in both reports: nothing to compare, nothing missing
+# lowtail compare's exit statuses: 2 is a file that is not a report.
+EXIT_NOT_WORSE, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 3
 
 
 class ReportFormatError(LowtailError, ValueError):
@@ -95,19 +99,113 @@ def _upper_limit(c: Mapping[str, Any]) -> bool:
     return c.get("kind") == "probe" or "pass <=" in str(c.get("threshold", ""))
 
 
+def _data(c: Mapping[str, Any]) -> dict[str, Any]:
+    d = c.get("data")
+    return d if isinstance(d, dict) else {}
+
+
+def _interval(c: Mapping[str, Any]) -> list[float | None] | None:
+    """The graded p99.9's 95% interval, as validate recorded it (None: an older report has none)."""
+    ci = _data(c).get("ci")
+    if not (isinstance(ci, list) and len(ci) == 2 and all(x is None or _number(x) for x in ci)):
+        return None
+    return [None if x is None else float(x) for x in ci]
+
+
+def _tail(c: Mapping[str, Any]) -> tuple[int, list[float]] | None:
+    """(blocks, largest block maxima first) of all the probe's CPUs together, for the maximum's test."""
+    everything = _data(c).get("all")
+    if not isinstance(everything, dict):
+        return None
+    n, top = everything.get("blocks", everything.get("n")), everything.get("top")
+    if not (isinstance(n, int) and n > 0 and isinstance(top, list) and top and all(_number(x) for x in top)):
+        return None
+    return n, sorted((float(x) for x in top), reverse=True)
+
+
+def _status_note(bs: str, as_: str) -> str:
+    return f"{bs} -> {as_}, " if bs != as_ else ""
+
+
+def judge_p999(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> tuple[str, str]:
+    """A probe graded on a p99.9: worse or better only when the two 95% intervals do not overlap."""
+    bs, as_ = str(b["status"]), str(a["status"])
+    cb, ca = _interval(b), _interval(a)
+    vb, va = float(b["value"]), float(a["value"])
+    if cb is None or ca is None:
+        side = "before" if cb is None else "after"
+        return NOT_COMPARED, (
+            f"{_status_note(bs, as_)}the {side} report has no interval for its p99.9 (an older lowtail "
+            "wrote it): run validate again to compare values"
+        )
+    unit = b.get("unit") or a.get("unit") or ""
+    both = f"p99.9 {_v(vb, unit)} {fmt_interval(cb, '')} -> {_v(va, unit)} {fmt_interval(ca, '')}"
+    if ca[0] is not None and cb[1] is not None and ca[0] > cb[1] and va > vb * (1 + tolerance):
+        times = f"{_times(va / vb)} higher" if vb > 0 else "up from 0"
+        return WORSE, f"{_status_note(bs, as_)}{both}, {times}: the 95% intervals do not overlap"
+    if cb[0] is not None and ca[1] is not None and cb[0] > ca[1] and vb > va * (1 + tolerance):
+        times = f"{_times(vb / va)} lower" if va > 0 else "down to 0"
+        return BETTER, f"{_status_note(bs, as_)}{both}, {times}: the 95% intervals do not overlap"
+    return SAME, f"{_status_note(bs, as_)}within noise: {both}, the 95% intervals overlap"
+
+
+def judge_max(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> tuple[str, str]:
+    """A maximum: worse only when more after samples exceed the before maximum than chance explains."""
+    bs, as_ = str(b.get("status")), str(a.get("status"))
+    tb, ta = _tail(b), _tail(a)
+    if tb is None or ta is None:
+        side = "before" if tb is None else "after"
+        return NOT_COMPARED, (
+            f"{_status_note(bs, as_)}the {side} report keeps no largest samples (an older lowtail wrote it): "
+            "run validate again to compare maxima"
+        )
+    (nb, topb), (na, topa) = tb, ta
+    unit = b.get("unit") or a.get("unit") or ""
+    ka, kb = intervals.count_above(topa, topb[0]), intervals.count_above(topb, topa[0])
+    maxes = f"max {_v(topb[0], unit)} -> {_v(topa[0], unit)}"
+    if intervals.chance_above(ka, na, nb) <= intervals.MAX_ALPHA and topa[0] > topb[0] * (1 + tolerance):
+        return WORSE, (
+            f"{_status_note(bs, as_)}{maxes}: {ka} of {na:,} after blocks above the before max "
+            f"(chance {intervals.chance_above(ka, na, nb):.1g} if nothing changed)"
+        )
+    if intervals.chance_above(kb, nb, na) <= intervals.MAX_ALPHA and topb[0] > topa[0] * (1 + tolerance):
+        return BETTER, (
+            f"{_status_note(bs, as_)}{maxes}: {kb} of {nb:,} before blocks above the after max "
+            f"(chance {intervals.chance_above(kb, nb, na):.1g} if nothing changed)"
+        )
+    need = intervals.needed_above(na, nb)
+    return SAME, (
+        f"{_status_note(bs, as_)}within noise: {maxes}; {ka} of {na:,} after blocks above the before max, "
+        f"{kb} of {nb:,} before above the after max ({need if need is not None else 'more'} needed to call "
+        "a change)"
+    )
+
+
 def judge(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> tuple[str, str]:
-    """(word, why) for one check: worse / better / same / not compared."""
+    """(word, why) for one check: worse / better / same / not compared / not measured."""
     bs, as_ = b.get("status", "absent"), a.get("status", "absent")
+    if bs == as_ == Status.SKIP:
+        return NOT_MEASURED, "skipped in both"
     if "absent" in (bs, as_):
         return NOT_COMPARED, f"only in the {'after' if bs == 'absent' else 'before'} report"
     if Status.SKIP in (bs, as_):
         return NOT_COMPARED, f"skipped {'before' if bs == Status.SKIP else 'after'}"
     sb, sa = SEVERITY[Status(bs)], SEVERITY[Status(as_)]
+    if math.isinf(tolerance):
+        if sa != sb:
+            return (WORSE if sa > sb else BETTER), f"{bs} -> {as_}"
+        return SAME, f"still {as_} (values not judged: --status-only)"
+    numbers = _number(b.get("value")) and _number(a.get("value"))
+    if b.get("kind") == "probe" and numbers:
+        # A probe's status is its estimate against a limit: the estimate's noise decides, not the status.
+        metric = _data(b).get("metric", "p999")
+        word, why = (judge_max if metric == "max" else judge_p999)(b, a, tolerance)
+        if word != NOT_COMPARED or sa == sb:
+            return word, why
+        return (WORSE if sa > sb else BETTER), f"{bs} -> {as_}; {why.removeprefix(_status_note(bs, as_))}"
     if sa != sb:
         return (WORSE if sa > sb else BETTER), f"{bs} -> {as_}"
-    if math.isinf(tolerance):
-        return SAME, f"still {as_} (values not judged: --status-only)"
-    if not (_number(b.get("value")) and _number(a.get("value")) and _upper_limit(b)):
+    if not (numbers and _upper_limit(b)):
         return SAME, f"still {as_}"
     vb, va = float(b["value"]), float(a["value"])
     unit = b.get("unit") or a.get("unit") or ""
@@ -184,40 +282,70 @@ def compare(
     for n in names:
         b, a = b_checks.get(n, {}), a_checks.get(n, {})
         word, why = judge(b, a, tolerance)
-        rows.append(
-            {
-                "name": n,
-                "kind": (b or a).get("kind", "static"),
-                "unit": (b or a).get("unit", ""),
-                "before": {"status": b.get("status", "absent"), "value": b.get("value")},
-                "after": {"status": a.get("status", "absent"), "value": a.get("value")},
-                "ratio": _ratio(b.get("value"), a.get("value")) if (b or a).get("kind") == "probe" else None,
-                "change": word,
-                "why": why,
-                "status_changed": b.get("status", "absent") != a.get("status", "absent"),
-            }
-        )
+        rows.append(_row(n, b, a, (word, why)))
+        graded = {b.get("status"), a.get("status")}.isdisjoint({None, Status.SKIP})
+        both_probed = b.get("kind") == "probe" and graded
+        if both_probed and _data(b).get("metric", "p999") != "max" and not math.isinf(tolerance):
+            # A p99.9 says nothing about the rare stall: the maximum is judged on its own row.
+            mword, mwhy = judge_max(b, a, tolerance)
+            rows.append(_row(f"{n} max", b, a, (mword, mwhy), value="max"))
     hb, ha = before["summary"].get("headline"), after["summary"].get("headline")
     headline = None
     if hb and ha:
+        desc = next((r for r in rows if r["name"] == "deschedule"), None)
         headline = {
             "metric": "p999_deschedule_ms",
-            "before": hb,
-            "after": ha,
+            "before": {**hb, "ci": _interval(b_checks.get("deschedule", {}))},
+            "after": {**ha, "ci": _interval(a_checks.get("deschedule", {}))},
             "ratio": _ratio(hb["p999_deschedule_ms"], ha["p999_deschedule_ms"]),
+            "change": desc["change"] if desc else NOT_COMPARED,
         }
     worse = [r["name"] for r in rows if r["change"] == WORSE]
+    missing = [r["name"] for r in rows if r["change"] == NOT_COMPARED]
+    verdict = WORSE if worse else ("incomplete" if missing else "not worse")
+    status = EXIT_WORSE if worse else (EXIT_INCOMPLETE if missing else EXIT_NOT_WORSE)
     return {
         **stamp("compare"),
         "before": {"host": before["host"].get("hostname"), "status": before["summary"]["status"]},
         "after": {"host": after["host"].get("hostname"), "status": after["summary"]["status"]},
         "tolerance": None if math.isinf(tolerance) else tolerance,
-        "verdict": WORSE if worse else "not worse",
+        "confidence": intervals.CONFIDENCE,
+        "verdict": verdict,
+        "exit_status": status,
         "worse": worse,
         "better": [r["name"] for r in rows if r["change"] == BETTER],
+        "same": [r["name"] for r in rows if r["change"] == SAME],
+        "not_compared": missing,
+        "not_measured": [r["name"] for r in rows if r["change"] == NOT_MEASURED],
         "warnings": warnings(before, after),
         "headline": headline,
         "checks": rows,
+    }
+
+
+def _row(
+    name: str, b: Mapping[str, Any], a: Mapping[str, Any], judged: tuple[str, str], value: str = "value"
+) -> dict[str, Any]:
+    word, why = judged
+
+    def side(c: Mapping[str, Any]) -> dict[str, Any]:
+        v = c.get("value")
+        if value == "max":
+            tail = _tail(c)
+            v = tail[1][0] if tail else None
+        return {"status": c.get("status", "absent"), "value": v}
+
+    sb, sa = side(b), side(a)
+    return {
+        "name": name,
+        "kind": (b or a).get("kind", "static"),
+        "unit": (b or a).get("unit", ""),
+        "before": sb,
+        "after": sa,
+        "ratio": _ratio(sb["value"], sa["value"]) if (b or a).get("kind") == "probe" else None,
+        "change": word,
+        "why": why,
+        "status_changed": sb["status"] != sa["status"],
     }
 
 
@@ -234,7 +362,13 @@ def _v(x: Any, unit: str) -> str:
 HEADERS = ["check", "before", "after", "change"]
 # Statuses as validate colours them; "absent" is a check only one of the two reports has.
 STATUS_COLOR = {**report.STATUS_COLOR, "absent": report.STATUS_COLOR["skip"]}
-CHANGE_COLOR = {WORSE: "#cf222e", BETTER: "#1a7f37", SAME: "#57606a", NOT_COMPARED: "#6e7781"}
+CHANGE_COLOR = {
+    WORSE: "#cf222e",
+    BETTER: "#1a7f37",
+    SAME: "#57606a",
+    NOT_COMPARED: "#9a6700",
+    NOT_MEASURED: "#6e7781",
+}
 
 
 def _headline(cmp: dict[str, Any]) -> str:
@@ -242,17 +376,14 @@ def _headline(cmp: dict[str, Any]) -> str:
     if not h:
         return "headline p99.9 deschedule: not measured in both reports"
     b, a = h["before"], h["after"]
-    r = h["ratio"]
-    if r is None:
-        change = "no ratio (zero after)"
-    elif r >= 1:
-        change = f"{_times(r)} lower after: better"
-    else:
-        change = f"{_times(1 / r)} higher after: worse"
-    return (
-        f"headline p99.9 deschedule: {b['p999_deschedule_ms']:.4g} ms (n={b['n']}, max {b['max_ms']:.4g} ms) "
-        f"-> {a['p999_deschedule_ms']:.4g} ms (n={a['n']}, max {a['max_ms']:.4g} ms): {change}"
-    )
+    change = h.get("change", NOT_COMPARED)
+    word = {SAME: "same within noise", NOT_COMPARED: "values not compared"}.get(change, change)
+
+    def one(x: dict[str, Any]) -> str:
+        ci = f" {fmt_interval(x['ci'], 'ms')}" if x.get("ci") else ""
+        return f"{x['p999_deschedule_ms']:.4g} ms{ci} (n={x['n']:,}, max {x['max_ms']:.4g} ms)"
+
+    return f"headline p99.9 deschedule: {one(b)} -> {one(a)}: {word}"
 
 
 def _title(cmp: dict[str, Any]) -> str:
@@ -263,10 +394,32 @@ def _title(cmp: dict[str, Any]) -> str:
 
 
 def _verdict_line(cmp: dict[str, Any]) -> str:
+    """The result in one line: the verdict word, what decided it, what could not be judged, the exit."""
+    counts = [
+        f"{len(cmp[k])} {w}"
+        for k, w in (("same", "same within noise"), ("better", "better"), ("not_measured", "skipped in both"))
+        if cmp[k]
+    ]
+    missing = (
+        f"; {len(cmp['not_compared'])} not compared ({', '.join(cmp['not_compared'])})"
+        if cmp["not_compared"]
+        else ""
+    )
     if cmp["worse"]:
-        return f"result: WORSE after on {', '.join(cmp['worse'])} (exit 1)"
-    better = f"; better on {', '.join(cmp['better'])}" if cmp["better"] else ""
-    return f"result: not worse on any check both reports graded{better}"
+        return f"result: WORSE after on {', '.join(cmp['worse'])}{missing} (exit {EXIT_WORSE})"
+    if cmp["not_compared"]:
+        k = len(cmp["not_compared"])
+        were = "check was" if k == 1 else "checks were"
+        return (
+            f"result: INCOMPLETE, nothing compared got worse but {k} {were} "
+            f"not compared ({', '.join(cmp['not_compared'])}); {', '.join(counts) or 'nothing else'} "
+            f"(exit {EXIT_INCOMPLETE})"
+        )
+    return f"result: NOT WORSE: {', '.join(counts) or 'nothing graded'} (exit {EXIT_NOT_WORSE})"
+
+
+def _verdict_color(cmp: dict[str, Any]) -> str:
+    return WORSE if cmp["worse"] else (NOT_COMPARED if cmp["not_compared"] else BETTER)
 
 
 def _side(r: dict[str, Any], side: str) -> str:
@@ -276,14 +429,17 @@ def _side(r: dict[str, Any], side: str) -> str:
 
 def render_table(cmp: dict[str, Any], width: int | None = None) -> str:
     width = width or table.terminal_width()
-    out = [line for text in (*cmp["warnings"], _headline(cmp)) for line in textwrap.wrap(text, width)]
+    # The verdict first (and again last, under the table): a person reads it before anything else.
+    verdict = style.paint(_verdict_line(cmp), _verdict_color(cmp))
+    out = [verdict]
+    out += [line for text in (*cmp["warnings"], _headline(cmp)) for line in textwrap.wrap(text, width)]
     out.append("")
     rows = [
         [r["name"], _side(r, "before"), _side(r, "after"), f"{r['change']}: {r['why']}"]
         for r in cmp["checks"]
     ]
     out.append(table.render(HEADERS, rows, title=_title(cmp), width=width))
-    out.append(style.paint(_verdict_line(cmp), WORSE if cmp["worse"] else BETTER))
+    out.append(verdict)
     return "\n".join(out)
 
 
@@ -351,7 +507,7 @@ def render_html(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, An
         "compare.html.j2",
         title="lowtail compare",
         verdict=_verdict_line(cmp),
-        worse=bool(cmp["worse"]),
+        verdict_kind=_verdict_color(cmp),
         warnings=cmp["warnings"],
         headline=_headline(cmp),
         caption=_title(cmp),

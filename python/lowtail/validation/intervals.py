@@ -13,12 +13,15 @@ Maximum. A maximum has no distribution-free interval at all (nothing bounds how 
 reaches), but two runs can be compared without one: if both draw from the same distribution, every
 ordering of their pooled samples is equally likely, and the chance that at least k of the after run's
 n_a samples exceed the largest of the before run's n_b is prod_{i<k} (n_a - i) / (n_a + n_b - i)
-(about 2^-k for equal n). A maximum is called worse only when so many after samples lie above the
+(about 2^-k for equal n). Samples taken back to back are not independent (one stall delays several
+in a row), so the test counts blocks of ``BLOCK`` consecutive samples, each by its maximum: a stall
+counts once. A maximum is called worse only when so many after samples lie above the
 before maximum that chance explains it less than ``MAX_ALPHA`` of the time; better, likewise, the other
 way round.
 
-Both assume independent samples; latency samples taken back to back are not quite (a stall can span
-two), which makes the intervals somewhat too narrow, never too wide. docs/validation.md argues the
+The percentile's interval assumes independent samples; a stall spanning several samples makes it
+somewhat too narrow, never too wide (a p99.9 of 30,000 rests on 30 samples, so one stall moves it
+little). docs/validation.md argues the
 choice against a bootstrap (which cannot say anything about a maximum and is unreliable this far in
 the tail).
 """
@@ -29,10 +32,11 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 CONFIDENCE = 0.95
-# Two 95% intervals that do not overlap differ at about this level; the maximum's test uses the same,
-# so a p99.9 and a max are equally hard to call worse by chance.
-MAX_ALPHA = 0.005
-TOP = 32  # largest samples kept in a report: enough for the maximum's test between runs of unequal n
+# A gate makes many comparisons (every probe, both directions, every pipeline run): the maximum's test
+# calls a change by chance once in a thousand, below the ~0.5% at which two separated 95% intervals do.
+MAX_ALPHA = 0.001
+TOP = 32  # largest block maxima kept in a report: enough for the maximum's test between unequal runs
+BLOCK = 100  # samples in a row per block: longer than the stalls that delay several samples in a row
 
 
 def _binom_pmfs(n: int, p: float) -> Iterator[float]:
@@ -75,6 +79,12 @@ def quantile_interval(
     """[low, high] of the q-quantile; ``at(i)`` is the i-th smallest sample (0-based). None: open."""
     lo, hi = quantile_ranks(n, q, confidence)
     return [None if lo is None else at(lo), None if hi is None else at(hi)]
+
+
+def block_maxima(samples: Sequence[float], block: int = BLOCK) -> list[float]:
+    """The maximum of each run of ``block`` samples in time order (the last run may be shorter),
+    largest first."""
+    return sorted((max(samples[i : i + block]) for i in range(0, len(samples), block)), reverse=True)
 
 
 def chance_above(k: int, n_after: int, n_before: int) -> float:

@@ -23,7 +23,16 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats, worst_cpu_interval
+from lowtail.validation.check import (
+    Check,
+    Limits,
+    Status,
+    fmt,
+    merge_ladders,
+    pooled_top,
+    tail_stats,
+    worst_cpu_interval,
+)
 from lowtail.validation.evidence import beyond, min_samples, shortfall
 from lowtail.validation.intervals import fmt_interval
 from lowtail.validation.static import read_steal
@@ -147,7 +156,7 @@ def grade(
     value = per_cpu[worst_cpu]["p999"]
     status = limits.grade(value)
     everything = [x for xs in per_cpu_ms.values() for x in xs]
-    overall = tail_stats(everything, over=limits.pass_max)
+    overall = {**tail_stats(everything, over=limits.pass_max), **pooled_top(per_cpu)}
     overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
     ci = worst_cpu_interval({c: sorted(xs) for c, xs in per_cpu_ms.items()})
     evidence.append(

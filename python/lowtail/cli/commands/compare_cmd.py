@@ -1,8 +1,11 @@
 """``lowtail compare BEFORE.json AFTER.json``: two validation reports side by side, headline first.
 
-Exit status: 0 the after report is not worse on any check both graded, 1 it is worse on one (a status
-got worse, or a value graded on an upper limit grew by more than ``--tolerance``), 2 a file is not a
-validate report (the message names the file and the field).
+Exit status: 0 not worse (every check graded in either report was compared, none got worse), 1 worse
+on at least one check (a probe's 95% interval lies wholly above the before one's, or its maximum is
+exceeded by more samples than chance explains, and the value grew by more than ``--tolerance``; a
+static check's status got worse), 2 a file is not a validate report (the message names the file and
+the field), 3 incomplete: nothing compared got worse, but a check graded in one report could not be
+compared with the other (skipped or absent there, or an older report without intervals).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def _percent(text: str) -> float:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare two `lowtail validate --json` reports (exit 0 not worse, 1 worse, 2 not a report)",
+        help="compare two `lowtail validate --json` reports (exit 0 not worse, 1 worse, 2 not a report, "
+        "3 incomplete)",
         description=__doc__.splitlines()[0].replace("``", "`"),
     )
     p.add_argument("before", metavar="BEFORE.json")
@@ -39,7 +43,7 @@ def register(sub: Any) -> None:
         type=_percent,
         default=10.0,
         metavar="PCT",
-        help="a graded value may grow this many percent and still be 'same' (the status must not get worse)",
+        help="a change must also exceed this many percent to count, however clear the intervals (default 10)",
     )
     p.add_argument(
         "--status-only",
@@ -62,4 +66,4 @@ def run_compare(args: argparse.Namespace) -> int:
     write_json(args.json, cmp)
     if args.html:
         write_text(args.html, render_html(before, after, cmp))
-    return 1 if cmp["worse"] else 0
+    return int(cmp["exit_status"])
