@@ -161,3 +161,36 @@ def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Pat
         cmp = json.loads((tmp_path / "c.json").read_text())
         verdicts.append((rc, cmp["verdict"], cmp["worse"], cmp["not_compared"]))
     assert verdicts == [(0, "not worse", [], [])] * 10
+
+
+# ---- validate --rounds -----------------------------------------------------------------------------
+
+
+def test_rounds_report_the_median_round_the_spread_and_the_outlier() -> None:
+    from lowtail.validation.runner import repeat
+
+    values = iter([1.0, 1.1, 0.9, 1.05, 10.0])
+
+    def probe() -> Check:
+        return Check("timer", Limits(0.1, 1.0).grade(v := next(values)), v, unit="ms", kind="probe")
+
+    c = repeat(probe, 5)
+    r = c.data["rounds"]
+    assert c.value == 1.05 and r["reported"] == 4 and r["outliers"] == [5]
+    assert r["values"] == [1.0, 1.1, 0.9, 1.05, 10.0] and r["min"] == 0.9 and r["max"] == 10.0
+    assert c.evidence[0].startswith("5 rounds: 1, 1.1, 0.9, 1.05, 10 ms; mean 2.81 ± 4.02 ms")
+    assert "warning: round 5 far from the others" in c.evidence[0]
+
+
+@pytest.mark.slow
+def test_validate_rounds_runs_each_probe_n_times(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "r.json"
+    args = ["validate", "--only", "timer", "--samples", "300", "--cpus", str(PROBE_CPU), "--no-progress"]
+    main([*args, "--rounds", "3", "--json", str(out)])
+    timer = json.loads(out.read_text())["checks"][0]
+    assert len(timer["data"]["rounds"]["values"]) == 3 and timer["evidence"][0].startswith("3 rounds: ")
+    assert json.loads(out.read_text())["settings"]["rounds"] == 3
+    with pytest.raises(SystemExit):
+        main([*args, "--rounds", "x"])
+    assert main([*args, "--rounds", "0"]) == 2
+    assert "--rounds 0: expected a count of 1 or more" in capsys.readouterr().err

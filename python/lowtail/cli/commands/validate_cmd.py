@@ -75,6 +75,14 @@ def register(sub: Any) -> None:
         f"{QUICK_DURATION_S:g} "
         "with --quick)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each probe N times and report the spread (mean, deviation, outlier rounds); the report "
+        "keeps the median round (default: 1)",
+    )
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
     p.add_argument(
         "--housekeeping",
@@ -185,6 +193,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
             f"--samples {args.samples}: expected a positive count "
             f"(a p99.9 verdict needs {min_samples(0.999):,})"
         )
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds}: expected a count of 1 or more")
     if args.pid is not None and args.pid < 1:
         raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
@@ -215,6 +225,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         actor=args.actor,
         expected_hardware=_expected_hardware(args.expected_hardware),
         no_probes=args.no_probes,
+        rounds=args.rounds,
     )
 
 
