@@ -47,7 +47,8 @@ def test_every_documented_default_is_the_parsers() -> None:
 
 
 def _report(status: str, value: float) -> dict[str, Any]:
-    check = {"name": "deschedule", "kind": "probe", "status": status, "value": value, "unit": "ms"}
+    data = {"ci": [value * 0.9, value * 1.1], "all": {"n": 3000, "blocks": 30, "top": [value * 2]}}
+    check = {"name": "deschedule", "kind": "probe", "status": status, "value": value, "unit": "ms", "data": data}
     return {"host": {"hostname": "n"}, "checks": [check], "summary": {"status": status}}
 
 
@@ -59,7 +60,7 @@ def _exit_table() -> dict[str, set[int]]:
 def test_the_readme_documents_each_commands_exit_statuses() -> None:
     assert _exit_table() == {
         "lowtail validate": {0, 1, 2, 130},
-        "lowtail compare": {0, 1, 2},
+        "lowtail compare": {0, 1, 2, 3},
         "lowtail bench ...": {0, 1, 2, 130},
     }
 
@@ -88,12 +89,19 @@ def test_validate_exits_as_documented(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_compare_exits_as_documented(tmp_path: Path) -> None:
     files = {}
-    for name, doc in (("good", _report("pass", 0.02)), ("bad", _report("fail", 5.0)), ("junk", {"a": 1})):
+    nop = {"host": {"hostname": "n"}, "checks": [], "summary": {"status": "pass"}}  # validate --no-probes
+    for name, doc in (
+        ("good", _report("pass", 0.02)),
+        ("bad", _report("fail", 5.0)),
+        ("junk", {"a": 1}),
+        ("nop", nop),
+    ):
         files[name] = tmp_path / f"{name}.json"
         files[name].write_text(json.dumps(doc))
     assert main(["compare", str(files["bad"]), str(files["good"])]) == 0
     assert main(["compare", str(files["good"]), str(files["bad"])]) == 1
     assert main(["compare", str(files["good"]), str(files["junk"])]) == 2
+    assert main(["compare", str(files["good"]), str(files["nop"])]) == 3  # nothing measured after
 
 
 def test_bench_exits_0_whatever_the_targets_unless_check() -> None:

@@ -116,7 +116,7 @@ def test_nothing_measured_after_is_incomplete_exit_3_counted_in_the_result(
     before = _doc([Check("thp", Limits(0, 0).grade(0), "never"), _probe(30_000, 1)])
     after = _doc([Check("thp", Limits(0, 0).grade(0), "never")])  # validate --no-probes
     rc, cmp = _gate(tmp_path, before, after)
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("result:")][-1]
     assert rc == 3 and cmp["verdict"] == "incomplete" and cmp["not_compared"] == ["deschedule"]
     assert "INCOMPLETE" in last and "1 check was not compared (deschedule)" in last and "(exit 3)" in last
     # Skipped in both reports is "not measured": listed, and not missing.
@@ -194,3 +194,47 @@ def test_validate_rounds_runs_each_probe_n_times(tmp_path: Path, capsys: Any) ->
         main([*args, "--rounds", "x"])
     assert main([*args, "--rounds", "0"]) == 2
     assert "--rounds 0: expected a count of 1 or more" in capsys.readouterr().err
+
+
+# ---- --junit ---------------------------------------------------------------------------------------
+
+
+def _cases(path: Path) -> dict[str, str]:
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    out = {}
+    for tc in suite.iter("testcase"):
+        kinds = [e.tag for e in tc if e.tag in ("failure", "error", "skipped")]
+        out[tc.get("name", "")] = kinds[0] if kinds else "passed"
+    assert int(suite.get("tests", "-1")) == len(out)
+    assert int(suite.get("failures", "-1")) == list(out.values()).count("failure")
+    return out
+
+
+def test_validate_junit_has_a_test_case_per_check(tmp_path: Path, capsys: Any) -> None:
+    from tests.fixtures.machines import MACHINES, write_machine
+
+    s, p = write_machine(tmp_path, MACHINES["vmware_88_rt500"])
+    xml = tmp_path / "v.xml"
+    args = ["validate", "--sysfs-root", str(s), "--procfs-root", str(p), "--only", "rt_budget,thp,topology"]
+    args += ["--allow-virtual"]
+    assert main([*args, "--junit", str(xml)]) == 1
+    assert _cases(xml) == {"rt_budget": "failure", "thp": "skipped", "topology": "passed"}
+    assert "sched_rt_runtime_us" in xml.read_text() and "Fix: " in xml.read_text()
+    assert f"JUnit report: {xml}" in capsys.readouterr().out
+
+
+def test_compare_junit_marks_worse_a_failure_and_not_compared_an_error(tmp_path: Path, capsys: Any) -> None:
+    xml = tmp_path / "c.xml"
+    before = _doc([Check("thp", Limits(0, 0).grade(0), "never"), _probe(30_000, 1)])
+    b, a = tmp_path / "b.json", tmp_path / "a.json"
+    b.write_text(json.dumps(before))
+    a.write_text(json.dumps(_doc([Check("thp", Limits(0, 0).grade(0), "never")])))
+    assert main(["compare", str(b), str(a), "--junit", str(xml)]) == 3
+    assert _cases(xml) == {"deschedule": "error", "thp": "passed"}
+    a.write_text(json.dumps(_doc([Check("thp", Limits(0, 0).grade(0), "never"), _probe(30_000, 2, 2.0)])))
+    assert main(["compare", str(b), str(a), "--junit", str(xml)]) == 1
+    assert _cases(xml)["deschedule"] == "failure"
+    assert f"JUnit report: {xml}" in capsys.readouterr().out

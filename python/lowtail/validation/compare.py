@@ -516,3 +516,21 @@ def render_html(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, An
         change_colors=CHANGE_COLOR,
         images=[html.Image(alt, png) for alt, png in figures(before, after, cmp)],
     )
+
+
+def render_junit(cmp: dict[str, Any]) -> str:
+    """Each compared row a JUnit test case: worse a failure, not compared an error (the gate could not
+    judge it), skipped in both skipped."""
+    from lowtail.render import junit
+
+    outcome = {WORSE: "failure", NOT_COMPARED: "error", NOT_MEASURED: "skipped"}
+    cases = [
+        junit.Case(
+            r["name"],
+            outcome.get(r["change"], "passed"),
+            f"{r['change']}: {r['why']}",
+            f"before {_side(r, 'before')}, after {_side(r, 'after')}: {r['change']}: {r['why']}",
+        )
+        for r in cmp["checks"]
+    ]
+    return junit.render("lowtail compare", f"lowtail.compare.{cmp['after']['host']}", cases)

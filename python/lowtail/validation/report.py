@@ -135,6 +135,25 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
     return "\n".join(out)
 
 
+def render_junit(report: dict[str, Any]) -> str:
+    """Each check a JUnit test case: fail a failure, skip skipped, warn passed with its reason shown."""
+    from lowtail.render import junit
+
+    outcome = {"pass": "passed", "warn": "passed", "fail": "failure", "skip": "skipped"}
+    cases = []
+    for c in report["checks"]:
+        why = str(c.get("reason") or "")
+        message = f"{c['status'].upper()} {_fmt_value(c)}: {why or _why(c)}".strip()
+        if c["status"] == "fail":
+            message += f". Fix: {fix(c)}"
+        evidence = "\n".join(str(e) for e in c.get("evidence") or [])
+        cases.append(junit.Case(c["name"], outcome[c["status"]], message, f"{message}\n{evidence}".strip()))
+    host = str(report["host"].get("hostname"))
+    return junit.render(
+        "lowtail validate", f"lowtail.validate.{host}", cases, report["summary"].get("elapsed_s", 0)
+    )
+
+
 def write_json(report: Report, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
 

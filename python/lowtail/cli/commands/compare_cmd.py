@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from lowtail.options import add_html, add_json, json_to_stdout, write_json, write_text
+from lowtail.options import add_html, add_json, json_to_stdout, output_path, write_json, write_text
 
 
 def _percent(text: str) -> float:
@@ -39,6 +39,12 @@ def register(sub: Any) -> None:
     add_html(p, "a page with the table and plots")
     add_json(p, "the comparison")
     p.add_argument(
+        "--junit",
+        metavar="FILE",
+        type=output_path(),
+        help="write each compared check as a JUnit XML test case (worse a failure, not compared an error)",
+    )
+    p.add_argument(
         "--tolerance",
         type=_percent,
         default=10.0,
@@ -54,7 +60,8 @@ def register(sub: Any) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from lowtail.validation.compare import compare, load_report, render_html, render_table
+    from lowtail.render import console
+    from lowtail.validation.compare import compare, load_report, render_html, render_junit, render_table
 
     before, after = load_report(args.before), load_report(args.after)
     cmp = compare(before, after, tolerance=float("inf") if args.status_only else args.tolerance / 100)
@@ -63,7 +70,14 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         for w in cmp["warnings"]:
             print(w, file=sys.stderr)
+    notes = sys.stderr if json_to_stdout(args) else sys.stdout
     write_json(args.json, cmp)
+    if args.json and args.json != "-":
+        console.info(f"JSON report: {args.json}", notes)
     if args.html:
         write_text(args.html, render_html(before, after, cmp))
+        console.info(f"HTML report: {args.html}", notes)
+    if args.junit:
+        write_text(args.junit, render_junit(cmp))
+        console.info(f"JUnit report: {args.junit}", notes)
     return int(cmp["exit_status"])

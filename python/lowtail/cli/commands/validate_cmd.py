@@ -12,7 +12,15 @@ from typing import Any
 from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.errors import UsageError
 from lowtail.node import cpulist
-from lowtail.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
+from lowtail.options import (
+    add_html,
+    add_json,
+    add_no_progress,
+    json_to_stdout,
+    output_path,
+    write_json,
+    write_text,
+)
 from lowtail.render import console
 from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.evidence import min_samples
@@ -44,6 +52,12 @@ def register(sub: Any) -> None:
     # The CLI convention (lowtail.options): output paths are checked before any probe runs.
     add_json(p, "the report")
     add_html(p, "the report with plots")
+    p.add_argument(
+        "--junit",
+        metavar="FILE",
+        type=output_path(),
+        help="write each check as a JUnit XML test case (fail a failure, skip skipped) for CI",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -235,7 +249,7 @@ def run_validate(args: argparse.Namespace) -> int:
         report = run(opts)
     except ValidationError as e:
         raise UsageError(str(e)) from None
-    from lowtail.validation.report import render_html, render_table
+    from lowtail.validation.report import render_html, render_junit, render_table
 
     doc = report.to_dict()
     # The table first: a file that cannot be written now (a full disk) must not hide the result.
@@ -248,6 +262,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.html:
         write_text(args.html, render_html(report))
         console.info(f"HTML report: {args.html}", notes)
+    if args.junit:
+        write_text(args.junit, render_junit(doc))
+        console.info(f"JUnit report: {args.junit}", notes)
     if report.interrupted:
         return 130  # the shell's code for SIGINT: callers stop, as they would had the run been killed
     return 1 if report.failed else 0
