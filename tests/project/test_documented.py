@@ -47,8 +47,18 @@ def test_every_documented_default_is_the_parsers() -> None:
 
 
 def _report(status: str, value: float) -> dict[str, Any]:
-    data = {"ci": [value * 0.9, value * 1.1], "all": {"n": 3000, "blocks": 30, "top": [value * 2]}}
-    check = {"name": "deschedule", "kind": "probe", "status": status, "value": value, "unit": "ms", "data": data}
+    data = {
+        "ci": [value * 0.9, value * 1.1],
+        "all": {"n": 3000, "blocks": 30, "top": [value * 2], "block_p50": value},
+    }
+    check = {
+        "name": "deschedule",
+        "kind": "probe",
+        "status": status,
+        "value": value,
+        "unit": "ms",
+        "data": data,
+    }
     return {"host": {"hostname": "n"}, "checks": [check], "summary": {"status": status}}
 
 

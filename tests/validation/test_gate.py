@@ -238,3 +238,16 @@ def test_compare_junit_marks_worse_a_failure_and_not_compared_an_error(tmp_path:
     assert main(["compare", str(b), str(a), "--junit", str(xml)]) == 1
     assert _cases(xml)["deschedule"] == "failure"
     assert f"JUnit report: {xml}" in capsys.readouterr().out
+
+
+def test_a_lost_isolation_at_3000_samples_is_caught_by_the_maximum(tmp_path: Path) -> None:
+    # n = 3,000 cannot bound a p99.9 from above, so its row stays "same within noise"; the maximum's
+    # row still sees every block of the after run above the before run's maximum.
+    rc, cmp = _gate(tmp_path, _doc([_probe(3000, 1)]), _doc([_probe(3000, 2, scale=100.0)]))
+    rows = {r["name"]: r for r in cmp["checks"]}
+    assert rc == 1 and cmp["worse"] == ["deschedule max"]
+    assert rows["deschedule"]["change"] == "same" and "open]" in rows["deschedule"]["why"]
+    assert (
+        "half or more of the 30 after blocks of 100 samples lie above the before max"
+        in rows["deschedule max"]["why"]
+    )

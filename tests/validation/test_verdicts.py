@@ -88,7 +88,7 @@ def _report(status: str, value: float, host: str = "node-a", version: str = "0.1
     data = {
         "metric": "p999",
         "ci": [value * 0.9, value * 1.1],
-        "all": {"n": 10000, "top": [value * 2] + [value * 1.2] * 31},
+        "all": {"n": 10000, "top": [value * 2] + [value * 1.2] * 31, "block_p50": value},
     }
     check = {
         "name": "deschedule",

@@ -155,6 +155,7 @@ def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str,
         # samples in a row counts once in the maximum's test.
         "top": maxima[: intervals.TOP],
         "blocks": len(maxima),
+        "block_p50": intervals.upper_median(maxima),
     }
     if over is not None:
         out["over"] = sum(1 for x in xs if x > over)
@@ -205,6 +206,7 @@ def histogram_stats(
         "p999_ci": intervals.quantile_interval(n, 0.999, at_index),
         "top": top,
         "blocks": n,  # a histogram has no time order: every sample is its own block
+        "block_p50": at(0.5),
     }
 
 
@@ -212,10 +214,13 @@ def pooled_top(per_cpu: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     """n, blocks and the largest block maxima of all CPUs together (each CPU's largest hold the pooled
     largest)."""
     tops = sorted((x for s in per_cpu.values() for x in s.get("top") or []), reverse=True)
+    medians = [float(s["block_p50"]) for s in per_cpu.values() if "block_p50" in s]
     return {
         "n": sum(int(s.get("n", 0)) for s in per_cpu.values()),
         "blocks": sum(int(s.get("blocks", s.get("n", 0))) for s in per_cpu.values()),
         "top": tops[: intervals.TOP],
+        # The smallest CPU's: at least half of that CPU's blocks lie above it (conservative for all).
+        "block_p50": min(medians) if medians else None,
     }
 
 

@@ -112,15 +112,18 @@ def _interval(c: Mapping[str, Any]) -> list[float | None] | None:
     return [None if x is None else float(x) for x in ci]
 
 
-def _tail(c: Mapping[str, Any]) -> tuple[int, list[float]] | None:
-    """(blocks, largest block maxima first) of all the probe's CPUs together, for the maximum's test."""
+def _tail(c: Mapping[str, Any]) -> tuple[int, list[float], float | None] | None:
+    """(blocks, largest block maxima first, the median block maximum) of all the probe's CPUs together,
+    for the maximum's test."""
     everything = _data(c).get("all")
     if not isinstance(everything, dict):
         return None
     n, top = everything.get("blocks", everything.get("n")), everything.get("top")
     if not (isinstance(n, int) and n > 0 and isinstance(top, list) and top and all(_number(x) for x in top)):
         return None
-    return n, sorted((float(x) for x in top), reverse=True)
+    mid = everything.get("block_p50")
+    median = float(mid) if isinstance(mid, int | float) and _number(mid) else None
+    return n, sorted((float(x) for x in top), reverse=True), median
 
 
 def _status_note(bs: str, as_: str) -> str:
@@ -159,25 +162,28 @@ def judge_max(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> t
             f"{_status_note(bs, as_)}the {side} report keeps no largest samples (an older lowtail wrote it): "
             "run validate again to compare maxima"
         )
-    (nb, topb), (na, topa) = tb, ta
+    (nb, topb, midb), (na, topa, mida) = tb, ta
     unit = b.get("unit") or a.get("unit") or ""
-    ka, kb = intervals.count_above(topa, topb[0]), intervals.count_above(topb, topa[0])
     maxes = f"max {_v(topb[0], unit)} -> {_v(topa[0], unit)}"
-    if intervals.chance_above(ka, na, nb) <= intervals.MAX_ALPHA and topa[0] > topb[0] * (1 + tolerance):
-        return WORSE, (
-            f"{_status_note(bs, as_)}{maxes}: {ka} of {na:,} after blocks above the before max "
-            f"(chance {intervals.chance_above(ka, na, nb):.1g} if nothing changed)"
-        )
-    if intervals.chance_above(kb, nb, na) <= intervals.MAX_ALPHA and topb[0] > topa[0] * (1 + tolerance):
-        return BETTER, (
-            f"{_status_note(bs, as_)}{maxes}: {kb} of {nb:,} before blocks above the after max "
-            f"(chance {intervals.chance_above(kb, nb, na):.1g} if nothing changed)"
-        )
-    need = intervals.needed_above(na, nb)
+    for word, (n1, top1), (n2, top2, mid2), grew in (
+        (WORSE, (nb, topb), (na, topa, mida), "after"),
+        (BETTER, (na, topa), (nb, topb, midb), "before"),
+    ):
+        k = intervals.count_above(top2, top1[0])
+        chance = intervals.chance_above(k, n2, n1)
+        # Beyond chance, a change a person would call one: half the run's blocks above the other's max.
+        most = mid2 is not None and mid2 > top1[0]
+        if chance <= intervals.MAX_ALPHA and most and top2[0] > top1[0] * (1 + tolerance):
+            other = "before" if grew == "after" else "after"
+            return word, (
+                f"{_status_note(bs, as_)}{maxes}: half or more of the {n2:,} {grew} blocks of "
+                f"{intervals.BLOCK} samples lie above the {other} max (median block max "
+                f"{_v(mid2, unit)}; chance {chance:.1g} if nothing changed)"
+            )
+    ka, kb = intervals.count_above(topa, topb[0]), intervals.count_above(topb, topa[0])
     return SAME, (
         f"{_status_note(bs, as_)}within noise: {maxes}; {ka} of {na:,} after blocks above the before max, "
-        f"{kb} of {nb:,} before above the after max ({need if need is not None else 'more'} needed to call "
-        "a change)"
+        f"{kb} of {nb:,} before above the after max (a change needs half of them, and more than chance)"
     )
 
 

@@ -15,9 +15,11 @@ ordering of their pooled samples is equally likely, and the chance that at least
 n_a samples exceed the largest of the before run's n_b is prod_{i<k} (n_a - i) / (n_a + n_b - i)
 (about 2^-k for equal n). Samples taken back to back are not independent (one stall delays several
 in a row), so the test counts blocks of ``BLOCK`` consecutive samples, each by its maximum: a stall
-counts once. A maximum is called worse only when so many after samples lie above the
-before maximum that chance explains it less than ``MAX_ALPHA`` of the time; better, likewise, the other
-way round.
+counts once. And a shared host drifts between two runs minutes apart (measured here: up to 12 of 30
+blocks of an unchanged host's second run above the first run's maximum), so beyond chance the test asks
+for a change a person would call one. A maximum is called worse only when at least half the after
+run's blocks lie above the before maximum, and so many that chance explains it less than ``MAX_ALPHA``
+of the time; better, likewise, the other way round.
 
 The percentile's interval assumes independent samples; a stall spanning several samples makes it
 somewhat too narrow, never too wide (a p99.9 of 30,000 rests on 30 samples, so one stall moves it
@@ -79,6 +81,11 @@ def quantile_interval(
     """[low, high] of the q-quantile; ``at(i)`` is the i-th smallest sample (0-based). None: open."""
     lo, hi = quantile_ranks(n, q, confidence)
     return [None if lo is None else at(lo), None if hi is None else at(hi)]
+
+
+def upper_median(maxima_desc: Sequence[float]) -> float:
+    """The ceil(m/2)-th largest of m block maxima: above a value, at least half the blocks are."""
+    return maxima_desc[(len(maxima_desc) + 1) // 2 - 1]
 
 
 def block_maxima(samples: Sequence[float], block: int = BLOCK) -> list[float]:

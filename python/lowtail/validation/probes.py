@@ -34,7 +34,7 @@ from lowtail.validation.check import (
     worst_cpu_interval,
 )
 from lowtail.validation.evidence import beyond, min_samples, shortfall
-from lowtail.validation.intervals import fmt_interval
+from lowtail.validation.intervals import block_maxima, fmt_interval, upper_median
 from lowtail.validation.static import read_steal
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ def grade(
     status = limits.grade(value)
     everything = [x for xs in per_cpu_ms.values() for x in xs]
     overall = {**tail_stats(everything, over=limits.pass_max), **pooled_top(per_cpu)}
+    pooled = sorted((m for xs in per_cpu_ms.values() for m in block_maxima(xs)), reverse=True)
+    overall["block_p50"] = upper_median(pooled)  # exact here: every CPU's samples are at hand
     overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
     ci = worst_cpu_interval({c: sorted(xs) for c, xs in per_cpu_ms.items()})
     evidence.append(
