@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.ansible.conftest import zip_bytecode_env
@@ -163,3 +164,67 @@ def test_a_misspelt_threshold_probe_is_rejected_before_anything_runs(tmp_path: P
     assert proc.returncode != 0
     assert "deschedul" in out
     assert not (tmp_path / "epyc-a01/reports").exists()
+
+
+BOOLEANS = (
+    "lowtail_validate_quick",
+    "lowtail_validate_allow_virtual",
+    "lowtail_validate_install_rt_tests",
+    "lowtail_validate_rt_tests_update_cache",
+    "lowtail_validate_fail_on_warn",
+)
+
+
+def test_every_boolean_of_the_role_is_a_listed_bool_read_through_the_bool_filter() -> None:
+    """An `-e NAME=false` arrives as the string "false", which Jinja finds true: every use must say | bool."""
+    import re
+
+    spec = yaml.safe_load((REPO / "roles/lowtail_validate/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert {k for k, v in options.items() if v.get("type") == "bool"} == set(BOOLEANS)
+    tasks = (REPO / "roles/lowtail_validate/tasks/main.yml").read_text()
+    for name in BOOLEANS:
+        uses = re.findall(rf"\b{name}\b[^\n]{{0,12}}", tasks)
+        assert uses, name
+        assert all(re.match(rf"{name}\s*\|\s*bool", u) for u in uses if not u.startswith(f"{name}:")), uses
+
+
+def _recorder(tmp: Path) -> Path:
+    """A `lowtail` that logs its arguments and makes the report a warn (to see fail_on_warn act)."""
+    script = tmp / "lowtail-recorder"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, subprocess, sys\n"
+        f"with open({str(tmp / 'argv.log')!r}, 'a') as log:\n"
+        "    log.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"rc = subprocess.run([{str(BIN / 'lowtail')!r}, *sys.argv[1:]]).returncode\n"
+        "path = sys.argv[sys.argv.index('--json') + 1]\n"
+        "doc = json.load(open(path))\n"
+        "doc['summary']['status'] = 'warn'\n"
+        "json.dump(doc, open(path, 'w'))\n"
+        "sys.exit(0 if rc in (0, 1) else rc)\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_each_boolean_given_as_an_extra_var_string_acts_as_the_yaml_boolean(
+    tmp_path: Path, value: str
+) -> None:
+    on = value == "true"
+    node = {**_node(tmp_path, "epyc-a01", "epyc9634_2s_tuned"), "lowtail_validate_only": ["thp"]}
+    extra = [a for name in BOOLEANS for a in ("-e", f"{name}={value}")]
+    extra += ["-e", f"lowtail_validate_command={_recorder(tmp_path)}"]
+    proc = _play(tmp_path, {"epyc-a01": node}, *extra)
+    out = proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / "argv.log").read_text().splitlines()[0])
+    assert ("--quick" in argv) is on, argv
+    assert ("--samples" in argv) is not on, argv
+    assert ("--allow-virtual" in argv) is on, argv
+    look = out[out.index("TASK [lowtail_validate : Look for the rt-tests tools") :]
+    look = look[: look.index("TASK [", 10)]
+    assert ("skipping: [epyc-a01]" in look) is not on, look  # install_rt_tests decides whether it looks
+    # fail_on_warn: the recorder's report warned; only "true" fails the host.
+    assert proc.returncode == (2 if on else 0), out
+    assert ("validation warn on epyc-a01" in out) is on

@@ -33,7 +33,7 @@ def test_a_p999_of_too_few_samples_never_passes() -> None:
     quiet = [0.001] * 10  # far below the limit: only the count is wrong
     check = grade("deschedule", {3: quiet}, Limits(0.1, 1.0), "deschedule")
     assert check.status is Status.WARN
-    assert check.reason.startswith("too few samples for p99.9: n=10, need at least 2,995 (CPU 3")
+    assert check.reason.startswith("too few samples for p99.9: n=10, need at least 2,995 (CPU 3")  # the cause
     assert "0 samples over 0.1 ms" in check.reason
     assert check.data["enough_samples"] is False and check.data["per_cpu"]["3"]["status"] == "warn"
     enough = grade("deschedule", {3: [0.001] * 3000}, Limits(0.1, 1.0), "deschedule")
@@ -232,3 +232,19 @@ def test_a_writable_new_path_is_accepted_and_left_absent(tmp_path: Path) -> None
     assert output_path()(str(target)) == str(target) and not target.exists()
     with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
         output_path()(str(tmp_path))
+
+
+# ---- one fix per cause -----------------------------------------------------------------------------
+
+
+def test_a_p999_over_the_limit_names_the_limit_first_and_is_not_fixed_by_more_samples() -> None:
+    from lowtail.validation.report import fix
+
+    # validate --only deschedule --samples 500 at 8 ms: more samples cannot make 8 ms pass 0.1 ms.
+    check = grade("deschedule", {3: [0.01] * 490 + [8.03] * 10}, Limits(0.1, 1.0), "deschedule")
+    assert check.status is Status.FAIL
+    assert check.reason.startswith("deschedule p99.9 8.03 ms on CPU 3 (n=500")
+    assert "too few samples for p99.9" in check.reason  # still said, after the cause
+    assert "--samples" not in fix(check.to_dict()) and "leased_threads" in fix(check.to_dict())
+    quiet = grade("deschedule", {3: [0.01] * 500}, Limits(0.1, 1.0), "deschedule")
+    assert fix(quiet.to_dict()).startswith("run again with --samples 2,995 or more")

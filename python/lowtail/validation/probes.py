@@ -175,15 +175,12 @@ def grade(
     if short:
         if status is Status.PASS:
             status = Status.WARN
-        reason = "; ".join(
-            x
-            for x in (
-                f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
-                f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)",
-                reason,
-            )
-            if x
+        note = (
+            f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
+            f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)"
         )
+        # The cause first: a value over the limit is the finding, the sample count only a footnote.
+        reason = "; ".join(x for x in (reason, note) if x)
     return Check(
         name=name,
         status=status,

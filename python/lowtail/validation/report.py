@@ -39,7 +39,7 @@ FIXES: dict[str, str] = {
     "kubelet": "apply the kubelet settings (roles/lowtail_kubelet)",
     "affinity": "fix the runtime's CPU affinity: see the reason for the OCI runtime fix (docs/validation.md)",
     "cstates": "limit deep C-states on isolated CPUs (lowtail_kernel_cstate_limit, or PM QoS)",
-    "firmware": "change the BIOS setting the reason names (SMT, NPS, CPPC)",
+    "firmware": "change what the reason names (a BIOS setting, or the plan's kernel arguments)",
     "cfs_throttle": "remove the CFS quota from exclusive-CPU containers (the reason names the way for "
     "your Kubernetes version)",
     "leased_threads": "move the named threads off the leased CPUs (their cgroup's cpuset or CPUAffinity)",
@@ -72,11 +72,25 @@ def _why(c: dict[str, Any]) -> str:
     return ev[0] if ev else ""
 
 
+def _short_only(c: dict[str, Any], data: dict[str, Any]) -> bool:
+    """Too few samples is the cause only when the value itself is within the pass limit: more samples
+    will not make an 8 ms p99.9 pass a 0.1 ms limit."""
+    limits = data.get("limits_ms")
+    value = c.get("value")
+    if data.get("enough_samples") is not False:
+        return False
+    if not (isinstance(limits, list) and limits and isinstance(value, int | float)):
+        return True
+    return float(value) <= float(limits[0])
+
+
 def fix(c: dict[str, Any]) -> str:
-    """The one-line fix of a check that did not pass."""
+    """The one-line fix of a check that did not pass: for its cause, not for its name."""
     data = c.get("data") or {}
-    if data.get("enough_samples") is False:
+    if _short_only(c, data):
         return SAMPLES_FIX.format(n=f"{data.get('min_samples', 0):,}")
+    if data.get("fixes"):
+        return "; ".join(str(f) for f in data["fixes"])
     if str(c.get("reason", "")).startswith("probe could not run"):
         return "see the reason: the probe itself could not run"
     return FIXES.get(c["name"], PROBE_FIX if c.get("kind") == "probe" else "see docs/validation.md")
