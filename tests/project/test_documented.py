@@ -12,6 +12,7 @@ import pytest
 
 from lowtail.cli.main import main
 from tests.cli.test_cli_convention import all_parsers, options
+from tests.validation.test_verdicts import _report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,22 +45,6 @@ def test_every_documented_default_is_the_parsers() -> None:
         flat = " ".join(parser.format_help().split())
         shown = [w.rstrip(",") for w in re.findall(r"default: ([^\s;)]+)", flat)]
         assert want in shown or f"{want}.0" in shown, (command, option, want, shown)
-
-
-def _report(status: str, value: float) -> dict[str, Any]:
-    data = {
-        "ci": [value * 0.9, value * 1.1],
-        "all": {"n": 3000, "blocks": 30, "top": [value * 2], "block_p50": value},
-    }
-    check = {
-        "name": "deschedule",
-        "kind": "probe",
-        "status": status,
-        "value": value,
-        "unit": "ms",
-        "data": data,
-    }
-    return {"host": {"hostname": "n"}, "checks": [check], "summary": {"status": status}}
 
 
 def _exit_table() -> dict[str, set[int]]:
