@@ -223,7 +223,11 @@ def test_validate_junit_has_a_test_case_per_check(tmp_path: Path, capsys: Any) -
     assert main([*args, "--junit", str(xml)]) == 1
     assert _cases(xml) == {"rt_budget": "failure", "thp": "skipped", "topology": "passed"}
     assert "sched_rt_runtime_us" in xml.read_text() and "Fix: " in xml.read_text()
-    assert f"JUnit report: {xml}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"JUnit report: {xml}" in out
+    # The verdict is the first line, and again the last of the table (before the notes of files written).
+    lines = out.splitlines()
+    assert lines[0] == "result: FAIL (1 warn, 1 fail, 1 skip)" and lines.count(lines[0]) == 2
 
 
 def test_compare_junit_marks_worse_a_failure_and_not_compared_an_error(tmp_path: Path, capsys: Any) -> None:

@@ -115,11 +115,25 @@ def _headline(head: dict[str, Any]) -> str:
     )
 
 
+def _result_line(s: dict[str, Any]) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
+    if s.get("interrupted"):
+        return f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
+    return f"result: {s['status'].upper()} ({counts})"
+
+
 def render_table(report: dict[str, Any], width: int | None = None) -> str:
+    """The verdict and the deciding number first, then what needs attention, every check, and the
+    verdict again at the end (where a scrolled terminal leaves the eye)."""
     width = width or table.terminal_width()
     s = report["summary"]
     h = report["host"]
-    out = textwrap.wrap(
+    verdict = style.paint(_result_line(s), s["status"])
+    head = s.get("headline")
+    out = [verdict]
+    if head:
+        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
+    out += textwrap.wrap(
         f"lowtail validate on {h.get('hostname')} ({h.get('cpu_model')}, kernel {h.get('kernel') or '-'}), "
         f"probe CPUs {s.get('probe_cpus') or '-'}; figures in ms unless stated",
         width,
@@ -137,15 +151,7 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
         table.render(["check", "status", "value", "why / evidence"], rows, title="All checks:", width=width)
     )
     out.append("")
-    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
-    if s.get("interrupted"):
-        line = f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
-    else:
-        line = f"result: {s['status'].upper()} ({counts})"
-    out.append(style.paint(line, s["status"]))
-    head = s.get("headline")
-    if head:
-        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
+    out.append(verdict)
     return "\n".join(out)
 
 
