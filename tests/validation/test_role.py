@@ -79,20 +79,24 @@ def test_the_fleet_is_validated_reported_and_the_failing_host_failed(tmp_path: P
         assert (fetched / f"{host}.html").read_text().startswith("<!doctype html>")
 
     table = (fetched / "fleet.txt").read_text().splitlines()
-    assert table[0].split()[:3] == ["host", "status", "p999"]
-    rows = {line.split()[0]: line.split() for line in table[2:] if line and not line.startswith(" ")}
-    assert rows["epyc-a01"][1] == "PASS"
-    assert rows["vmware-b01"][1] == "FAIL"
-    assert "topology,kernel_args,isolation,rt_budget" in rows["vmware-b01"][3]
+    assert table[0].split()[:4] == ["host", "status", "p99.9", "deschedule"]
+    rows = [line.split() for line in table[2:-1] if not line.startswith(" ")]
+    assert [(r[0], r[1]) for r in rows] == [("vmware-b01", "FAIL"), ("epyc-a01", "PASS")]  # failures first
+    assert "failed: topology, kernel_args, isolation, rt_budget" in table[2]
     assert table[-1] == "1 of 2 hosts failed validation"
-    assert "1 of 2 hosts failed validation" in out  # printed once, in the play output
+    # Printed as one block of unquoted lines, not a list of quoted strings.
+    assert "\n        vmware-b01  FAIL " in out and "'vmware-b01" not in out and "p999" not in out
     fleet = json.loads((fetched / "fleet.json").read_text())
     assert fleet["vmware-b01"]["failed"] == ["topology", "kernel_args", "isolation", "rt_budget"]
-    # Each failed check has its own line under its host, with value and reason; every check is in the JSON.
+    # Each failed check has its own line under its host, with value and its whole reason.
     detail = [line.split() for line in table if line.startswith("    ")]
     assert [d[:2] for d in detail] == [[n, "FAIL"] for n in fleet["vmware-b01"]["failed"]]
+    assert not any("{'" in line for line in table)  # objects as key=value, never a Python dict
     assert fleet["vmware-b01"]["checks"]["rt_budget"]["status"] == "fail"
     assert set(fleet["epyc-a01"]["checks"]) == set(STATIC)
+    page = (fetched / "fleet.html").read_text()
+    assert page.index("1 of 2 hosts failed validation") < page.index("vmware-b01") < page.index("epyc-a01<")
+    assert '<a href="vmware-b01.html">' in page and '<a href="epyc-a01.html">' in page
     assert "rt_budget fail (SCHED_FIFO threads are throttled" in out
 
 
