@@ -483,7 +483,16 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
     if ladders[0] and ladders[1]:
         title = "deschedule CDF, worst CPU at each quantile"
         n = (counts[0], counts[1])
-        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title, n=n)))
+        lim = next(
+            (
+                c["data"].get("limits_ms")
+                for c in after["checks"]
+                if c["name"] == "deschedule" and c.get("data")
+            ),
+            None,
+        )
+        limits = (float(lim[0]), float(lim[1])) if isinstance(lim, list) and len(lim) == 2 else None
+        out.append((title, plots.ladder_compare(ladders[0], ladders[1], title, n=n, limits=limits)))
     return out
 
 

@@ -192,6 +192,7 @@ def _series(c: Check) -> dict[int, list[tuple[float, int]]]:
 def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     heat: dict[str, dict[int, float]] = {}
+    heat_limits: dict[str, tuple[float, float]] = {}
     for c in checks:
         if c.name == "leased_threads" and c.status is not Status.SKIP:
             title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {fmt(c.value)} ms/s)"
@@ -202,6 +203,9 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
         metric = HEAT_METRIC.get(c.name, "p999")
         label = "p99.9" if metric == "p999" else metric
         heat[f"{c.name} {label}"] = {int(cpu): float(s[metric]) for cpu, s in per_cpu.items() if s.get("n")}
+        lim = _limits(c)
+        if lim:
+            heat_limits[f"{c.name} {label}"] = lim
         series = _series(c)
         graded = "p99.9" if c.data.get("metric", "p999") == "p999" else "max"
         n = min((int(s["n"]) for s in per_cpu.values() if s.get("n")), default=0)
@@ -215,10 +219,11 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
             ladders = {int(cpu): s["ladder"] for cpu, s in per_cpu.items() if s.get("ladder")}
             png = plots.latency_cdf(title, None, ladders, _limits(c))
         out.append((title, png))
-    if heat and len({cpu for row in heat.values() for cpu in row}) > 1:  # one CPU: the tables say it all
-        out.append(
-            ("Per-CPU tail, one colour scale per metric (ms)", plots.heat_strip(heat, "per-CPU tail (ms)"))
-        )
+    # Only when a probe measured several CPUs (shm_rtt's one client CPU is not a second): else the tables
+    # say it all.
+    if heat and max(len(row) for row in heat.values()) > 1:
+        title = "Per-CPU tail: one colour scale per metric, its limits marked (ms)"
+        out.append((title, plots.heat_strip(heat, "per-CPU tail (ms)", limits=heat_limits)))
     return out
 
 
