@@ -128,3 +128,44 @@ def test_bench_queue_interrupted_exits_130_with_a_partial_report(
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is True and doc["complete"] is False and doc["transports"] == {}
     assert "INTERRUPTED" in capsys.readouterr().out
+
+
+# ---- claims the docs make about the files and the play ---------------------------------------------
+
+
+def test_every_shipped_example_report_starts_with_its_schema() -> None:
+    """'Every JSON report starts with schema': the validate reports the docs ship as examples included."""
+    examples = sorted((ROOT / "docs/validation-examples").glob("*.json"))
+    assert examples
+    for path in examples:
+        doc = json.loads(path.read_text())
+        assert isinstance(doc, dict) and list(doc)[:3] == ["schema", "schema_version", "lowtail_version"], (
+            path
+        )
+
+
+def test_a_role_readme_that_says_site_yml_imports_a_playbook_is_right() -> None:
+    site = (ROOT / "site.yml").read_text()
+    for readme in sorted((ROOT / "roles").glob("*/README.md")):
+        for playbook in re.findall(r"import_playbook:\s*(\S+)", readme.read_text()):
+            assert f"import_playbook: {playbook}" in site, (readme, playbook)
+    validate = (ROOT / "roles/lowtail_validate/README.md").read_text()
+    assert (
+        "`site.yml` does not import it" in validate and "import_playbook: playbooks/validate.yml" not in site
+    )
+
+
+def test_the_heat_strip_is_drawn_only_with_several_cpus_of_one_probe() -> None:
+    """docs: 'a heat strip with several CPUs': shm_rtt's client CPU beside a one-CPU probe is not several."""
+    from lowtail.validation import report
+    from lowtail.validation.check import Limits
+    from lowtail.validation.probes import grade
+
+    one = grade("deschedule", {1: [0.01] * 3000}, Limits(0.1, 1.0), "deschedule")
+    rtt = grade("shm_rtt", {0: [0.02] * 3000}, Limits(0.1, 1.0), "queue round trip")
+    titles = [t for t, _ in report.figures([one, rtt])]
+    assert not any(t.startswith("Per-CPU tail") for t in titles), titles
+    two = grade("deschedule", {1: [0.01] * 3000, 2: [0.02] * 3000}, Limits(0.1, 1.0), "deschedule")
+    assert any(t.startswith("Per-CPU tail") for t, _ in report.figures([two]))
+    doc = (ROOT / "docs/validation.md").read_text()
+    assert "heat strip" not in doc or "several CPUs" in doc
