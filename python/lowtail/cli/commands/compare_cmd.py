@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
         type=_percent,
         default=10.0,
         metavar="PCT",
-        help="a change must also exceed this many percent to count, however clear the intervals (default: 10)",
+        help="a change must also exceed this many percent to count, however clear the intervals "
+        "(default: 10)",
     )
     p.add_argument(
         "--status-only",
