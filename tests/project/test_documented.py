@@ -169,3 +169,12 @@ def test_the_heat_strip_is_drawn_only_with_several_cpus_of_one_probe() -> None:
     assert any(t.startswith("Per-CPU tail") for t, _ in report.figures([two]))
     doc = (ROOT / "docs/validation.md").read_text()
     assert "heat strip" not in doc or "several CPUs" in doc
+
+
+def test_the_readme_command_list_names_every_subcommand() -> None:
+    """A command the README's list leaves out is one a reader never finds (tb-report was)."""
+    block = (ROOT / "README.md").read_text().split("## The `lowtail` command", 1)[1].split("```")[1]
+    listed = {line.split()[1] for line in block.splitlines() if line.startswith("lowtail ")}
+    commands = {p.prog.split()[1] for p in all_parsers() if len(p.prog.split()) == 2}
+    missing = commands - listed - {"--help"}
+    assert not missing, missing
