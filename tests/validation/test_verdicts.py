@@ -248,3 +248,14 @@ def test_a_p999_over_the_limit_names_the_limit_first_and_is_not_fixed_by_more_sa
     assert "--samples" not in fix(check.to_dict()) and "leased_threads" in fix(check.to_dict())
     quiet = grade("deschedule", {3: [0.01] * 500}, Limits(0.1, 1.0), "deschedule")
     assert fix(quiet.to_dict()).startswith("run again with --samples 2,995 or more")
+
+
+def test_the_oslat_plot_counts_the_same_n_as_its_title() -> None:
+    """The plot's legend (its histogram) and the title (the parsed statistics) said n one apart."""
+    from lowtail.validation.rttests import histograms, parse_oslat
+
+    doc = json.loads((Path(__file__).parent / "data/oslat-kvm-2vcpu.json").read_text())
+    stats, hist = parse_oslat(doc), histograms(doc)
+    for cpu, s in stats.items():
+        assert sum(c for _, c in hist[cpu]) == s["n"]
+        assert max(v for v, c in hist[cpu] if c) == s["max"]  # the plot still runs to the maximum

@@ -226,7 +226,14 @@ def histograms(doc: dict[str, Any]) -> dict[int, list[tuple[float, int]]]:
         counted = sum(c for _, c in pairs)
         overflow = max(0, int(thread.get("cycles", counted)) - counted)
         peak = float(thread["max"]) / 1000
-        if overflow or not any(v >= peak for v, _ in pairs):
-            pairs.append((peak, max(overflow, 1)))  # the maximum is a sample, whichever bucket it fell in
+        if overflow:
+            pairs.append((peak, overflow))
+        elif pairs and not any(v >= peak for v, _ in pairs):
+            # The maximum is a sample counted in the last bucket (oslat's holds its overflows): move it
+            # to where it lies, so the plot runs to it and n stays the run's n.
+            top = max(range(len(pairs)), key=lambda i: pairs[i][0])
+            value, count = pairs[top]
+            pairs[top] = (value, count - 1)
+            pairs = [p for p in pairs if p[1] > 0] + [(peak, 1)]
         out[int(thread["cpu"])] = sorted(pairs)
     return out
