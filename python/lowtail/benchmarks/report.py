@@ -54,6 +54,23 @@ def _flat(prefix: str, v: Any) -> list[list[str]]:
     return [[prefix, "-" if v in (None, "") else str(v)]]
 
 
+def overall(report: dict[str, Any]) -> str:
+    """The page's first line: the targets' verdict in one line, and what it does to the exit status."""
+    targets = report.get("targets")
+    if not isinstance(targets, list) or not targets:
+        return "no targets graded: this benchmark measures, it does not judge"
+    counts = [
+        f"{sum(1 for t in targets if t.get('met') is value)} {word}"
+        for value, word in ((False, "NOT MET"), (True, "met"), (None, "not decided"))
+    ]
+    missed = any(t.get("met") is False for t in targets)
+    head = "result: TARGETS NOT MET" if missed else "result: no target missed"
+    return (
+        f"{head} ({', '.join(counts)} of {len(targets)}); the exit status follows the targets only "
+        "under --check"
+    )
+
+
 def write_bench_html(path: str, title: str, report: dict[str, Any], sections: list[html.Section]) -> None:
     extra = []
     for key, heading in (("settings", "Settings"), ("workload", "Workload and settings"), ("host", "Host")):
@@ -61,4 +78,5 @@ def write_bench_html(path: str, title: str, report: dict[str, Any], sections: li
             extra.append(
                 html.Section(heading, table=html.Table(["setting", "value"], _flat("", report[key])))
             )
-    write_text(path, html.report(title, [*sections, *extra], data=json_safe(report)))
+    page = html.report(title, [*sections, *extra], summary=[overall(report)], data=json_safe(report))
+    write_text(path, page)
