@@ -64,3 +64,13 @@ def test_a_bench_page_opens_with_its_targets_verdict_and_says_what_check_does(tm
     )
     write_bench_html(str(page), "lowtail bench lanes", {}, [])
     assert "<p>no targets graded: this benchmark measures, it does not judge</p>" in page.read_text()
+
+
+def test_targets_a_run_did_not_ask_for_are_left_out_of_the_tables_and_counted() -> None:
+    from lowtail.benchmarks.queue_bench import tables, targets
+
+    lt = {"n": 10000, "p50_us": 10.0, "p99_us": 20.0, "p999_us": 25.0, "max_us": 90.0}
+    report = {"transports": {"lowtail": lt}, "targets": targets({"lowtail": lt}, priority="nice")}
+    title, _, rows = tables(report)[-1]
+    assert rows == [] and title.startswith("targets (") and "not asked for" in title
+    assert all(t["why"] for t in report["targets"])  # the JSON keeps every target, with why

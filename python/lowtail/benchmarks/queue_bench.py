@@ -38,7 +38,7 @@ from lowtail.benchmarks.queue_transports import (
     restore_priority,
     throughput,
 )
-from lowtail.benchmarks.report import add_check, exit_code, targets_table, verdict, write_bench_html
+from lowtail.benchmarks.report import add_check, exit_code, shown, targets_table, verdict, write_bench_html
 from lowtail.errors import UsageError
 from lowtail.options import add_html, add_json, add_plot, json_to_stdout, write_json, write_text
 from lowtail.render import console, table
@@ -368,10 +368,9 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]
                 frows,
             )
         )
-    trows = [
-        [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", verdict(t)] for t in report["targets"]
-    ]
-    parts.append(("targets", ["target", "measured", "verdict"], trows))
+    keep, note = shown(report["targets"])
+    trows = [[t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", verdict(t)] for t in keep]
+    parts.append(("targets" + note, ["target", "measured", "verdict"], trows))
     return parts
 
 

@@ -41,9 +41,23 @@ def verdict(t: dict[str, Any]) -> str:
     return "met" if t["met"] else "NOT MET"
 
 
+# Targets a run could not have decided by its own choice (a transport not asked for, a fifo-only target
+# at another priority): kept in the JSON, left out of the tables a person reads.
+NOT_ASKED = ("not measured", "decided under --priority fifo only")
+
+
+def shown(targets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The targets to show, and a note naming how many were left out and why ('' when none)."""
+    keep = [t for t in targets if t.get("why") not in NOT_ASKED]
+    left = len(targets) - len(keep)
+    note = f" ({left} not shown: not asked for by this run's --transports or --priority; all in the JSON)"
+    return keep, note if left else ""
+
+
 def targets_table(targets: list[dict[str, Any]]) -> html.Section:
-    rows = [[verdict(t), t["target"], t.get("figure", t.get("ratio", "-"))] for t in targets]
-    return html.Section("Targets", table=html.Table(["verdict", "target", "measured"], rows))
+    keep, note = shown(targets)
+    rows = [[verdict(t), t["target"], t.get("figure", t.get("ratio", "-"))] for t in keep]
+    return html.Section("Targets" + note, table=html.Table(["verdict", "target", "measured"], rows))
 
 
 def _flat(prefix: str, v: Any) -> list[list[str]]:

@@ -125,7 +125,7 @@ def breakdown_tables(results: list[DesignResult]) -> list[tuple[str, list[str], 
         ]
 
     names = [k.removesuffix("_us") for k in BREAKDOWN]
-    title = "worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
+    title = "worker cost per engine call beyond infer(), us p50/mean/p99"
     rest = [
         [
             _row_label(r, rounds),
