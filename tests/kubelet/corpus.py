@@ -59,6 +59,9 @@ GATES_READ = (
     "PodLevelResourceManagers",
     "KubeletConfigDropInDir",
     "MemoryQoS",
+    # Registered by NewKubeletCommand (component-base logs), not by pkg/features.
+    "ContextualLogging",
+    "LoggingBetaOptions",
 )
 ALL_OPTIONS = (
     ko.FULL_PCPUS,

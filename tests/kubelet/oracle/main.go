@@ -26,6 +26,7 @@ import (
 
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/component-base/featuregate"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 	_ "k8s.io/kubernetes/pkg/features" // registers the kubelet's gates with utilfeature
 )
@@ -78,6 +79,13 @@ func dumpGates() error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")
 	return enc.Encode(out)
+}
+
+// NewKubeletCommand registers the logging gates beside the ones pkg/features registers at init.
+func init() {
+	if err := logsapi.AddFeatureGates(utilfeature.DefaultMutableFeatureGate); err != nil {
+		panic(err)
+	}
 }
 
 func main() {
