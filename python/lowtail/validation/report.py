@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtail.render import html, style, table
-from lowtail.validation import plots
+from lowtail.validation import core_to_core, plots
 from lowtail.validation.check import Check, Status, fmt
 from lowtail.validation.runner import Report
 
@@ -157,6 +157,8 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
         if c.name == "leased_threads" and c.status is not Status.SKIP:
             title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {fmt(c.value)} ms/s)"
             out.append((title, plots.offender_bars(c.data["leased_cpus"], c.data["window_s"], title)))
+        if c.name == core_to_core.NAME and c.status is not Status.SKIP and c.data.get("matrix_ns"):
+            out.append(core_to_core.figure(c))
         if c.kind != "probe" or c.status is Status.SKIP or "per_cpu" not in c.data:
             continue
         per_cpu = c.data["per_cpu"]
