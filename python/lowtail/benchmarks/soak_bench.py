@@ -65,11 +65,11 @@ def register(bench_sub: Any) -> None:
         help="chaos for N minutes: kills, churn, garbage; exactly-once answers, no leaks, steady tails",
     )
     p.add_argument("--minutes", type=positive(float), default=10.0, help="length of the run")
-    p.add_argument("--window-s", type=positive(float), default=20.0, help="length of a window")
-    p.add_argument("--baseline-windows", type=positive(int), default=3, help="fault-free windows first")
+    p.add_argument("--window-s", type=positive(float), default=10.0, help="length of a window")
+    p.add_argument("--baseline-windows", type=positive(int), default=4, help="fault-free windows first")
     p.add_argument("--replicas", type=positive(int), default=2, help="inference actors per hero")
     p.add_argument("--clients", type=positive(int), default=3, help="clients per hero at any time")
-    p.add_argument("--rate", type=positive(float), default=50.0, help="requests per second per client")
+    p.add_argument("--rate", type=positive(float), default=60.0, help="requests per second per client")
     p.add_argument("--withdraw", type=float, default=0.01, help="share of requests withdrawn at once")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     p.add_argument("--seed", type=int, default=0)
@@ -83,11 +83,11 @@ def register(bench_sub: Any) -> None:
 @dataclass
 class Options:
     minutes: float = 10.0
-    window_s: float = 20.0
-    baseline_windows: int = 3
+    window_s: float = 10.0
+    baseline_windows: int = 4
     replicas: int = 2
     clients: int = 3
-    rate: float = 50.0
+    rate: float = 60.0
     withdraw: float = 0.01
     faults: tuple[str, ...] = FAULTS
     seed: int = 0
@@ -185,6 +185,7 @@ class Soak:
         self.worker_kills: dict[str, int] = {}
         self.fault_plan: list[str] = []
         self.skipped = 0
+        self.interrupted = False
         self.win = Window(-1, "start", 0.0)  # answers before the clock starts: counted, not timed
 
     # --- set-up ---------------------------------------------------------------------------------------
@@ -216,13 +217,21 @@ class Soak:
         cpu = self.cpus[(HEROES.index(hero) * self.o.replicas + int(index)) % len(self.cpus)]
         proc = self.ctx.Process(
             target=soak_roles.actor_main,
-            args=(hero, int(index), cpu, str(self.work / "model"), self.registry, worker, queue),
+            kwargs={
+                "hero": hero,
+                "index": int(index),
+                "cpu": cpu,
+                "model_dir": str(self.work / "model"),
+                "registry": self.registry,
+                "worker": worker,
+                "queue": queue,
+            },
             name=f"soak-actor-{name}",
             daemon=False,
         )
         proc.start()
         self.actors[name] = proc
-        self.my_pids.add(int(proc.pid))
+        self.my_pids.add(_pid(proc))
         self.deaths_seen[name] = 0
 
     def _start_client(self, hero: str) -> None:
@@ -250,7 +259,7 @@ class Soak:
         os.set_blocking(r.fileno(), False)
         self.clients[cid] = Client(cid, hero, proc, os.dup(r.fileno()))
         r.close()
-        self.my_pids.add(int(proc.pid))
+        self.my_pids.add(_pid(proc))
 
     def _start_vandal(self) -> str:
         from lowtail.benchmarks import soak_roles
@@ -262,7 +271,14 @@ class Soak:
         r, w = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(
             target=_vandal_entry,
-            args=(ep.descriptor, self.refs[0][0], VANDAL_S, self.rng.randrange(1 << 30), w, cid),
+            kwargs={
+                "descriptor": ep.descriptor,
+                "x": self.refs[0][0],
+                "seconds": VANDAL_S,
+                "seed": self.rng.randrange(1 << 30),
+                "conn": w,
+                "cid": cid,
+            },
             name=f"soak-vandal-{cid}",
             daemon=True,
         )
@@ -271,7 +287,7 @@ class Soak:
         os.set_blocking(r.fileno(), False)
         self.clients[cid] = Client(cid, name.split(".")[0], proc, os.dup(r.fileno()), vandal=True)
         r.close()
-        self.my_pids.add(int(proc.pid))
+        self.my_pids.add(_pid(proc))
         return name
 
     def _wait_actors_ready(self, timeout_s: float) -> None:
@@ -312,7 +328,13 @@ class Soak:
                     self._start_client(hero)
             self.progress.phase(0, "starting the clients")
             self._wait_clients_answered(120.0)
-            self._loop()
+            try:
+                self._loop()
+            except KeyboardInterrupt:
+                # Ctrl-C: the report still comes out, says so, and grades nothing as passed.
+                self.interrupted = True
+                self.win.end_s = time.monotonic()
+                self.windows.append(self.win)
         finally:
             left = self._shutdown()
         return self._report(load_before, left)
@@ -599,16 +621,23 @@ class Soak:
         return build_report(self, load_before, left)
 
 
+def _pid(proc: Any) -> int:
+    pid = proc.pid
+    if pid is None:
+        raise RuntimeError(f"{proc.name}: not started")
+    return int(pid)
+
+
 def _client_entry(plan: Any, refs: Any, conn: Any, names: list[str]) -> None:
     from lowtail.benchmarks.soak_roles import client_main
 
     client_main(plan, refs, conn.fileno(), names)
 
 
-def _vandal_entry(desc: Any, x: Any, seconds: float, seed: int, conn: Any, cid: int) -> None:
+def _vandal_entry(conn: Any, **kwargs: Any) -> None:
     from lowtail.benchmarks.soak_roles import vandal_main
 
-    vandal_main(desc, x, seconds, seed, conn.fileno(), cid)
+    vandal_main(fd=conn.fileno(), **kwargs)
 
 
 # -- grading --------------------------------------------------------------------------------------------
@@ -737,9 +766,11 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
     met, figure, why = grade_windows(windows, baseline)
     target("each steady window's p99.9 as before the faults", met, figure, why)
     verdict = "failed" if any(t["met"] is False for t in targets) else "passed"
+    if s.interrupted:
+        verdict = "interrupted"
     from lowtail.benchmarks.report import json_safe
 
-    return json_safe(
+    doc: dict[str, Any] = json_safe(
         {
             "verdict": verdict,
             "targets": targets,
@@ -756,8 +787,10 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
             ),
             "host": {"load_before": load_before, "load_after": list(os.getloadavg()), "cpus": os.cpu_count()},
             "path": "python",
+            "interrupted": s.interrupted,
         }
     )
+    return doc
 
 
 def grade_resources(

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-NODE = "soak-local"
-STOP_FILE = "stop"
-BEHIND_S = 1.0  # a client this far behind its schedule skips the sends it missed  # in the registry: every client leaves  # every endpoint's node id: one host, no Ray
+NODE = "soak-local"  # every endpoint's node id: one host, no Ray
+STOP_FILE = "stop"  # in the registry: every client leaves
+BEHIND_S = 1.0  # a client this far behind its schedule skips the sends it missed
 
 # One record per event: client id, request seq, kind, error code, intended send time, end time (both
 # CLOCK_MONOTONIC seconds). 32 bytes; a write of at most PIPE_BUF bytes to a pipe is atomic (pipe(7)), so
@@ -81,7 +81,7 @@ def read_endpoint(registry: str, actor: str) -> Any:
 
 
 def actor_main(
-    hero: str, index: int, cpu: int, model_dir: str, registry: str, worker: Any, queue: Any
+    *, hero: str, index: int, cpu: int, model_dir: str, registry: str, worker: Any, queue: Any
 ) -> None:
     """Create the queue, start the worker and its standby, publish the endpoint, supervise until SIGTERM."""
     from lowtail.actors.inference import InferenceActorImpl, InferenceSpec
@@ -90,6 +90,7 @@ def actor_main(
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the soak: the soak stops us (SIGTERM)
     sweep_dead(kinds=("q",))  # a killed incarnation's queue, as the Ray actor does on a restart
     spec = InferenceSpec(hero=hero, index=index, model_dir=model_dir, worker=worker, queue=queue)
     # The Ray actor's class without Ray: its supervisor and endpoint() are the code under test; only its
@@ -242,6 +243,7 @@ def client_main(
     from lowtail.shm.errors import QueueError, QueueTimeout
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the soak: we leave by its stop file
     rec = _Records(fd, plan.cid)
     rng = random.Random(plan.seed)
     client = _attach(plan, actors)
@@ -311,7 +313,7 @@ def client_main(
         client.close()
 
 
-def vandal_main(descriptor: Any, x: np.ndarray, seconds: float, seed: int, fd: int, cid: int) -> None:
+def vandal_main(*, descriptor: Any, x: np.ndarray, seconds: float, seed: int, fd: int, cid: int) -> None:
     """Attach a lane, then write garbage into its words (doorbell, ring, slot words, request header)
     while sending requests for ``seconds``. Its own requests may fail or time out: that is its lane."""
     from lowtail.shm import layout

@@ -156,6 +156,7 @@ class PairResult:
 
 
 def relation(topo: Topology, a: int, b: int) -> str:
+    """How close CPUs ``a`` and ``b`` are (one of ``RELATIONS``)."""
     by = topo.by_cpu()
     ca, cb = by[a], by[b]
     if b in ca.siblings:
@@ -237,17 +238,18 @@ def matrix_cpus(topo: Topology, plan: Plan, limit: int = MAX_CPUS) -> list[int]:
         if c is not None and c not in chosen and len(chosen) < limit:
             chosen.append(c)
 
-    workers = []
-    for p in plan.l3_pools:
-        iso = sorted(p.isolated)
-        if iso:
-            workers.append(iso[0])
-            add(iso[0])
-            add(iso[1] if len(iso) > 1 else None)
-    if workers:
-        w = workers[0]
+    pools = [sorted(p.isolated) for p in plan.l3_pools if p.isolated]
+    if pools:
+        # The first worker, its partner and one CPU per farther relation first: a limit that the
+        # pools fill must not drop the comparison across L3 groups or sockets.
+        w = pools[0][0]
+        add(w)
+        add(pools[0][1] if len(pools[0]) > 1 else None)
         for rel in ("same-node", "same-socket", "cross-socket"):
             add(next((c for c in online if relation(topo, w, c) == rel), None))
+    for iso in pools[1:]:
+        add(iso[0])
+        add(iso[1] if len(iso) > 1 else None)
     return sorted(chosen)
 
 
@@ -414,11 +416,12 @@ def figure(c: Check) -> tuple[str, bytes]:
     """The heat map of the matrix for the HTML report."""
     import numpy as np
 
-    from lowtail.validation import plots
+    from lowtail.validation import plots  # sets matplotlib's Agg backend first
 
+    plt = __import__("matplotlib.pyplot").pyplot
     cpus = c.data["cpus"]
     m = np.array([[np.nan if v is None else v for v in row] for row in c.data["matrix_ns"]], dtype=float)
-    fig, ax = plots.plt.subplots(figsize=(1.2 + 0.45 * len(cpus), 1.0 + 0.4 * len(cpus)))
+    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(cpus), 1.0 + 0.4 * len(cpus)))
     im = ax.imshow(m, cmap="viridis")
     ax.set_xticks(range(len(cpus)), [str(x) for x in cpus], fontsize=7)
     ax.set_yticks(range(len(cpus)), [str(x) for x in cpus], fontsize=7)
