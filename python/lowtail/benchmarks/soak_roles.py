@@ -33,8 +33,8 @@ STOP_FILE = "stop"  # in the registry: every client leaves
 BEHIND_S = 1.0  # a client this far behind its schedule skips the sends it missed
 
 # One record per event: client id, request seq, kind, error code, intended send time, end time (both
-# CLOCK_MONOTONIC seconds). 32 bytes; a write of at most PIPE_BUF bytes to a pipe is atomic (pipe(7)), so
-# a killed client never leaves half a record.
+# CLOCK_MONOTONIC seconds; for SENT the end time is when it really went). 32 bytes; a write of at most
+# PIPE_BUF bytes to a pipe is atomic (pipe(7)), so a killed client never leaves half a record.
 REC = struct.Struct("<IIBB6xdd")
 RECORDS_PER_WRITE = 4096 // REC.size
 SENT, ANSWERED, WRONG, FAILED, REFUSED, WITHDRAWN, LOST, BYE = range(8)
@@ -270,7 +270,7 @@ def client_main(
             intended, due = due, due + period
             k = rng.randrange(len(refs))
             x, expected = refs[k]
-            rec.add(seq, SENT, 0, intended)
+            rec.add(seq, SENT, 0, intended, time.monotonic())  # its schedule, and when it really went
             try:
                 p = client.start({"obs": x})
             except EndpointDown as e:
