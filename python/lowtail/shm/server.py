@@ -227,20 +227,32 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
-        if len(self._items) == 1:
-            it = self._items[0]
-            if not it.done:
-                worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
-        else:
-            off = 0
-            for it in self._items:
-                assert it.layout is not None
-                n = it.layout.batch
+        try:
+            if len(self._items) == 1:
+                it = self._items[0]
                 if not it.done:
-                    part = {k: v[off : off + n] for k, v in outputs.items()}
-                    worker._answer(it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call)
-                off += n
-        worker._wake_parked(self._items)
+                    worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
+            else:
+                off = 0
+                for it in self._items:
+                    assert it.layout is not None
+                    n = it.layout.batch
+                    if not it.done:
+                        part = {k: v[off : off + n] for k, v in outputs.items()}
+                        worker._answer(
+                            it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call
+                        )
+                    off += n
+        except BaseException as e:
+            # _answer turns a write failure into that request's error answer; whatever still escapes
+            # (an interrupt) must not leave the rest of the closed batch unanswered.
+            for it in self._items:
+                if not it.done:
+                    worker._answer(it, ST_FAILED, None, None, f"answer not written: {type(e).__name__}: {e}")
+                    self.failed += 1
+            raise
+        finally:
+            worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
         """Answer every request not answered yet as failed with ``message``; the views go with it."""
@@ -698,8 +710,11 @@ class QueueWorker:
                     n = layout.inline_end
                 else:
                     n = self._answer_external(g, layout, arrays)
-            except QueueError as e:
-                status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
+            except Exception as e:  # an answer that cannot be written fails alone
+                # (no inode, EMFILE, ENOMEM, a full tmpfs): it becomes this request's error answer.
+                status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED
+                why = "" if isinstance(e, QueueError) else f"answer not written: {type(e).__name__}: "
+                message = f"{why}{e}"
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
@@ -728,6 +743,7 @@ class QueueWorker:
         nd = self._nd_resp.get(g)
         if nd is None or nd.capacity < need:
             if nd is not None:
+                del self._nd_resp[g]  # released: if the acquire below fails, no other slot shares it
                 self._pool.release(nd)
             nd = self._pool.acquire(need)
             self._nd_resp[g] = nd
