@@ -53,6 +53,9 @@ FEATURES = 64
 HIDDEN = (128,)
 REFERENCE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8)  # each request is one of these; a mixed-up answer shows
 VANDAL_S = 3.0
+# A worker is killed while it holds claimed requests when it does within this long (frozen and thawed
+# until it does): a kill between batches would leave the WorkerDied path unexercised.
+FREEZE_S = 2.0
 MIN_SAMPLES_P999 = 3000  # a p99.9 of fewer samples is not graded
 FD_SLACK = 2  # a process may hold a transient fd (a /proc read) when sampled
 RSS_SLACK = (4 << 20, 0.05)  # bytes, share: worker RSS growth allowed between a first and last sample
@@ -187,6 +190,7 @@ class Soak:
         self.fault_plan: list[str] = []
         self.skipped = 0
         self.interrupted = False
+        self.claimed_at_kills = 0
         self.win = Window(-1, "start", 0.0)  # answers before the clock starts: counted, not timed
 
     # --- set-up ---------------------------------------------------------------------------------------
@@ -527,6 +531,14 @@ class Soak:
                     # it was serving): only the serving worker's death is the soak's to count.
                     if kind == "worker":
                         self.worker_kills[name] = self.worker_kills.get(name, 0) + 1
+                        ep = soak_roles.read_endpoint(self.registry, name)
+                        claimed = (
+                            0
+                            if ep is None
+                            else soak_roles.freeze_holding_requests(int(pid), ep.descriptor, FREEZE_S)
+                        )
+                        target += f" ({claimed} claimed)"
+                        self.claimed_at_kills += claimed
                     soak_roles.kill_quietly(int(pid))
                 else:
                     target += f" (no {kind} to kill)"
@@ -783,6 +795,7 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
             "outcomes": dict(outcomes),
             "errors": dict(errors),
             "cut_by_client_kill": cut,
+            "claimed_by_killed_workers": s.claimed_at_kills,
             "sends_skipped_by_late_clients": s.skipped,
             "vandal_clients": [{"answered": a, "refused_or_failed": r} for a, r in s.vandal_counts],
             "windows": windows,
@@ -900,6 +913,7 @@ def render(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items()))
         + (f"; failed by class {report['errors']}" if report["errors"] else "")
         + f"; cut by a client kill {report['cut_by_client_kill']}"
+        + f"; claimed by the workers killed {report['claimed_by_killed_workers']}"
         + f"; sends skipped by clients > 1 s late {report['sends_skipped_by_late_clients']}"
     )
     h = report["host"]

@@ -364,6 +364,36 @@ def vandal_main(*, descriptor: Any, x: np.ndarray, seconds: float, seed: int, fd
     rec.flush()
 
 
+def freeze_holding_requests(pid: int, descriptor: Any, timeout_s: float) -> int:
+    """SIGSTOP the worker ``pid`` at a moment it holds claimed requests (thawed and tried again until
+    ``timeout_s``) and return how many it holds; it stays stopped for the SIGKILL that follows."""
+    from lowtail.shm import layout
+    from lowtail.shm.control import attach_mapped
+
+    m = attach_mapped(descriptor)
+    q, geo = m.q, m.geo
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            os.kill(pid, signal.SIGSTOP)
+            held = 0
+            for g in range(geo.lanes * geo.spl):  # PROCESSING: claim_seq == req_seq > resp_seq
+                claim = q[geo.slot(g, layout.S_CLAIM_SEQ)]
+                held += (
+                    bool(claim)
+                    and claim == q[geo.slot(g, layout.S_REQ_SEQ)] != q[geo.slot(g, layout.S_RESP_SEQ)]
+                )
+            if held or time.monotonic() > deadline:
+                return held
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.001)
+    except ProcessLookupError:
+        return 0  # it died meanwhile (the soak kills nothing twice)
+    finally:
+        del q
+        m.close()
+
+
 def kill_quietly(pid: int | None, sig: int = signal.SIGKILL) -> bool:
     if not pid:
         return False
