@@ -68,3 +68,15 @@ def test_resource_growth_is_caught() -> None:
     assert orphan["no worker process left over"][0] is False
     one = grade_resources([sample(20, 1)], workers=8, queues=4)
     assert all(v[0] is None for v in one.values())
+
+
+def test_a_baseline_whose_interval_has_no_upper_end_decides_nothing() -> None:
+    """3,495 baseline samples pass the 3,000 floor, but the p99.9's interval then reaches past the
+    largest sample: no window can be shown above it, so "met" would be vacuous (a 10-minute run said
+    met with the upper bound inf)."""
+    rng = np.random.default_rng(2)
+    base = rng.exponential(1.0, 3495)
+    assert math.isinf(p999_interval(np.sort(base))[2])
+    far = window(7, "steady", rng.exponential(50.0, 5000))
+    met, _, why = grade_windows([far], base)
+    assert met is None and "no upper end" in why

@@ -702,6 +702,13 @@ def grade_windows(windows: list[dict[str, Any]], baseline_ms: np.ndarray) -> tup
     if baseline_ms.size < MIN_SAMPLES_P999:
         return None, "-", f"the baseline has {baseline_ms.size} samples, fewer than {MIN_SAMPLES_P999}"
     b, _, b_hi = p999_interval(np.sort(baseline_ms))
+    if math.isinf(b_hi):
+        # Below ~3,840 samples the interval reaches past the largest one: nothing could be shown above it.
+        return (
+            None,
+            f"baseline p99.9 {b:.2f} ms",
+            (f"the baseline's p99.9 interval has no upper end with {baseline_ms.size} samples"),
+        )
     steady = [w for w in windows if w["kind"] == "steady"]
     decided = [w for w in steady if w["n"] >= MIN_SAMPLES_P999]
     if not decided:

@@ -421,7 +421,7 @@ def figure(c: Check) -> tuple[str, bytes]:
     plt = __import__("matplotlib.pyplot").pyplot
     cpus = c.data["cpus"]
     m = np.array([[np.nan if v is None else v for v in row] for row in c.data["matrix_ns"]], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(cpus), 1.0 + 0.4 * len(cpus)))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.45 * len(cpus)), max(3.0, 1.0 + 0.4 * len(cpus))))
     im = ax.imshow(m, cmap="viridis")
     ax.set_xticks(range(len(cpus)), [str(x) for x in cpus], fontsize=7)
     ax.set_yticks(range(len(cpus)), [str(x) for x in cpus], fontsize=7)
