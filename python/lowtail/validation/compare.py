@@ -40,7 +40,12 @@ class ReportFormatError(LowtailError, ValueError):
 
 
 def _number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer beyond any float (JSON allows 10**400): not a figure we wrote
+        return False
 
 
 def _check_shape(doc: Any, path: str | Path) -> None:
@@ -84,8 +89,10 @@ def _check_shape(doc: Any, path: str | Path) -> None:
 def load_report(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: JSON, or too many digits
         raise ReportFormatError(f"cannot read report {path}: {e}") from None
+    except RecursionError:
+        raise ReportFormatError(f"{path} is not a lowtail validate report: nested too deeply") from None
     _check_shape(doc, path)
     return dict(doc)
 
@@ -317,7 +324,8 @@ def figures(before: dict[str, Any], after: dict[str, Any], cmp: dict[str, Any]) 
         lad = everything.get("ladder_worst_cpu")
         ladders.append(lad if isinstance(lad, list) else [])
         per_cpu = (d or {}).get("data", {}).get("per_cpu") or {}
-        counts.append(min((int(s.get("n", 0)) for s in per_cpu.values() if isinstance(s, dict)), default=0))
+        ns = (int(s["n"]) if _number(s.get("n")) else 0 for s in per_cpu.values() if isinstance(s, dict))
+        counts.append(min(ns, default=0))
     if ladders[0] and ladders[1]:
         title = "deschedule CDF, worst CPU at each quantile"
         n = (counts[0], counts[1])
