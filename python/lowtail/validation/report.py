@@ -43,8 +43,8 @@ FIXES: dict[str, str] = {
     "cfs_throttle": "remove the CFS quota from exclusive-CPU containers (the reason names the way for "
     "your Kubernetes version)",
     "leased_threads": "move the named threads off the leased CPUs (their cgroup's cpuset or CPUAffinity)",
-    "core_to_core": "recompute the plan on this machine (lowtail plan) so each worker's pool is its L3 group; "
-    "a warn alone: the vCPUs' caches are not what the reported topology says",
+    "core_to_core": "recompute the plan on this machine (lowtail plan) so each worker's pool is its L3 "
+    "group; a warn alone: the vCPUs' caches are not what the reported topology says",
     "hwlat": "firmware interrupts (SMIs) or a hypervisor stall the CPU: check BIOS power settings",
     "numa": "check the NUMA policy of the pod (memory manager Static, topology manager single-numa-node)",
 }
