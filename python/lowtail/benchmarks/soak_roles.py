@@ -271,6 +271,9 @@ def client_main(
             k = rng.randrange(len(refs))
             x, expected = refs[k]
             rec.add(seq, SENT, 0, intended, time.monotonic())  # its schedule, and when it really went
+            # Written before the request goes: a client killed with it in flight leaves it counted (cut by
+            # the kill), not unknown. One small pipe write per request.
+            rec.flush()
             try:
                 p = client.start({"obs": x})
             except EndpointDown as e:
