@@ -47,5 +47,6 @@ def test_a_non_numeric_per_cpu_count_does_not_break_the_html_page(tmp_path: Path
     before, after, page = tmp_path / "b.json", tmp_path / "a.json", tmp_path / "c.html"
     before.write_text(json.dumps(_report("many")))
     after.write_text(json.dumps(_report()))
-    assert main(["compare", str(before), str(after), "--html", str(page)]) in (0, 1)
+    # 3: a report without intervals is not compared on its values (incomplete), never a crash
+    assert main(["compare", str(before), str(after), "--html", str(page)]) in (0, 1, 3)
     assert "deschedule" in page.read_text()
