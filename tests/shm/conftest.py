@@ -7,10 +7,11 @@ import tempfile
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lowtail.shm import segments
+from lowtail.shm import native, segments
 from lowtail.shm.queue import InferenceQueue, QueueConfig
 
 
@@ -38,11 +39,63 @@ def server() -> Iterator[InferenceQueue]:
 
 
 @pytest.fixture(scope="session")
-def ctx() -> BaseContext:
+def _forkserver() -> BaseContext:
     """forkserver: children start clean (no inherited fds, so no inherited OFD lane locks) and fast."""
     c = mp.get_context("forkserver")
     c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.shm.helpers"])
     return c
+
+
+# The modules whose every test runs on both hot paths (the Python reference and the native core): the
+# hostile-input tests and the differential ones. The others run on the default path (native when built).
+BOTH_PATHS = {
+    "test_queue_hostile",
+    "test_queue_attacks",
+    "test_queue_adversarial",
+    "test_queue_withdraw",
+    "test_native_differential",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_PATHS:
+        metafunc.fixturenames.append("queue_impl")
+        metafunc.parametrize("queue_impl", ["python", "native"], indirect=True)
+
+
+@pytest.fixture
+def queue_impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The hot path this test's mappings use, in this process and in the children ``ctx`` starts."""
+    impl: str = request.param
+    if impl == "native" and not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+    with native.use(impl == "native"):
+        yield impl
+
+
+class _PathContext:
+    """A multiprocessing context whose children attach with the hot path of the test (``queue_impl``)."""
+
+    def __init__(self, ctx: BaseContext, use_native: bool) -> None:
+        self._ctx = ctx
+        self._native = use_native
+
+    def Process(self, target: Any = None, args: tuple[Any, ...] = (), **kw: Any) -> Any:  # noqa: N802
+        from tests.shm import helpers
+
+        return self._ctx.Process(target=helpers.with_path, args=(self._native, target, *args), **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+@pytest.fixture
+def ctx(request: pytest.FixtureRequest, _forkserver: BaseContext) -> Any:
+    """The forkserver context; in a module that runs on both paths, one that passes the path on."""
+    if "queue_impl" in request.fixturenames:
+        impl = request.getfixturevalue("queue_impl")
+        return _PathContext(_forkserver, impl == "native")
+    return _forkserver
 
 
 @pytest.fixture(scope="session")

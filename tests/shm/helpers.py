@@ -14,6 +14,14 @@ import numpy as np
 from lowtail.shm.queue import QueueClient, QueueDescriptor, QueueWorker
 
 
+def with_path(use_native: bool, target: Any, *args: Any) -> None:
+    """Run ``target(*args)`` with the hot path the parent test chose (``lowtail.shm.native.use``)."""
+    from lowtail.shm import native
+
+    with native.use(use_native):
+        target(*args)
+
+
 def echo(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """The worker's model in tests: outputs that depend on every input row, with a different width."""
     return {

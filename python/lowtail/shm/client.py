@@ -88,6 +88,7 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
 # usually come within the budget), else PURE_SPIN_NS and parks: a woken nice -20 sampler preempts.
 PURE_SPIN_NS = 20_000
 PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
+PARK_SLICE_NS = int(PARK_SLICE_S * 1e9)
 # Predictive waiting. A client learns how long its answers take from submit to the worker's answer
 # stamp (a low quantile: the prediction drops at once to a shorter answer and rises by
 # 1/2**PREDICT_UP_SHIFT of the gap after a longer one) and, when the answer is predicted far enough
@@ -466,6 +467,7 @@ class QueueClient:
         self._parked_i = geo.lane(lane, L_PARKED)
         self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._waiter = FutexWaiter(m.addr(self._count_i))
+        self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -762,20 +764,26 @@ class QueueClient:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        seq = q[si + W_REQ_SEQ] + 1
-        now = time.monotonic_ns()
-        q[si + W_REQ_LEN] = nbytes
-        q[si + W_SUBMIT_NS] = now
-        q[si + W_REQ_SEQ] = seq
-        q[si + W_REQ_STATE] = READY
         head = self._head
-        q[self._ring_i + head % self._spl] = s
-        self._head = head + 1
-        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
-        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-        if q[HW_WORKER_SLEEP]:
-            q[HW_WORKER_SLEEP] = 0
-            futex_wake(self._m.addr(HW_WORKER_SLEEP))
+        nat = self._native
+        if nat is not None:
+            # The same stores, barrier and wake as below, in one call (lowtail.shm.native).
+            seq, now = nat.publish(self.lane, s, nbytes, head)
+            self._head = head + 1
+        else:
+            seq = q[si + W_REQ_SEQ] + 1
+            now = time.monotonic_ns()
+            q[si + W_REQ_LEN] = nbytes
+            q[si + W_SUBMIT_NS] = now
+            q[si + W_REQ_SEQ] = seq
+            q[si + W_REQ_STATE] = READY
+            q[self._ring_i + head % self._spl] = s
+            self._head = head + 1
+            q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+            full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
+            if q[HW_WORKER_SLEEP]:
+                q[HW_WORKER_SLEEP] = 0
+                futex_wake(self._m.addr(HW_WORKER_SLEEP))
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
@@ -867,7 +875,18 @@ class QueueClient:
                 # before it, or answers usually come that fast); else a round trip's worth, then park.
                 due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
                 spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
-                while True:
+                nat = self._native
+                if nat is not None and self._spin_ns:
+                    # The spin in native code: the answer seen within ~0.1 us, the GIL released.
+                    seen, now = nat.spin(self.lane, s, seq, spin_end)
+                    if seen:
+                        self._counts.spinning += 1
+                    else:
+                        deadline = deadline or deadline_ns(now, timeout_s)
+                        self._park(ticket, si, deadline, deadline)
+                        self._counts.parked += 1
+                        now = clock()
+                while nat is None or not self._spin_ns:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
                         self._counts.spinning += 1
@@ -985,11 +1004,14 @@ class QueueClient:
         start = clock()
         dead_worker = 0
         parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
+        nat = self._native
         first = True
+        expected = 0
         while True:
-            expected = q[count_i]
-            q[parked_i] = 1
-            full_barrier()  # order the parked store before the re-check below (Dekker)
+            if nat is None:
+                expected = q[count_i]
+                q[parked_i] = 1
+                full_barrier()  # order the parked store before the re-check below (Dekker)
             if q[resp_i] == seq:
                 q[parked_i] = 0
                 return True
@@ -1025,9 +1047,13 @@ class QueueClient:
                 )
             self._counts.futex_waits += 1
             first = False
-            waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
-            q[parked_i] = 0
-            answered = q[resp_i] == seq
+            if nat is not None:
+                # The park (flag, barrier, re-check, futex, flag) in one native call.
+                answered, _ = nat.park(self.lane, ticket.slot, seq, max(0, min(until - now, PARK_SLICE_NS)))
+            else:
+                waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
+                q[parked_i] = 0
+                answered = q[resp_i] == seq
             now = clock()
             if now >= until and until < deadline:
                 # A predictive sleep ran past its end: learn how late (up at once, down slowly). A

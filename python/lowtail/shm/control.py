@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lowtail.node.process import boot_id
-from lowtail.shm import numa, ofd_lock
+from lowtail.shm import native, numa, ofd_lock
 from lowtail.shm.errors import BadConfig, QueueError, SegmentNotFound
 from lowtail.shm.futex import is_supported_platform
 from lowtail.shm.layout import (
@@ -192,12 +192,18 @@ class Mapped:
         self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
         self._anchor = np.frombuffer(seg.mm, np.uint64)
         self.base_addr = int(self._anchor.ctypes.data)
+        # The native core over this mapping (lowtail.shm.native), or None: the Python path.
+        self.native: Any = native.segment(
+            seg.mm, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total
+        )
 
     def addr(self, index: int) -> int:
         """Address of the u64 word at ``index`` (its low 32 bits are the futex word)."""
         return self.base_addr + index * 8
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()  # its export of the mapping first, or the mapping cannot close
         # A view a caller still holds (batch inputs kept past complete()) must not keep the segment
         # file alive: the mapping then lives until that view is collected, the name is unlinked now.
         with contextlib.suppress(BufferError):

@@ -97,6 +97,8 @@ class _Item:
         self.done = False
 
 
+# What the native claim found at a ring position (lowtail_native.Segment.claim).
+_CLAIMED, _BAD_RING, _SKIPPED, _WITHDRAWN = 0, 1, 2, 3
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -227,6 +229,9 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
+        if worker._native is not None:
+            worker._answer_many(self._items, outputs, layout, engine_ns, call)
+            return  # answered and woken in one native call
         if len(self._items) == 1:
             it = self._items[0]
             if not it.done:
@@ -295,6 +300,7 @@ class QueueWorker:
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
         self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
+        self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -544,6 +550,9 @@ class QueueWorker:
         claimable request (a bad request, answered here, or a duplicate).
         """
         q, geo = self._m.q, self._m.geo
+        nat = self._native
+        if nat is not None:
+            return self._take_native(nat, lane, tail, now)
         s = q[self._ring_i[lane] + tail % geo.spl]
         self._tails[lane] = tail + 1
         if s >= geo.spl:
@@ -562,6 +571,26 @@ class QueueWorker:
         full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
         q[self._tail_i[lane]] = tail + 1
         if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
+            self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
+            self._wake_parked([it])
+            self.counts.withdrawn += 1
+            return None
+        self._lane_seen_ns[lane] = now
+        self._decode(it)
+        return it
+
+    def _take_native(self, nat: Any, lane: int, tail: int, now: int) -> _Item | None:
+        """``_take`` with the ring read, the claim, its barrier and the withdrawn check in one call."""
+        kind, s, seq, gen, submit_ns = nat.claim(lane, tail, now)
+        self._tails[lane] = tail + 1
+        if kind == _BAD_RING:
+            self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{self._m.geo.spl - 1}")
+            return None
+        if kind == _SKIPPED:
+            return None
+        g = lane * self._m.geo.spl + s
+        it = _Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now)
+        if kind == _WITHDRAWN:
             self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
             self._wake_parked([it])
             self.counts.withdrawn += 1
@@ -677,9 +706,64 @@ class QueueWorker:
         call: int = 0,
     ) -> None:
         """Answer ``it``; ``engine_ns`` and ``call`` are the call's words (Batch.complete), 0 otherwise."""
+        status, n = self._write_answer(it, status, arrays, layout, message)
+        nat = self._native
+        if nat is not None:
+            # the caller wakes (_wake_parked), once for all it answered
+            nat.answer([(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, status, n)], engine_ns, call, False)
+            it.done = True
+            self._outstanding.pop(it.g, None)
+            return
+        q, si = self._m.q, it.si
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_CALL_ENGINE_NS] = engine_ns
+        q[si + W_CALL] = call
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
+        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        it.done = True
+        self._outstanding.pop(it.g, None)
+
+    def _answer_many(
+        self,
+        items: list[_Item],
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        layout: PayloadLayout,
+        engine_ns: int,
+        call: int,
+    ) -> None:
+        """The native path's ``Batch.complete`` of several requests: each payload written here, then every
+        answer's words, the answer counts and the wake-ups of parked clients in one native call."""
+        words: list[tuple[int, int, int, int, int]] = []
+        spl = self._m.geo.spl
+        off = 0
+        one = len(items) == 1
+        for it in items:
+            assert it.layout is not None
+            n = it.layout.batch
+            if not it.done:
+                part = outputs if one else {k: v[off : off + n] for k, v in outputs.items()}
+                status, nbytes = self._write_answer(it, ST_OK, part, layout if one else layout.with_batch(n), "")
+                words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
+                it.done = True
+                self._outstanding.pop(it.g, None)
+            off += n
+        self._native.answer(words, engine_ns, call)
+
+    def _write_answer(
+        self,
+        it: _Item,
+        status: int,
+        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
+        layout: PayloadLayout | None,
+        message: str,
+    ) -> tuple[int, int]:
+        """The payload (or error message) of ``it``'s answer into its response region: (status, bytes)."""
         m = self._m
         q, geo = m.q, m.geo
-        g, si = it.g, it.si
+        g = it.g
         n = 0
         if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
             status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
@@ -703,16 +787,7 @@ class QueueWorker:
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
-        q[si + W_RESP_LEN] = n
-        q[si + W_RESP_STATUS] = status
-        q[si + W_CALL_ENGINE_NS] = engine_ns
-        q[si + W_CALL] = call
-        q[si + W_DONE_NS] = time.monotonic_ns()
-        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
-        ci = self._count_i[it.lane]
-        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
-        it.done = True
-        self._outstanding.pop(g, None)
+        return status, n
 
     def _answer_external(
         self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
@@ -736,6 +811,10 @@ class QueueWorker:
 
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
+            return
+        nat = self._native
+        if nat is not None:
+            nat.wake_lanes([it.lane for it in items])
             return
         m = self._m
         q = m.q
