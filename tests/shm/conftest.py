@@ -53,7 +53,6 @@ BOTH_PATHS = {
     "test_queue_attacks",
     "test_queue_adversarial",
     "test_queue_withdraw",
-    "test_native_differential",
 }
 
 
