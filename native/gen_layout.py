@@ -11,7 +11,6 @@ against another layout is refused (the Python path runs) instead of reading the 
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -55,7 +54,10 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET} is out of date with lowtail.shm.layout: run python native/gen_layout.py", file=sys.stderr)
+            print(
+                f"{TARGET} is out of date with lowtail.shm.layout: run python native/gen_layout.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     TARGET.write_text(text)

@@ -79,7 +79,7 @@ class _PathContext:
         self._ctx = ctx
         self._native = use_native
 
-    def Process(self, target: Any = None, args: tuple[Any, ...] = (), **kw: Any) -> Any:  # noqa: N802
+    def Process(self, target: Any = None, args: tuple[Any, ...] = (), **kw: Any) -> Any:
         from tests.shm import helpers
 
         return self._ctx.Process(target=helpers.with_path, args=(self._native, target, *args), **kw)

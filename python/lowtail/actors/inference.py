@@ -49,6 +49,7 @@ from lowtail.actors.endpoint import (
 from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics
 from lowtail.errors import LowtailError
 from lowtail.node.lease import Lease
+from lowtail.shm import native
 
 log = logging.getLogger(__name__)
 
@@ -510,6 +511,8 @@ class InferenceActorImpl:
                 "actor_affinity": sorted(os.sched_getaffinity(0)),
                 "actor_nice": None if self._nice is None else asdict(self._nice),
                 "actor_thread_nices": sorted(set(thread_nices())),
+                # this node's queue hot path (the worker's own is in its ready report)
+                "queue_core": native.implementation().to_dict(),
                 "ready": None if w is None else w.ready_info,
                 "standby_ready": None if sb is None else sb.ready_info,
             }

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from lowtail.serve import pinning
 from lowtail.serve.config import WorkerConfig
+from lowtail.shm import native
 
 if TYPE_CHECKING:  # numpy and OpenVINO load only after pinning (module docstring)
     from lowtail.serve.engine import Engine
@@ -92,6 +93,7 @@ def main(
     # reaper if the parent died while this process started, and the orphan would never notice.
     ppid = parent_pid
     ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu, "role": role}
+    ready["queue_core"] = native.implementation().to_dict()  # the native core or the Python path, and why
     idle_class = False
     try:
         # 1. Before any heavy import.

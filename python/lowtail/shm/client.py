@@ -1049,7 +1049,9 @@ class QueueClient:
             first = False
             if nat is not None:
                 # The park (flag, barrier, re-check, futex, flag) in one native call.
-                answered, _ = nat.park(self.lane, ticket.slot, seq, max(0, min(until - now, PARK_SLICE_NS)))
+                answered = bool(
+                    nat.park(self.lane, ticket.slot, seq, max(0, min(until - now, PARK_SLICE_NS)))[0]
+                )
             else:
                 waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
                 q[parked_i] = 0

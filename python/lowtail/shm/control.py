@@ -193,9 +193,7 @@ class Mapped:
         self._anchor = np.frombuffer(seg.mm, np.uint64)
         self.base_addr = int(self._anchor.ctypes.data)
         # The native core over this mapping (lowtail.shm.native), or None: the Python path.
-        self.native: Any = native.segment(
-            seg.mm, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total
-        )
+        self.native: Any = native.segment(seg.mm, geo)
 
     def addr(self, index: int) -> int:
         """Address of the u64 word at ``index`` (its low 32 bits are the futex word)."""

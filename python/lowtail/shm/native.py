@@ -30,15 +30,56 @@ from lowtail.shm.futex import is_supported_platform
 ENV_PURE_PYTHON = "LOWTAIL_PURE_PYTHON"
 
 # The constants the generator writes, in its order (native/gen_layout.py keeps the same two lists).
-LAYOUT_NAMES = (
-    "MAGIC VERSION PAGE MAX_LANES H_MAGIC H_GEOM0 H_GEOM1 H_GEOM2 H_CREATOR H_WORKER_PID H_WORKER_EPOCH "
-    "H_WORKER_SLEEP H_DOORBELLS LANE_BASE L_GEN L_PID L_PARKED L_TAIL L_RESP_COUNT L_RING SLOT_BYTES "
-    "S_REQ_SEQ S_REQ_LEN S_REQ_STATE S_SUBMIT_NS S_WITHDRAWN S_RESP_SEQ S_CLAIM_SEQ S_RESP_LEN "
-    "S_RESP_STATUS S_CLAIM_NS S_DONE_NS S_CALL_ENGINE_NS S_CALL CALL_BATCH_MASK CALL_DESCHEDULE_SHIFT "
-    "FREE WRITING READY ST_OK ST_FAILED ST_BAD_REQUEST ST_TOO_LARGE ST_WORKER_DIED ST_CLIENT_GONE "
-    "ST_WITHDRAWN WORKER_LOCK_BYTE"
-).split()
-PAYLOAD_NAMES = "ALIGN FLAG_EXTERNAL HEADER_VERSION MAX_ARRAYS MAX_RANK MAX_DIM".split()
+LAYOUT_NAMES = [
+    "MAGIC",
+    "VERSION",
+    "PAGE",
+    "MAX_LANES",
+    "H_MAGIC",
+    "H_GEOM0",
+    "H_GEOM1",
+    "H_GEOM2",
+    "H_CREATOR",
+    "H_WORKER_PID",
+    "H_WORKER_EPOCH",
+    "H_WORKER_SLEEP",
+    "H_DOORBELLS",
+    "LANE_BASE",
+    "L_GEN",
+    "L_PID",
+    "L_PARKED",
+    "L_TAIL",
+    "L_RESP_COUNT",
+    "L_RING",
+    "SLOT_BYTES",
+    "S_REQ_SEQ",
+    "S_REQ_LEN",
+    "S_REQ_STATE",
+    "S_SUBMIT_NS",
+    "S_WITHDRAWN",
+    "S_RESP_SEQ",
+    "S_CLAIM_SEQ",
+    "S_RESP_LEN",
+    "S_RESP_STATUS",
+    "S_CLAIM_NS",
+    "S_DONE_NS",
+    "S_CALL_ENGINE_NS",
+    "S_CALL",
+    "CALL_BATCH_MASK",
+    "CALL_DESCHEDULE_SHIFT",
+    "FREE",
+    "WRITING",
+    "READY",
+    "ST_OK",
+    "ST_FAILED",
+    "ST_BAD_REQUEST",
+    "ST_TOO_LARGE",
+    "ST_WORKER_DIED",
+    "ST_CLIENT_GONE",
+    "ST_WITHDRAWN",
+    "WORKER_LOCK_BYTE",
+]
+PAYLOAD_NAMES = ["ALIGN", "FLAG_EXTERNAL", "HEADER_VERSION", "MAX_ARRAYS", "MAX_RANK", "MAX_DIM"]
 
 
 def layout_constants() -> list[tuple[str, int]]:
@@ -91,19 +132,20 @@ def _load() -> tuple[ModuleType | None, Implementation]:
 
 
 _module, _impl = _load()
-_forced: bool | None = None  # tests: force a path for the mappings attached next (``use``)
+# tests: force a path for the mappings attached next (``use``); one element, so no global statement
+_forced: list[bool | None] = [None]
 
 
 def core() -> ModuleType | None:
     """The native module for a mapping attached now, or None for the Python path."""
-    if _forced is False:
+    if _forced[0] is False:
         return None
     return _module
 
 
 def implementation() -> Implementation:
     """What a mapping attached now uses, and why."""
-    if _forced is False and _module is not None:
+    if _forced[0] is False and _module is not None:
         return Implementation("python", "the Python path was chosen for this mapping (use(native=False))")
     return _impl
 
@@ -118,19 +160,18 @@ def use(native: bool) -> Iterator[None]:
 
     For the tests that pair the two paths; the default (no ``use``) is the native core when it loads.
     """
-    global _forced
     if native and _module is None:
         raise RuntimeError(f"the native core is not available: {_impl.reason}")
-    prev, _forced = _forced, native
+    prev, _forced[0] = _forced[0], native
     try:
         yield
     finally:
-        _forced = prev
+        _forced[0] = prev
 
 
-def segment(buffer: Any, lanes: int, spl: int, req_bytes: int, resp_bytes: int, total: int) -> Any:
-    """A native ``Segment`` over a mapping, or None on the Python path."""
+def segment(buffer: Any, geo: layout.Geometry) -> Any:
+    """A native ``Segment`` over a mapping of geometry ``geo``, or None on the Python path."""
     mod = core()
     if mod is None:
         return None
-    return mod.Segment(buffer, lanes, spl, req_bytes, resp_bytes, total)
+    return mod.Segment(buffer, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total)

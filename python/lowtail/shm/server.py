@@ -570,12 +570,17 @@ class QueueWorker:
         q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
         q[self._tail_i[lane]] = tail + 1
-        if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
+        return self._claimed(it, q[si + W_WITHDRAWN] == seq)
+
+    def _claimed(self, it: _Item, withdrawn: bool) -> _Item | None:
+        """A request just claimed: answered ST_WITHDRAWN when its client took it back (never run:
+        layout.py, withdrawing), else decoded for the batch."""
+        if withdrawn:
             self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
             self._wake_parked([it])
             self.counts.withdrawn += 1
             return None
-        self._lane_seen_ns[lane] = now
+        self._lane_seen_ns[it.lane] = it.claim_ns
         self._decode(it)
         return it
 
@@ -589,15 +594,7 @@ class QueueWorker:
         if kind == _SKIPPED:
             return None
         g = lane * self._m.geo.spl + s
-        it = _Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now)
-        if kind == _WITHDRAWN:
-            self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
-            self._wake_parked([it])
-            self.counts.withdrawn += 1
-            return None
-        self._lane_seen_ns[lane] = now
-        self._decode(it)
-        return it
+        return self._claimed(_Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now), kind == _WITHDRAWN)
 
     def _fence(self, lane: int, why: str) -> None:
         """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
@@ -710,7 +707,9 @@ class QueueWorker:
         nat = self._native
         if nat is not None:
             # the caller wakes (_wake_parked), once for all it answered
-            nat.answer([(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, status, n)], engine_ns, call, False)
+            nat.answer(
+                [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, status, n)], engine_ns, call, False
+            )
             it.done = True
             self._outstanding.pop(it.g, None)
             return
@@ -745,7 +744,9 @@ class QueueWorker:
             n = it.layout.batch
             if not it.done:
                 part = outputs if one else {k: v[off : off + n] for k, v in outputs.items()}
-                status, nbytes = self._write_answer(it, ST_OK, part, layout if one else layout.with_batch(n), "")
+                status, nbytes = self._write_answer(
+                    it, ST_OK, part, layout if one else layout.with_batch(n), ""
+                )
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
                 it.done = True
                 self._outstanding.pop(it.g, None)
