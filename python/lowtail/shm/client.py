@@ -69,7 +69,9 @@ from lowtail.shm.layout import (
     W_RESP_STATUS,
     W_SUBMIT_NS,
     W_WITHDRAWN,
+    WORKER_LOCK_BYTE,
     WRITING,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
 
@@ -512,7 +514,7 @@ class QueueClient:
         m = attach_mapped(desc)
         try:
             for lane in range(m.geo.lanes):
-                if ofd_lock.try_lock(m.seg.fd, 1 + lane):
+                if ofd_lock.try_lock(m.seg.fd, client_lock_byte(lane)):
                     if spin_us is None:
                         spin = cls._default_spin(m, lane, desc.config.client_spin_us)
                     else:
@@ -542,7 +544,7 @@ class QueueClient:
                     other == lane
                     or pid == me
                     or not 0 < pid < 1 << 22
-                    or not ofd_lock.held(m.seg.fd, 1 + other)
+                    or not ofd_lock.held(m.seg.fd, client_lock_byte(other))
                 ):
                     continue
                 try:
@@ -596,7 +598,8 @@ class QueueClient:
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
         in_use = self._drop_held()
         if not in_use:
-            ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
+            # a view kept past close must not hold the lane
+            ofd_lock.unlock(self._m.seg.fd, client_lock_byte(self.lane))
         # else: zero-copy arrays still read this lane's answer slots; the lock lives with the mapping
         # they keep (the open file description), so no new client takes the lane and reuses them.
         self._attached.close()
@@ -817,7 +820,7 @@ class QueueClient:
         return bool(
             q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq
             and q[HW_WORKER_PID] != 0
-            and not ofd_lock.held(self._m.seg.fd, 0)
+            and not ofd_lock.held(self._m.seg.fd, WORKER_LOCK_BYTE)
         )
 
     def _sleep_on_lane(self, timeout_s: float, pendings: Sequence[Pending]) -> None:
@@ -1019,7 +1022,7 @@ class QueueClient:
             # Liveness from the second slice on: a wait that parks at once (no CPU of its own) skips
             # the lock query on the way to its first sleep, and a worker that died before it still
             # shows within one PARK_SLICE_S.
-            if not first and q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
+            if not first and q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, WORKER_LOCK_BYTE):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost.
                 dead_worker = int(q[HW_WORKER_PID])

@@ -52,8 +52,10 @@ from lowtail.shm.layout import (
     ST_OK,
     STATE_NAMES,
     VERSION,
+    WORKER_LOCK_BYTE,
     WRITING,
     Geometry,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Spec
 from lowtail.shm.segments import (
@@ -339,13 +341,17 @@ class InferenceQueue:
                 LaneSnapshot(
                     lane,
                     int(q[geo.lane(lane, L_PID)]),
-                    ofd_lock.held(fd, 1 + lane),
+                    ofd_lock.held(fd, client_lock_byte(lane)),
                     int(q[geo.lane(lane, L_GEN)]),
                     tuple(states),
                 )
             )
         return QueueSnapshot(
-            self.descriptor.name, int(q[HW_WORKER_PID]), ofd_lock.held(fd, 0), tuple(lanes), counts
+            self.descriptor.name,
+            int(q[HW_WORKER_PID]),
+            ofd_lock.held(fd, WORKER_LOCK_BYTE),
+            tuple(lanes),
+            counts,
         )
 
 

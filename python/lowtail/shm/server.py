@@ -54,6 +54,8 @@ from lowtail.shm.layout import (
     W_RESP_STATUS,
     W_SUBMIT_NS,
     W_WITHDRAWN,
+    WORKER_LOCK_BYTE,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
 from lowtail.shm.segments import sweep_dead
@@ -329,7 +331,7 @@ class QueueWorker:
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
         m = attach_mapped(desc)
-        if not ofd_lock.try_lock(m.seg.fd, 0):
+        if not ofd_lock.try_lock(m.seg.fd, WORKER_LOCK_BYTE):
             pid = m.q[HW_WORKER_PID]
             m.close()
             raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
@@ -392,7 +394,7 @@ class QueueWorker:
         self._m.q[HW_WORKER_PID] = 0
         # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
         # complete()) keeps the open file description, and with it the lock, alive after close(fd).
-        ofd_lock.unlock(self._m.seg.fd, 0)
+        ofd_lock.unlock(self._m.seg.fd, WORKER_LOCK_BYTE)
         self._slots_in.close()
         self._pool.close()
         self._m.close()
@@ -414,7 +416,7 @@ class QueueWorker:
         return [
             lane
             for lane in range(m.geo.lanes)
-            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, client_lock_byte(lane))
         ]
 
     # -- hot path: claim, answer -------------------------------------------------------------------
@@ -867,7 +869,7 @@ class WorkerStandby:
         if m is None:
             raise QueueError("take_over on a closed or promoted WorkerStandby")
         deadline = deadline_ns(time.monotonic_ns(), timeout_s)
-        while not ofd_lock.try_lock(m.seg.fd, 0):
+        while not ofd_lock.try_lock(m.seg.fd, WORKER_LOCK_BYTE):
             left_s = (deadline - time.monotonic_ns()) / 1e9
             if left_s <= 0:
                 return None
