@@ -3,8 +3,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from lowtail.shm import native, segments
 from lowtail.shm.queue import InferenceQueue, QueueConfig
+from tests.shm.helpers import QUEUE_IMPLEMENTATIONS
 
 
 def _ours_or_dead() -> set[str]:
@@ -44,32 +46,6 @@ def _forkserver() -> BaseContext:
     c = mp.get_context("forkserver")
     c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.shm.helpers"])
     return c
-
-
-# The modules whose every test runs on both hot paths (the Python reference and the native core): the
-# hostile-input tests and the differential ones. The others run on the default path (native when built).
-BOTH_PATHS = {
-    "test_queue_hostile",
-    "test_queue_attacks",
-    "test_queue_adversarial",
-    "test_queue_withdraw",
-}
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_PATHS:
-        metafunc.fixturenames.append("queue_impl")
-        metafunc.parametrize("queue_impl", ["python", "native"], indirect=True)
-
-
-@pytest.fixture
-def queue_impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The hot path this test's mappings use, in this process and in the children ``ctx`` starts."""
-    impl: str = request.param
-    if impl == "native" and not native.available():
-        pytest.skip(f"the native core is not available: {native.implementation().reason}")
-    with native.use(impl == "native"):
-        yield impl
 
 
 class _PathContext:
@@ -120,3 +96,37 @@ def shared_dir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d)
+
+
+@pytest.fixture(params=sorted(QUEUE_IMPLEMENTATIONS))
+def queue_impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The name of a queue implementation (``QUEUE_IMPLEMENTATIONS``): a test that takes it runs on each,
+    with its mappings (and those of the children ``ctx`` starts) on that hot path."""
+    impl = str(request.param)
+    if impl == "native" and not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+    with native.use(impl == "native"):
+        yield impl
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mounts a tmpfs of this test's own (``tmpfs(size="16m", inodes=4096)``), so that filling it hurts
+    nobody; every mount is unmounted after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mounted: list[Path] = []
+
+    def mount(size: str = "16m", inodes: int = 4096) -> Path:
+        mnt = tmp_path / f"shm{len(mounted)}"
+        mnt.mkdir()
+        opts = f"size={size},nr_inodes={inodes},mode=1777"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "lowtail-test", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)

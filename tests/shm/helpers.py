@@ -7,6 +7,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,8 @@ def filled(tag: float, rows: int = 2) -> dict[str, np.ndarray[Any, Any]]:
     return {"x": np.full((rows, 4), tag, np.float32)}
 
 
-def echo_server(
-    desc: QueueDescriptor, cpu: int | None = None, run_s: float = 60.0, delay_s: float = 0.0
-) -> None:
-    """Serve ``echo`` until SIGTERM or ``run_s``; a ``delay_s`` inference keeps requests PROCESSING."""
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
+def batches_until_term(w: Any, run_s: float) -> Iterator[Any]:
+    """The batches worker ``w`` claims until SIGTERM or ``run_s`` seconds."""
     stop = False
 
     def on_term(*_: object) -> None:
@@ -48,13 +45,22 @@ def echo_server(
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    w = QueueWorker.attach(desc)
     end = time.monotonic() + run_s
+    while not stop and time.monotonic() < end:
+        b = w.claim(timeout_s=0.05)
+        if b is not None:
+            yield b
+
+
+def echo_server(
+    desc: QueueDescriptor, cpu: int | None = None, run_s: float = 60.0, delay_s: float = 0.0
+) -> None:
+    """Serve ``echo`` until SIGTERM or ``run_s``; a ``delay_s`` inference keeps requests PROCESSING."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    w = QueueWorker.attach(desc)
     try:
-        while not stop and time.monotonic() < end:
-            b = w.claim(timeout_s=0.05)
-            if b is None:
-                continue
+        for b in batches_until_term(w, run_s):
             with b:
                 if delay_s:
                     time.sleep(delay_s)
@@ -310,3 +316,59 @@ def hold_ndslot(desc: QueueDescriptor, out: Any) -> None:
     c.submit({"x": np.full((16, 64), 9.0, np.float32)})
     out.put(next(iter(c._nd_req.values())).name)
     time.sleep(60)
+
+
+# Every queue implementation the behaviour tests run on (``queue_impl`` in conftest.py): its name and the
+# module that exposes the queue's public names (InferenceQueue, QueueClient, QueueWorker, WorkerStandby,
+# the errors). Another implementation of the same protocol adds itself here; child processes resolve
+# the name again (``impl_module``), so a process body takes the name, never the module.
+# "native" is the same module on the native core (lowtail.shm.native): the path is chosen per mapping.
+QUEUE_IMPLEMENTATIONS = {"python": "lowtail.shm.queue", "native": "lowtail.shm.queue"}
+
+
+def impl_module(impl: str) -> Any:
+    """The module of ``impl``, with the mappings attached from now on on its hot path (in a child for
+    good; in the test's process the ``queue_impl`` fixture restores the path when the test ends)."""
+    import importlib
+
+    from lowtail.shm import native
+
+    native._forced[0] = impl == "native"
+    return importlib.import_module(QUEUE_IMPLEMENTATIONS[impl])
+
+
+def wide_answer_server(impl: str, desc: QueueDescriptor, width: int, ready: Any, run_s: float = 60.0) -> None:
+    """Answer ``{"y": x[:, :1] repeated to width columns}``, as the serving loop does: a batch whose
+    answer fails is logged and the next one claimed (the loop never dies of one batch)."""
+    w = impl_module(impl).QueueWorker.attach(desc)
+    ready.put(os.getpid())
+    try:
+        for b in batches_until_term(w, run_s):
+            try:
+                with b:
+                    x = b.inputs["x"]
+                    b.complete({"y": np.repeat(x[:, :1].astype(np.float32), width, axis=1)})
+            except Exception as e:  # the serving loop's rule: one batch fails alone
+                print(f"batch failed: {type(e).__name__}: {e}", file=sys.stderr)
+    finally:
+        w.close()
+
+
+def hold_then_close_then_read(  # noqa: PLR0917 - a process body: multiprocessing passes args positionally
+    impl: str, desc: QueueDescriptor, tag: float, out: Any, read: Any, drop: Any
+) -> None:
+    """Take a zero-copy answer, close the client (the end of its with block), read the kept array when
+    ``read`` is set, drop it when ``drop`` is: reports the lane, the sum read, and that it dropped it."""
+    import gc
+
+    q = impl_module(impl)
+    with q.QueueClient.attach(desc) as c:
+        lane = c.lane
+        y = c.wait(c.submit({"x": np.full((2, 4), tag, np.float32)}), 10, copy=False)["y"]
+    out.put(("closed", lane))
+    read.wait(30)
+    out.put(("read", float(y.sum()), y.shape))
+    drop.wait(30)
+    del y
+    gc.collect()
+    out.put(("dropped", lane))

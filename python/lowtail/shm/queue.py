@@ -23,6 +23,7 @@ from lowtail.shm.client import HeldOutputs, Pending, QueueClient, RequestTiming,
 from lowtail.shm.control import InferenceQueue, LaneSnapshot, QueueConfig, QueueDescriptor, QueueSnapshot
 from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/shm map with it
 from lowtail.shm.errors import (
+    AnswerLost,
     BadConfig,
     BadRequest,
     BatchClosed,
@@ -57,6 +58,7 @@ from lowtail.shm.payload import NdarraySlot
 from lowtail.shm.server import Batch, QueueWorker, WorkerStandby
 
 __all__ = [
+    "AnswerLost",
     "BadConfig",
     "BadRequest",
     "Batch",

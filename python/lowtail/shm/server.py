@@ -231,23 +231,37 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
-        if worker._native is not None:
-            worker._answer_many(self._items, outputs, layout, engine_ns, call)
-            return  # answered and woken in one native call
-        if len(self._items) == 1:
-            it = self._items[0]
-            if not it.done:
-                worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
-        else:
-            off = 0
-            for it in self._items:
-                assert it.layout is not None
-                n = it.layout.batch
+        woken = False
+        try:
+            if worker._native is not None:
+                worker._answer_many(self._items, outputs, layout, engine_ns, call)
+                woken = True  # answered and woken in one native call
+            elif len(self._items) == 1:
+                it = self._items[0]
                 if not it.done:
-                    part = {k: v[off : off + n] for k, v in outputs.items()}
-                    worker._answer(it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call)
-                off += n
-        worker._wake_parked(self._items)
+                    worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
+            else:
+                off = 0
+                for it in self._items:
+                    assert it.layout is not None
+                    n = it.layout.batch
+                    if not it.done:
+                        part = {k: v[off : off + n] for k, v in outputs.items()}
+                        worker._answer(
+                            it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call
+                        )
+                    off += n
+        except BaseException as e:
+            # _answer turns a write failure into that request's error answer; whatever still escapes
+            # (an interrupt) must not leave the rest of the closed batch unanswered.
+            for it in self._items:
+                if not it.done:
+                    worker._answer(it, ST_FAILED, None, None, f"answer not written: {type(e).__name__}: {e}")
+                    self.failed += 1
+            raise
+        finally:
+            if not woken:
+                worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
         """Answer every request not answered yet as failed with ``message``; the views go with it."""
@@ -738,6 +752,7 @@ class QueueWorker:
         """The native path's ``Batch.complete`` of several requests: each payload written here, then every
         answer's words, the answer counts and the wake-ups of parked clients in one native call."""
         words: list[tuple[int, int, int, int, int]] = []
+        todo: list[_Item] = []
         spl = self._m.geo.spl
         off = 0
         one = len(items) == 1
@@ -746,14 +761,15 @@ class QueueWorker:
             n = it.layout.batch
             if not it.done:
                 part = outputs if one else {k: v[off : off + n] for k, v in outputs.items()}
-                status, nbytes = self._write_answer(
-                    it, ST_OK, part, layout if one else layout.with_batch(n), ""
-                )
+                lay = layout if one else layout.with_batch(n)
+                status, nbytes = self._write_answer(it, ST_OK, part, lay, "")
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
-                it.done = True
-                self._outstanding.pop(it.g, None)
+                todo.append(it)
             off += n
         self._native.answer(words, engine_ns, call)
+        for it in todo:  # done once published: an interrupt before leaves them to complete()'s handler
+            it.done = True
+            self._outstanding.pop(it.g, None)
 
     def _write_answer(
         self,
@@ -785,8 +801,11 @@ class QueueWorker:
                     n = layout.inline_end
                 else:
                     n = self._answer_external(g, layout, arrays)
-            except QueueError as e:
-                status, message = (ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED), str(e)
+            except Exception as e:  # an answer that cannot be written fails alone
+                # (no inode, EMFILE, ENOMEM, a full tmpfs): it becomes this request's error answer.
+                status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED
+                why = "" if isinstance(e, QueueError) else f"answer not written: {type(e).__name__}: "
+                message = f"{why}{e}"
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
@@ -806,6 +825,7 @@ class QueueWorker:
         nd = self._nd_resp.get(g)
         if nd is None or nd.capacity < need:
             if nd is not None:
+                del self._nd_resp[g]  # released: if the acquire below fails, no other slot shares it
                 self._pool.release(nd)
             nd = self._pool.acquire(need)
             self._nd_resp[g] = nd
