@@ -90,7 +90,7 @@ def count(tree: Path, trips: int, path: str) -> tuple[int, str]:
             capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
-        ran = re.search(r"QUEUE_CORE=(\w+)", proc.stderr)
+        ran = re.search(r"^QUEUE_CORE=(\w+)", proc.stderr, re.MULTILINE)  # not valgrind's echo of -c
         if proc.returncode != 0 or found is None:
             raise SystemExit(
                 f"callgrind run of {tree} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
