@@ -24,7 +24,7 @@ from lowtail.cli.main import main
 
 NAMES = [
     "lowtail", "iceoryx2_busy", "iceoryx2_waitset", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor",
-    "spin_floor",
+    "spin_floor", "native_floor",
 ]  # fmt: skip
 TMP = Path(tempfile.gettempdir())
 
@@ -56,6 +56,12 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"]
         assert r["client_run_delay_ms"] >= 0 and r["client_involuntary_switches"] >= 0
     assert doc["workload"]["request"].startswith("obs: float32[16, 512]")
+    # which hot path ran, in the JSON and above the tables; the native floor's targets beside the others
+    core = doc["workload"]["queue_core"]
+    assert core["name"] in ("native", "python") and core["reason"]
+    assert f"queue hot path: {core['name']}" in proc.stdout
+    floor = {t["target"] for t in doc["targets"] if "native_floor" in t["target"]}
+    assert floor == {"lowtail p50 within 1.5x of native_floor", "lowtail p99.9 within 2x of native_floor"}
     assert set(doc["throughput"]) == {"lowtail", "seed_flock_poll"}
     assert all(v["clients"] == 4 and v["requests_per_s"] > 0 for v in doc["throughput"].values())
     fair = doc["fairness"]  # 8 staggered saturating clients: none starves, nothing is left unanswered
