@@ -35,7 +35,8 @@ def test_tuned_node_passes_every_static_check_it_can_read(tmp_path: Path) -> Non
     report = validate_fixture(
         tmp_path,
         TUNED,
-        (*STATIC_CHECKS, "cfs_throttle"),
+        # queue_core reads this process, not the fixture: tested on its own below
+        (*(c for c in STATIC_CHECKS if c != "queue_core"), "cfs_throttle"),
         proc_files=TUNED_SELF["proc"],
         sys_files=TUNED_SELF["sys"],
     )
@@ -43,8 +44,6 @@ def test_tuned_node_passes_every_static_check_it_can_read(tmp_path: Path) -> Non
     # sched_fifo can only be tried on the running kernel, kubelet is absent on this fixture.
     assert statuses.pop("sched_fifo") is Status.SKIP
     assert statuses.pop("kubelet") is Status.SKIP
-    # what this process runs, not the fixture: tested on its own below
-    assert statuses.pop("queue_core") in (Status.PASS, Status.WARN)
     assert all(s is Status.PASS for s in statuses.values()), statuses
     assert report.summary["status"] == "pass"
 
