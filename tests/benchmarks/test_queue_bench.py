@@ -303,3 +303,23 @@ def test_co_tenant_option_is_reported_and_its_loops_end_with_the_run(tmp_path: P
     assert len(tenant["pids"]) == len(tenant["cpus"]) and tenant["priority"] == "SCHED_OTHER nice 0"
     assert not any(psutil.pid_exists(p) for p in tenant["pids"])
     assert {r["n"] for r in doc["transports"].values()} == {300}
+
+
+def test_the_rounds_target_counts_the_rounds_lowtail_was_ahead_in() -> None:
+    from lowtail.benchmarks.queue_bench import rounds_target
+
+    def rnd(lt: tuple[float, float], peer: tuple[float, float], n: int = 5000) -> dict[str, dict[str, float]]:
+        row = lambda p50, p999: {"p50_us": p50, "p999_us": p999, "n": n}  # noqa: E731
+        return {"lowtail": row(*lt), "iceoryx2_busy": row(*peer)}
+
+    nine = [rnd((10, 50), (12, 60))] * 9 + [rnd((10, 70), (12, 60))]  # behind at p99.9 in one round
+    (t,) = rounds_target(nine)
+    assert (t["met"], t["figure"], t["ratio"]) == (True, "9/10 rounds", 0.9)
+    (t,) = rounds_target([rnd((10, 50), (12, 60))] * 8 + [rnd((13, 50), (12, 60))] * 2)
+    assert (t["met"], t["figure"]) == (False, "8/10 rounds")
+    (t,) = rounds_target([rnd((10, 50), (12, 60))] * 3)
+    assert t["met"] is None and "need at least 10" in t["why"]
+    (t,) = rounds_target([rnd((10, 50), (12, 60), n=300)] * 10)
+    assert t["met"] is None and "too few samples for p99.9" in t["why"]
+    (t,) = rounds_target([])
+    assert t["met"] is None and t["why"] == "not measured"

@@ -120,6 +120,14 @@ def register(sub: Any) -> None:
         type=int,
         help="round trips per transport (default: per transport, fewer with --quick)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every transport this many times, interleaved (round after round): the table pools "
+        "every round's samples, the JSON keeps each round, and lowtail against iceoryx2_busy is decided on "
+        "the rounds it was ahead in (>= 9 of 10; needs --rounds 10 or more)",
+    )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients for the throughput run")
     p.add_argument(
         "--throughput-seconds",
@@ -314,6 +322,30 @@ def targets(res: dict[str, dict[str, Any]], priority: str = "fifo") -> list[dict
     return out
 
 
+ROUNDS_NEEDED = 10
+ROUNDS_AHEAD = 0.9
+
+
+def rounds_target(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """lowtail ahead of iceoryx2_busy at p50 and p99.9 in at least 9 of 10 interleaved rounds (a share of
+    90% of ``--rounds`` >= 10), each round's p99.9 resting on enough samples."""
+    desc = "lowtail ahead of iceoryx2_busy at p50 and p99.9 in >= 9 of 10 interleaved rounds"
+    both = [r for r in rounds if "lowtail" in r and "iceoryx2_busy" in r]
+    if not both:
+        return [{"target": desc, "ratio": None, "met": None, "why": "not measured"}]
+    ahead = sum(
+        r["lowtail"]["p50_us"] < r["iceoryx2_busy"]["p50_us"]
+        and r["lowtail"]["p999_us"] < r["iceoryx2_busy"]["p999_us"]
+        for r in both
+    )
+    why = next((w for r in both if (w := _too_few("p999_us", r["lowtail"], r["iceoryx2_busy"]))), "")
+    if not why and len(both) < ROUNDS_NEEDED:
+        why = f"{len(both)} rounds, need at least {ROUNDS_NEEDED} (--rounds)"
+    met = None if why else ahead >= ROUNDS_AHEAD * len(both)
+    share = round(ahead / len(both), 2)
+    return [{"target": desc, "ratio": share, "figure": f"{ahead}/{len(both)} rounds", "met": met, "why": why}]
+
+
 def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
     """(title, headers, rows) of each table: the terminal and the HTML show the same."""
     res = report["transports"]
@@ -376,7 +408,8 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]
             )
         )
     trows = [
-        [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", verdict(t)] for t in report["targets"]
+        [t["target"], t.get("figure") or ("-" if t["ratio"] is None else f"{t['ratio']}x"), verdict(t)]
+        for t in report["targets"]
     ]
     parts.append(("targets", ["target", "measured", "verdict"], trows))
     return parts
@@ -446,7 +479,10 @@ def write_html(path: str, report: dict[str, Any], png: bytes) -> None:
     """The report page: targets met / not met, the tables, the plots, workload and host, the JSON folded."""
     from lowtail.render import html
 
-    targets_ = [{**t, "figure": "-" if t["ratio"] is None else f"{t['ratio']}x"} for t in report["targets"]]
+    targets_ = [
+        {**t, "figure": t.get("figure") or ("-" if t["ratio"] is None else f"{t['ratio']}x")}
+        for t in report["targets"]
+    ]
     sections = [targets_table(targets_)]
     sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in tables(report)[:-1]]
     sections.append(html.Section("Plots", images=[html.Image("latency distributions", png)]))
@@ -469,6 +505,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--samples {args.n}: expected at least 10 round trips")
     if args.fairness_clients < 0:
         raise UsageError(f"--fairness-clients {args.fairness_clients}: expected 0 (skip) or more")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds}: expected at least 1")
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
     client_cpu, worker_cpu = _cpus()
@@ -503,6 +541,7 @@ def run(args: argparse.Namespace) -> int:
             "queue_core": native.implementation().to_dict(),
         },
         "transports": {},
+        "rounds": [],  # each round's percentiles per transport (--rounds), in the order they ran
     }  # fmt: skip
     tenant_cpus = sorted({c for c in (client_cpu, worker_cpu) if c is not None})
     tenant_cpus = tenant_cpus or [min(os.sched_getaffinity(0))]
@@ -516,19 +555,29 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.co_tenant:  # before the first transport starts, stopped after the last run
                 report["workload"]["co_tenant"]["pids"] = tenants.enter_context(co_tenants(tenant_cpus))
-            for i, name in enumerate(n for n in ORDER if n in names):
-                n = args.n or counts[name]
-                t = TRANSPORTS[name](worker_cpu, prio)
-                console.info(f"[{i + 1}/{len(names)}] {name}: starting", sys.stderr)
-                try:
-                    t.start()  # before pinning: servers (and Ray's daemons) must not inherit the client's CPU
-                    prepare(client_cpu, prio)
-                    label = f"[{i + 1}/{len(names)}] {name}: round trips"
-                    bar = Progress(label, n, enabled=not args.no_progress)
-                    samples[name], sched = measure(t, n, WARMUP[mode], bar)
-                finally:
-                    t.stop()
-                report["transports"][name] = {**percentiles(samples[name]), **sched}
+            per_round: dict[str, list[np.ndarray[Any, Any]]] = {}
+            for rnd in range(args.rounds):
+                tag = f"round {rnd + 1}/{args.rounds} " if args.rounds > 1 else ""
+                report["rounds"].append({})
+                for i, name in enumerate(n for n in ORDER if n in names):
+                    n = args.n or counts[name]
+                    t = TRANSPORTS[name](worker_cpu, prio)
+                    console.info(f"{tag}[{i + 1}/{len(names)}] {name}: starting", sys.stderr)
+                    try:
+                        t.start()  # before pinning: servers (and Ray's daemons) must not inherit our CPU
+                        prepare(client_cpu, prio)
+                        label = f"{tag}[{i + 1}/{len(names)}] {name}: round trips"
+                        bar = Progress(label, n, enabled=not args.no_progress)
+                        got, sched = measure(t, n, WARMUP[mode], bar)
+                    finally:
+                        t.stop()
+                    per_round.setdefault(name, []).append(got)
+                    report["rounds"][-1][name] = percentiles(got)
+                    # every round's samples together: the table, the plot and the ratio targets
+                    samples[name] = np.concatenate(per_round[name])
+                    report["transports"][name] = {**percentiles(samples[name]), **sched}
+                restore_priority(saved_nice)  # between rounds the parent only coordinates
+                os.sched_setaffinity(0, saved)
             restore_priority(saved_nice)  # the parent only coordinates the throughput runs
             os.sched_setaffinity(0, saved)
             report["throughput"] = {}
@@ -558,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
         report["complete"] = True
     except KeyboardInterrupt:  # keep the transports that finished; exit 130 below
         report["interrupted"] = True
-    report["targets"] = targets(report["transports"], prio)
+    report["targets"] = targets(report["transports"], prio) + rounds_target(report["rounds"])
     if not json_to_stdout(args):  # the table first: a file that cannot be written never hides it
         print(render_tables(report))
         if report["interrupted"]:
