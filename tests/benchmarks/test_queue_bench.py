@@ -94,6 +94,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     assert [t["target"] for t in peer] == [
         "lowtail p50 at or below iceoryx2_busy's", "lowtail p99.9 at or below iceoryx2_busy's",
         "lowtail p50 at or below iceoryx2_waitset's", "lowtail p99.9 at or below iceoryx2_waitset's",
+        "lowtail ahead of iceoryx2_busy at p50 and p99.9 in >= 9 of 10 interleaved rounds",
     ]  # fmt: skip
     assert all(isinstance(t["ratio"], float) for t in peer)
     assert doc["workload"]["iceoryx2"] == "0.10.0"  # python/constraints.txt's pin
