@@ -35,6 +35,8 @@ FIXES: dict[str, str] = {
     "sched_fifo": "grant CAP_SYS_NICE and an RT budget to the runtime (docs/validation.md)",
     "rt_group_sched": "boot without RT group scheduling limits (docs/validation.md)",
     "dev_shm": "enlarge /dev/shm (a memory-backed emptyDir in pods) to what the queues need",
+    "queue_core": "install the lowtail-native wheel (make native; the wheelhouse carries it), or unset "
+    "LOWTAIL_PURE_PYTHON",
     "steal": "move the node off an oversubscribed hypervisor: steal is CPU time taken by the host",
     "kubelet": "apply the kubelet settings (roles/lowtail_kubelet)",
     "affinity": "fix the runtime's CPU affinity: see the reason for the OCI runtime fix (docs/validation.md)",
