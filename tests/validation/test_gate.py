@@ -156,7 +156,8 @@ def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Pat
     for pair in range(10):
         paths = [tmp_path / f"{pair}-{side}.json" for side in ("b", "a")]
         for p in paths:
-            subprocess.run([*cmd, "--json", str(p)], check=False, capture_output=True, timeout=300)
+            run = subprocess.run([*cmd, "--json", str(p)], check=False, capture_output=True, timeout=300)
+            assert run.returncode in (0, 1), run.stderr  # 1: the probes failed their limits, as may be
         rc = main(["compare", *map(str, paths), "--json", str(tmp_path / "c.json")])
         cmp = json.loads((tmp_path / "c.json").read_text())
         verdicts.append((rc, cmp["verdict"], cmp["worse"], cmp["not_compared"]))
@@ -255,3 +256,14 @@ def test_a_lost_isolation_at_3000_samples_is_caught_by_the_maximum(tmp_path: Pat
         "half or more of the 30 after blocks of 100 samples lie above the before max"
         in rows["deschedule max"]["why"]
     )
+
+
+def test_a_probe_not_graded_on_its_samples_is_judged_like_a_static_check(tmp_path: Path) -> None:
+    # core_to_core: a median of batch means in ns, no percentile interval to compare.
+    def c2c(value: float) -> Check:
+        return Check("core_to_core", Limits(1e9, 1e9).grade(value), value, unit="ns", kind="probe")
+
+    rc, cmp = _gate(tmp_path, _doc([c2c(100.0)]), _doc([c2c(104.0)]))
+    assert rc == 0 and cmp["not_compared"] == [] and [r["name"] for r in cmp["checks"]] == ["core_to_core"]
+    rc, cmp = _gate(tmp_path, _doc([c2c(100.0)]), _doc([c2c(300.0)]))
+    assert rc == 1 and cmp["worse"] == ["core_to_core"]

@@ -33,6 +33,9 @@ DEFAULT_TOLERANCE = 0.10
 STATUSES = tuple(str(s) for s in Status)
 WORSE, BETTER, SAME, NOT_COMPARED = "worse", "better", "same", "not compared"
 NOT_MEASURED = "not measured"  # skipped in both reports: nothing to compare, nothing missing
+# Probes graded on a percentile or a maximum of their samples: judged on the samples' noise. A probe
+# graded otherwise (core_to_core's median of batch means) is judged like a static check.
+SAMPLED = ("p999", "max")
 # lowtail compare's exit statuses: 2 is a file that is not a report.
 EXIT_NOT_WORSE, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 3
 
@@ -209,9 +212,9 @@ def judge(b: Mapping[str, Any], a: Mapping[str, Any], tolerance: float) -> tuple
             return (WORSE if sa > sb else BETTER), f"{bs} -> {as_}"
         return SAME, f"still {as_} (values not judged: --status-only)"
     numbers = _number(b.get("value")) and _number(a.get("value"))
-    if b.get("kind") == "probe" and numbers:
+    metric = _data(b).get("metric")
+    if b.get("kind") == "probe" and numbers and metric in SAMPLED:
         # A probe's status is its estimate against a limit: the estimate's noise decides, not the status.
-        metric = _data(b).get("metric", "p999")
         word, why = (judge_max if metric == "max" else judge_p999)(b, a, tolerance)
         if word != NOT_COMPARED or sa == sb:
             return word, why
@@ -298,7 +301,7 @@ def compare(
         rows.append(_row(n, b, a, (word, why)))
         graded = {b.get("status"), a.get("status")}.isdisjoint({None, Status.SKIP})
         both_probed = b.get("kind") == "probe" and graded
-        if both_probed and _data(b).get("metric", "p999") != "max" and not math.isinf(tolerance):
+        if both_probed and _data(b).get("metric") == "p999" and not math.isinf(tolerance):
             # A p99.9 says nothing about the rare stall: the maximum is judged on its own row.
             mword, mwhy = judge_max(b, a, tolerance)
             rows.append(_row(f"{n} max", b, a, (mword, mwhy), value="max"))
