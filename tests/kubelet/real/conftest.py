@@ -51,7 +51,7 @@ def kube(equipment: dict[str, Any], plan: dict[str, Any]) -> Iterator[Stack]:
     housekeeping CPUs, as systemd.cpu_affinity= confines it on a lowtail node. SIGTERM (a CI timeout,
     scripts/run-suites.sh stopping a suite) ends the session like Ctrl-C, so the teardown still runs."""
     previous = signal.signal(signal.SIGTERM, _term_as_interrupt)
-    housekeeping = {int(c) for c in _cpus(plan["housekeeping"])}
+    housekeeping = {int(c) for c in cpu_list(plan["housekeeping"])}
     try:
         pause_ref, pause_archive = images.pause_image()
         pod_ref, pod_archive = images.pod_image()
@@ -65,7 +65,7 @@ def kube(equipment: dict[str, Any], plan: dict[str, Any]) -> Iterator[Stack]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _cpus(text: str) -> list[int]:
+def cpu_list(text: str) -> list[int]:
     out: list[int] = []
     for part in filter(None, text.split(",")):
         lo, _, hi = part.partition("-")

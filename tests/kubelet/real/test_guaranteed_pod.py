@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubelet.real.conftest import _cpus, newest_claimed
+from tests.kubelet.real.conftest import cpu_list, newest_claimed
 from tests.kubelet.real.stack import BIN, Fatal, Stack, wait_for
 
 # The session's containerd and image import count against the first test's timeout.
@@ -65,7 +65,7 @@ def test_guaranteed_pod_gets_the_isolated_cpus_and_lowtail_serves_on_them(
     kube: Stack, tmp_path: Path, plan: dict[str, Any]
 ) -> None:
     binary, cfg = newest_claimed(kube, tmp_path)
-    isolated = _cpus(plan["isolated"])
+    isolated = cpu_list(plan["isolated"])
     out = kube.base / "pod-out"
     out.mkdir()
     for name in ("cpu_manager_state", "memory_manager_state"):
@@ -98,8 +98,10 @@ def test_guaranteed_pod_gets_the_isolated_cpus_and_lowtail_serves_on_them(
     # The kubelet's checkpoint: this pod's container holds exactly the plan's isolated CPUs.
     entries = [containers for containers in state.get("entries", {}).values() if CONTAINER in containers]
     assert len(entries) == 1, state
-    assert _cpus(entries[0][CONTAINER]) == isolated, state
-    assert _cpus(state["defaultCpuSet"]) == _cpus(plan["housekeeping"]), state
+    assert cpu_list(entries[0][CONTAINER]) == isolated, state
+    # Exclusive: no other container may run there (the shared pool is the housekeeping CPUs, or
+    # nothing once strict-cpu-reservation keeps the reserved ones out of it too).
+    assert set(cpu_list(state["defaultCpuSet"])) <= set(cpu_list(plan["housekeeping"])), state
     # Inside the pod: lowtail's cpuset reader sees them, the affinity is that cpuset (runc reset the
     # housekeeping-only affinity containerd runs with), and the lease pool is exactly those CPUs.
     assert result["cpuset"] == isolated, result

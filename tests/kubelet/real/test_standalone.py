@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.kubelet.real.conftest import built_kubelets, kubelet_version, render
+from tests.kubelet.real.conftest import built_kubelets, cpu_list, kubelet_version, render
 from tests.kubelet.real.stack import BIN, Stack
 
 # The session's containerd and image import count against the first test's timeout.
@@ -81,9 +81,11 @@ def test_rendered_config_is_accepted(
         assert cfg["reservedSystemCPUs"] == plan["housekeeping"]
         state = kube.cpu_manager_state()
         assert state["policyName"] == "static"
-        assert (
-            state["defaultCpuSet"] == "0-1"
-            or state["defaultCpuSet"] == f"{plan['housekeeping']},{plan['isolated']}"
+        # No pod yet: the shared pool is every CPU, less the reserved ones with strict-cpu-reservation.
+        every = set(cpu_list(plan["housekeeping"])) | set(cpu_list(plan["isolated"]))
+        strict = cfg["cpuManagerPolicyOptions"].get("strict-cpu-reservation") == "true"
+        assert set(cpu_list(state["defaultCpuSet"])) == every - (
+            set(cpu_list(plan["housekeeping"])) if strict else set()
         )
     finally:
         kube.stop_kubelet()

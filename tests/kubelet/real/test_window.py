@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubelet.real.conftest import built_kubelets, kubelet_version, playbook, render
+from tests.kubelet.real.conftest import kubelet_version, newest_claimed, playbook
 from tests.kubelet.real.stack import BIN, Stack, wait_for
 
 # The session's containerd and image import count against the first test's timeout.
@@ -28,10 +28,7 @@ def main_pid(kube: Stack) -> int:
 def test_window_changes_the_kubelet_and_a_failed_gate_puts_the_previous_file_back(
     kube: Stack, tmp_path: Path, plan: dict[str, Any]
 ) -> None:
-    binary = built_kubelets()[0]
-    _, verdict, _ = render(kube, binary, tmp_path / "claim")
-    if any("is not supported" in p for p in verdict["problems"]):
-        pytest.skip(f"lowtail does not claim {kubelet_version(binary)}: {verdict['problems']}")
+    binary, _ = newest_claimed(kube, tmp_path / "claim")
     # The node before lowtail: the standalone kubelet's own file, the CPU manager's none policy.
     config = kube.write_config("config.yaml", kube.base_config())
     for state in ("cpu_manager_state", "memory_manager_state"):
