@@ -73,8 +73,8 @@ demo-local: $(STAMP)
 	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check python tests library filter_plugins
-	$(BIN)/ruff format --check python tests library filter_plugins
+	$(BIN)/ruff check python tests library filter_plugins benchmarks
+	$(BIN)/ruff format --check python tests library filter_plugins benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -87,7 +87,7 @@ pytest: $(STAMP)
 # No full run has shown them passing beside the molecule scenarios and the other suites (docs/testing.md,
 # "Actor-kill tests"), so `make test` runs them alone once the parallel suites have ended, and
 # `pytest-most` runs every other test.
-ACTOR_KILL_TESTS := tests/ray/test_failover.py tests/ray/test_restart.py
+ACTOR_KILL_TESTS := tests/actors/test_failover.py tests/actors/test_restart.py
 pytest-actor-kill: $(STAMP)
 	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)
 

@@ -56,30 +56,32 @@ SLOW_MODULES = {
     "tests/ansible/test_site_playbook.py",  # ansible-playbook site.yml --check per bad input
     "tests/deploy/test_apply.py",  # the k8s role through ansible-playbook
     "tests/deploy/test_manifests.py",  # the k8s role rendered through ansible-playbook
-    "tests/validate/test_role.py",  # playbooks/validate.yml
-    "tests/validate/test_report.py",  # lowtail validate on this machine, probes included
-    "tests/validate/test_probes.py",  # probes with thousands of samples per CPU
-    "tests/validate/test_inference_progress.py",  # an OpenVINO model compiled in a pinned worker
-    "tests/python/test_cli_ray.py",  # a local Ray started by bench queue and by demo ray
-    "tests/runtime/test_worker.py",  # spawned pinned workers compiling OpenVINO models
-    "tests/runtime/test_standby.py",  # a primary and a standby worker, killed under clients
-    "tests/runtime/test_serve_bench.py",
-    "tests/queue/test_queue_bench.py",
-    "tests/queue/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
-    "tests/queue/test_queue_withdraw.py",  # withdraw raced against claims, thousands of rounds
+    "tests/validation/test_role.py",  # playbooks/validate.yml
+    "tests/validation/test_report.py",  # lowtail validate on this machine, probes included
+    "tests/validation/test_probes.py",  # probes with thousands of samples per CPU
+    "tests/validation/test_inference_progress.py",  # an OpenVINO model compiled in a pinned worker
+    "tests/cli/test_cli_ray.py",  # a local Ray started by bench queue and by demo ray
+    "tests/serve/test_worker.py",  # spawned pinned workers compiling OpenVINO models
+    "tests/serve/test_standby.py",  # a primary and a standby worker, killed under clients
+    "tests/benchmarks/test_serve_bench.py",
+    "tests/benchmarks/test_queue_bench.py",
+    "tests/shm/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
+    "tests/shm/test_queue_withdraw.py",  # withdraw raced against claims, thousands of rounds
+    # A Ray cluster (two raylets) or a local Ray started by the test itself.
+    "tests/actors/test_actors.py",
+    "tests/actors/test_allocator.py",
+    "tests/actors/test_failover.py",
+    "tests/actors/test_restart.py",
+    "tests/actors/test_resources.py",
+    "tests/demo/test_demo.py",
 }
-SLOW_DIRS = ("tests/ray/",)  # one Ray cluster per session
 SLOW_FIXTURES = {"live_report", "ray_nodes", "hog"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         rel = _relative(item)
-        if (
-            rel in SLOW_MODULES
-            or rel.startswith(SLOW_DIRS)
-            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
-        ):
+        if rel in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 

@@ -2,4 +2,11 @@
 
 from lowtail.node.errors import LowtailError
 
-__all__ = ["LowtailError"]
+
+class UsageError(LowtailError):
+    """Bad input from the command line: exit status 2 with the message."""
+
+    exit_code = 2
+
+
+__all__ = ["LowtailError", "UsageError"]

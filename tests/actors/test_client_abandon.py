@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lowtail.actors.client import InferenceClient
 from lowtail.actors.endpoint import Endpoint
+from lowtail.actors.inference_client import InferenceClient
 from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueTimeout, WorkerDied
 
 

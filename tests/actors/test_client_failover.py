@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowtail.actors.client import InferenceClient, PendingInference, RequestLost, wait_first
 from lowtail.actors.endpoint import Endpoint, EndpointDown
+from lowtail.actors.inference_client import InferenceClient, PendingInference, RequestLost, wait_first
 from lowtail.serve.model import example_inputs
-from lowtail.serve.worker import WorkerConfig, WorkerProcess
+from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
 from lowtail.shm.queue import InferenceQueue, QueueConfig, QueueDescriptor, QueueTimeout, WorkerDied
-from tests.runtime.conftest import SMALL_SPEC
+from tests.serve.conftest import SMALL_SPEC
 
 CPU = max(os.sched_getaffinity(0))
 # "start() does not wait for a down replica": the waits ruled out are the 30 s request timeout and a

@@ -28,7 +28,9 @@ import ray
 from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from lowtail.lease import (
+from lowtail.node import cpulist
+from lowtail.node.cpuset import cgroup_cpuset
+from lowtail.node.lease import (
     DEFAULT_STATE_DIR,
     Lease,
     LeaseAllocator,
@@ -36,8 +38,6 @@ from lowtail.lease import (
     locate_plan,
     pid_alive,
 )
-from lowtail.node import cpulist
-from lowtail.node.cpuset import cgroup_cpuset
 from lowtail.node.plan import Plan
 
 NAMESPACE = "lowtail"

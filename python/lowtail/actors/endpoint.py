@@ -1,8 +1,8 @@
 """What a sampler needs to reach an inference actor, and the rules for using it.
 
-An ``Endpoint`` is published by an inference actor (``lowtail.actors.inference``) and used by the
-sampler-side client (``lowtail.actors.client``). Shared memory is node-local: an endpoint carries its
-node id, and a client refuses one of another node (``CrossNodeAttach``) before attaching anything.
+An ``Endpoint`` is published by an inference actor (``lowtail.actors.inference``) and used by
+the sampler-side client (``lowtail.actors.inference_client``). Shared memory is node-local: an endpoint
+carries its node id, and a client refuses one of another node (``CrossNodeAttach``) before attaching anything.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ The predecessor system's isolated inference design, with its gaps closed:
 
 - ``InferenceActor`` leases ``infer:<hero>:<actor>`` from its node's allocator, creates the queue bound
   to the leased CPU's NUMA node (the predecessor left page placement to first touch), spawns the pinned
-  worker (``lowtail.serve.worker``), keeps its own threads off the worker's CPU (the predecessor's
+  worker (``lowtail.serve.worker_process``), keeps its own threads off the worker's CPU (the predecessor's
   "release the main thread"), and publishes an ``Endpoint`` (``lowtail.actors.endpoint``) that carries
   its node id. A supervisor thread restarts a dead worker on the same queue: requests the dead worker
   held fail with ``WorkerDied``, later ones are served. ``shutdown()`` stops the worker, unlinks the
   queue and releases the lease.
-- The sampler side is ``lowtail.actors.client`` (``InferenceClient``) and an example sampler actor is
-  ``lowtail.actors.sampler``.
+- The sampler side is ``lowtail.actors.inference_client`` (``InferenceClient``) and an example sampler
+  actor is ``lowtail.actors.sampler``.
 
 Production paths:
 
@@ -46,9 +46,9 @@ from lowtail.actors.endpoint import (
     ACTOR_NAMESPACE,
     Endpoint,
 )
-from lowtail.actors.metrics import MetricsConfig, get_node_metrics
+from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics
 from lowtail.errors import LowtailError
-from lowtail.lease import Lease
+from lowtail.node.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class BadInferenceSpec(LowtailError, ValueError):
     """An ``InferenceSpec`` value that cannot work (refused at construction, not at lease time)."""
 
 
-_LABEL_RE = re.compile(r"[A-Za-z0-9_.\-]+")  # a lease owner's name part (lowtail.lease: infer:<hero>:<i>)
+_LABEL_RE = re.compile(
+    r"[A-Za-z0-9_.\-]+"
+)  # a lease owner's name part (lowtail.node.lease: infer:<hero>:<i>)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class InferenceSpec:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     metrics: MetricsConfig | None = None  # None: no metrics hub
     queue: Any = None  # lowtail.shm.queue.QueueConfig (its numa_node is set from the lease)
-    worker: Any = None  # lowtail.serve.worker.WorkerConfig (its name, the log label, gets the hero)
+    worker: Any = None  # lowtail.serve.worker_process.WorkerConfig (its name, the log label, gets the hero)
     standby: bool = True
     ready_timeout_s: float = 120.0
     supervise_interval_s: float = 0.05
@@ -171,10 +173,10 @@ def keep_threads_off(cpu: int) -> frozenset[int]:
 
 
 def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-call worker rows (``lowtail.serve.metrics.CALL_FIELDS``) as the exported worker-side series
+    """Per-call worker rows (``lowtail.serve.call_stats.CALL_FIELDS``) as the exported worker-side series
     (``lowtail.telemetry.export.SERIES``; the per-request ones under the predecessor's names are the
     samplers')."""
-    from lowtail.serve.metrics import COL
+    from lowtail.serve.call_stats import COL
 
     pick = {
         "worker_infer_exec_ms": "engine_wall_ms",
@@ -192,7 +194,7 @@ def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
 def worker_config(spec: InferenceSpec) -> Any:
     """The worker's config with the hero label in its name (log prefix, ``slow_infer hero=``), whatever
     ``spec.worker`` says: a custom name is kept after the label."""
-    from lowtail.serve.worker import WorkerConfig
+    from lowtail.serve.worker_process import WorkerConfig
 
     label = f"{spec.hero}.{spec.index}"
     cfg = spec.worker or WorkerConfig()
@@ -297,7 +299,7 @@ class InferenceActorImpl:
     # --- worker lifecycle (control plane) --------------------------------------------------------------
 
     def _spawn(self, standby: bool) -> Any:
-        from lowtail.serve.worker import WorkerProcess
+        from lowtail.serve.worker_process import WorkerProcess
 
         worker = WorkerProcess.start(
             self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg, standby=standby

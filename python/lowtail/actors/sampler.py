@@ -2,8 +2,9 @@
 
 ``SamplerActor`` leases a ``sample:`` CPU near its inference actors, pins the thread that runs its
 environment and client to it, and steps a synthetic environment with the policy's actions through an
-``InferenceClient`` (``lowtail.actors.client``). It is placed with ``NodeAffinitySchedulingStrategy(node,
-soft=False)`` on the node of its inference actors (``start_sampler`` takes the endpoints' node).
+``InferenceClient`` (``lowtail.actors.inference_client``). It is placed with
+``NodeAffinitySchedulingStrategy(node, soft=False)`` on the node of its inference actors
+(``start_sampler`` takes the endpoints' node).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 import ray
 
 from lowtail.actors.allocator import AllocatorConfig, get_node_allocator
-from lowtail.actors.client import InferenceClient, PendingInference, RequestLost
 from lowtail.actors.endpoint import Endpoint, EndpointDown, NoEndpoints
 from lowtail.actors.inference import (
     START_TIMEOUT_S,
@@ -27,8 +27,9 @@ from lowtail.actors.inference import (
     keep_threads_off,
     lease_resources,
 )
-from lowtail.actors.metrics import MetricsConfig, get_node_metrics
-from lowtail.lease import Lease
+from lowtail.actors.inference_client import InferenceClient, PendingInference, RequestLost
+from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics
+from lowtail.node.lease import Lease
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.cli.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
+from lowtail.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
 
 TARGET_GAP_MS = 50.0
@@ -97,7 +97,7 @@ def register(bench_sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowtail.cli.main import UsageError
+    from lowtail.errors import UsageError
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not configs or any(c not in ("standby", "no-standby") for c in configs):
@@ -126,9 +126,9 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
     from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
     from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.demo.local import lease_policy, local_ray
-    from lowtail.lease import node_plan
     from lowtail.node import cpulist
     from lowtail.node.cpuset import usable_cpus
+    from lowtail.node.lease import node_plan
     from lowtail.serve.model import ModelSpec, write_model
 
     plan, usable = node_plan(), usable_cpus()

@@ -39,8 +39,8 @@ from lowtail.benchmarks.queue_transports import (
     throughput,
 )
 from lowtail.benchmarks.report import add_check, exit_code, targets_table, verdict, write_bench_html
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_html, add_json, add_plot, json_to_stdout, write_json, write_text
+from lowtail.errors import UsageError
+from lowtail.options import add_html, add_json, add_plot, json_to_stdout, write_json, write_text
 from lowtail.render import console, table
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
@@ -93,7 +93,7 @@ def register(sub: Any) -> None:
     )
     add_check(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --samples (old names: aliases).
+    # The CLI convention (lowtail.options): --json FILE or '-', --plot, --samples (old names: aliases).
     add_json(p, "the report")
     add_plot(p, "the latency distributions", old="--png", dest="png")
     add_html(p)

@@ -8,7 +8,7 @@ import argparse
 import math
 from typing import Any
 
-from lowtail.cli.options import write_text
+from lowtail.options import write_text
 from lowtail.render import html
 
 

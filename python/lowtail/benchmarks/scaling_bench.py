@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from lowtail.benchmarks.report import json_safe, write_bench_html
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_html,
     add_json,
     add_no_progress,
@@ -47,7 +47,7 @@ from lowtail.cli.options import (
 from lowtail.render import table
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
-from lowtail.serve import metrics
+from lowtail.serve import call_stats as metrics
 from lowtail.serve.pinning import pin_thread_to_cpu, raise_priority, set_timer_slack_ns, start_pinned
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def register(bench_sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, default_duration: float) -> None:
-    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    # The CLI convention (lowtail.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "the results", old="--png", dest="png")
     add_html(p, "a report with the table, the plot, the settings and the host")
@@ -107,7 +107,7 @@ def _cpus(args: argparse.Namespace) -> tuple[int, frozenset[int]]:
 # ---- the echo worker (a child process pinned to its CPU) --------------------------------------------
 
 
-def _echo_worker(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) -> None:
+def _echo_server(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) -> None:
     """Answer every request until ``stop`` is set; report claim costs per batch and copy-in times (ns)."""
     from lowtail.shm.payload import NdarraySlot
     from lowtail.shm.queue import QueueWorker
@@ -147,7 +147,7 @@ class _EchoWorker:
         log.debug(
             "echo worker (spawned process) pinned on CPU %d, copying %d bytes per request", cpu, copy_bytes
         )
-        self._proc = ctx.Process(target=_echo_worker, kwargs=kw, daemon=True)
+        self._proc = ctx.Process(target=_echo_server, kwargs=kw, daemon=True)
         start_pinned(self._proc, cpu)
         child.close()
         if not self._conn.poll(60) or self._conn.recv() != "ready":

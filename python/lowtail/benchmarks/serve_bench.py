@@ -1,9 +1,9 @@
 """``lowtail bench serve``: the bare OpenVINO loop on one pinned core against the same model served.
 
 The limit is a process pinned to one CPU calling ``infer()`` on batches of B samples back to back. The
-served designs put the same model in a pinned worker (``lowtail.serve.worker``) behind the shared-memory
-queue, driven by sampler processes in a closed loop (throughput is what the design sustains; latency is
-the sampler's submit-to-result time, which includes queueing behind the other samplers):
+served designs put the same model in a pinned worker (``lowtail.serve.worker_process``) behind the
+shared-memory queue, driven by sampler processes in a closed loop (throughput is what the design sustains;
+latency is the sampler's submit-to-result time, which includes queueing behind the other samplers):
 
 - ``served xN``: N samplers each submitting batches of B samples (one request per engine call);
 - ``traffic NxK``: the predecessor system's traffic: N samplers each sending K observations per step
@@ -17,7 +17,7 @@ the sampler's submit-to-result time, which includes queueing behind the other sa
 Reported per design: samples/s and served/bare (bare at batch B), sampler-side latency p50/p99/p99.9/max
 with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per engine call) with n, the
 worker's cost per engine call beyond ``infer()`` and, with ``--breakdown``, where that cost goes (the
-per-stage columns of ``lowtail.serve.metrics.CALL_FIELDS``), the worker's RSS and the segment sizes.
+per-stage columns of ``lowtail.serve.call_stats.CALL_FIELDS``), the worker's RSS and the segment sizes.
 
 Every design also reports the samplers' own CPU per request (the thread that submits and waits) and
 the spin budget their clients chose (``QueueClient.spin_policy``: they park unless alone on an
@@ -67,8 +67,8 @@ from lowtail.benchmarks.serve_run import (
     run_ray_served,
     run_served,
 )
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_html,
     add_json,
     add_no_progress,
@@ -89,7 +89,7 @@ def register(bench_sub: Any) -> None:
     p = bench_sub.add_parser(
         "serve", help="bare OpenVINO loop vs queue + pinned worker (samplers x batch, predecessor traffic)"
     )
-    # The CLI convention (lowtail.cli.options): --json FILE or '-', --plot, --seconds (old names: aliases).
+    # The CLI convention (lowtail.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "throughput and latency per design", old="--png", dest="png")
     add_html(p)

@@ -11,7 +11,7 @@ import numpy as np
 
 from lowtail.benchmarks.serve_run import BREAKDOWN, STAGES, DesignResult
 from lowtail.render import table
-from lowtail.serve import metrics
+from lowtail.serve import call_stats as metrics
 
 TARGET_RATIO = 0.95  # served x2 and x4 at batch 16
 TRAFFIC_TARGET_RATIO = 0.85  # predecessor traffic, 16 samplers x 1 observation

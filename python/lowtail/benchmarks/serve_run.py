@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lowtail.node.signals import deaf_to_ctrl_c
-from lowtail.serve import metrics
+from lowtail.serve import call_stats as metrics
 from lowtail.serve.pinning import (
     SchedFifo,
     pin_thread_to_cpu,
@@ -425,7 +425,7 @@ def _served_result(
 
 def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
     """The queue and the pinned worker, owned by this process."""
-    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+    from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
     from lowtail.shm.queue import InferenceQueue
 
     with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
@@ -463,8 +463,8 @@ def run_ray_served(setup: Setup, traffic: Traffic, work: Path) -> DesignResult:
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
     from lowtail.actors.inference import InferenceSpec, start_inference_actor, stop_actor
-    from lowtail.lease import node_plan
-    from lowtail.serve.worker import WorkerConfig
+    from lowtail.node.lease import node_plan
+    from lowtail.serve.worker_process import WorkerConfig
 
     node = ray.get_runtime_context().get_node_id()
     # The allocator leases exactly the bench's engine CPU (a demo-style pool override), so the actor's

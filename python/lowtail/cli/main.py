@@ -17,15 +17,11 @@ from collections.abc import Sequence
 
 from lowtail import __version__
 from lowtail.cli import commands
-from lowtail.cli.options import Parser, verbosity
-from lowtail.errors import LowtailError
+from lowtail.errors import LowtailError, UsageError
 from lowtail.node.process import end_resource_tracker
+from lowtail.options import Parser, verbosity
 
-
-class UsageError(LowtailError):
-    """Bad input from the command line: exit status 2 with the message."""
-
-    exit_code = 2
+__all__ = ["UsageError", "build_parser", "main"]  # UsageError: kept importable from here
 
 
 def _label_subcommands(parser: argparse.ArgumentParser) -> None:

@@ -86,8 +86,8 @@ def ray_nodes() -> list[dict[str, Any]]:
 
 def _node_facts() -> dict[str, Any]:
     """Runs on a node: what it is, its plan (its own /etc/lowtail/plan.json) and its cgroup cpuset."""
-    from lowtail.lease import node_plan
     from lowtail.node.cpuset import usable_cpus
+    from lowtail.node.lease import node_plan
 
     return {
         "host": socket.gethostname(),
@@ -111,8 +111,8 @@ def _attach_elsewhere(endpoint: Any) -> str:
     """Runs on a node: try to reach another node's inference actor; returns the refusal."""
     import ray
 
-    from lowtail.actors.client import InferenceClient
     from lowtail.actors.endpoint import CrossNodeAttach
+    from lowtail.actors.inference_client import InferenceClient
 
     try:
         InferenceClient([endpoint], node_id=ray.get_runtime_context().get_node_id()).close()

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.lease import KINDS, node_plan
 from lowtail.node import cpulist
 from lowtail.node.cpuset import usable_cpus
+from lowtail.node.lease import KINDS, node_plan
 from lowtail.node.plan import Plan
 from lowtail.render import console, table
 from lowtail.telemetry.export import WindowStats
@@ -200,6 +200,21 @@ def local_ray(prefix: str, leasable: frozenset[int], namespace: str = "lowtail-d
         shutil.rmtree(work, ignore_errors=True)
 
 
+@dataclass
+class _Observed:
+    """What the run's actors and metrics hub reported, read before they are stopped."""
+
+    leases: list[Any]
+    results: list[Any]
+    actor_reports: list[dict[str, Any]]
+    actor_status: list[dict[str, Any]]
+    worker: dict[str, Any]
+    raw: dict[str, Any]
+    prom_text: str
+    port: int | None
+    listening: list[dict[str, Any]]
+
+
 def _run(
     opts: DemoOptions,
     *,
@@ -212,11 +227,9 @@ def _run(
     import ray
 
     from lowtail.actors.allocator import AllocatorConfig, get_node_allocator, stop_node_allocator
-    from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
-    from lowtail.actors.metrics import MetricsConfig, get_node_metrics, stop_node_metrics
-    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
+    from lowtail.actors.inference import stop_actor
+    from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics, stop_node_metrics
     from lowtail.serve.model import ModelSpec, write_model
-    from lowtail.telemetry.export import window_stats
 
     node = ray.get_runtime_context().get_node_id()
     if model_dir is None:
@@ -235,47 +248,16 @@ def _run(
     actors: list[Any] = []
     samplers: list[Any] = []
     try:
-        # Actors are spread over the heroes (policies) in turn; every sampler has one client per hero.
-        specs = [
-            InferenceSpec(
-                hero=hero_name(opts, i % opts.policies),
-                index=i // opts.policies,
-                model_dir=model_dir,
-                allocator=alloc_cfg,
-                metrics=metrics_cfg,
-                standby=opts.standby,
-            )
-            for i in range(opts.actors)
-        ]
-        actors.extend(start_inference_actors(specs, node))  # in parallel: they compile at the same time
-        endpoints = ray.get([a.endpoint.remote() for a in actors])
-        for j in range(opts.samplers):
-            sspec = SamplerSpec(
-                name=f"demo-{j}",
-                env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
-                allocator=alloc_cfg,
-                metrics=metrics_cfg,
-                timeout_s=opts.request_timeout_s,
-            )
-            samplers.append(start_sampler(sspec, endpoints, node))
-        leases = ray.get(alloc.leases.remote())
-        t0 = time.monotonic()
-        refs = [s.run.remote(opts.seconds, "async", opts.depth) for s in samplers]
-        remaining = list(refs)
-        while remaining:
-            _, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=0.5)
-            if progress is not None:
-                done = sum(t["samples"] for t in ray.get(hub.totals.remote()).values())
-                progress(min(time.monotonic() - t0, opts.seconds), opts.seconds, done)
-        results = ray.get(refs)
-        actor_reports = ray.get([a.report.remote() for a in actors])
-        actor_status = ray.get([a.status.remote() for a in actors])
-        ray.get(hub.flush.remote())
-        worker = ray.get(hub.summary.remote())
-        raw = ray.get(hub.values.remote(["deschedule_ms", "worker_queue_wait_ms", "worker_infer_exec_ms"]))
-        prom_text: str = ray.get(hub.render.remote())
-        port = ray.get(hub.port.remote())
-        listening = listening_ports()  # while every worker of the run is up
+        _start(
+            opts,
+            node=node,
+            model_dir=model_dir,
+            alloc_cfg=alloc_cfg,
+            metrics_cfg=metrics_cfg,
+            actors=actors,
+            samplers=samplers,
+        )
+        observed = _drive(opts, alloc=alloc, hub=hub, actors=actors, samplers=samplers, progress=progress)
     finally:
         for s in samplers:
             stop_actor(s)
@@ -283,7 +265,94 @@ def _run(
             stop_actor(a)
         stop_node_metrics(node)
         stop_node_allocator(node, remove_state=True)
+    return _summarize(opts, policy, observed)
 
+
+def _start(
+    opts: DemoOptions,
+    *,
+    node: str,
+    model_dir: str,
+    alloc_cfg: Any,
+    metrics_cfg: Any,
+    actors: list[Any],
+    samplers: list[Any],
+) -> None:
+    """Start the inference actors, then the samplers; each is appended as soon as it exists, so the
+    caller stops whatever started when a later one fails."""
+    import ray
+
+    from lowtail.actors.inference import InferenceSpec, start_inference_actors
+    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
+
+    # Actors are spread over the heroes (policies) in turn; every sampler has one client per hero.
+    specs = [
+        InferenceSpec(
+            hero=hero_name(opts, i % opts.policies),
+            index=i // opts.policies,
+            model_dir=model_dir,
+            allocator=alloc_cfg,
+            metrics=metrics_cfg,
+            standby=opts.standby,
+        )
+        for i in range(opts.actors)
+    ]
+    actors.extend(start_inference_actors(specs, node))  # in parallel: they compile at the same time
+    endpoints = ray.get([a.endpoint.remote() for a in actors])
+    for j in range(opts.samplers):
+        sspec = SamplerSpec(
+            name=f"demo-{j}",
+            env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
+            allocator=alloc_cfg,
+            metrics=metrics_cfg,
+            timeout_s=opts.request_timeout_s,
+        )
+        samplers.append(start_sampler(sspec, endpoints, node))
+
+
+def _drive(
+    opts: DemoOptions,
+    *,
+    alloc: Any,
+    hub: Any,
+    actors: list[Any],
+    samplers: list[Any],
+    progress: ProgressCallback | None,
+) -> _Observed:
+    """Run the samplers for the demo's seconds, then read every report while the actors still live."""
+    import ray
+
+    leases = ray.get(alloc.leases.remote())
+    t0 = time.monotonic()
+    refs = [s.run.remote(opts.seconds, "async", opts.depth) for s in samplers]
+    remaining = list(refs)
+    while remaining:
+        _, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=0.5)
+        if progress is not None:
+            done = sum(t["samples"] for t in ray.get(hub.totals.remote()).values())
+            progress(min(time.monotonic() - t0, opts.seconds), opts.seconds, done)
+    results = ray.get(refs)
+    actor_reports = ray.get([a.report.remote() for a in actors])
+    actor_status = ray.get([a.status.remote() for a in actors])
+    ray.get(hub.flush.remote())
+    return _Observed(
+        leases=leases,
+        results=results,
+        actor_reports=actor_reports,
+        actor_status=actor_status,
+        worker=ray.get(hub.summary.remote()),
+        raw=ray.get(hub.values.remote(["deschedule_ms", "worker_queue_wait_ms", "worker_infer_exec_ms"])),
+        prom_text=ray.get(hub.render.remote()),
+        port=ray.get(hub.port.remote()),
+        listening=listening_ports(),  # while every worker of the run is up
+    )
+
+
+def _summarize(opts: DemoOptions, policy: LeasePolicy, seen: _Observed) -> DemoResult:
+    """The demo's result from what the run reported, and its plot when one was asked for."""
+    from lowtail.telemetry.export import window_stats
+
+    results, raw = seen.results, seen.raw
     seconds = max(r.seconds for r in results)
     samples = sum(r.samples for r in results)
     errors: dict[str, int] = {}
@@ -304,7 +373,7 @@ def _run(
             f"{seconds:.0f} s" + (" (DEMO OVERRIDE: shared CPUs)" if policy.pool is not None else ""),
         )
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
-    for lease in leases:
+    for lease in seen.leases:
         by_kind[lease.kind].append({"owner": lease.owner, "cpu": lease.cpu, "placement": lease.placement})
     return DemoResult(
         options=dict(opts.__dict__),
@@ -315,7 +384,7 @@ def _run(
         requests=len(rpc),
         errors=errors,
         rpc_ms=window_stats({"rpc": rpc})["rpc"],
-        worker=worker,
+        worker=seen.worker,
         leases_by_kind=by_kind,
         samplers=[
             {"name": r.name, "cpu": r.cpu, "steps": r.steps, "samples": r.samples, "errors": r.errors}
@@ -323,15 +392,15 @@ def _run(
         ],
         actors=[
             {**st, "isolation": rep.get("isolation", {}), "calls": rep.get("report", {}).get("calls")}
-            for st, rep in zip(actor_status, actor_reports, strict=True)
+            for st, rep in zip(seen.actor_status, seen.actor_reports, strict=True)
         ],
-        metrics_port=port,
+        metrics_port=seen.port,
         tb_run=None if opts.tb_logdir is None else str(Path(opts.tb_logdir) / "model_dispatcher"),
         plot=opts.plot,
         prometheus_sample=[
-            line for line in prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
+            line for line in seen.prom_text.splitlines() if line.startswith("lowtail_p999_deschedule_ms{")
         ],
-        listening=listening,
+        listening=seen.listening,
     )
 
 

@@ -1,6 +1,6 @@
 """The worker's bookkeeping after each answered batch: its call row, counters and stats words.
 
-``serve()`` (``lowtail.serve.worker_child``) takes the clock stamps of one call on the hot path and
+``serve()`` (``lowtail.serve.worker_main``) takes the clock stamps of one call on the hot path and
 hands them here, once per call: the scheduler counters when the call was sampled or descheduled, the
 ``CallRow`` set field by field by name and stored in the stats ring in ``CALL_FIELDS`` order, the
 served/sampled counters, the ``slow_infer`` line, and the SCHED_FIFO words. What this costs is
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from lowtail.serve.metrics import (
+from lowtail.serve.call_stats import (
     SLOW_INFER_FORMAT,
     CallRow,
     ThreadCounters,

@@ -1,5 +1,5 @@
 """The worker's configuration: standard library only, so the spawned child can type its loop with it
-before numpy or OpenVINO are imported (it pins itself first; see ``lowtail.serve.worker_child``)."""
+before numpy or OpenVINO are imported (it pins itself first; see ``lowtail.serve.worker_main``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class WorkerConfig:
     # --breakdown): read them on every Nth call and on every call that was descheduled, not on all.
     stats_every: int = 16
     # Run every shape the engine will run up to max_batch once before reporting ready (first inferences
-    # of a shape cost tens of ms in OpenVINO; see worker_child.warm_up).
+    # of a shape cost tens of ms in OpenVINO; see worker_main.warm_up).
     warm_up: bool = True
     probe_cpu_view: bool = False  # also report how many threads OpenVINO would pick by itself
     log_level: str = "INFO"

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowtail.errors import LowtailError
-from lowtail.serve.metrics import CALL_FIELDS
+from lowtail.serve.call_stats import CALL_FIELDS
 
 MAGIC = int.from_bytes(b"LTWSTAT1", "little")
 HEADER_BYTES = 4096

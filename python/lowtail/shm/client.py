@@ -20,6 +20,7 @@ import numpy as np
 from lowtail.shm import ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import (
+    AnswerLost,
     BadRequest,
     LaneBusy,
     LaneUnavailable,
@@ -28,6 +29,7 @@ from lowtail.shm.errors import (
     QueueTimeout,
     RequestFailed,
     RequestWithdrawn,
+    SegmentNotFound,
     WorkerDied,
 )
 from lowtail.shm.futex import FutexWaiter, full_barrier, futex_wait, futex_wake
@@ -303,6 +305,7 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         base = self._base()
         if base is not None:
             self._views = _views_of(base, self._fields)
+            del base  # the traceback keeps this frame: a retry inside the caller's except must not find it
             raise QueueError(
                 f"zero-copy outputs of slot {self._slot} seq {self._seq} are still referenced "
                 f"(an array taken from them, or a view of one): drop them (del) or copy() before release(); "
@@ -592,13 +595,27 @@ class QueueClient:
         self._req_views = [None] * self._spl
         self._resp_views = [None] * self._spl
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
-        in_use = self._drop_held()
-        if not in_use:
-            ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # a view kept past close must not hold the lane
-        # else: zero-copy arrays still read this lane's answer slots; the lock lives with the mapping
-        # they keep (the open file description), so no new client takes the lane and reuses them.
-        self._attached.close()
+        live = self._drop_held()
+        self._attached.close()  # an ndarray slot under a live view stays mapped by that view's export
         self._pool.close()
+        if not live:
+            self._release_lane()
+            return
+        # Zero-copy arrays still read this lane's answer slots: the lane stays locked (no new client
+        # takes it and gets a worker to write into them) and the queue stays mapped until the last
+        # of those arrays is gone.
+        left = [len(live)]
+
+        def one_gone() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._release_lane()
+
+        for base in live:
+            weakref.finalize(base, one_gone)
+
+    def _release_lane(self) -> None:
+        ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # explicit: an export elsewhere keeps the fd open
         self._m.close()
 
     def _recover_slots(self) -> None:
@@ -619,19 +636,20 @@ class QueueClient:
                 self._inflight[s] = None
         self._free.reverse()  # pop() hands out slot 0 first
 
-    def _drop_held(self) -> bool:
-        """Invalidate every held zero-copy answer; True when arrays over one are still referenced."""
-        in_use = False
-        for ref, mv, base in self._held.values():
+    def _drop_held(self) -> list[np.ndarray[Any, Any]]:
+        """Invalidate every held zero-copy answer; the bases that arrays taken from them still keep."""
+        live = []
+        for ref, mv, base_ref in self._held.values():
             held = ref()
             if held is not None:
                 held._views = held._client = None
-            if base() is not None:
-                in_use = True  # the arrays keep ``mv`` and with it the mapping: never unmapped under them
+            base = base_ref()
+            if base is not None:
+                live.append(base)  # its export keeps the mapping: never unmapped under the arrays
             else:
                 mv.release()
         self._held.clear()
-        return in_use
+        return live
 
     def _free_held(self, slot: int) -> None:
         """``HeldOutputs.release`` succeeded: the slot is free again."""
@@ -933,7 +951,7 @@ class QueueClient:
             self._held_layouts[raw] = hit
         arrays, end = hit
         if ext is not None:
-            nd = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode)
+            nd = self._answer_slot(ext)
             if end > nd.capacity:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray slot {ext} ({nd.capacity} B)"
@@ -943,12 +961,27 @@ class QueueClient:
             if end > geo.resp_bytes:
                 raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
             mv = self._mem[off : off + end]
-        base: np.ndarray[Any, Any] = np.ndarray((end,), np.uint8, buffer=mv)  # owns nothing: views keep it
+        # frombuffer holds a buffer export of the mapping for as long as the base (and so every view)
+        # lives: the mapping cannot be closed under it (``np.ndarray(buffer=mv)`` keeps none, and a
+        # closed mapping read through it was a SIGSEGV).
+        base: np.ndarray[Any, Any] = np.frombuffer(mv, np.uint8)
         base.flags.writeable = False
         held = HeldOutputs(self, ticket, base, arrays)
         ticket.held = held
         self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
         return held
+
+    def _answer_slot(self, name: str) -> NdarraySlot:
+        """The worker's ndarray slot holding an answer (mapped once, kept): ``AnswerLost`` when gone."""
+        try:
+            return self._attached.get(name, self._cfg.shm_dir, self._cfg.mode)
+        except SegmentNotFound as e:
+            # Published, so it ran: its slot went with its worker (a graceful close unlinks its pool, a
+            # sweep a dead one's) before this client mapped it. Never a lost attachment to retry.
+            raise AnswerLost(
+                f"request in lane {self.lane} of queue {self.descriptor.name} ran and was answered, but "
+                f"its answer's ndarray slot is gone with its worker ({e}); it is not sent again"
+            ) from None
 
     def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
         """An error, an answer in an ndarray slot, or an inline answer of a layout new to this slot."""
@@ -961,7 +994,7 @@ class QueueClient:
         ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
         if ext is not None:
             self._resp_views[s] = None
-            views = self._attached.get(ext, self._cfg.shm_dir, self._cfg.mode).arrays(layout.spec)
+            views = self._answer_slot(ext).arrays(layout.spec)
         else:
             if layout.inline_end > geo.resp_bytes:
                 raise RequestFailed(

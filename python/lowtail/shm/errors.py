@@ -41,6 +41,12 @@ class ShmTooSmall(QueueError):
     """The shared-memory file system cannot hold the segment (``posix_fallocate`` failed)."""
 
 
+class AnswerLost(QueueError):
+    """The request ran and was answered, but its answer went with its worker before it was read (the
+    worker's ndarray slot holding it was unlinked): never send it again. Not a ``SegmentNotFound``,
+    which callers treat as a lost attachment and retry elsewhere."""
+
+
 class RequestFailed(QueueError):
     """The worker failed this request; the message is the worker's."""
 

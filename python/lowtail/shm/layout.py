@@ -64,13 +64,13 @@ its parked word, a full barrier, and a re-check; the other side publishes, execu
 barrier, and makes the wake-up system call only when it sees the parked word set (see
 ``lowtail.shm.futex``). Every park has a timeout, which is also when a client checks worker liveness.
 
-Takeover: a hot standby (``lowtail.shm.worker.WorkerStandby``) maps the segment and waits for the
+Takeover: a hot standby (``lowtail.shm.server.WorkerStandby``) maps the segment and waits for the
 worker lock; the kernel releases a dead worker's lock, the standby takes it, writes the worker pid and
 epoch, answers what the dead worker had claimed (claim_seq == req_seq != resp_seq) ``ST_WORKER_DIED``
 and goes on from each lane's tail word: the unclaimed requests are served once, the claimed never rerun.
 
 The protocol around these words lives with its writers: ``lowtail.shm.control`` (create, attach,
-liveness), ``lowtail.shm.client`` (submit, wait, withdraw) and ``lowtail.shm.worker`` (claim, answer,
+liveness), ``lowtail.shm.client`` (submit, wait, withdraw) and ``lowtail.shm.server`` (claim, answer,
 fence, takeover).
 """
 

@@ -13,7 +13,7 @@ The queue lives in four parts, split at its seams:
   (create, snapshot, close, sweep); lane and worker liveness.
 - ``lowtail.shm.client``: ``QueueClient``, ``Ticket``, ``Pending``, ``RequestTiming``, ``HeldOutputs``,
   ``wait_first``; the hot path ``submit`` / ``wait``, and ``withdraw``.
-- ``lowtail.shm.worker``: ``QueueWorker``, ``Batch``, ``WorkerStandby``; the hot path ``claim`` /
+- ``lowtail.shm.server``: ``QueueWorker``, ``Batch``, ``WorkerStandby``; the hot path ``claim`` /
   ``answer``, fencing, and a standby's takeover.
 """
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from lowtail.shm.client import HeldOutputs, Pending, QueueClient, RequestTiming, Ticket, wait_first
 from lowtail.shm.control import InferenceQueue, LaneSnapshot, QueueConfig, QueueDescriptor, QueueSnapshot
-from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/queue map with it
+from lowtail.shm.control import attach_mapped as _attach  # noqa: F401 - the fuzzers in tests/shm map with it
 from lowtail.shm.errors import (
+    AnswerLost,
     BadConfig,
     BadRequest,
     BatchClosed,
@@ -54,9 +55,10 @@ from lowtail.shm.layout import (
     S_SUBMIT_NS,
 )
 from lowtail.shm.payload import NdarraySlot
-from lowtail.shm.worker import Batch, QueueWorker, WorkerStandby
+from lowtail.shm.server import Batch, QueueWorker, WorkerStandby
 
 __all__ = [
+    "AnswerLost",
     "BadConfig",
     "BadRequest",
     "Batch",
@@ -87,7 +89,7 @@ __all__ = [
     "WorkerStandby",
     "wait_first",
 ]
-# The offsets stay importable from here for tools that write single words (the fuzzers in tests/queue).
+# The offsets stay importable from here for tools that write single words (the fuzzers in tests/shm).
 __all__ += [
     "H_DOORBELLS",
     "H_WORKER_EPOCH",

@@ -1,6 +1,6 @@
 """Latency probes on the selected CPUs: deschedule, timer wake-up, and the grading they share.
 
-Each probe starts one measuring process per CPU (``probe_worker``), all at once, each pinned to its CPU
+Each probe starts one measuring process per CPU (``probe_process``), all at once, each pinned to its CPU
 before it measures; the caller sits on a housekeeping CPU meanwhile (see ``runner``). Samples come back
 in nanoseconds and are graded in milliseconds, on the worst CPU's p99.9: a node is as good as its worst
 inference core.
@@ -65,14 +65,14 @@ class ProbeOptions:
 def run_pinned(
     kind: str, cpus: frozenset[int], samples: int, extra: list[str], progress: Progress | None
 ) -> dict[int, dict[str, Any]]:
-    """Run ``probe_worker KIND`` on every CPU at once; return each CPU's result."""
+    """Run ``probe_process KIND`` on every CPU at once; return each CPU's result."""
     procs: dict[int, subprocess.Popen[str]] = {}
     results: dict[int, dict[str, Any]] = {}
     done: dict[int, int] = {}
     sel = selectors.DefaultSelector()
     try:
         for cpu in sorted(cpus):
-            cmd = [sys.executable, "-m", "lowtail.validation.probe_worker", kind, "--cpu", str(cpu)]
+            cmd = [sys.executable, "-m", "lowtail.validation.probe_process", kind, "--cpu", str(cpu)]
             cmd += ["--samples", str(samples), *extra]
             log.debug("running %s", shlex.join(cmd))
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 from lowtail import __version__
 from lowtail.errors import LowtailError
-from lowtail.lease import Lease
 from lowtail.node import cpulist
+from lowtail.node.lease import Lease
 from lowtail.node.plan import Plan, PlanError, load_plan, make_plan
 from lowtail.node.process import boot_id
 from lowtail.node.topology import Topology

@@ -1,7 +1,7 @@
 """Probes that measure lowtail's own runtime parts: the shared-memory queue round trip, the pinned
 inference worker, and the NUMA placement of a bound segment.
 
-They use ``lowtail.shm.queue`` and ``lowtail.serve.worker`` / ``lowtail.serve.model``, built alongside
+They use ``lowtail.shm.queue`` and ``lowtail.serve.worker_process`` / ``lowtail.serve.model``, built alongside
 this module. When a part is not installed the probe is a skip whose reason names
 the missing module, never a pass.
 """
@@ -65,7 +65,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
     samples: list[float] = []
     saved = os.sched_getaffinity(0)
     with queue.InferenceQueue.create(cfg) as server:
-        cmd = [sys.executable, "-m", "lowtail.validation.echo_worker", str(worker_cpu)]
+        cmd = [sys.executable, "-m", "lowtail.validation.echo_server", str(worker_cpu)]
         log.debug("running %s (client on CPU %d)", shlex.join(cmd), client_cpu)
         proc = subprocess.Popen(
             cmd,
@@ -127,7 +127,7 @@ def spread(cpus: frozenset[int], k: int) -> list[int]:
 def probe_inference(opts: ProbeOptions) -> Check:
     """The pinned OpenVINO worker on the generated model: per engine call, the write-up's deschedule
     (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
-    missing = _missing("lowtail.serve.worker", "lowtail.serve.model", "lowtail.shm.queue")
+    missing = _missing("lowtail.serve.worker_process", "lowtail.serve.model", "lowtail.shm.queue")
     if missing:
         return skip(
             "inference",
@@ -135,11 +135,13 @@ def probe_inference(opts: ProbeOptions) -> Check:
             "queue it serves)",
             kind="probe",
         )
-    worker = importlib.import_module("lowtail.serve.worker")
+    worker = importlib.import_module("lowtail.serve.worker_process")
     measure = getattr(worker, "measure_pinned", None)
     if measure is None:
-        return skip("inference", "lowtail.serve.worker has no measure_pinned() entry point", kind="probe")
-    metrics = importlib.import_module("lowtail.serve.metrics")
+        return skip(
+            "inference", "lowtail.serve.worker_process has no measure_pinned() entry point", kind="probe"
+        )
+    metrics = importlib.import_module("lowtail.serve.call_stats")
     col = metrics.COL
     cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
     client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
@@ -193,7 +195,8 @@ def probe_inference(opts: ProbeOptions) -> Check:
     )
     check.evidence.insert(
         0,
-        f"lowtail.serve.worker pinned on each CPU, generated model, {calls} calls of batch {INFERENCE_BATCH} "
+        f"lowtail.serve.worker_process pinned on each CPU, generated model, "
+        f"{calls} calls of batch {INFERENCE_BATCH} "
         f"through the queue from CPU {client_cpu if client_cpu is not None else 'unpinned'}; "
         "deschedule = wall - process CPU per engine call (the write-up's formula)",
     )

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowtail.lease import DEFAULT_STATE_DIR, STATE_FILE, Lease
 from lowtail.node import cpulist
+from lowtail.node.lease import DEFAULT_STATE_DIR, STATE_FILE, Lease
 from lowtail.validation.check import Check, Limits, graded, skip
 
 LEASE_STATE = DEFAULT_STATE_DIR / STATE_FILE

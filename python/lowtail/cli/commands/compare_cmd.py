@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from lowtail.cli.options import add_html, add_json, json_to_stdout, write_json, write_text
+from lowtail.options import add_html, add_json, json_to_stdout, write_json, write_text
 
 
 def _percent(text: str) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import (
+from lowtail.errors import UsageError
+from lowtail.options import (
     add_json,
     add_no_progress,
     add_plot,
@@ -74,7 +74,7 @@ def register(sub: Any) -> None:
         type=output_dir(),
         help="keep the TensorBoard run here (default: a temporary directory, removed at the end)",
     )
-    # The CLI convention (lowtail.cli.options): output paths are checked before Ray starts.
+    # The CLI convention (lowtail.options): output paths are checked before Ray starts.
     add_json(p, "the summary")
     add_plot(p, "the latency and deschedule tails")
     add_no_progress(p)

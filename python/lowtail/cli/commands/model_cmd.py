@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, json_to_stdout, output_dir, write_json
+from lowtail.errors import UsageError
+from lowtail.options import add_json, json_to_stdout, output_dir, write_json
 from lowtail.render import table
 
 

@@ -7,8 +7,8 @@ import os
 import pwd
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, json_to_stdout, write_json
+from lowtail.errors import UsageError
+from lowtail.options import add_json, json_to_stdout, write_json
 from lowtail.render import table
 from lowtail.shm import segments
 

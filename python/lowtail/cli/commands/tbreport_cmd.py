@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, json_to_stdout, write_json
+from lowtail.errors import UsageError
+from lowtail.options import add_json, json_to_stdout, write_json
 
 
 def register(sub: Any) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_json, json_to_stdout, write_json
+from lowtail.errors import UsageError
 from lowtail.node import cpulist
 from lowtail.node.plan import PlanError, make_plan
 from lowtail.node.topology import Topology, TopologyError, read_topology
+from lowtail.options import add_json, json_to_stdout, write_json
 from lowtail.render import table
 from lowtail.render.schema import stamp
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from lowtail.cli.commands.topology_cmd import add_root_args
-from lowtail.cli.main import UsageError
-from lowtail.cli.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
+from lowtail.errors import UsageError
 from lowtail.node import cpulist
+from lowtail.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
 from lowtail.render import console
 from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.evidence import min_samples
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
         description="Checks: " + ", ".join(ALL_CHECKS),
     )
     add_root_args(p)
-    # The CLI convention (lowtail.cli.options): output paths are checked before any probe runs.
+    # The CLI convention (lowtail.options): output paths are checked before any probe runs.
     add_json(p, "the report")
     add_html(p, "the report with plots")
     p.add_argument(

@@ -1,0 +1,393 @@
+"""Entry point of the pinned inference worker process (the child side of ``lowtail.serve.worker_process``).
+
+Only the standard library is imported at module level, on purpose: the worker pins itself to its leased
+CPU before numpy or OpenVINO are imported, so every thread they create inherits the one-CPU mask and
+OpenVINO sizes its pool from it. Everything that needs numpy is imported inside ``main`` after pinning,
+and the queue descriptor arrives as bytes (``QueueDescriptor.to_bytes``, JSON) for the same reason.
+
+Order of work (the predecessor system, plus what it lacked):
+ 1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
+ 2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
+ 3. attach to the queue as its single consumer, freeze the GC, report ready to the parent; a standby
+    (``WorkerProcess.start(..., standby=True)``) instead compiles in SCHED_IDLE, maps the queue, parks,
+    and becomes the consumer the moment the live worker is gone (``WorkerStandby``);
+ 4. serve: claim -> infer -> complete/fail, with SCHED_FIFO while batches keep coming (within the RT budget)
+    and per-call metrics.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from lowtail.serve import pinning
+from lowtail.serve.config import WorkerConfig
+
+if TYPE_CHECKING:  # numpy and OpenVINO load only after pinning (module docstring)
+    from lowtail.serve.engine import Engine
+    from lowtail.serve.stats_segment import StatsSegment
+    from lowtail.shm.queue import QueueWorker
+
+log = logging.getLogger(__name__)
+
+_stop = {"signalled": False}
+
+
+class InheritedFd:
+    """An fd handed to the spawned child through multiprocessing's own fd passing.
+
+    ``DupFd`` must be called while the Process object is being pickled (that is when the spawning Popen
+    can register the fd to be kept open in the child), hence the ``__reduce__``.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup: Any) -> InheritedFd:
+    return InheritedFd(int(dup.detach()))
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _stop["signalled"] = True
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def main(
+    *,
+    cpu: int,
+    model_path: str,
+    descriptor: bytes,
+    stats_fd: InheritedFd,
+    conn: Connection,
+    config: dict[str, Any],
+    parent_pid: int,
+    standby: bool = False,
+) -> None:
+    cfg = WorkerConfig(**config)
+    role = "standby" if standby else "primary"
+    logging.basicConfig(
+        level=cfg.log_level,
+        format="%(asctime)s %(levelname)s lowtail.serve.worker_process[" + cfg.name + " " + role
+        + " pid %(process)d] %(message)s",
+        stream=sys.stderr,
+    )  # fmt: skip
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
+    # The parent as it named itself when it spawned this process. A getppid() here would return the
+    # reaper if the parent died while this process started, and the orphan would never notice.
+    ppid = parent_pid
+    ready: dict[str, Any] = {"pid": os.getpid(), "cpu": cpu, "role": role}
+    idle_class = False
+    try:
+        # 1. Before any heavy import.
+        ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
+        pinning.pin_thread_to_cpu(cpu)
+        ready["affinity"] = sorted(os.sched_getaffinity(0))
+        nice = pinning.raise_priority(cfg.nice)
+        ready["nice"] = {"requested": nice.requested, "achieved": nice.achieved, "error": nice.error}
+        ready["timer_slack_ns"] = pinning.set_timer_slack_ns(1)
+        fifo = pinning.SchedFifo(cfg.fifo_priority, budget_share=pinning.rt_budget_share())
+        if cfg.sched_fifo:
+            fifo.detect()
+        else:
+            fifo.reason = "disabled by configuration"
+        ready["sched_fifo"] = fifo.available
+        ready["sched_fifo_reason"] = fifo.reason
+        if standby:
+            # Import and compile in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
+            # was granted: leaving SCHED_IDLE before parking needs the same permission.
+            why = (
+                pinning.enter_idle_class()
+                if nice.error is None
+                else f"not entered: leaving it again needs the permission nice {cfg.nice} lacked"
+            )
+            idle_class = why is None
+            ready["standby_sched_idle"] = idle_class
+            ready["standby_sched_idle_reason"] = why or "entered"
+
+        # 2. Heavy imports, now pinned.
+        from lowtail.serve.engine import Engine
+        from lowtail.serve.stats_segment import StatsSegment
+
+        stats = StatsSegment.attach(stats_fd.fd)
+        engine = Engine(model_path, precision=cfg.precision, max_batch=cfg.max_batch)
+        ready["precision"] = engine.precision
+        ready["compiled"] = engine.properties()
+        ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
+        ready["outputs"] = engine.output_names
+        if cfg.warm_up:
+            t_warm = time.monotonic()
+            warm_up(engine, cfg.max_batch)
+            ready["warm_up_s"] = round(time.monotonic() - t_warm, 3)
+        if cfg.probe_cpu_view:
+            # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
+            probe = engine.core.compile_model(str(engine.xml), "CPU")
+            ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
+            del probe
+
+        # 3. Attach (as the worker, or as its standby) and report.
+        from lowtail.shm.queue import QueueDescriptor, QueueWorker
+        from lowtail.shm.server import WorkerStandby
+
+        desc = QueueDescriptor.from_bytes(descriptor)
+        holder: QueueWorker | WorkerStandby = (
+            WorkerStandby.attach(desc) if standby else QueueWorker.attach(desc)
+        )
+    except BaseException as e:
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        log.error("worker failed to start: %s", detail)
+        conn.send({"failed": detail, **ready})
+        conn.close()
+        sys.exit(1)
+
+    gc.collect()
+    gc.freeze()  # everything built so far stays out of every later collection
+    ready["gc_frozen"] = gc.get_freeze_count()
+    ready["threads"] = thread_count()
+    from lowtail.serve import stats_segment as ws
+
+    stats.header[ws.PID] = os.getpid()
+    stats.header[ws.HEARTBEAT] = time.monotonic_ns()
+    if idle_class:
+        # Parked it uses no CPU in any class; woken in SCHED_IDLE it would wait for its CPU to have
+        # nothing else to run (a shared CPU, the dead worker's last moments): leave it before parking.
+        err = pinning.leave_idle_class(nice.achieved)
+        ready["standby_sched_idle_reason"] = f"left before parking: {err or 'ok'}"
+        if err:
+            log.warning("the standby stays in SCHED_IDLE: %s", err)
+    if os.getppid() != ppid:  # died while this process imported and compiled: nobody to serve
+        log.warning("parent %d is gone before the worker was ready; exiting", ppid)
+        holder.close()
+        stats.close()
+        sys.exit(0)
+    stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
+    conn.send({"ready": True, **ready})
+    conn.close()
+    code = 0
+    qworker = holder if isinstance(holder, QueueWorker) else None
+    try:
+        if qworker is None:
+            log.info("standby on CPU %d: model compiled, queue attached, parked", cpu)
+            qworker = wait_to_take_over(holder, stats, ppid)
+            if qworker is None:
+                return
+            log.info(
+                "took over the queue: %d requests the dead worker had claimed answered WorkerDied",
+                qworker.restarted_failed,
+            )
+        serve(qworker=qworker, engine=engine, stats=stats, fifo=fifo, cpu=cpu, config=cfg, ready=ready,
+              ppid=ppid)  # fmt: skip
+    except BaseException:
+        log.exception("worker loop failed")
+        code = 1
+    finally:
+        (qworker or holder).close()
+        stats.header[ws.STATE] = ws.FAILED_STATE if code else ws.STOPPED
+        stats.close()
+    sys.exit(code)
+
+
+def warm_up(engine: Engine, max_batch: int) -> None:
+    """One inference of zeros at every shape the engine will run up to ``max_batch``, before serving.
+
+    OpenVINO sets a dynamic-batch model up for a shape at its first inference of it (shape inference,
+    memory, kernels): 14-64 ms per size measured here against ~1 ms warm, which the first request of
+    each size would pay, and all of them right after a standby takes over. The engine runs padded
+    shapes only (``padded_batch``: powers of two), so that is log2(max_batch) + 1 calls, not max_batch.
+    """
+    import numpy as np
+
+    from lowtail.serve.engine import padded_batch
+
+    sizes = sorted({padded_batch(n) for n in range(1, max_batch + 1)})
+    for n in sizes:
+        engine.infer({k: np.zeros((n, *shape), dtype) for k, (dtype, shape) in engine.inputs.items()}, n)
+
+
+# A standby checks for stop requests and its parent this often while it waits (no CPU in between).
+STANDBY_CHECK_S = 0.25
+
+
+def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorker | None:
+    """Park until the live worker is gone, then be the worker; None when asked to stop or orphaned."""
+    from lowtail.serve import stats_segment as ws
+
+    h = stats.words
+    while not _stop["signalled"] and not h[ws.STOP]:
+        worker: QueueWorker | None = holder.take_over(STANDBY_CHECK_S)
+        if worker is not None:
+            h[ws.TAKEOVER_NS] = time.monotonic_ns()
+            return worker
+        h[ws.HEARTBEAT] = time.monotonic_ns()
+        if os.getppid() != ppid:
+            log.warning("parent %d is gone; the standby exits", ppid)
+            return None
+    return None
+
+
+def serve(
+    *,
+    qworker: QueueWorker,
+    engine: Engine,
+    stats: StatsSegment,
+    fifo: pinning.SchedFifo,
+    cpu: int,
+    config: WorkerConfig,
+    ready: dict[str, Any],
+    ppid: int,
+) -> None:
+    """The serving loop. Hot path first, idle housekeeping after it; it ends when the parent ``ppid``
+    (the pid the parent gave when it spawned this process) is gone.
+
+    Everything between two ``infer()`` calls runs with cold caches (a call streams the model's weights
+    through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
+    the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
+    back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
+    stamps it takes go to ``CallRecorder.record``, the call's bookkeeping. A batch lives in a ``with``
+    block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
+    """
+    from lowtail.serve import stats_segment as ws
+    from lowtail.serve.call_recorder import CallRecorder
+    from lowtail.serve.engine import MalformedInput
+
+    claim_timeout = config.claim_timeout_s
+    h = stats.words
+    # ``ppid`` is the parent's own pid (main), not read here: once ready is sent the parent may exit at
+    # once, and a getppid() after that returns the reaper's pid, so the orphan would serve forever.
+    threads = int(ready["threads"])
+    rec = CallRecorder(
+        stats,
+        fifo,
+        hero=config.name,
+        cpu=cpu,
+        threads=threads,
+        slow_engine_cpu_ms=config.slow_engine_cpu_ms,
+        slow_total_ms=config.slow_total_ms,
+        stats_every=config.stats_every,
+    )
+    h[ws.THREADS] = threads
+    h[ws.FIFO] = int(fifo.available)
+    h[ws.HEARTBEAT] = time.monotonic_ns()
+    h[ws.STATE] = ws.SERVING
+    log.info(
+        "serving on CPU %d: precision=%s sched_fifo=%s (scope %s) nice=%d threads=%d",
+        cpu,
+        engine.precision,
+        fifo.available,
+        config.fifo_scope,
+        ready["nice"]["achieved"],
+        threads,
+    )
+    # CLOCK_MONOTONIC for every wall time (perf_counter is the same clock on Linux, and the queue stamps
+    # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
+    clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
+    claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
+    enter, leave = fifo.enter, fifo.leave
+    per_call = config.fifo_scope == "call"
+    drop_when_idle = config.fifo_scope == "work"
+    stop_i = ws.STOP
+    next_check = 0
+    try:
+        while not _stop["signalled"] and not h[stop_i]:
+            if drop_when_idle and fifo.active:
+                batch = claim(0.0)  # back to back: stay in SCHED_FIFO, no system call
+                if batch is None:
+                    leave()  # nothing ready: never spin or park in SCHED_FIFO
+                    h[ws.FIFO_SWITCHES] = fifo.switches
+                    continue
+            else:
+                batch = claim(claim_timeout)
+                if batch is None:
+                    leave()
+                    h[ws.FIFO_SWITCHES] = fifo.switches
+                    now = clock()
+                    if now >= next_check:  # idle housekeeping, at most twice a second
+                        next_check = now + 500_000_000
+                        h[ws.HEARTBEAT] = now
+                        rec.threads = thread_count()
+                        h[ws.THREADS] = rec.threads
+                        if os.getppid() != ppid:
+                            log.warning("parent %d is gone; exiting", ppid)
+                            return
+                    continue
+
+            try:
+                with batch:
+                    # ---- hot path: every clock() pair below is one column of the breakdown ----
+                    t0 = clock()
+                    sampled = rec.sampled
+                    th0 = ttime()
+                    c0 = ptime() if sampled else 0
+                    m0 = clock()
+                    enter()  # no system call when already in SCHED_FIFO
+                    f0 = clock()
+                    inputs = batch.inputs
+                    try:
+                        n = check(inputs)
+                    except (MalformedInput, ValueError) as e:
+                        leave()
+                        h[ws.FAILED] += fail_malformed(batch, e)
+                        continue
+                    k0 = clock()
+                    et0 = ttime()
+                    ec0 = ptime() if sampled else 0
+                    e0 = clock()
+                    try:
+                        outputs = infer(inputs, n)
+                    except Exception as e:
+                        leave()
+                        batch.fail(f"inference failed: {type(e).__name__}: {e}")
+                        h[ws.FAILED] += len(batch.sizes)
+                        log.error("inference failed for %d requests: %s", len(batch.sizes), e)
+                        continue
+                    e1 = clock()
+                    et1 = ttime()
+                    ec1 = ptime() if sampled else 0
+                    a0 = clock()
+                    # Every answer carries its call's engine time and its deschedule so far (wall - thread
+                    # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
+                    batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
+                a1 = clock()
+                if per_call:
+                    leave()
+                f1 = clock()
+                th1 = ttime()
+                c1 = ptime() if sampled else 0
+                t1 = clock()
+                record(
+                    batch.queue_wait_ns, batch.claimed_ns, n,
+                    t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1,
+                )  # fmt: skip
+            except Exception:  # the batch's block answered what it had not: it fails alone
+                leave()
+                h[ws.FAILED] += batch.failed
+                log.exception(
+                    "serving a batch of %d requests failed (%d answered failed)", len(batch), batch.failed
+                )
+    finally:
+        rec.close()
+
+
+def fail_malformed(batch: Any, error: Exception) -> int:
+    """Fail a batch whose inputs do not fit the model; returns the number of requests failed.
+
+    The queue merges only requests with the same names, dtypes and per-sample shapes, so a request that
+    does not fit the model is never in a batch with one that does: failing the batch fails it alone.
+    """
+    batch.fail(f"malformed request: {error}")
+    return len(batch.sizes)

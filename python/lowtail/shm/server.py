@@ -1,0 +1,846 @@
+"""The worker side of the queue: the single consumer's claim, answer and fencing, and ``Batch``.
+
+One worker (``QueueWorker.attach``, the pinned OpenVINO process) holds the worker lock, claims
+published requests fairly across lanes in batches (``claim`` -> ``_poll`` -> ``_take``), answers
+them (``Batch.complete`` -> ``_answer``) and fences a lane whose control words are impossible.
+A hot standby (``WorkerStandby``) maps the queue and waits, without using CPU, for the worker lock;
+``take_over`` becomes the worker the moment the live one is gone. Field offsets and their single
+writers are in ``lowtail.shm.layout``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from lowtail.shm import ofd_lock, payload
+from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
+from lowtail.shm.errors import BadRequest, BatchClosed, PayloadTooLarge, QueueError
+from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
+from lowtail.shm.layout import (
+    CALL_BATCH_MASK,
+    CALL_DESCHEDULE_SHIFT,
+    HW_DOORBELLS,
+    HW_WORKER_EPOCH,
+    HW_WORKER_PID,
+    HW_WORKER_SLEEP,
+    L_GEN,
+    L_PARKED,
+    L_PID,
+    L_RESP_COUNT,
+    L_RING,
+    L_TAIL,
+    ST_BAD_REQUEST,
+    ST_CLIENT_GONE,
+    ST_FAILED,
+    ST_OK,
+    ST_TOO_LARGE,
+    ST_WITHDRAWN,
+    ST_WORKER_DIED,
+    W_CALL,
+    W_CALL_ENGINE_NS,
+    W_CLAIM_NS,
+    W_CLAIM_SEQ,
+    W_DONE_NS,
+    W_REQ_SEQ,
+    W_RESP_LEN,
+    W_RESP_SEQ,
+    W_RESP_STATUS,
+    W_SUBMIT_NS,
+    W_WITHDRAWN,
+)
+from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
+from lowtail.shm.segments import sweep_dead
+
+WORKER_PARK_SLICE_S = 0.25
+# A standby whose wait cannot watch the live worker's pid (pid 0, reused, another namespace) re-tries
+# the worker lock this often: bounded CPU, and a takeover at most this late in those corner cases.
+STANDBY_RETRY_S = 0.002
+
+
+def _samples(items: list[_Item]) -> int:
+    """The samples (batch rows) of the claimed items whose request decoded."""
+    return sum(it.layout.batch for it in items if it.layout is not None)
+
+
+def _write_message(m: Mapped, g: int, message: str) -> int:
+    """An error answer's message into the response region of slot ``g`` (truncated to it); its length."""
+    raw = message.encode("utf-8", "replace")[: m.geo.resp_bytes]
+    off = m.geo.resp_off(g)
+    m.buf[off : off + len(raw)] = np.frombuffer(raw, np.uint8)
+    return len(raw)
+
+
+class _Item:
+    """One claimed request (worker-private)."""
+
+    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "layout", "seq", "si", "submit_ns")
+
+    def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
+        self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
+    ) -> None:
+        self.lane = lane
+        self.g = g
+        self.si = si
+        self.seq = seq
+        self.gen = gen
+        self.submit_ns = submit_ns
+        self.claim_ns = claim_ns
+        self.layout: PayloadLayout | None = None
+        self.inputs: Arrays | None = None
+        self.done = False
+
+
+_NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
+
+
+class Batch:
+    """Requests claimed together: merged inputs, and per-request completion. Use it as a context:
+
+        with worker.claim(timeout_s) as batch:   # after checking the claim is not None
+            batch.complete(model(batch.inputs))
+
+    ``inputs`` are zero-copy views of the requests' slots (one request), or one merged copy (several):
+    a client may write its next request into its slot as soon as it has its answer, so the views are
+    valid only until ``complete()`` or ``fail()``. From then on, and after the block, the batch refuses
+    ``inputs``, ``complete()`` and ``fail()`` with ``BatchClosed``. numpy cannot revoke an array it has
+    handed out (a buffer with exports cannot be released), so a view taken before stays readable; the
+    views of a client's slot are read-only, so it can never write the client's next request: copy
+    what must outlive the answer. Leaving the block answers every request still unanswered as
+    failed (an exception inside names itself in the message) and lets the exception propagate: the
+    batch's clients get an error, not a hang, and the worker claims the next batch as usual.
+    """
+
+    __slots__ = ("_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "queue_wait_ns", "sizes")
+
+    def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
+        self._worker = worker
+        self._items = items
+        self._open = True
+        self.failed = 0  # requests this batch answered failed (fail, fail_request, the end of its block)
+        self._inputs: Arrays
+        if len(items) == 1:  # the common case, without the list building below
+            it = items[0]
+            self.sizes = [it.layout.batch] if it.layout is not None else []
+            self.queue_wait_ns = [it.claim_ns - it.submit_ns]
+            self.claimed_ns = it.claim_ns
+            if it.inputs is not None:
+                self._inputs = it.inputs  # zero-copy views of the request slot (or ndarray slot)
+                return
+        self.sizes = [it.layout.batch for it in items if it.layout is not None]
+        self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
+        # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
+        self.claimed_ns = min([it.claim_ns for it in items], default=0)
+        parts = [it.inputs for it in items if it.inputs is not None]
+        if len(parts) == 1:
+            self._inputs = parts[0]
+        else:
+            self._inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __enter__(self) -> Batch:
+        if not self._open:
+            raise BatchClosed("a batch already answered cannot be entered again: claim the next one")
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if not self._open:
+            return
+        if any(not it.done for it in self._items):
+            why = (
+                "the worker left the batch without answering it"
+                if exc is None
+                else f"worker error while serving this batch: {type(exc).__name__}: {exc}"
+            )
+            self.fail(why)
+        self._close()
+
+    def _close(self) -> None:
+        self._open = False
+        self._inputs = {}  # drops the merged copy; the slot views stay cached in the worker for reuse
+
+    @property
+    def _usable(self) -> bool:
+        # A closed worker answered this batch's requests failed and released the mapping its views
+        # point into: derived from the worker, so claim() keeps no list of open batches.
+        return self._open and not self._worker._closed
+
+    def _refuse(self, what: str) -> BatchClosed:
+        if self._open:  # not answered, yet unusable: its worker was closed
+            return BatchClosed(
+                f"{what} a batch whose worker was closed: its requests were answered failed and its views "
+                f"point into a mapping that is gone"
+            )
+        return BatchClosed(
+            f"{what} a batch already answered: its zero-copy views may hold a client's next request "
+            f"(copy what must outlive complete(), inside the batch's with block)"
+        )
+
+    @property
+    def inputs(self) -> Arrays:
+        """The requests' inputs (zero-copy views for one request): valid until ``complete``/``fail``."""
+        if not self._open or self._worker._closed:  # _usable, inlined: read once per call
+            raise self._refuse("inputs of")
+        return self._inputs
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def lanes(self) -> list[int]:
+        return [it.lane for it in self._items]
+
+    def complete(
+        self, outputs: Mapping[str, np.ndarray[Any, Any]], *, engine_ns: int = 0, deschedule_ns: int = 0
+    ) -> None:
+        """Split ``outputs`` (leading dimension = total samples) per request and answer each.
+
+        ``engine_ns`` and ``deschedule_ns`` describe the call (its ``infer()`` wall time, and wall minus
+        thread CPU from the claim to here): every answer carries them with the call's sample count, and
+        a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
+        The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
+        """
+        if not self._open or self._worker._closed:  # _usable, inlined: this is the hot path
+            raise self._refuse("complete() on")
+        sizes = self.sizes
+        total = sizes[0] if len(sizes) == 1 else sum(sizes)
+        try:
+            layout = payload.layout_of(outputs)
+        except BadRequest as e:
+            self.fail(f"worker outputs: {e}")
+            raise
+        if layout.batch != total:
+            got = ", ".join(f"{name}={shape}" for name, _, shape in layout.spec)
+            msg = f"worker outputs must share the batch's leading dimension {total}: got {got}"
+            self.fail(msg)
+            raise BadRequest(msg)
+        self._close()
+        worker = self._worker
+        deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
+        call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
+        try:
+            if len(self._items) == 1:
+                it = self._items[0]
+                if not it.done:
+                    worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
+            else:
+                off = 0
+                for it in self._items:
+                    assert it.layout is not None
+                    n = it.layout.batch
+                    if not it.done:
+                        part = {k: v[off : off + n] for k, v in outputs.items()}
+                        worker._answer(
+                            it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call
+                        )
+                    off += n
+        except BaseException as e:
+            # _answer turns a write failure into that request's error answer; whatever still escapes
+            # (an interrupt) must not leave the rest of the closed batch unanswered.
+            for it in self._items:
+                if not it.done:
+                    worker._answer(it, ST_FAILED, None, None, f"answer not written: {type(e).__name__}: {e}")
+                    self.failed += 1
+            raise
+        finally:
+            worker._wake_parked(self._items)
+
+    def fail(self, message: str) -> None:
+        """Answer every request not answered yet as failed with ``message``; the views go with it."""
+        if not self._usable:
+            raise self._refuse("fail() on")
+        self._close()
+        for it in self._items:
+            if not it.done:
+                self._worker._answer(it, ST_FAILED, None, None, message)
+                self.failed += 1
+        self._worker._wake_parked(self._items)
+
+    def fail_request(self, i: int, message: str) -> None:
+        """Fail request ``i`` alone; the others stay to be completed (their views stay valid)."""
+        if not self._usable:
+            raise self._refuse("fail_request() on")
+        it = self._items[i]
+        if not it.done:
+            self._worker._answer(it, ST_FAILED, None, None, message)
+            self._worker._wake_parked([it])
+            self.failed += 1
+
+
+class WorkerCounts:
+    """What a worker did besides serving (diagnostics, tests)."""
+
+    __slots__ = ("fenced", "orphans_failed", "withdrawn")
+
+    def __init__(self) -> None:
+        self.fenced = self.orphans_failed = self.withdrawn = 0
+
+
+class QueueWorker:
+    """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
+
+    def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
+        self.descriptor = desc
+        self._m = m
+        cfg, geo, q = desc.config, m.geo, m.q
+        self._cfg = cfg
+        self._idle_ns = idle_us * 1000
+        prev = int(q[HW_WORKER_PID])
+        q[HW_WORKER_PID] = os.getpid()
+        q[HW_WORKER_EPOCH] = q[HW_WORKER_EPOCH] + 1
+        q[HW_WORKER_SLEEP] = 0
+        self._tails = [int(q[geo.lane(lane, L_TAIL)]) for lane in range(geo.lanes)]
+        # u64 indices of each lane's fields, computed once for the hot path
+        self._ring_i = [geo.lane(lane, L_RING) for lane in range(geo.lanes)]
+        self._gen_i = [geo.lane(lane, L_GEN) for lane in range(geo.lanes)]
+        self._tail_i = [geo.lane(lane, L_TAIL) for lane in range(geo.lanes)]
+        self._count_i = [geo.lane(lane, L_RESP_COUNT) for lane in range(geo.lanes)]
+        self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
+        self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
+        self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
+        self._db_i = HW_DOORBELLS
+        self._doorbells = q[self._db_i : self._db_i + geo.lanes]
+        self._drained = b""
+        self._seen = bytes(8 * geo.lanes)  # the doorbells at the last poll (zeros: look at every used lane)
+        self._seen_words = np.zeros(geo.lanes, np.uint64)  # the same as words (more than 64 lanes)
+        self._moved_mask = np.zeros(geo.lanes, bool)
+        self._leftover: list[int] = []  # lanes the last poll left with requests it did not take
+        self._head_of = struct.Struct("<Q").unpack_from
+        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_resp: dict[int, NdarraySlot] = {}
+        self._slots_in = SlotReader()  # clients' ndarray slots: read, never mapped (see SlotReader)
+        self._swept_ns = 0
+        self._in_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
+        self._carry: list[_Item] = []
+        self._outstanding: dict[int, _Item] = {}
+        self._last_work_ns = time.monotonic_ns()
+        self._lane_seen_ns = [0] * geo.lanes
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
+        self._active: list[int] = []
+        self._rr = 0
+        self.counts = WorkerCounts()
+        self._closed = False
+        self.counts.orphans_failed = self._fail_orphans(prev)
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
+        m = attach_mapped(desc)
+        if not ofd_lock.try_lock(m.seg.fd, 0):
+            pid = m.q[HW_WORKER_PID]
+            m.close()
+            raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
+        return cls(desc, m, desc.config.worker_idle_us if idle_us is None else idle_us)
+
+    def __enter__(self) -> QueueWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def fenced(self) -> int:
+        """Lanes fenced for an impossible control word."""
+        return self.counts.fenced
+
+    @property
+    def withdrawn(self) -> int:
+        """Requests found withdrawn at their claim, answered ST_WITHDRAWN without running."""
+        return self.counts.withdrawn
+
+    @property
+    def restarted_failed(self) -> int:
+        """Requests a dead predecessor had claimed, answered WorkerDied when this worker attached."""
+        return self.counts.orphans_failed
+
+    def _fail_orphans(self, prev_pid: int) -> int:
+        """Answer WorkerDied for every request a previous worker left PROCESSING."""
+        m = self._m
+        geo, q = m.geo, m.q
+        orphans: list[_Item] = []
+        for g in range(geo.lanes * geo.spl):
+            si = geo.slot(g, 0)
+            req = q[si + W_REQ_SEQ]
+            if q[si + W_CLAIM_SEQ] == req and q[si + W_RESP_SEQ] != req:
+                lane = g // geo.spl
+                it = _Item(lane, g, si, int(req), int(q[geo.lane(lane, L_GEN)]), 0, 0)
+                msg = f"worker restarted: the previous worker (pid {prev_pid}) died processing this request"
+                self._answer(it, ST_WORKER_DIED, None, None, msg)
+                orphans.append(it)
+        self._wake_parked(orphans)
+        return len(orphans)
+
+    def close(self) -> None:
+        """Answer what was claimed but not completed ("worker closed"), release the lock, unmap. A batch
+        not answered yet refuses its views from now on (``Batch`` reads the worker's state)."""
+        if self._closed:
+            return
+        self._closed = True
+        pending = self._carry + [it for it in self._outstanding.values() if not it.done]
+        for it in pending:
+            if not it.done:
+                self._answer(it, ST_FAILED, None, None, "worker closed before answering")
+        self._wake_parked(pending)
+        self._carry.clear()
+        self._outstanding.clear()
+        self._in_views.clear()
+        self._out_views.clear()
+        self._doorbells.release()
+        self._m.q[HW_WORKER_PID] = 0
+        # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
+        # complete()) keeps the open file description, and with it the lock, alive after close(fd).
+        ofd_lock.unlock(self._m.seg.fd, 0)
+        self._slots_in.close()
+        self._pool.close()
+        self._m.close()
+
+    def _sweep_departed(self, now_ns: int) -> None:
+        """At most once a second, when idle: close what dead clients' lanes sent and unlink the ndarray
+        slots of dead owners, so a killed client's slots do not hold tmpfs for the queue's whole life
+        (this uid's directory only: a few entries, not the whole mount)."""
+        if now_ns - self._swept_ns < 1_000_000_000:
+            return
+        self._swept_ns = now_ns
+        for lane in self.reclaimable_lanes():
+            self._slots_in.drop_lane(lane)
+        sweep_dead(self._cfg.shm_dir, kinds=("nd",))
+
+    def reclaimable_lanes(self) -> list[int]:
+        """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
+        m = self._m
+        return [
+            lane
+            for lane in range(m.geo.lanes)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+        ]
+
+    # -- hot path: claim, answer -------------------------------------------------------------------
+
+    def claim(self, timeout_s: float = 0.05) -> Batch | None:
+        """The next batch, or None after ``timeout_s`` seconds without a request."""
+        if self._closed:
+            raise QueueError("claim on a closed QueueWorker")
+        if self._carry:
+            carried, self._carry = self._carry, []
+            return self._batch(carried)
+        items: list[_Item] = []
+        doorbells, poll = self._doorbells, self._poll
+        if doorbells.tobytes() != self._drained:  # work waiting: no clock, no deadline
+            poll(items)
+            if items:
+                return self._coalesce(items)
+        m = self._m
+        q = m.q
+        clock = time.monotonic_ns
+        now = clock()
+        deadline = deadline_ns(now, timeout_s)
+        sleep_i = HW_WORKER_SLEEP
+        while True:
+            if doorbells.tobytes() != self._drained:
+                poll(items)
+                if items:
+                    return self._coalesce(items)
+            now = clock()
+            if now >= deadline:
+                self._sweep_departed(now)
+                return None
+            if now - self._last_work_ns < self._idle_ns:
+                continue
+            q[sleep_i] = 1
+            full_barrier()  # order the sleep store before the doorbell re-check (Dekker)
+            poll(items)
+            if items:
+                q[sleep_i] = 0
+                return self._coalesce(items)
+            futex_wait(m.addr(sleep_i), 1, min((deadline - now) / 1e9, WORKER_PARK_SLICE_S))
+            q[sleep_i] = 0
+
+    def _poll(self, items: list[_Item]) -> None:
+        """Take published requests within the batch limits, fairly across lanes.
+
+        Every lane whose doorbell is ahead of its tail is looked at, one request per lane per round,
+        starting after the lane that was served last: a ready request waits for at most one request
+        of each other lane (tested with 8 clients; measured by ``lowtail bench queue``). ``_drained``
+        (the doorbells fully taken) is only recorded when no lane was left with work.
+        """
+        raw = self._doorbells.tobytes()
+        if raw == self._drained:
+            return  # nothing new in any lane: one 8*L-byte compare instead of L word reads
+        tails = self._tails
+        lanes, spl = len(tails), self._m.geo.spl
+        # The lanes to look at: those whose doorbell moved since the last poll and those it left with
+        # work, found by XOR-ing the doorbell bytes with the last ones seen (a few big-int operations
+        # per moved lane): idle attached lanes cost nothing. Unpacking and comparing all L lanes in
+        # Python added ~5 us per claim at 256 lanes (``lowtail bench lanes``, docs/benchmarks.md).
+        if len(raw) > _NUMPY_DIFF_FROM:
+            # Above 64 lanes one vectorised compare (~1.1 us at any lane count) is cheaper than the
+            # big-int XOR and its shifts (2.5-3 us at 256 lanes, the round trip's +3 us there).
+            cur = np.frombuffer(raw, np.uint64)
+            np.not_equal(cur, self._seen_words, out=self._moved_mask)
+            self._seen_words[:] = cur
+            changed: list[int] = self._moved_mask.nonzero()[0].tolist()
+        else:
+            moved = int.from_bytes(raw, "little") ^ int.from_bytes(self._seen, "little")
+            changed = []
+            base = 0
+            while moved:
+                low = ((moved & -moved).bit_length() - 1) >> 6
+                changed.append(base + low)
+                moved >>= (low + 1) << 6
+                base += low + 1
+        if not items and not self._leftover and len(changed) == 1:
+            # The common case, one request in one lane (a lone sampler, or the next one in turn):
+            # take it without the round-robin bookkeeping below (same outcome, ~2 us less per claim).
+            low = changed[0]
+            if self._head_of(raw, low << 3)[0] - tails[low] == 1:
+                self._seen = raw
+                it = self._take(low, tails[low], time.monotonic_ns())
+                self._rr = (low + 1) % lanes
+                if it is not None and it.layout is not None:
+                    items.append(it)
+                self._drained = raw
+                return
+        look = set(self._leftover)
+        look.update(changed)
+        self._seen = raw
+        head_of = self._head_of
+        heads = {lane: head_of(raw, lane << 3)[0] for lane in look}
+        cfg = self._cfg
+        max_slots, max_samples = cfg.max_batch_slots, cfg.max_batch_samples
+        samples = _samples(items) if items else 0  # usually none yet: no generator for nothing
+        now = time.monotonic_ns()
+        start = self._rr
+        order = sorted(lane for lane in look if heads[lane] != tails[lane])
+        pending = [lane for lane in order if lane >= start] + [lane for lane in order if lane < start]
+        full = False
+        while pending and not full:
+            again: list[int] = []
+            for lane in pending:
+                if len(items) >= max_slots or samples >= max_samples:
+                    full = True
+                    break
+                head, tail = heads[lane], tails[lane]
+                if not 0 < head - tail <= spl:  # more published than the lane has slots: impossible
+                    self._fence(lane, f"doorbell {head} with tail {tail} and {spl} slots per lane")
+                    continue
+                it = self._take(lane, tail, now)
+                if it is not None and it.layout is not None:
+                    if items and samples + it.layout.batch > max_samples:
+                        self._carry.append(it)  # claimed already: first in the next batch
+                        full = True
+                    else:
+                        items.append(it)
+                        samples += it.layout.batch
+                self._rr = (lane + 1) % lanes
+                if tails[lane] != heads[lane]:
+                    again.append(lane)
+            pending = again
+        self._leftover = [lane for lane in look if heads[lane] != tails[lane]]
+        self._drained = b"" if pending or full else raw  # full: lanes after the cut were not looked at
+
+    def _take(self, lane: int, tail: int, now: int) -> _Item | None:
+        """Claim the request at ring position ``tail`` of ``lane`` and advance the tail past it.
+
+        claim_seq is stored before the tail: a worker killed between the two leaves a claimed request
+        that the next worker answers ``WorkerDied`` and then skips when it finds it in the ring (a
+        request already claimed is never taken twice). Returns None for a position that holds no
+        claimable request (a bad request, answered here, or a duplicate).
+        """
+        q, geo = self._m.q, self._m.geo
+        s = q[self._ring_i[lane] + tail % geo.spl]
+        self._tails[lane] = tail + 1
+        if s >= geo.spl:
+            q[self._tail_i[lane]] = tail + 1
+            self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
+            return None
+        g = lane * geo.spl + s
+        si = self._slot_i[g]
+        seq = q[si + W_REQ_SEQ]
+        if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
+            q[self._tail_i[lane]] = tail + 1
+            return None  # claimed (by us or a dead predecessor) or answered: never twice
+        it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
+        q[si + W_CLAIM_NS] = now
+        q[si + W_CLAIM_SEQ] = seq  # PROCESSING
+        full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
+        q[self._tail_i[lane]] = tail + 1
+        if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
+            self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
+            self._wake_parked([it])
+            self.counts.withdrawn += 1
+            return None
+        self._lane_seen_ns[lane] = now
+        self._decode(it)
+        return it
+
+    def _fence(self, lane: int, why: str) -> None:
+        """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
+
+        The worker goes on serving the other lanes. A well-behaved client of the lane sees its
+        unclaimed requests fail with ``BadRequest`` naming the word. The tail is set to the doorbell
+        as read here, which after a garbage doorbell is the garbage, not the client's own count: the
+        client's next request can then be fenced too (and fail the same way), which puts the tail back
+        in step with its doorbell; the requests after that are served (tested in test_queue_attacks).
+        """
+        m = self._m
+        q, geo = m.q, m.geo
+        head = q[self._db_i + lane]
+        failed: list[_Item] = []
+        gen = q[self._gen_i[lane]]
+        for s in range(geo.spl):
+            g = lane * geo.spl + s
+            si = geo.slot_word(g)
+            seq = q[si + W_REQ_SEQ]
+            # Only requests nobody claimed: a claimed one is answered by its claimer, exactly once.
+            if seq != q[si + W_RESP_SEQ] and seq != q[si + W_CLAIM_SEQ]:
+                it = _Item(lane, g, si, seq, gen, q[si + W_SUBMIT_NS], time.monotonic_ns())
+                q[si + W_CLAIM_SEQ] = seq
+                self._answer(it, ST_BAD_REQUEST, None, None, f"lane {lane} fenced: {why}")
+                failed.append(it)
+        self._tails[lane] = head
+        q[self._tail_i[lane]] = head
+        self.counts.fenced += 1
+        self._wake_parked(failed)
+
+    def _decode(self, it: _Item) -> None:
+        m = self._m
+        geo, buf = m.geo, m.buf
+        g = it.g
+        off = geo.req_off(g)
+        try:
+            ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.req_bytes)
+            if ext is not None:
+                if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
+                    self._slots_in.drop_lane(it.lane)
+                    self._lane_gen[it.lane] = it.gen
+                cfg = self._cfg
+                owner = int(m.q[geo.lane(it.lane, L_PID)])
+                views = self._slots_in.read(
+                    ext, cfg.shm_dir, cfg.mode, it.lane, owner, g, layout, cfg.max_ndslot_bytes
+                )
+            else:
+                cached = self._in_views.get(g)
+                if cached is not None and cached[0] == raw:
+                    views = cached[1]
+                else:
+                    if layout.inline_end > geo.req_bytes:
+                        raise BadRequest(
+                            f"request layout of {layout.inline_end} B exceeds the {geo.req_bytes} B slot"
+                        )
+                    views = payload.views(buf, layout.inline_layout, off)
+                    for v in views.values():  # the client's slot: a view kept too long can never write it
+                        v.flags.writeable = False
+                    self._in_views[g] = (raw, views)
+        except Exception as e:  # whatever a request holds, it fails alone
+            bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
+            status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_BAD_REQUEST if bad else ST_FAILED
+            self._answer(it, status, None, None, str(e))
+            self._wake_parked([it])
+            return
+        it.layout, it.inputs = layout, views
+
+    def _coalesce(self, items: list[_Item]) -> Batch:
+        cfg = self._cfg
+        if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
+            samples = _samples(items)
+            if samples < cfg.min_batch_samples:
+                now = time.monotonic_ns()
+                in_batch = {it.lane for it in items}
+                recent = now - 50_000_000
+                # Wait only when another lane was active lately: a lone client is never held.
+                if any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns)):
+                    end = now + cfg.coalesce_us * 1000
+                    while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
+                        self._poll(items)
+                        if _samples(items) >= cfg.min_batch_samples:
+                            break
+        self._last_work_ns = time.monotonic_ns()
+        return self._batch(items)
+
+    def _batch(self, items: list[_Item]) -> Batch:
+        if len(items) > 1:
+            key = items[0].layout.merge_key if items[0].layout is not None else ()
+            same = [it for it in items if it.layout is not None and it.layout.merge_key == key]
+            if len(same) != len(items):
+                self._carry.extend(it for it in items if it not in same)  # a batch of their own next
+            items = same
+        for it in items:
+            self._outstanding[it.g] = it
+        return Batch(self, items)
+
+    def _answer(
+        self,
+        it: _Item,
+        status: int,
+        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
+        layout: PayloadLayout | None,
+        message: str,
+        *,
+        engine_ns: int = 0,
+        call: int = 0,
+    ) -> None:
+        """Answer ``it``; ``engine_ns`` and ``call`` are the call's words (Batch.complete), 0 otherwise."""
+        m = self._m
+        q, geo = m.q, m.geo
+        g, si = it.g, it.si
+        n = 0
+        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
+            status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
+        elif status == ST_OK and arrays is not None and layout is not None:
+            try:
+                if layout.inline_end <= geo.resp_bytes:
+                    cached = self._out_views.get(g)
+                    off = geo.resp_off(g)
+                    # Written every time, as the client does: a header another process overwrote heals.
+                    m.mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                    if cached is None or cached[0] is not layout:
+                        cached = (layout, payload.views(m.buf, layout.inline_layout, off))
+                        self._out_views[g] = cached
+                    for name, view in cached[1].items():
+                        np.copyto(view, arrays[name], casting="no")
+                    n = layout.inline_end
+                else:
+                    n = self._answer_external(g, layout, arrays)
+            except Exception as e:  # an answer that cannot be written fails alone
+                # (no inode, EMFILE, ENOMEM, a full tmpfs): it becomes this request's error answer.
+                status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED
+                why = "" if isinstance(e, QueueError) else f"answer not written: {type(e).__name__}: "
+                message = f"{why}{e}"
+        if status != ST_OK:
+            self._out_views.pop(g, None)
+            n = _write_message(m, g, message)
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_CALL_ENGINE_NS] = engine_ns
+        q[si + W_CALL] = call
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
+        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        it.done = True
+        self._outstanding.pop(g, None)
+
+    def _answer_external(
+        self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
+    ) -> int:
+        geo = self._m.geo
+        need, limit = layout.ext_bytes, self._cfg.max_ndslot_bytes
+        if need > limit or payload.inline_nbytes(layout.spec, "x" * 64) > geo.resp_bytes:
+            raise PayloadTooLarge(
+                f"answer of {need} bytes ({spec_text(layout.spec)}) exceeds the {geo.resp_bytes}-byte "
+                f"slot and the ndarray-slot limit of {limit} bytes"
+            )
+        self._out_views.pop(g, None)
+        nd = self._nd_resp.get(g)
+        if nd is None or nd.capacity < need:
+            if nd is not None:
+                del self._nd_resp[g]  # released: if the acquire below fails, no other slot shares it
+                self._pool.release(nd)
+            nd = self._pool.acquire(need)
+            self._nd_resp[g] = nd
+        nd.write(arrays, layout.spec)
+        return payload.write_header(self._m.buf, geo.resp_off(g), nd.name, layout.spec)
+
+    def _wake_parked(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        m = self._m
+        q = m.q
+        full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
+        parked_i, wake = self._parked_i, self._wake
+        if len(items) == 1:
+            lane = items[0].lane
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
+            return
+        for lane in {it.lane for it in items}:
+            if q[parked_i[lane]]:
+                futex_wake_all(wake[lane])
+
+
+class WorkerStandby:
+    """A second worker's hold on a queue: mapped, parked until the live worker is gone.
+
+    ``take_over`` returns the ``QueueWorker`` once this process holds the worker lock (byte 0): the
+    kernel drops a dead worker's lock as its files close, before its pidfd reports the exit, so the
+    standby sleeps in ``poll`` on the live worker's pidfd (no CPU while it lives) and takes the lock at
+    once when it is readable. Attaching as the worker then answers what the dead one had claimed
+    ``WorkerDied`` (``_fail_orphans``: claimed requests are never run twice) and serves every other
+    request where it stands in its lane's ring: nothing published is lost and nothing is re-run.
+    """
+
+    def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
+        self.descriptor = desc
+        self._m: Mapped | None = m
+        self._idle_us = idle_us
+        self._watched = 0  # the worker pid the pidfd below refers to
+        self._exited = 0  # a watched pid seen exit while the lock stayed held (the next worker's, soon)
+        self._pidfd = -1
+
+    @classmethod
+    def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> WorkerStandby:
+        """Map the queue as its standby worker (nothing is written to it until ``take_over``)."""
+        return cls(desc, attach_mapped(desc), desc.config.worker_idle_us if idle_us is None else idle_us)
+
+    def __enter__(self) -> WorkerStandby:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def take_over(self, timeout_s: float) -> QueueWorker | None:
+        """The queue's worker as soon as no other process is, or None after ``timeout_s`` seconds."""
+        m = self._m
+        if m is None:
+            raise QueueError("take_over on a closed or promoted WorkerStandby")
+        deadline = deadline_ns(time.monotonic_ns(), timeout_s)
+        while not ofd_lock.try_lock(m.seg.fd, 0):
+            left_s = (deadline - time.monotonic_ns()) / 1e9
+            if left_s <= 0:
+                return None
+            fd = self._watch(int(m.q[HW_WORKER_PID]))
+            if fd < 0:
+                time.sleep(min(left_s, STANDBY_RETRY_S))
+                continue
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if poller.poll(max(1, int(min(left_s, WORKER_PARK_SLICE_S) * 1000))):
+                self._exited = self._watched  # from now on its pidfd is always readable: retry slowly
+        self._unwatch()
+        self._m = None  # the mapping (and the lock on its description) belongs to the worker now
+        return QueueWorker(self.descriptor, m, self._idle_us)
+
+    def _watch(self, pid: int) -> int:
+        """A pidfd of the live worker ``pid`` (readable once it exited), or -1 when there is none."""
+        if pid == self._exited:
+            return -1
+        if pid != self._watched:
+            self._unwatch()
+            if pid:
+                try:
+                    self._pidfd = os.pidfd_open(pid)
+                except OSError:  # gone already (its lock is free or about to be), or not ours to see
+                    return -1
+                self._watched = pid
+        return self._pidfd
+
+    def _unwatch(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+        self._pidfd, self._watched = -1, 0
+
+    def close(self) -> None:
+        """Unmap, unless ``take_over`` already handed the mapping to the worker."""
+        self._unwatch()
+        if self._m is not None:
+            self._m.close()
+            self._m = None

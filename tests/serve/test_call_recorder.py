@@ -1,0 +1,135 @@
+"""The worker's per-call bookkeeping: one row per answered batch, every value in the column of its name."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+
+import pytest
+
+from lowtail.serve import stats_segment as ws
+from lowtail.serve.call_recorder import CallRecorder
+from lowtail.serve.call_stats import CALL_FIELDS, COL, CallRow, call_values
+from lowtail.serve.pinning import SchedFifo
+from lowtail.serve.stats_segment import StatsSegment
+
+
+def test_call_fields_are_the_call_rows_fields_and_the_rings_columns() -> None:
+    assert tuple(f.name for f in fields(CallRow)) == CALL_FIELDS
+    assert {name: i for i, name in enumerate(CALL_FIELDS)} == COL
+    row = CallRow()
+    for i, name in enumerate(CALL_FIELDS):
+        setattr(row, name, float(i))
+    assert call_values(row) == tuple(float(i) for i in range(len(CALL_FIELDS)))
+    with pytest.raises(AttributeError):  # a field nobody set cannot reach the ring as a stale value
+        del row.claim_us
+        call_values(row)
+    with pytest.raises(AttributeError):  # nor a value be set under a name the ring has no column for
+        row.claim_ms = 1.0  # type: ignore[attr-defined]
+    stats = StatsSegment.create(capacity=16)
+    try:
+        assert stats.word(ws.NCOLS) == len(CALL_FIELDS) and stats.rows.shape[1] == len(CALL_FIELDS)
+    finally:
+        stats.close()
+
+
+def _stamps(base: int, steps_ns: list[int]) -> list[int]:
+    """Clock stamps ``base + cumsum(steps)``: every interval of the call a distinct length."""
+    out, t = [], base
+    for step in steps_ns:
+        t += step
+        out.append(t)
+    return out
+
+
+def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
+    stats = StatsSegment.create(capacity=16)
+    fifo = SchedFifo()
+    fifo.reason = "not used by this test"
+    rec = CallRecorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
+                       stats_every=1000)  # fmt: skip
+    try:
+        assert rec.sampled  # the first call of every stats_every reads the process clock and counters
+        rows = []
+        for call in range(2):
+            sampled = rec.sampled
+            base = time.monotonic_ns() - 1_000_000_000
+            # wall-clock stamps in the hot path's order (serve() in worker_main), 1..19 us apart
+            t0, m0, f0, k0, e0, e1, a0, a1, f1, t1 = _stamps(base, [1000 * (i + 1) for i in range(10)])
+            th0, th1 = 5_000, 5_000 + (t1 - t0) - 3_000  # thread CPU: 3 us less than the wall
+            et0, et1 = 20_000, 20_000 + (e1 - e0) - 500
+            c0, c1 = (70_000, 70_000 + (t1 - t0) - 2_000) if sampled else (0, 0)
+            ec0, ec1 = (90_000, 90_000 + (e1 - e0) - 700) if sampled else (0, 0)
+            claimed_ns, waits, n = t0 - 4_321, [1_500_000, 2_500_000], 7
+            rec.record(
+                waits, claimed_ns, n,
+                t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1,
+            )  # fmt: skip
+            got = stats.read_calls(call).rows
+            assert got.shape == (1, len(CALL_FIELDS))
+            row = {name: float(got[0, COL[name]]) for name in CALL_FIELDS}
+            rows.append(row)
+            wall_ns, engine_ns = t1 - t0, e1 - e0
+            cpu_ns = c1 - c0 if sampled else th1 - th0
+            expected = {
+                "t_end_s": t1 / 1e9,
+                "wall_ms": wall_ns / 1e6,
+                "cpu_ms": cpu_ns / 1e6,
+                "thread_cpu_ms": (th1 - th0) / 1e6,
+                "deschedule_ms": (wall_ns - cpu_ns) / 1e6,
+                "engine_wall_ms": engine_ns / 1e6,
+                "engine_cpu_ms": ((ec1 - ec0) if sampled else (et1 - et0)) / 1e6,
+                "engine_thread_cpu_ms": (et1 - et0) / 1e6,
+                "batch": n,
+                "slots": 2,
+                "queue_wait_ms": 2.5,
+                "claim_us": 4.321,
+                "check_us": (k0 - f0) / 1e3,
+                "fifo_us": ((f0 - m0) + (f1 - a1)) / 1e3,
+                "answer_us": (a1 - a0) / 1e3,
+            }
+            for name, value in expected.items():
+                assert row[name] == pytest.approx(value), name
+            stamped_measure_us = ((m0 - t0) + (e0 - k0) + (a0 - e1) + (t1 - f1)) / 1e3
+            read_us = row["measure_us"] - stamped_measure_us  # reading the scheduler counters
+            if sampled:
+                assert read_us > 0 and row["run_delay_ms"] >= 0 and row["nivcsw"] >= 0
+            else:  # not sampled and not descheduled (wall - thread CPU is 3 us): no counter read
+                assert read_us == pytest.approx(0) and row["run_delay_ms"] == row["nivcsw"] == 0
+            assert row["overhead_us"] == pytest.approx(
+                (4_321 + wall_ns - engine_ns) / 1e3 + read_us + row["record_us"]
+            )
+            assert set(expected) | {
+                "run_delay_ms",
+                "nivcsw",
+                "measure_us",
+                "record_us",
+                "overhead_us",
+            } == set(CALL_FIELDS)
+        assert rows[0]["record_us"] == 0 and rows[1]["record_us"] > 0  # the first call's, in the second row
+        assert stats.word(ws.COUNT) == 2 and stats.word(ws.SAMPLES) == 14
+        assert (
+            stats.word(ws.ENGINE_CPU) == 6_000 - 700 and stats.word(ws.ENGINE_THREAD) == 6_000 - 500
+        )  # sampled only
+        assert stats.word(ws.SLOW) == 0 and stats.word(ws.HEARTBEAT) > 0
+    finally:
+        rec.close()
+        stats.close()
+
+
+def test_a_slow_call_is_counted_and_logged_with_its_row(caplog: pytest.LogCaptureFixture) -> None:
+    stats = StatsSegment.create(capacity=16)
+    fifo = SchedFifo()
+    rec = CallRecorder(stats, fifo, hero="h", cpu=3, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=0.001,
+                       stats_every=1)  # fmt: skip
+    try:
+        t0 = time.monotonic_ns() - 1_000_000
+        s = _stamps(t0, [1000] * 9)
+        with caplog.at_level("WARNING"):
+            rec.record([1000], t0, 1, t0, 0, 0, s[0], s[1], s[2], 0, 0, s[3], s[4], 100, 0, s[5], s[6], s[7],
+                       8000, 9000, s[8])  # fmt: skip
+        assert stats.word(ws.SLOW) == 1
+        assert "slow_infer hero=h cpu=3 slots=1 total_batch=1" in caplog.text
+    finally:
+        rec.close()
+        stats.close()

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from multiprocessing.context import BaseContext
+from pathlib import Path
+
+import pytest
+
+from lowtail.shm import segments
+from lowtail.shm.queue import InferenceQueue, QueueConfig
+from tests.shm.helpers import QUEUE_IMPLEMENTATIONS
+
+
+def _ours_or_dead() -> set[str]:
+    """Lowtail segments this test session could have left: owned by a dead process or by us."""
+    return {s.name for s in segments.list_segments() if s.liveness == "dead" or s.pid == os.getpid()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_segment_left_behind() -> Iterator[None]:
+    """The suite must leave no lowtail segment in this uid's directory under /dev/shm (segments of other
+    live processes are theirs)."""
+    before = _ours_or_dead()
+    yield
+    left = _ours_or_dead() - before
+    assert not left, f"lowtail segments left in /dev/shm after the queue tests: {sorted(left)}"
+
+
+@pytest.fixture
+def server() -> Iterator[InferenceQueue]:
+    """2 lanes x 2 slots, no coalescing: one process plays client and worker step by step (a module
+    that needs another geometry defines its own ``server``)."""
+    with InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def ctx() -> BaseContext:
+    """forkserver: children start clean (no inherited fds, so no inherited OFD lane locks) and fast."""
+    c = mp.get_context("forkserver")
+    c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.shm.helpers"])
+    return c
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runtime tests' small policy model (built here, no downloads)."""
+    from lowtail.serve.model import write_model
+    from tests.serve.conftest import SMALL_SPEC
+
+    out = tmp_path_factory.mktemp("model")
+    write_model(out, SMALL_SPEC)
+    return out
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A sticky world-writable directory like /dev/shm, private to the test (pytest's tmp_path is
+    under a 0700 directory the second uid cannot enter)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to setuid a forked child to a second uid")
+    d = Path(tempfile.mkdtemp(prefix="lowtail-test-shm-"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+@pytest.fixture(params=sorted(QUEUE_IMPLEMENTATIONS))
+def queue_impl(request: pytest.FixtureRequest) -> str:
+    """The name of a queue implementation (``QUEUE_IMPLEMENTATIONS``): a test that takes it runs on each."""
+    return str(request.param)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mounts a tmpfs of this test's own (``tmpfs(size="16m", inodes=4096)``), so that filling it hurts
+    nobody; every mount is unmounted after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mounted: list[Path] = []
+
+    def mount(size: str = "16m", inodes: int = 4096) -> Path:
+        mnt = tmp_path / f"shm{len(mounted)}"
+        mnt.mkdir()
+        opts = f"size={size},nr_inodes={inodes},mode=1777"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "lowtail-test", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
