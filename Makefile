@@ -149,10 +149,11 @@ molecule: $(STAMP)
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
 # static checks, and the sandbox image, the wheelhouse and the kubelet equipment are built once; then the
 # six long suites run side by side (scripts/run-suites.sh): the deploy tests, molecule, the
-# ansible-playbook tests, the other tests, molecule-runtime and the kubelet tests. Together they keep both CPUs of a 2-vCPU machine busy, so the run takes
-# about their total CPU time over two (docs/testing.md has the figures). Each one's output is printed
-# whole when it ends and kept in build/test-logs/; a summary of all of them, with each one's time, its
-# CPU and what failed, is printed last.
+# ansible-playbook tests, the other tests, molecule-runtime and the kubelet tests. Together they keep
+# both CPUs of a 2-vCPU machine busy, so the run takes about their total CPU time over two
+# (docs/testing.md has the figures). Each one's output is printed whole when it ends and kept in
+# build/test-logs/; a summary of all of them, with each one's time, its CPU and what failed, is
+# printed last.
 # TEST_JOBS=1 runs them one after another. The actor-kill tests run alone after them (see
 # pytest-actor-kill).
 TEST_JOBS ?= 6

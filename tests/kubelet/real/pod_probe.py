@@ -22,10 +22,10 @@ OUT = Path("/out")
 
 
 def probe() -> dict[str, Any]:
-    from lowtail.lease import LeaseAllocator, locate_plan
+    from lowtail.node.lease import LeaseAllocator, locate_plan
     from lowtail.node.cpuset import cgroup_cpuset
     from lowtail.serve.model import ModelSpec, example_inputs, write_model
-    from lowtail.serve.worker import WorkerConfig, WorkerProcess
+    from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
 
     result: dict[str, Any] = {"affinity": sorted(os.sched_getaffinity(0))}
