@@ -22,8 +22,8 @@ OUT = Path("/out")
 
 
 def probe() -> dict[str, Any]:
-    from lowtail.node.lease import LeaseAllocator, locate_plan
     from lowtail.node.cpuset import cgroup_cpuset
+    from lowtail.node.lease import LeaseAllocator, locate_plan
     from lowtail.serve.model import ModelSpec, example_inputs, write_model
     from lowtail.serve.worker_process import WorkerConfig, WorkerProcess
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig

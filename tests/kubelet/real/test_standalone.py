@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,3 +172,27 @@ def test_preflight_refusal_is_the_kubelets(
     theirs = re.search(kubelet_says, log)
     assert theirs, f"the kubelet's log does not say {kubelet_says!r}; it ends:\n{log[-4000:]}"
     assert ours[0].groups() == theirs.groups(), (ours[0].group(0), theirs.group(0))
+
+
+@pytest.mark.parametrize("binary", built_kubelets())
+def test_cgroup_v1_host_needs_failcgroupv1_false(
+    kube: Stack, binary: str, tmp_path: Path, verdicts: Callable[[str], tuple[Any, ...]]
+) -> None:
+    """This host is cgroup v1: kubelet 1.35 and later refuse to start on it unless the file says
+    failCgroupV1: false. Preflight must refuse such a file too (or write the field)."""
+    good, verdict, _ = verdicts(binary)
+    _claimed_or_skip(verdict, binary)
+    bad = {k: v for k, v in good.items() if k != "failCgroupV1"}
+    start_clean(kube, binary, bad, f"{binary}-no-failcgroupv1.yaml")
+    try:
+        rc, log = kube.wait_exit()
+    finally:
+        kube.stop_kubelet()
+    assert rc != 0, log[-4000:]
+    assert "kubelet is configured to not run on a host using cgroup v1" in log, log[-4000:]
+    _, _, (bad_verdict,) = render(kube, binary, tmp_path, check=[bad])
+    if not any("failCgroupV1" in p for p in bad_verdict["problems"]):
+        pytest.xfail(
+            f"preflight accepts a file without failCgroupV1 on this cgroup v1 host, which "
+            f"{kubelet_version(binary)} refuses: {bad_verdict}"
+        )
