@@ -169,11 +169,10 @@ class Stack:
                     (d / f).write_text((CGROUP_FS / c / f).read_text())
 
     def _remove_cgroups(self) -> list[str]:
+        """Our cgroup subtree in every hierarchy, the ones the kubelet made itself included (on this
+        hybrid host libcontainer also makes it in the cgroup v2 ``unified`` one)."""
         left = []
-        for c in CGROUP_CONTROLLERS:
-            top = CGROUP_FS / c / self.cgroup
-            if not top.is_dir():
-                continue
+        for top in sorted(CGROUP_FS.glob(f"*/{self.cgroup}")):
             for d in [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]:
                 try:
                     d.rmdir()
@@ -533,4 +532,5 @@ def stack() -> Iterator[Stack]:
     finally:
         left = s.close()
         left += [f"{p} was created" for p in HOST_PATHS if p not in existed and os.path.lexists(p)]
+        left += [f"{p} is left" for p in CGROUP_FS.glob(f"*/{s.cgroup}")]
         assert not left, f"the kubelet test stack left things behind: {left}"
