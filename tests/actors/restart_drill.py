@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = InferenceSpec(hero="d", index=0, model_dir=str(model), allocator=alloc)
                 actor = start_inference_actor(spec)
                 ep = ray.get(actor.endpoint.remote())
-                env = EnvSpec(features=512, heroes=8, step_us=200)
+                env = EnvSpec(features=512, rows=8, step_us=200)
                 samplers = [
                     start_sampler(SamplerSpec(f"d{i}", env, allocator=alloc, timeout_s=60.0), [ep])
                     for i in range(4)

@@ -210,7 +210,7 @@ def test_samplers_run_sync_and_two_phase_round_robin(
     try:
         endpoints = ray.get([a.endpoint.remote() for a in actors])
         sampler = start_sampler(
-            SamplerSpec("loop", EnvSpec(features=FEATURES, heroes=4, step_us=50), allocator=alloc_cfg),
+            SamplerSpec("loop", EnvSpec(features=FEATURES, rows=4, step_us=50), allocator=alloc_cfg),
             endpoints,
             ray_nodes.head,
         )

@@ -36,8 +36,8 @@ QUEUE = QueueConfig(lanes=4, slots_per_lane=4, request_bytes=16384, response_byt
 
 
 class Replica:
-    def __init__(self, model: Path, index: int) -> None:
-        self.queue = InferenceQueue.create(QUEUE)
+    def __init__(self, model: Path, index: int, config: QueueConfig = QUEUE) -> None:
+        self.queue = InferenceQueue.create(config)
         self.model = model
         self.index = index
         self.worker = self._start()

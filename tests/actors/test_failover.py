@@ -52,7 +52,7 @@ def run(
     samplers: list[Any] = []
     try:
         eps = ray.get([a.endpoint.remote() for a in actors])
-        env = EnvSpec(features=SMALL_SPEC.features, heroes=1, step_us=50)  # batch 1
+        env = EnvSpec(features=SMALL_SPEC.features, rows=1, step_us=50)  # batch 1
         for i in range(SAMPLERS):
             spec = SamplerSpec(f"f{i}", env, allocator=alloc_cfg, timeout_s=60.0)
             samplers.append(start_sampler(spec, eps, ray_nodes.head))

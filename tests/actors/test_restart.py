@@ -78,7 +78,7 @@ def run_samplers(
     samplers: list[Any] = []
     try:
         ep = ray.get(actor.endpoint.remote())
-        env = EnvSpec(features=SMALL_SPEC.features, heroes=4, step_us=50)
+        env = EnvSpec(features=SMALL_SPEC.features, rows=4, step_us=50)
         for i in range(SAMPLERS):
             # timeout_s: a frozen worker must not turn in-flight requests into timeouts
             s = SamplerSpec(f"s{i}", env, allocator=alloc_cfg, timeout_s=60.0)

@@ -64,7 +64,7 @@ def test_demo_runs_measures_and_leaves_nothing_behind(
         seconds=2.0,
         actors=2,
         samplers=2,
-        heroes=4,
+        rows=4,
         tb_logdir=str(tmp_path / "tb"),
         features=64,
         # behaviour, not latency: a CI machine may stall a request past the demo's 2 s

@@ -16,7 +16,7 @@ from tests.cli.test_cli_convention import all_parsers, options
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-ANSIBLE_FLAGS = {"--check", "--diff"}
+ANSIBLE_FLAGS = {"--check", "--diff", "--tags"}
 
 
 def fenced_lines() -> list[list[str]]:

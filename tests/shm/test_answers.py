@@ -185,3 +185,40 @@ def test_an_answer_that_cannot_be_written_fails_alone_and_the_rest_of_its_batch_
         # Nothing stays in flight: the lane's two slots serve again, and the wide answer fits now.
         for k in range(4):
             assert big.infer(_x(float(k), rows=8), 10)["y"][7, 255] == float(k)
+
+
+# -- the sweep of dead owners' slots stays off the claim path ---------------------------------------------
+
+
+def _dead_pid(ctx: BaseContext) -> int:
+    p = ctx.Process(target=time.sleep, args=(0,))
+    p.start()
+    p.join()
+    assert p.pid is not None
+    return p.pid
+
+
+def test_the_sweep_of_dead_slots_is_incremental_so_one_idle_claim_never_scans_them_all(
+    ctx: BaseContext, tmpfs: Callable[..., Path], queue_impl: str
+) -> None:
+    q = impl_module(queue_impl)
+    shm = tmpfs(inodes=30_000)
+    with q.InferenceQueue.create(q.QueueConfig(lanes=1, slots_per_lane=1, shm_dir=str(shm))) as queue:
+        d = segments.private_dir(str(shm))
+        pid, ns = _dead_pid(ctx), segments.pid_namespace()
+        n = 20_000
+        for i in range(n):
+            (d / f"lowtail.nd.{ns}.{pid}.{i:012x}").touch()
+
+        def left() -> int:
+            return sum(1 for e in os.listdir(d) if e.startswith(f"lowtail.nd.{ns}.{pid}."))
+
+        with q.QueueWorker.attach(queue.descriptor) as w:
+            assert w.claim(timeout_s=0.001) is None  # idle: its sweep runs now
+            first = n - left()
+            assert 0 < first < n, f"one idle claim swept {first} of {n} dead slots: expected a bounded step"
+            deadline = time.monotonic() + 120
+            while left():
+                assert time.monotonic() < deadline, f"{left()} dead slots left after 120 s of idle claims"
+                for _ in range(100):  # (listing the directory to count costs more than a step)
+                    assert w.claim(timeout_s=0.001) is None

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lowtail.errors import LowtailError
 from lowtail.node.process import process_start_time
+
+if TYPE_CHECKING:
+    from lowtail.shm.control import QueueDescriptor
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class Endpoint:
     node_id: str
     cpu: int
     numa_node: int
-    descriptor: Any  # lowtail.shm.queue.QueueDescriptor
+    descriptor: QueueDescriptor
     worker_pid: int
 
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -48,6 +48,12 @@ from lowtail.actors.endpoint import (
 )
 from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics
 from lowtail.errors import LowtailError
+
+if TYPE_CHECKING:  # imported when used: the actor's module must import fast and without numpy's users
+    from lowtail.serve.config import WorkerConfig
+    from lowtail.serve.pinning import NiceResult
+    from lowtail.serve.worker_process import WorkerProcess
+    from lowtail.shm.control import InferenceQueue, QueueConfig
 from lowtail.node.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -82,8 +88,8 @@ class InferenceSpec:
     model_dir: str
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     metrics: MetricsConfig | None = None  # None: no metrics hub
-    queue: Any = None  # lowtail.shm.queue.QueueConfig (its numa_node is set from the lease)
-    worker: Any = None  # lowtail.serve.worker_process.WorkerConfig (its name, the log label, gets the hero)
+    queue: QueueConfig | None = None  # its numa_node is set from the lease
+    worker: WorkerConfig | None = None  # its name, the log label, gets the hero
     standby: bool = True
     ready_timeout_s: float = 120.0
     supervise_interval_s: float = 0.05
@@ -149,7 +155,7 @@ class InferenceSpec:
 DEFAULT_REQUEST_BYTES = 20480
 
 
-def default_queue_config() -> Any:
+def default_queue_config() -> QueueConfig:
     """The queue an inference actor creates unless ``InferenceSpec.queue`` says otherwise."""
     from lowtail.shm.queue import QueueConfig
 
@@ -191,7 +197,7 @@ def worker_series(rows: np.ndarray) -> dict[str, np.ndarray]:
     return {name: rows[:, COL[col]].astype(np.float64) for name, col in pick.items()}
 
 
-def worker_config(spec: InferenceSpec) -> Any:
+def worker_config(spec: InferenceSpec) -> WorkerConfig:
     """The worker's config with the hero label in its name (log prefix, ``slow_infer hero=``), whatever
     ``spec.worker`` says: a custom name is kept after the label."""
     from lowtail.serve.worker_process import WorkerConfig
@@ -248,7 +254,7 @@ class InferenceActorImpl:
         ctx = ray.get_runtime_context()
         self._spec = spec
         self._node = ctx.get_node_id()
-        self._nice: Any = None  # lowtail.serve.pinning.NiceResult of the method thread
+        self._nice: NiceResult | None = None  # of the method thread
         if spec.nice is not None:
             from lowtail.serve.pinning import raise_threads_priority
 
@@ -270,9 +276,9 @@ class InferenceActorImpl:
             )
         )
         self._lock = threading.Lock()
-        self._queue: Any = None
-        self._worker: Any = None
-        self._standby: Any = None  # a ready hot standby (WorkerProcess), or None
+        self._queue: InferenceQueue | None = None
+        self._worker: WorkerProcess | None = None
+        self._standby: WorkerProcess | None = None  # a ready hot standby
         self._standby_starter: threading.Thread | None = None
         self._stop = threading.Event()
         self._restarts: list[float] = []
@@ -298,11 +304,20 @@ class InferenceActorImpl:
 
     # --- worker lifecycle (control plane) --------------------------------------------------------------
 
-    def _spawn(self, standby: bool) -> Any:
+    def _live_queue(self) -> InferenceQueue:
+        if self._queue is None:
+            raise InferenceActorFailed(f"{self._spec.owner}: the actor is shut down (its queue is gone)")
+        return self._queue
+
+    def _spawn(self, standby: bool) -> WorkerProcess:
         from lowtail.serve.worker_process import WorkerProcess
 
         worker = WorkerProcess.start(
-            self._queue.descriptor, self._lease.cpu, self._spec.model_dir, self._worker_cfg, standby=standby
+            self._live_queue().descriptor,
+            self._lease.cpu,
+            self._spec.model_dir,
+            self._worker_cfg,
+            standby=standby,
         )
         try:
             worker.wait_ready(self._spec.ready_timeout_s)
@@ -377,6 +392,8 @@ class InferenceActorImpl:
 
     def _worker_died_locked(self) -> None:
         old = self._worker
+        if old is None:  # already handled: nothing is left to stop
+            return
         code = old.stop(timeout_s=0.5)
         self._push_metrics_locked()
         self._deaths += 1
@@ -475,7 +492,7 @@ class InferenceActorImpl:
                 node_id=self._node,
                 cpu=self._lease.cpu,
                 numa_node=self._lease.node,
-                descriptor=self._queue.descriptor,
+                descriptor=self._live_queue().descriptor,
                 worker_pid=self._worker.pid,
             )
 
@@ -528,7 +545,7 @@ class InferenceActorImpl:
 
     def queue_counts(self) -> dict[str, int]:
         """Slots per state (FREE/WRITING/READY/PROCESSING/DONE/ERROR), for diagnosis."""
-        return dict(self._queue.snapshot().counts)
+        return dict(self._live_queue().snapshot().counts)
 
     def kill_worker(self, while_processing: bool = False, timeout_s: float = 10.0) -> int:
         """SIGKILL the serving worker, as a crash would (tests and drills); its standby takes over, or the
@@ -542,7 +559,7 @@ class InferenceActorImpl:
             deadline = time.monotonic() + timeout_s
             while True:
                 os.kill(pid, signal.SIGSTOP)
-                claimed = self._queue.snapshot().counts.get("PROCESSING", 0)
+                claimed = self._live_queue().snapshot().counts.get("PROCESSING", 0)
                 if claimed > 0 or not while_processing:
                     break
                 os.kill(pid, signal.SIGCONT)

@@ -56,7 +56,7 @@ from lowtail.actors.endpoint import (
 from lowtail.errors import LowtailError
 from lowtail.node.process import process_start_time
 from lowtail.shm import ofd_lock
-from lowtail.shm.errors import LaneBusy, QueueError, QueueTimeout, SegmentNotFound, WorkerDied
+from lowtail.shm.errors import QueueError, QueueTimeout, SegmentNotFound, WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,10 @@ class RequestLost(LowtailError, RuntimeError):
 
 
 # Errors after which an attachment is given up and the endpoint re-resolved when the queue's actor is
-# gone too: its worker or its queue is. A timeout is not one of them: the request stays in flight.
-LOST_ERRORS: tuple[type[BaseException], ...] = (WorkerDied, SegmentNotFound, LaneBusy, RequestLost)
+# gone too: its worker or its queue is. A timeout is not one of them: the request stays in flight. Nor
+# is LaneBusy (the caller's own requests fill its lane: backpressure, the replica is healthy), nor
+# AnswerLost (the request ran: it must not be sent again).
+LOST_ERRORS: tuple[type[BaseException], ...] = (WorkerDied, SegmentNotFound, RequestLost)
 
 
 @dataclass
@@ -336,7 +338,9 @@ class InferenceClient:
         """Phase one: publish the batch to the next serving actor in turn and return at once.
 
         Never waits (see ``START_BOUND_S``); raises ``EndpointDown`` (nothing submitted) when no replica
-        can take it.
+        can take it, and ``LaneBusy`` (nothing submitted, the replica stays in use) when the caller's
+        own requests in flight and held zero-copy outputs fill the chosen replica's lane: ``finish`` or
+        ``release`` one first.
         """
         i = self._next_target()
         t = self._targets[i]

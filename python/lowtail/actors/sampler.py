@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,12 +37,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """A synthetic MOBA environment: ``heroes`` observations of ``features`` per step."""
+    """A synthetic MOBA environment: ``rows`` observations of ``features`` per step (one request's batch)."""
 
     features: int = 512
-    heroes: int = 8
+    rows: int = 8
     step_us: int = 200  # CPU time one environment step burns (the game simulation)
     seed: int = 0
+    # The old name of ``rows``, accepted for a release: it never counted heroes (a hero is the model a
+    # client asks for, InferenceSpec.hero), so a reader took it for one.
+    heroes: InitVar[int | None] = None
+
+    def __post_init__(self, heroes: int | None) -> None:
+        if heroes is not None:
+            warnings.warn("EnvSpec(heroes=) is renamed EnvSpec(rows=)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "rows", heroes)
 
 
 class SyntheticEnv:
@@ -50,7 +59,7 @@ class SyntheticEnv:
     def __init__(self, spec: EnvSpec) -> None:
         self.spec = spec
         self._rng = np.random.default_rng(spec.seed)
-        self.obs = self._rng.standard_normal((spec.heroes, spec.features), dtype=np.float32)
+        self.obs = self._rng.standard_normal((spec.rows, spec.features), dtype=np.float32)
         self.steps = 0
 
     def step(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -261,7 +270,7 @@ class SamplerActorImpl:
                     continue
                 env.step(out)
                 result.steps += 1
-                result.samples += env.spec.heroes
+                result.samples += env.spec.rows
                 if mode == "async":
                     pending[k] = self._start_all(env.obs, runs, result, t_end)
             if time.monotonic() - last_push >= push_interval_s:
@@ -273,7 +282,7 @@ class SamplerActorImpl:
                 if out is not None:
                     envs[k].step(out)
                     result.steps += 1
-                    result.samples += envs[k].spec.heroes
+                    result.samples += envs[k].spec.rows
         result.ended_s = time.monotonic()
         result.started_s, result.seconds = t0, result.ended_s - t0
         for hero, c in self._clients.items():

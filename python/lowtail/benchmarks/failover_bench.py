@@ -153,7 +153,7 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
         handles: list[Any] = []
         try:
             eps = ray.get([a.endpoint.remote() for a in actors])
-            env = EnvSpec(features=512, heroes=1, step_us=200)
+            env = EnvSpec(features=512, rows=1, step_us=200)
             for j in range(samplers):
                 spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
                 handles.append(start_sampler(spec, eps, node))

@@ -46,7 +46,7 @@ class Options:
     nodes: int = 2
     samplers: int = 1  # per node
     seconds: float = 6.0
-    heroes: int = 8
+    rows: int = 8  # samples per environment step
     features: int = 512
     request_timeout_s: float = 2.0
     kill_file: str | None = None  # node-loss handshake; None skips the node-loss phase
@@ -215,7 +215,7 @@ def set_up(opts: Options, say: Say) -> list[Node]:
         for j in range(opts.samplers):
             spec = SamplerSpec(
                 name=f"{tag}-{j}",
-                env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
+                env=EnvSpec(features=opts.features, rows=opts.rows, seed=j),
                 allocator=cfg,
                 timeout_s=opts.request_timeout_s,
             )

@@ -50,7 +50,7 @@ class DemoOptions:
     seconds: float = 10.0
     actors: int = 2
     samplers: int = 2
-    heroes: int = 8  # samples per environment step (the batch one request carries)
+    rows: int = 8  # samples per environment step (the batch one request carries)
     depth: int = 2  # games in flight per sampler (two-phase async)
     strict_leases: bool = False  # refuse the demo override: isolated CPUs only, one owner each
     metrics_port: int | None = None  # None: no HTTP server (nothing of lowtail's listens); 0: any free port
@@ -302,7 +302,7 @@ def _start(
     for j in range(opts.samplers):
         sspec = SamplerSpec(
             name=f"demo-{j}",
-            env=EnvSpec(features=opts.features, heroes=opts.heroes, seed=j),
+            env=EnvSpec(features=opts.features, rows=opts.rows, seed=j),
             allocator=alloc_cfg,
             metrics=metrics_cfg,
             timeout_s=opts.request_timeout_s,

@@ -48,7 +48,10 @@ def register(sub: Any) -> None:
     p.add_argument("--seconds", type=positive(float), default=10.0, help="how long samplers run")
     p.add_argument("--actors", type=positive(int), default=2, help="inference actors")
     p.add_argument("--samplers", type=positive(int), default=2, help="sampler actors")
-    p.add_argument("--heroes", type=positive(int), default=8, help="samples per request")
+    # --heroes was this option's first name; it counted rows, never heroes (--policies counts those).
+    p.add_argument(
+        "--rows", "--heroes", dest="rows", type=positive(int), default=8, help="samples per request"
+    )
     p.add_argument("--depth", type=positive(int), default=2, help="requests in flight per sampler")
     p.add_argument(
         "--policies",
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         actors=args.actors,
         samplers=args.samplers,
-        heroes=args.heroes,
+        rows=args.rows,
         depth=args.depth,
         strict_leases=args.strict_leases,
         metrics_port=args.metrics_port,
