@@ -87,6 +87,11 @@ def _deps_layer() -> Path:
     layer = OUT / f"layer-deps-{_hash(constraints.read_bytes(), ' '.join(PIP_PACKAGES).encode())}.tar"
     if layer.exists():
         return layer
+    if sys.version_info[:2] != (3, 11):
+        raise ImageBuildError(
+            f"the pod image's python3 is bookworm's 3.11 but this venv's is {sys.version.split()[0]}: "
+            "pip would pick wheels the pod cannot import; build the venv with Python 3.11"
+        )
     with tempfile.TemporaryDirectory(prefix="lowtail-pod-deps.") as d:
         target = Path(d) / SITE
         # This venv's Python is 3.11 on a glibc no newer than bookworm's 2.36 (the test host is
