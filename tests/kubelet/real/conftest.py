@@ -80,14 +80,18 @@ def kubelet_version(binary: str) -> str:
 
 
 def render(
-    kube: Stack, binary: str, workdir: Path, check: list[dict[str, Any]] | None = None
+    kube: Stack,
+    binary: str,
+    workdir: Path,
+    check: list[dict[str, Any]] | None = None,
+    before: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """lowtail's rendered file for this host's plan and this kubelet (tests/kubelet/real/render.yml,
-    which evaluates roles/lowtail_kubelet's own vars), preflight's verdict on it, and preflight's verdicts
-    on the files in ``check``."""
+    which evaluates roles/lowtail_kubelet's own vars) over ``before`` (default: the standalone kubelet's
+    own file), preflight's verdict on it, and preflight's verdicts on the files in ``check``."""
     workdir.mkdir(parents=True, exist_ok=True)
     base = workdir / "base.yaml"
-    base.write_text(yaml.safe_dump(kube.base_config()))
+    base.write_text(yaml.safe_dump(kube.base_config() if before is None else before))
     files = []
     for i, cfg in enumerate(check or []):
         f = workdir / f"check-{i}.yaml"

@@ -179,20 +179,28 @@ def test_cgroup_v1_host_needs_failcgroupv1_false(
     kube: Stack, binary: str, tmp_path: Path, verdicts: Callable[[str], tuple[Any, ...]]
 ) -> None:
     """This host is cgroup v1: kubelet 1.35 and later refuse to start on it unless the file says
-    failCgroupV1: false. Preflight must refuse such a file too (or write the field)."""
-    good, verdict, _ = verdicts(binary)
+    failCgroupV1: false. Over a file without it, lowtail must write the field (and the kubelet then
+    start) or preflight must refuse."""
+    _, verdict, _ = verdicts(binary)
     _claimed_or_skip(verdict, binary)
-    bad = {k: v for k, v in good.items() if k != "failCgroupV1"}
-    start_clean(kube, binary, bad, f"{binary}-no-failcgroupv1.yaml")
+    before = {k: v for k, v in kube.base_config().items() if k != "failCgroupV1"}
+    rendered, rendered_verdict, _ = render(kube, binary, tmp_path, before=before)
+    without = {k: v for k, v in rendered.items() if k != "failCgroupV1"}
+    start_clean(kube, binary, without, f"{binary}-no-failcgroupv1.yaml")
     try:
         rc, log = kube.wait_exit()
     finally:
         kube.stop_kubelet()
     assert rc != 0, log[-4000:]
     assert "kubelet is configured to not run on a host using cgroup v1" in log, log[-4000:]
-    _, _, (bad_verdict,) = render(kube, binary, tmp_path, check=[bad])
-    if not any("failCgroupV1" in p for p in bad_verdict["problems"]):
+    if rendered.get("failCgroupV1") is False:
+        start_clean(kube, binary, rendered, f"{binary}-lowtail-failcgroupv1.yaml")
+        try:
+            assert kube.wait_healthy()["kubeletconfig"]["failCgroupV1"] is False
+        finally:
+            kube.stop_kubelet()
+    elif not any("failCgroupV1" in p for p in rendered_verdict["problems"]):
         pytest.xfail(
-            f"preflight accepts a file without failCgroupV1 on this cgroup v1 host, which "
-            f"{kubelet_version(binary)} refuses: {bad_verdict}"
+            f"over a file without failCgroupV1, lowtail neither writes it nor refuses the result on this "
+            f"cgroup v1 host, and {kubelet_version(binary)} refuses that file: {rendered_verdict}"
         )
