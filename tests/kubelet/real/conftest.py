@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """`lowtail plan` for this host, as JSON (what the runtime role installs as /etc/lowtail/plan.json)."""
     out = tmp_path_factory.mktemp("plan") / "plan.json"
     subprocess.run(
-        [str(VENV_BIN / "lowtail"), "plan", "-q", "--json", str(out)], check=True, capture_output=True
+        [sys.executable, "-m", "lowtail.cli", "plan", "-q", "--json", str(out)],
+        check=True,
+        capture_output=True,
     )
     data: dict[str, Any] = json.loads(out.read_text())
     data["path"] = str(out)

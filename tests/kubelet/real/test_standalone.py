@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.kubelet.real.conftest import built_kubelets, cpu_list, kubelet_version, render
-from tests.kubelet.real.stack import BIN, Stack
+from tests.kubelet.real.stack import BIN, Stack, wait_for
 
 # The session's containerd and image import count against the first test's timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -80,7 +80,7 @@ def test_rendered_config_is_accepted(
             assert running[field] == cfg[field], (field, running[field], cfg[field])
         assert running.get("cpuManagerPolicyOptions", {}) == cfg["cpuManagerPolicyOptions"]
         assert cfg["reservedSystemCPUs"] == plan["housekeeping"]
-        state = kube.cpu_manager_state()
+        state = wait_for("the CPU manager's checkpoint", kube.cpu_manager_state, 60)
         assert state["policyName"] == "static"
         # No pod yet: the shared pool is every CPU, less the reserved ones with strict-cpu-reservation.
         every = set(cpu_list(plan["housekeeping"])) | set(cpu_list(plan["isolated"]))

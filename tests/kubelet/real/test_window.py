@@ -36,7 +36,8 @@ def test_window_changes_the_kubelet_and_a_failed_gate_puts_the_previous_file_bac
     path_dir = kube.install_systemctl(UNIT, BIN / binary, config)
     assert kube.systemctl("start", UNIT).returncode == 0
     wait_for("the kubelet before lowtail", lambda: kube.healthz() == "ok", 180)
-    assert kube.cpu_manager_state()["policyName"] == "none"
+    # /healthz can answer before the CPU manager has written its checkpoint.
+    wait_for("the none policy's checkpoint", lambda: kube.cpu_manager_state()["policyName"] == "none", 60)
     before_pid = main_pid(kube)
     extra = {
         "kubelet_version": kubelet_version(binary),
