@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from lowtail.actors.endpoint import EndpointDown
 from lowtail.actors.inference_client import InferenceClient
 from lowtail.shm.queue import LaneBusy, QueueConfig
 from tests.actors.test_client_failover import Replica, x_of
@@ -20,8 +21,9 @@ def test_lane_busy_reaches_the_caller_and_the_replica_keeps_serving(small_model:
             # Two zero-copy answers held: both slots of the client's lane are taken, by the caller.
             pending = [client.start(x_of(k)) for k in range(2)]
             held = [client.finish(p, copy=False) for p in pending]
-            with pytest.raises(LaneBusy):
+            with pytest.raises(LaneBusy) as e:
                 client.start(x_of(2))
+            assert isinstance(e.value, EndpointDown)  # a caller that backs off on EndpointDown still does
             assert client.status()[0]["broken"] is None
             assert [h["value"].shape for h in held] == [(1, 1), (1, 1)]
             for p in pending:

@@ -340,3 +340,22 @@ def test_a_worker_dying_while_finish_looks_at_its_dead_actors_queue_loses_nothin
         out = client.finish(p)
         assert killed and out["value"].shape == (1, 1)
         assert p.moved and p.target == 0 and client.moved == 1
+
+
+def test_zero_copy_outputs_of_a_replica_dropped_after_its_actor_died_stay_readable(
+    replicas: list[Replica], orphan: OrphanReplica
+) -> None:
+    """The everyday form of a client closed under its zero-copy outputs: the replica whose answer a
+    sampler holds loses its actor, the client drops that attachment, and the held array still reads."""
+    a, _ = replicas
+    with InferenceClient([orphan.endpoint, a.endpoint], node_id="node-a", timeout_s=30) as client:
+        p = client.start(x_of(0))
+        assert p.target == 0
+        value = client.finish(p, copy=False)["value"]
+        expected = value.copy()
+        orphan.crash_actor()
+        orphan.kill_worker()
+        for k in range(3):  # round robin comes back to the orphan, finds its actor gone, drops it
+            assert client.infer(x_of(1 + k))["value"].shape == (1, 1)
+        assert client.status()[0]["broken"] is not None
+        assert np.array_equal(value, expected)  # read after the drop: still the answer, no fault

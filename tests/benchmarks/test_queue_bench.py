@@ -71,7 +71,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     html = page.read_text()
     assert "<img" in html
     # a report, not a terminal dump: the targets first, tables as tables, the JSON folded
-    assert html.index("<h2>Targets</h2>") < html.index("<h2>Plots</h2>") < html.index("<h2>JSON</h2>")
+    assert html.index("<h2>Targets") < html.index("<h2>Plots</h2>") < html.index("<h2>JSON</h2>")
     assert (
         "<pre>" not in html.split("<h2>JSON</h2>")[0] and "<details><summary>Show the JSON</summary>" in html
     )

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from lowtail.node.lease import (
 from lowtail.node.plan import Plan, make_plan
 from lowtail.node.topology import read_topology
 from tests.fixtures.plans import tiny_plan
+from tests.fixtures.tmpfs import tmpfs  # noqa: F401 - a fixture, shared
 
 
 @pytest.fixture(scope="module")
@@ -548,3 +550,70 @@ def test_temp_files_of_a_killed_contender_are_removed(tmp_path: Path) -> None:
     alloc.acquire("sample:a")
     assert not stale.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leases.json", "leases.lock"]
+
+
+# -- the state directory under a full file system, a stopped lock holder, symlinks, hostile numbers ------
+
+
+def test_a_full_file_system_is_a_lease_state_error_and_the_table_stays(
+    tmpfs: Callable[..., Path],  # noqa: F811 - the shared fixture, by name
+) -> None:
+    small_tmpfs = tmpfs(size="1m", inodes=64)
+    alloc = LeaseAllocator(tiny_plan("1-4"), state_dir=small_tmpfs / "state")
+    alloc.acquire("sample:first")
+    i = 0
+    while True:  # no inode left for the temp file a save writes
+        try:
+            (small_tmpfs / f"filler-{i}").touch()
+        except OSError:
+            break
+        i += 1
+    with pytest.raises(LeaseStateError, match="cannot save"):
+        alloc.acquire("sample:second")
+    assert [x.owner for x in LeaseAllocator(tiny_plan("1-4"), state_dir=small_tmpfs / "state").leases()] == [
+        "sample:first"
+    ]
+
+
+def test_a_stopped_holder_of_the_lock_makes_acquire_fail_in_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alloc = LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path)
+    monkeypatch.setattr(lease, "LOCK_TIMEOUT_S", 0.5)
+    code = (
+        "import fcntl, os, signal, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / lease.LOCK_FILE)], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(LeaseStateError, match="held by another process"):
+            alloc.acquire("sample:s")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert alloc.acquire("sample:s").owner == "sample:s"  # the holder gone, the lock is free again
+
+
+@pytest.mark.parametrize("what", ["dir", "table", "lock"])
+def test_a_symlinked_state_dir_table_or_lock_is_refused(tmp_path: Path, what: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state"
+    if what == "dir":
+        state.symlink_to(elsewhere)
+    else:
+        state.mkdir()
+        target = elsewhere / "x"
+        target.write_text('{"leases": []}')
+        (state / (lease.STATE_FILE if what == "table" else lease.LOCK_FILE)).symlink_to(target)
+    with pytest.raises(LeaseStateError, match="symlink"):
+        LeaseAllocator(tiny_plan("1-4"), state_dir=state)
+
+
+def test_a_huge_integer_in_the_table_is_a_lease_state_error(tmp_path: Path) -> None:
+    (tmp_path / lease.STATE_FILE).write_text('{"leases": [{"cpu": ' + "7" * 5000 + "}]}")
+    with pytest.raises(LeaseStateError, match="not a table this allocator wrote"):
+        LeaseAllocator(tiny_plan("1-4"), state_dir=tmp_path)

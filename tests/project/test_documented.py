@@ -12,6 +12,7 @@ import pytest
 
 from lowtail.cli.main import main
 from tests.cli.test_cli_convention import all_parsers, options
+from tests.validation.test_verdicts import _report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,11 +47,6 @@ def test_every_documented_default_is_the_parsers() -> None:
         assert want in shown or f"{want}.0" in shown, (command, option, want, shown)
 
 
-def _report(status: str, value: float) -> dict[str, Any]:
-    check = {"name": "deschedule", "kind": "probe", "status": status, "value": value, "unit": "ms"}
-    return {"host": {"hostname": "n"}, "checks": [check], "summary": {"status": status}}
-
-
 def _exit_table() -> dict[str, set[int]]:
     rows = _table_rows((ROOT / "README.md").read_text(), "| command | exit status |")
     return {cmd.strip("`"): {int(n) for n in re.findall(r"(?<![\w.])(\d+) ", text)} for cmd, text in rows}
@@ -59,7 +55,7 @@ def _exit_table() -> dict[str, set[int]]:
 def test_the_readme_documents_each_commands_exit_statuses() -> None:
     assert _exit_table() == {
         "lowtail validate": {0, 1, 2, 130},
-        "lowtail compare": {0, 1, 2},
+        "lowtail compare": {0, 1, 2, 3},
         "lowtail bench ...": {0, 1, 2, 130},
     }
 
@@ -88,12 +84,19 @@ def test_validate_exits_as_documented(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_compare_exits_as_documented(tmp_path: Path) -> None:
     files = {}
-    for name, doc in (("good", _report("pass", 0.02)), ("bad", _report("fail", 5.0)), ("junk", {"a": 1})):
+    nop = {"host": {"hostname": "n"}, "checks": [], "summary": {"status": "pass"}}  # validate --no-probes
+    for name, doc in (
+        ("good", _report("pass", 0.02)),
+        ("bad", _report("fail", 5.0)),
+        ("junk", {"a": 1}),
+        ("nop", nop),
+    ):
         files[name] = tmp_path / f"{name}.json"
         files[name].write_text(json.dumps(doc))
     assert main(["compare", str(files["bad"]), str(files["good"])]) == 0
     assert main(["compare", str(files["good"]), str(files["bad"])]) == 1
     assert main(["compare", str(files["good"]), str(files["junk"])]) == 2
+    assert main(["compare", str(files["good"]), str(files["nop"])]) == 3  # nothing measured after
 
 
 def test_bench_exits_0_whatever_the_targets_unless_check() -> None:
@@ -125,3 +128,53 @@ def test_bench_queue_interrupted_exits_130_with_a_partial_report(
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is True and doc["complete"] is False and doc["transports"] == {}
     assert "INTERRUPTED" in capsys.readouterr().out
+
+
+# ---- claims the docs make about the files and the play ---------------------------------------------
+
+
+def test_every_shipped_example_report_starts_with_its_schema() -> None:
+    """'Every JSON report starts with schema': the validate reports the docs ship as examples included."""
+    examples = sorted((ROOT / "docs/validation-examples").glob("*.json"))
+    assert examples
+    for path in examples:
+        doc = json.loads(path.read_text())
+        assert isinstance(doc, dict) and list(doc)[:3] == ["schema", "schema_version", "lowtail_version"], (
+            path
+        )
+
+
+def test_a_role_readme_that_says_site_yml_imports_a_playbook_is_right() -> None:
+    site = (ROOT / "site.yml").read_text()
+    for readme in sorted((ROOT / "roles").glob("*/README.md")):
+        for playbook in re.findall(r"import_playbook:\s*(\S+)", readme.read_text()):
+            assert f"import_playbook: {playbook}" in site, (readme, playbook)
+    validate = (ROOT / "roles/lowtail_validate/README.md").read_text()
+    assert (
+        "`site.yml` does not import it" in validate and "import_playbook: playbooks/validate.yml" not in site
+    )
+
+
+def test_the_heat_strip_is_drawn_only_with_several_cpus_of_one_probe() -> None:
+    """docs: 'a heat strip with several CPUs': shm_rtt's client CPU beside a one-CPU probe is not several."""
+    from lowtail.validation import report
+    from lowtail.validation.check import Limits
+    from lowtail.validation.probes import grade
+
+    one = grade("deschedule", {1: [0.01] * 3000}, Limits(0.1, 1.0), "deschedule")
+    rtt = grade("shm_rtt", {0: [0.02] * 3000}, Limits(0.1, 1.0), "queue round trip")
+    titles = [t for t, _ in report.figures([one, rtt])]
+    assert not any(t.startswith("Per-CPU tail") for t in titles), titles
+    two = grade("deschedule", {1: [0.01] * 3000, 2: [0.02] * 3000}, Limits(0.1, 1.0), "deschedule")
+    assert any(t.startswith("Per-CPU tail") for t, _ in report.figures([two]))
+    doc = (ROOT / "docs/validation.md").read_text()
+    assert "heat strip" not in doc or "several CPUs" in doc
+
+
+def test_the_readme_command_list_names_every_subcommand() -> None:
+    """A command the README's list leaves out is one a reader never finds (tb-report was)."""
+    block = (ROOT / "README.md").read_text().split("## The `lowtail` command", 1)[1].split("```")[1]
+    listed = {line.split()[1] for line in block.splitlines() if line.startswith("lowtail ")}
+    commands = {p.prog.split()[1] for p in all_parsers() if len(p.prog.split()) == 2}
+    missing = commands - listed - {"--help"}
+    assert not missing, missing

@@ -44,3 +44,33 @@ def test_top_level_templates_is_what_the_package_ships() -> None:
     shipped = Path(html.__file__).parent / "templates"
     assert (ROOT / "templates").resolve() == shipped.resolve()
     assert sorted(p.name for p in shipped.glob("*.j2")) == sorted(html.environment().list_templates())
+
+
+def test_a_bench_page_opens_with_its_targets_verdict_and_says_what_check_does(tmp_path: Path) -> None:
+    from lowtail.benchmarks.report import write_bench_html
+
+    targets = [
+        {"target": "p99.9 <= 0.1 ms", "met": False},
+        {"target": "ratio >= 2", "met": True},
+        {"target": "p99.9 at quick", "met": None, "why": "too few samples"},
+    ]
+    page = tmp_path / "b.html"
+    write_bench_html(str(page), "lowtail bench queue", {"targets": targets}, [])
+    text = page.read_text()
+    first = text.index("<p>")
+    assert text[first:].startswith(
+        "<p>result: TARGETS NOT MET (1 NOT MET, 1 met, 1 not decided of 3); the exit status follows the "
+        "targets only under --check</p>"
+    )
+    write_bench_html(str(page), "lowtail bench lanes", {}, [])
+    assert "<p>no targets graded: this benchmark measures, it does not judge</p>" in page.read_text()
+
+
+def test_targets_a_run_did_not_ask_for_are_left_out_of_the_tables_and_counted() -> None:
+    from lowtail.benchmarks.queue_bench import tables, targets
+
+    lt = {"n": 10000, "p50_us": 10.0, "p99_us": 20.0, "p999_us": 25.0, "max_us": 90.0}
+    report = {"transports": {"lowtail": lt}, "targets": targets({"lowtail": lt}, priority="nice")}
+    title, _, rows = tables(report)[-1]
+    assert rows == [] and title.startswith("targets (") and "not asked for" in title
+    assert all(t["why"] for t in report["targets"])  # the JSON keeps every target, with why

@@ -3,9 +3,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from lowtail.shm import segments
 from lowtail.shm.queue import InferenceQueue, QueueConfig
+from tests.fixtures.tmpfs import tmpfs  # noqa: F401 - a fixture, shared
 from tests.shm.helpers import QUEUE_IMPLEMENTATIONS
 
 
@@ -76,26 +76,3 @@ def shared_dir() -> Iterator[Path]:
 def queue_impl(request: pytest.FixtureRequest) -> str:
     """The name of a queue implementation (``QUEUE_IMPLEMENTATIONS``): a test that takes it runs on each."""
     return str(request.param)
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """Mounts a tmpfs of this test's own (``tmpfs(size="16m", inodes=4096)``), so that filling it hurts
-    nobody; every mount is unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    mounted: list[Path] = []
-
-    def mount(size: str = "16m", inodes: int = 4096) -> Path:
-        mnt = tmp_path / f"shm{len(mounted)}"
-        mnt.mkdir()
-        opts = f"size={size},nr_inodes={inodes},mode=1777"
-        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "lowtail-test", str(mnt)], check=True)
-        mounted.append(mnt)
-        return mnt
-
-    try:
-        yield mount
-    finally:
-        for mnt in mounted:
-            subprocess.run(["umount", "-l", str(mnt)], check=True)

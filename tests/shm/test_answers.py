@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from lowtail.shm import segments
-from tests.shm.helpers import hold_then_close_then_read, impl_module, wide_answer_server
+from tests.shm.helpers import echo_server, hold_then_close_then_read, impl_module, wide_answer_server
 
 
 def _x(tag: float, rows: int = 2) -> dict[str, np.ndarray[Any, Any]]:
@@ -222,3 +222,75 @@ def test_the_sweep_of_dead_slots_is_incremental_so_one_idle_claim_never_scans_th
                 assert time.monotonic() < deadline, f"{left()} dead slots left after 120 s of idle claims"
                 for _ in range(100):  # (listing the directory to count costs more than a step)
                     assert w.claim(timeout_s=0.001) is None
+
+
+# -- what a departed client leaves -----------------------------------------------------------------------
+
+
+def _used_bytes(d: Path) -> int:
+    st = os.statvfs(d)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_a_cleanly_closed_clients_request_slots_are_not_pinned_by_the_worker(
+    tmpfs: Callable[..., Path], queue_impl: str
+) -> None:
+    q = impl_module(queue_impl)
+    shm = tmpfs(size="64m")
+    cfg = q.QueueConfig(lanes=2, slots_per_lane=2, request_bytes=4096, response_bytes=4096, shm_dir=str(shm))
+    with q.InferenceQueue.create(cfg) as queue, q.QueueWorker.attach(queue.descriptor) as w:
+        before = _used_bytes(shm)
+        with q.QueueClient.attach(queue.descriptor) as c:
+            t = c.submit({"x": np.ones((64, 1024), np.float32)})  # 256 KiB: in an ndarray slot of its own
+            b = w.claim(5)
+            assert b is not None
+            with b:
+                b.complete({"y": b.inputs["x"][:, :1].copy()})
+            assert c.wait(t, 5)["y"].shape == (64, 1)
+            assert _used_bytes(shm) - before >= 256 << 10
+        assert w.claim(timeout_s=0.001) is None  # idle: what departed clients left is let go
+        assert _used_bytes(shm) - before < 64 << 10, "the closed client's unlinked slot is still pinned"
+
+
+def test_a_refused_release_can_be_retried_inside_its_except(served: Callable[..., Served]) -> None:
+    s = served()
+    with s.q.QueueClient.attach(s.desc) as c:
+        held = c.wait(c.submit(_x(1.0)), 10, copy=False)
+        y = held["y"]
+        try:
+            held.release()
+        except s.q.QueueError:
+            del y
+            held.release()  # the refused call's traceback must not keep the answer referenced
+        assert held.released
+
+
+# -- the worker-pid word is a hint, not the truth --------------------------------------------------------
+
+
+def test_a_zeroed_worker_pid_word_does_not_hide_the_death_of_the_worker_that_claimed_a_request(
+    ctx: BaseContext, queue_impl: str
+) -> None:
+    q = impl_module(queue_impl)
+    with q.InferenceQueue.create(q.QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as queue:
+        desc = queue.descriptor
+        worker = ctx.Process(target=echo_server, args=(desc, None, 60.0, 30.0))  # type: ignore[attr-defined]
+        worker.start()
+        try:
+            with q.QueueClient.attach(desc) as c:
+                t = c.submit(_x(1.0))
+                deadline = time.monotonic() + 30
+                while queue.snapshot().counts["PROCESSING"] == 0:
+                    assert time.monotonic() < deadline, "the worker never claimed the request"
+                    time.sleep(0.005)
+                m = q._attach(desc)  # any client maps the header: it may write the worker-pid word
+                try:
+                    m.q[q.H_WORKER_PID >> 3] = 0
+                finally:
+                    m.close()
+                os.kill(worker.pid, signal.SIGKILL)
+                with pytest.raises(q.WorkerDied):
+                    c.wait(t, 10)
+        finally:
+            worker.kill()
+            worker.join()

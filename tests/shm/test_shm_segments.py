@@ -9,7 +9,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,16 +78,8 @@ def test_shm_ls_and_gc_commands(shm_dir: Path, capsys: pytest.CaptureFixture[str
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")  # CI and this machine run as root
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=1777", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def small_tmpfs(tmpfs: Callable[..., Path]) -> Path:
+    return tmpfs(size="2m")
 
 
 def test_a_too_small_shm_is_a_clear_error_at_creation(small_tmpfs: Path) -> None:

@@ -126,6 +126,20 @@ def test_amd_pstate_not_in_the_plans_mode_fails_and_in_it_passes(tmp_path: Path)
     assert ok.data["facts"]["boost"] == "off (cpufreq/boost)"
 
 
+def test_each_firmware_cause_gets_its_own_fix_not_a_bios_one(tmp_path: Path) -> None:
+    from lowtail.validation.report import fix
+
+    booted = by_name(validate_fixture(tmp_path, TUNED, ("firmware",)))["firmware"]
+    assert fix(booted.to_dict()) == "enable CPPC in the BIOS (the kernel already asks for amd_pstate)"
+    cmdline = MACHINES[TUNED].proc_files["cmdline"].replace("amd_pstate=guided", "")
+    pending = by_name(validate_fixture(tmp_path / "p", TUNED, ("firmware",), proc_files={"cmdline": cmdline}))
+    assert fix(pending["firmware"].to_dict()) == (
+        "add amd_pstate=guided to the kernel command line (the plan's kernel arguments, "
+        "roles/lowtail_kernel) "
+        "and reboot"
+    )
+
+
 def test_hwlat_output_is_parsed_with_cpu_inner_outer_and_count() -> None:
     gaps = parse_hwlat(HWLAT_TRACE)
     assert [(g.cpu, g.us, g.count) for g in gaps] == [(7, 12, 6), (8, 16, 1), (7, 412, 1)]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.ansible.conftest import zip_bytecode_env
@@ -78,20 +79,24 @@ def test_the_fleet_is_validated_reported_and_the_failing_host_failed(tmp_path: P
         assert (fetched / f"{host}.html").read_text().startswith("<!doctype html>")
 
     table = (fetched / "fleet.txt").read_text().splitlines()
-    assert table[0].split()[:3] == ["host", "status", "p999"]
-    rows = {line.split()[0]: line.split() for line in table[2:] if line and not line.startswith(" ")}
-    assert rows["epyc-a01"][1] == "PASS"
-    assert rows["vmware-b01"][1] == "FAIL"
-    assert "topology,kernel_args,isolation,rt_budget" in rows["vmware-b01"][3]
+    assert table[0].split()[:4] == ["host", "status", "p99.9", "deschedule"]
+    rows = [line.split() for line in table[2:-1] if not line.startswith(" ")]
+    assert [(r[0], r[1]) for r in rows] == [("vmware-b01", "FAIL"), ("epyc-a01", "PASS")]  # failures first
+    assert "failed: topology, kernel_args, isolation, rt_budget" in table[2]
     assert table[-1] == "1 of 2 hosts failed validation"
-    assert "1 of 2 hosts failed validation" in out  # printed once, in the play output
+    # Printed as one block of unquoted lines, not a list of quoted strings.
+    assert "\n        vmware-b01  FAIL " in out and "'vmware-b01" not in out and "p999" not in out
     fleet = json.loads((fetched / "fleet.json").read_text())
     assert fleet["vmware-b01"]["failed"] == ["topology", "kernel_args", "isolation", "rt_budget"]
-    # Each failed check has its own line under its host, with value and reason; every check is in the JSON.
+    # Each failed check has its own line under its host, with value and its whole reason.
     detail = [line.split() for line in table if line.startswith("    ")]
     assert [d[:2] for d in detail] == [[n, "FAIL"] for n in fleet["vmware-b01"]["failed"]]
+    assert not any("{'" in line for line in table)  # objects as key=value, never a Python dict
     assert fleet["vmware-b01"]["checks"]["rt_budget"]["status"] == "fail"
     assert set(fleet["epyc-a01"]["checks"]) == set(STATIC)
+    page = (fetched / "fleet.html").read_text()
+    assert page.index("1 of 2 hosts failed validation") < page.index("vmware-b01") < page.index("epyc-a01<")
+    assert '<a href="vmware-b01.html">' in page and '<a href="epyc-a01.html">' in page
     assert "rt_budget fail (SCHED_FIFO threads are throttled" in out
 
 
@@ -163,3 +168,67 @@ def test_a_misspelt_threshold_probe_is_rejected_before_anything_runs(tmp_path: P
     assert proc.returncode != 0
     assert "deschedul" in out
     assert not (tmp_path / "epyc-a01/reports").exists()
+
+
+BOOLEANS = (
+    "lowtail_validate_quick",
+    "lowtail_validate_allow_virtual",
+    "lowtail_validate_install_rt_tests",
+    "lowtail_validate_rt_tests_update_cache",
+    "lowtail_validate_fail_on_warn",
+)
+
+
+def test_every_boolean_of_the_role_is_a_listed_bool_read_through_the_bool_filter() -> None:
+    """An `-e NAME=false` arrives as the string "false", which Jinja finds true: every use must say | bool."""
+    import re
+
+    spec = yaml.safe_load((REPO / "roles/lowtail_validate/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert {k for k, v in options.items() if v.get("type") == "bool"} == set(BOOLEANS)
+    tasks = (REPO / "roles/lowtail_validate/tasks/main.yml").read_text()
+    for name in BOOLEANS:
+        uses = re.findall(rf"\b{name}\b[^\n]{{0,12}}", tasks)
+        assert uses, name
+        assert all(re.match(rf"{name}\s*\|\s*bool", u) for u in uses if not u.startswith(f"{name}:")), uses
+
+
+def _recorder(tmp: Path) -> Path:
+    """A `lowtail` that logs its arguments and makes the report a warn (to see fail_on_warn act)."""
+    script = tmp / "lowtail-recorder"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, subprocess, sys\n"
+        f"with open({str(tmp / 'argv.log')!r}, 'a') as log:\n"
+        "    log.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"rc = subprocess.run([{str(BIN / 'lowtail')!r}, *sys.argv[1:]]).returncode\n"
+        "path = sys.argv[sys.argv.index('--json') + 1]\n"
+        "doc = json.load(open(path))\n"
+        "doc['summary']['status'] = 'warn'\n"
+        "json.dump(doc, open(path, 'w'))\n"
+        "sys.exit(0 if rc in (0, 1) else rc)\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_each_boolean_given_as_an_extra_var_string_acts_as_the_yaml_boolean(
+    tmp_path: Path, value: str
+) -> None:
+    on = value == "true"
+    node = {**_node(tmp_path, "epyc-a01", "epyc9634_2s_tuned"), "lowtail_validate_only": ["thp"]}
+    extra = [a for name in BOOLEANS for a in ("-e", f"{name}={value}")]
+    extra += ["-e", f"lowtail_validate_command={_recorder(tmp_path)}"]
+    proc = _play(tmp_path, {"epyc-a01": node}, *extra)
+    out = proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / "argv.log").read_text().splitlines()[0])
+    assert ("--quick" in argv) is on, argv
+    assert ("--samples" in argv) is not on, argv
+    assert ("--allow-virtual" in argv) is on, argv
+    look = out[out.index("TASK [lowtail_validate : Look for the rt-tests tools") :]
+    look = look[: look.index("TASK [", 10)]
+    assert ("skipping: [epyc-a01]" in look) is not on, look  # install_rt_tests decides whether it looks
+    # fail_on_warn: the recorder's report warned; only "true" fails the host.
+    assert proc.returncode == (2 if on else 0), out
+    assert ("validation warn on epyc-a01" in out) is on

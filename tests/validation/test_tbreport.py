@@ -105,3 +105,20 @@ def test_a_record_cut_short_at_the_end_is_a_run_still_being_written(runs: tuple[
 def test_a_directory_without_event_files_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tb-report", str(tmp_path)]) == 2
     assert "no TensorBoard event files" in capsys.readouterr().err
+
+
+def test_small_figures_keep_their_digits_and_no_p99_rests_on_two_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SummaryWriter(str(tmp_path / "run")) as w:
+        for step in range(2):  # two windows: their "p99" would be their maximum
+            w.add_scalar("sample_infos/sl_remote_infer_exec_ms", 0.0213 + step * 0.001, step)
+            w.add_scalar("sample_infos/sl_remote_something_new_ms", 1.0, step)
+    assert main(["tb-report", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("infer_exec_ms "))
+    assert "0.0218" in row and "0.0213" in row and " 0.0 " not in row  # was printed 0.0
+    assert row.split()[-2] == "-"  # p99: not from 2 windows
+    new = next(line for line in out.splitlines() if line.startswith("something_new_ms"))
+    assert "unknown" in new and "?" not in new
+    assert load(str(tmp_path / "run"))["sl_remote"]["infer_exec_ms"]["p99"] is None

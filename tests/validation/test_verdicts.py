@@ -33,7 +33,7 @@ def test_a_p999_of_too_few_samples_never_passes() -> None:
     quiet = [0.001] * 10  # far below the limit: only the count is wrong
     check = grade("deschedule", {3: quiet}, Limits(0.1, 1.0), "deschedule")
     assert check.status is Status.WARN
-    assert check.reason.startswith("too few samples for p99.9: n=10, need at least 2,995 (CPU 3")
+    assert check.reason.startswith("too few samples for p99.9: n=10, need at least 2,995 (CPU 3")  # the cause
     assert "0 samples over 0.1 ms" in check.reason
     assert check.data["enough_samples"] is False and check.data["per_cpu"]["3"]["status"] == "warn"
     enough = grade("deschedule", {3: [0.001] * 3000}, Limits(0.1, 1.0), "deschedule")
@@ -84,7 +84,20 @@ def test_bench_queue_does_not_decide_a_p999_target_on_a_quick_run() -> None:
 
 
 def _report(status: str, value: float, host: str = "node-a", version: str = "0.1.0", **extra: Any) -> dict:
-    check = {"name": "deschedule", "kind": "probe", "status": status, "value": value, "unit": "ms"}
+    # As validate writes it: the p99.9's 95% interval and the largest samples of all CPUs.
+    data = {
+        "metric": "p999",
+        "ci": [value * 0.9, value * 1.1],
+        "all": {"n": 10000, "top": [value * 2] + [value * 1.2] * 31, "block_p50": value},
+    }
+    check = {
+        "name": "deschedule",
+        "kind": "probe",
+        "status": status,
+        "value": value,
+        "unit": "ms",
+        "data": data,
+    }
     head = {"p999_deschedule_ms": value, "n": 10000, "max_ms": value * 2, "cpu": 1, "status": status}
     doc: dict[str, Any] = {
         "schema": "lowtail.validate",
@@ -110,10 +123,12 @@ def test_compare_says_worse_and_exits_1_on_a_regression(tmp_path: Path, capsys: 
     rc, _, _ = _compare(tmp_path, _report("pass", 0.020), _report("pass", 0.147))
     out = capsys.readouterr().out
     assert rc == 1
-    assert "headline p99.9 deschedule: 0.02 ms" in out and "7.35x higher after: worse" in out
-    row = next(line for line in out.splitlines() if line.startswith("deschedule"))
-    assert "worse: 0.02 ms -> 0.147 ms, 7.35x higher" in row
-    assert "result: WORSE after on deschedule (exit 1)" in out
+    flat = " ".join(out.split())
+    assert "headline p99.9 deschedule: 0.02 ms [0.018, 0.022] ms (n=10,000, max 0.04 ms)" in flat
+    assert "-> 0.147 ms [0.1323, 0.1617] ms (n=10,000, max 0.294 ms): worse" in flat
+    row = next(line for line in out.splitlines() if line.startswith("deschedule "))
+    assert "worse: p99.9 0.02 ms [0.018, 0.022] -> 0.147 ms [0.1323, 0.1617], 7.35x" in row
+    assert out.splitlines()[0] == "result: WORSE after on deschedule, deschedule max (exit 1)"
     assert "warning" not in out  # same host, version, CPUs and settings
 
 
@@ -125,9 +140,12 @@ def test_compare_pass_to_fail_exits_1_even_with_a_tolerance(tmp_path: Path, caps
 def test_compare_better_and_noise_exit_0(tmp_path: Path, capsys: Any) -> None:
     rc, _, _ = _compare(tmp_path, _report("fail", 450.0), _report("pass", 0.02))
     out = capsys.readouterr().out
-    assert rc == 0 and "better: fail -> pass" in out and "22,500x lower after: better" in out
+    assert rc == 0 and "better: fail -> pass, p99.9 450 ms" in out and "22,500x lower" in out
     rc, _, _ = _compare(tmp_path, _report("pass", 0.020), _report("pass", 0.021))
-    assert rc == 0 and "same: within 10%" in capsys.readouterr().out
+    assert rc == 0 and "same: within noise: p99.9 0.02 ms [0.018, 0.022]" in capsys.readouterr().out
+    # A status that flipped on noise is not worse: the intervals overlap.
+    rc, _, _ = _compare(tmp_path, _report("pass", 0.095), _report("warn", 0.105))
+    assert rc == 0 and "same: pass -> warn, within noise" in capsys.readouterr().out
     rc, _, _ = _compare(tmp_path, _report("pass", 0.020), _report("pass", 0.03), "--tolerance", "60")
     assert rc == 0
     rc, _, _ = _compare(tmp_path, _report("pass", 0.020), _report("pass", 0.03), "--status-only")
@@ -214,3 +232,30 @@ def test_a_writable_new_path_is_accepted_and_left_absent(tmp_path: Path) -> None
     assert output_path()(str(target)) == str(target) and not target.exists()
     with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
         output_path()(str(tmp_path))
+
+
+# ---- one fix per cause -----------------------------------------------------------------------------
+
+
+def test_a_p999_over_the_limit_names_the_limit_first_and_is_not_fixed_by_more_samples() -> None:
+    from lowtail.validation.report import fix
+
+    # validate --only deschedule --samples 500 at 8 ms: more samples cannot make 8 ms pass 0.1 ms.
+    check = grade("deschedule", {3: [0.01] * 490 + [8.03] * 10}, Limits(0.1, 1.0), "deschedule")
+    assert check.status is Status.FAIL
+    assert check.reason.startswith("deschedule p99.9 8.03 ms on CPU 3 (n=500")
+    assert "too few samples for p99.9" in check.reason  # still said, after the cause
+    assert "--samples" not in fix(check.to_dict()) and "leased_threads" in fix(check.to_dict())
+    quiet = grade("deschedule", {3: [0.01] * 500}, Limits(0.1, 1.0), "deschedule")
+    assert fix(quiet.to_dict()).startswith("run again with --samples 2,995 or more")
+
+
+def test_the_oslat_plot_counts_the_same_n_as_its_title() -> None:
+    """The plot's legend (its histogram) and the title (the parsed statistics) said n one apart."""
+    from lowtail.validation.rttests import histograms, parse_oslat
+
+    doc = json.loads((Path(__file__).parent / "data/oslat-kvm-2vcpu.json").read_text())
+    stats, hist = parse_oslat(doc), histograms(doc)
+    for cpu, s in stats.items():
+        assert sum(c for _, c in hist[cpu]) == s["n"]
+        assert max(v for v, c in hist[cpu] if c) == s["max"]  # the plot still runs to the maximum

@@ -56,7 +56,7 @@ from lowtail.actors.endpoint import (
 from lowtail.errors import LowtailError
 from lowtail.node.process import process_start_time
 from lowtail.shm import ofd_lock
-from lowtail.shm.errors import QueueError, QueueTimeout, SegmentNotFound, WorkerDied
+from lowtail.shm.errors import LaneBusy, QueueError, QueueTimeout, SegmentNotFound, WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,12 @@ FAILOVER_CHECK_S = 0.005  # with several replicas, a waiting request re-checks i
 class RequestLost(LowtailError, RuntimeError):
     """A request's queue lost its inference actor: no worker will ever answer it (the actor restarts
     with a new queue, which the client re-resolves)."""
+
+
+class ReplicaBusy(EndpointDown, LaneBusy):
+    """The caller's own requests in flight and held zero-copy outputs fill its lane of the chosen replica:
+    backpressure, nothing submitted, no replica lost. An ``EndpointDown`` (a caller that backs off on it
+    keeps doing so, ``retry_in_s``) and a ``LaneBusy`` (``finish`` or ``release`` one first)."""
 
 
 # Errors after which an attachment is given up and the endpoint re-resolved when the queue's actor is
@@ -338,9 +344,9 @@ class InferenceClient:
         """Phase one: publish the batch to the next serving actor in turn and return at once.
 
         Never waits (see ``START_BOUND_S``); raises ``EndpointDown`` (nothing submitted) when no replica
-        can take it, and ``LaneBusy`` (nothing submitted, the replica stays in use) when the caller's
-        own requests in flight and held zero-copy outputs fill the chosen replica's lane: ``finish`` or
-        ``release`` one first.
+        can take it; ``ReplicaBusy`` (an ``EndpointDown`` and a ``LaneBusy``: nothing submitted, the
+        replica stays in use) when the caller's own requests in flight and held zero-copy outputs fill
+        the chosen replica's lane: ``finish`` or ``release`` one first.
         """
         i = self._next_target()
         t = self._targets[i]
@@ -353,6 +359,8 @@ class InferenceClient:
     def _submit(self, t: _Target, inputs: Mapping[str, np.ndarray]) -> Any:
         try:
             pending = t.client.start(inputs)
+        except LaneBusy as e:
+            raise ReplicaBusy(f"{t.endpoint.actor}: {e}", retry_in_s=self.backoff_s) from e
         except LOST_ERRORS as e:
             self._lose(t, e)
             raise EndpointDown(f"{t.endpoint.actor}: {e}", retry_in_s=self.backoff_s) from e

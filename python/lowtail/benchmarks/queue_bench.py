@@ -38,7 +38,7 @@ from lowtail.benchmarks.queue_transports import (
     restore_priority,
     throughput,
 )
-from lowtail.benchmarks.report import add_check, exit_code, targets_table, verdict, write_bench_html
+from lowtail.benchmarks.report import add_check, exit_code, shown, targets_table, verdict, write_bench_html
 from lowtail.errors import UsageError
 from lowtail.options import add_html, add_json, add_plot, json_to_stdout, write_json, write_text
 from lowtail.render import console, table
@@ -368,10 +368,9 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]
                 frows,
             )
         )
-    trows = [
-        [t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", verdict(t)] for t in report["targets"]
-    ]
-    parts.append(("targets", ["target", "measured", "verdict"], trows))
+    keep, note = shown(report["targets"])
+    trows = [[t["target"], "-" if t["ratio"] is None else f"{t['ratio']}x", verdict(t)] for t in keep]
+    parts.append(("targets" + note, ["target", "measured", "verdict"], trows))
     return parts
 
 
@@ -396,16 +395,16 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
         s = np.sort(xs)
         surv = 1.0 - np.arange(s.size) / s.size
         ax1.loglog(s, surv, label=f"{name} (n={s.size})", drawstyle="steps-post")
-    ax1.set_xlabel("round trip (µs)")
+    ax1.set_xlabel("round trip (us)")
     ax1.set_ylabel("share of round trips slower than x")
     ax1.set_title("latency distribution (tail to the lower right)")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="lower left")  # the tail runs to the lower right: keep it uncovered
     names = [n for n in ORDER if n in samples]
     ax2.boxplot([samples[n] for n in names], whis=(1, 99), showfliers=False)
     ax2.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=8)
     ax2.set_yscale("log")
-    ax2.set_ylabel("round trip (µs); whiskers p1-p99")
+    ax2.set_ylabel("round trip (us); whiskers p1-p99")
     ax2.set_title("per transport")
     ax2.grid(True, axis="y", which="both", alpha=0.3)
     if fair:
@@ -418,8 +417,8 @@ def plot(samples: dict[str, np.ndarray[Any, Any]], report: dict[str, Any]) -> by
             ax3.annotate(f"n={c['answered']}", (c["client"], c.get("wait_p999_us", 0.0)), ha="center",
                          va="bottom", fontsize=7)  # fmt: skip
         ax3.set_xlabel("client (lane)")
-        ax3.set_yscale("log")  # p50 (µs) and p99.9 (up to ms on a loaded host) on one axis
-        ax3.set_ylabel("queue wait of a ready request (µs)")
+        ax3.set_yscale("log")  # p50 (us) and p99.9 (up to ms on a loaded host) on one axis
+        ax3.set_ylabel("queue wait of a ready request (us)")
         ax3.set_title(f"fairness: {fair['clients']} saturating clients")
         ax3.legend(fontsize=8)
         ax3.grid(True, axis="y", alpha=0.3)

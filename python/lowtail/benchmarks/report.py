@@ -41,9 +41,23 @@ def verdict(t: dict[str, Any]) -> str:
     return "met" if t["met"] else "NOT MET"
 
 
+# Targets a run could not have decided by its own choice (a transport not asked for, a fifo-only target
+# at another priority): kept in the JSON, left out of the tables a person reads.
+NOT_ASKED = ("not measured", "decided under --priority fifo only")
+
+
+def shown(targets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The targets to show, and a note naming how many were left out and why ('' when none)."""
+    keep = [t for t in targets if t.get("why") not in NOT_ASKED]
+    left = len(targets) - len(keep)
+    note = f" ({left} not shown: not asked for by this run's --transports or --priority; all in the JSON)"
+    return keep, note if left else ""
+
+
 def targets_table(targets: list[dict[str, Any]]) -> html.Section:
-    rows = [[verdict(t), t["target"], t.get("figure", t.get("ratio", "-"))] for t in targets]
-    return html.Section("Targets", table=html.Table(["verdict", "target", "measured"], rows))
+    keep, note = shown(targets)
+    rows = [[verdict(t), t["target"], t.get("figure", t.get("ratio", "-"))] for t in keep]
+    return html.Section("Targets" + note, table=html.Table(["verdict", "target", "measured"], rows))
 
 
 def _flat(prefix: str, v: Any) -> list[list[str]]:
@@ -54,6 +68,23 @@ def _flat(prefix: str, v: Any) -> list[list[str]]:
     return [[prefix, "-" if v in (None, "") else str(v)]]
 
 
+def overall(report: dict[str, Any]) -> str:
+    """The page's first line: the targets' verdict in one line, and what it does to the exit status."""
+    targets = report.get("targets")
+    if not isinstance(targets, list) or not targets:
+        return "no targets graded: this benchmark measures, it does not judge"
+    counts = [
+        f"{sum(1 for t in targets if t.get('met') is value)} {word}"
+        for value, word in ((False, "NOT MET"), (True, "met"), (None, "not decided"))
+    ]
+    missed = any(t.get("met") is False for t in targets)
+    head = "result: TARGETS NOT MET" if missed else "result: no target missed"
+    return (
+        f"{head} ({', '.join(counts)} of {len(targets)}); the exit status follows the targets only "
+        "under --check"
+    )
+
+
 def write_bench_html(path: str, title: str, report: dict[str, Any], sections: list[html.Section]) -> None:
     extra = []
     for key, heading in (("settings", "Settings"), ("workload", "Workload and settings"), ("host", "Host")):
@@ -61,4 +92,5 @@ def write_bench_html(path: str, title: str, report: dict[str, Any], sections: li
             extra.append(
                 html.Section(heading, table=html.Table(["setting", "value"], _flat("", report[key])))
             )
-    write_text(path, html.report(title, [*sections, *extra], data=json_safe(report)))
+    page = html.report(title, [*sections, *extra], summary=[overall(report)], data=json_safe(report))
+    write_text(path, page)

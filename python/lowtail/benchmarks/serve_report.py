@@ -125,7 +125,7 @@ def breakdown_tables(results: list[DesignResult]) -> list[tuple[str, list[str], 
         ]
 
     names = [k.removesuffix("_us") for k in BREAKDOWN]
-    title = "worker cost per engine call beyond infer(), us p50/mean/p99 (CALL_FIELDS)"
+    title = "worker cost per engine call beyond infer(), us p50/mean/p99"
     rest = [
         [
             _row_label(r, rounds),
@@ -205,8 +205,10 @@ def plot(results: list[DesignResult]) -> bytes:
     b.set_xticks(xs, labels)
     b.set_yscale("log")
     b.set_ylabel("ms per call / request")
-    b.set_title("latency (n in the JSON)")
-    b.legend()
+    counts = [r.latency_ms.n for r in results]
+    n = f"n={min(counts):,}" if min(counts) == max(counts) else f"n={min(counts):,}-{max(counts):,}"
+    b.set_title(f"latency per call / request ({n} per bar group)")
+    b.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
     served = [r for r in results if r.breakdown_us]
     bottom = np.zeros(len(served))
     for k in BREAKDOWN[:-1]:

@@ -51,6 +51,9 @@ STATE_VERSION = 1
 # (and json would take minutes over it while every lease call waits on the lock).
 MAX_STATE_BYTES = 4 << 20
 TEMP_PREFIX = ".leases."
+# How long a lease call waits for the node-wide lock: a holder stopped (SIGSTOP, a debugger) or hung
+# must not block every other owner's acquire forever; holders keep it for milliseconds.
+LOCK_TIMEOUT_S = 10.0
 
 _NAME = r"[A-Za-z0-9_.\-]+"
 _OWNER_RE = {
@@ -264,7 +267,17 @@ class LeaseAllocator:
         self._leases: dict[str, Lease] = {}
         self.state_dir = None if state_dir is None else Path(state_dir)
         if self.state_dir is not None:
-            self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            try:
+                self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            except OSError as e:
+                raise LeaseStateError(
+                    f"lease state directory {self.state_dir}: cannot create it ({e})"
+                ) from None
+            if self.state_dir.is_symlink() or not self.state_dir.is_dir():
+                raise LeaseStateError(
+                    f"lease state directory {self.state_dir} is a symlink or not a directory: expected a "
+                    f"directory of its own (a symlink there could redirect the table anywhere)"
+                )
         self.dropped_on_start: list[tuple[Lease, str]] = []
         with self._transaction():
             self.dropped_on_start = self._rebuild()
@@ -282,17 +295,43 @@ class LeaseAllocator:
             if self.state_dir is None:
                 yield
                 return
-            fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            lock = self.state_dir / LOCK_FILE
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as e:
+                raise LeaseStateError(
+                    f"lease lock {lock}: cannot open it ({e}); expected a plain file, a symlink is refused"
+                ) from None
+            try:
+                self._lock_file(fd, lock)
                 self._remove_stale_temps()
                 before = self._load()
                 self._leases = dict(before)
                 yield
                 if self._leases != before:
-                    self._save()
+                    try:
+                        self._save()
+                    except OSError as e:  # a full or read-only file system: the table stays as it was
+                        raise LeaseStateError(
+                            f"lease state {self.state_path}: cannot save it ({e})"
+                        ) from None
             finally:
                 os.close(fd)  # closing drops the flock
+
+    @staticmethod
+    def _lock_file(fd: int, path: Path) -> None:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LeaseStateError(
+                        f"lease lock {path}: held by another process for more than {LOCK_TIMEOUT_S:.0f} s "
+                        f"(stopped or hung?); find it with fuser {path}"
+                    ) from None
+                time.sleep(0.005)
 
     def _load(self) -> dict[str, Lease]:
         path = self.state_path
@@ -302,12 +341,13 @@ class LeaseAllocator:
             return LeaseStateError(f"lease state {path}: {problem}; move it away to start empty")
 
         try:
-            with open(path, "rb") as f:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(fd, "rb") as f:
                 raw = f.read(MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return {}
         except OSError as e:
-            raise bad(f"cannot read it ({e.strerror})") from None
+            raise bad(f"cannot read it ({e.strerror}; a symlink is refused)") from None
         if len(raw) > MAX_STATE_BYTES:
             raise bad(f"larger than {MAX_STATE_BYTES} bytes, not a table this allocator wrote")
         try:
@@ -318,6 +358,8 @@ class LeaseAllocator:
             raise bad("nested too deeply to be a lease table") from None
         except json.JSONDecodeError as e:
             raise bad(f"not JSON ({e})") from None
+        except ValueError as e:  # an integer of more digits than int() converts
+            raise bad(f"not a table this allocator wrote ({e})") from None
         if not isinstance(data, dict) or not isinstance(data.get("leases"), list):
             raise bad("expected an object with a 'leases' list")
         if data.get("boot_id") is not None and not isinstance(data["boot_id"], str):

@@ -8,7 +8,15 @@ import os
 import sys
 from typing import TextIO
 
-CODES = {"pass": "32", "better": "32", "warn": "33", "fail": "31", "worse": "31", "skip": "90"}
+CODES = {
+    "pass": "32",
+    "better": "32",
+    "warn": "33",
+    "not compared": "33",
+    "fail": "31",
+    "worse": "31",
+    "skip": "90",
+}
 
 
 def enabled(stream: TextIO | None = None) -> bool:

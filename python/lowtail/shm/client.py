@@ -823,11 +823,11 @@ class QueueClient:
         return True
 
     def _claimed_by_dead_worker(self, ticket: Ticket) -> bool:
+        # Claimed and nobody holds the worker lock: its claimer is gone (a closing worker answers what
+        # it claimed before it unlocks). The pid word is only a hint any client could zero.
         q = self._q
         return bool(
-            q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq
-            and q[HW_WORKER_PID] != 0
-            and not ofd_lock.held(self._m.seg.fd, 0)
+            q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq and not ofd_lock.held(self._m.seg.fd, 0)
         )
 
     def _sleep_on_lane(self, timeout_s: float, pendings: Sequence[Pending]) -> None:
@@ -1030,9 +1030,14 @@ class QueueClient:
             # Liveness from the second slice on: a wait that parks at once (no CPU of its own) skips
             # the lock query on the way to its first sleep, and a worker that died before it still
             # shows within one PARK_SLICE_S.
-            if not first and q[HW_WORKER_PID] != 0 and not ofd_lock.held(m.seg.fd, 0):
+            if (
+                not first
+                and (q[HW_WORKER_PID] != 0 or q[si + W_CLAIM_SEQ] == seq)
+                and not ofd_lock.held(m.seg.fd, 0)
+            ):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
-                # request stays queued for the next worker: at most once, and never lost.
+                # request stays queued for the next worker: at most once, and never lost. Claimed
+                # with the lock free is a dead claimer whatever the pid word says (a client can zero it).
                 dead_worker = int(q[HW_WORKER_PID])
                 if q[si + W_CLAIM_SEQ] == seq:
                     q[parked_i] = 0

@@ -671,8 +671,12 @@ class SlotReader:
         self._buf_bytes += need
         return buf
 
+    def lanes(self) -> set[int]:
+        """The lanes whose clients' slots this reader holds fds of."""
+        return {lane for _, lane in self._fds.values()}
+
     def drop_lane(self, lane: int) -> None:
-        """Close the fds of what a lane's previous client sent (the lane changed hands)."""
+        """Close the fds of what a lane's previous client sent (the lane changed hands or was left)."""
         for name in [n for n, (_, owner) in self._fds.items() if owner == lane]:
             os.close(self._fds.pop(name)[0])
 

@@ -418,8 +418,12 @@ class QueueWorker:
             if now_ns - self._swept_ns < SWEEP_EVERY_NS:
                 return
             self._swept_ns = now_ns
-            for lane in self.reclaimable_lanes():
-                self._slots_in.drop_lane(lane)
+            m = self._m
+            for lane in self._slots_in.lanes():
+                # Its client closed (pid word 0) or died (lock free): an fd kept here would pin the
+                # pages of slots it unlinked for as long as the lane stays unused.
+                if not m.q[m.geo.lane(lane, L_PID)] or not ofd_lock.held(m.seg.fd, 1 + lane):
+                    self._slots_in.drop_lane(lane)
         self._sweep.step(SWEEP_STEP_NS)
 
     def reclaimable_lanes(self) -> list[int]:

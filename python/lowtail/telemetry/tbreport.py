@@ -21,6 +21,7 @@ from typing import Any
 from lowtail.render import table
 from lowtail.telemetry.export import series_side
 from lowtail.telemetry.tfevents import Series, read_scalars
+from lowtail.validation.evidence import min_samples
 
 BATCH_RECV = ("batch_recv_ms",)
 LEARN_TOTAL = ("learn_total_ms",)
@@ -35,7 +36,7 @@ class Stats:
     n: int
     mean: float
     p50: float
-    p99: float
+    p99: float | None  # None below the windows a p99 needs (299): a "p99" of two windows is their max
     max: float
     last: float
     first_step: int
@@ -57,7 +58,7 @@ def stats(s: Series) -> Stats:
         n=n,
         mean=math.fsum(xs) / n,
         p50=rank(0.5),
-        p99=rank(0.99),
+        p99=rank(0.99) if n >= min_samples(0.99) else None,
         max=xs[-1],
         last=s.values[-1],
         first_step=s.steps[0],
@@ -101,8 +102,12 @@ def load(logdir: str) -> dict[str, Any]:
     return report
 
 
-def _f(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
+def _f(x: float | None) -> str:
+    """4 significant digits: 0.02 ms reads 0.02, not 0.0."""
+    return "-" if x is None else f"{x:.4g}"
+
+
+SIDES = {"?": "unknown"}  # a tag the export does not name: say so instead of a "?"
 
 
 def render(report: dict[str, Any]) -> str:
@@ -137,11 +142,20 @@ def render(report: dict[str, Any]) -> str:
             table.render(
                 ["sl_remote_*", "side", "n", "mean", "p50", "p99", "max"],
                 [
-                    [k, series_side(k), s["n"], _f(s["mean"]), _f(s["p50"]), _f(s["p99"]), _f(s["max"])]
+                    [
+                        k,
+                        SIDES.get(series_side(k), series_side(k)),
+                        s["n"],
+                        _f(s["mean"]),
+                        _f(s["p50"]),
+                        _f(s["p99"]),
+                        _f(s["max"]),
+                    ]
                     for k, s in sl.items()
                 ],
-                title="inference timings (sample_infos/sl_remote_*, ms): side = measured by the samplers "
-                "(per request) or the workers (per call)",
+                title="inference timings (sample_infos/sl_remote_*, ms; statistics over the logged windows, "
+                f"p99 only from {min_samples(0.99)} windows): side = measured by the samplers (per request) "
+                "or the workers (per call)",
             )
         )
     return "\n".join(out)

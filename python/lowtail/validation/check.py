@@ -16,6 +16,7 @@ from typing import Any
 
 from lowtail.errors import LowtailError
 from lowtail.telemetry.percentiles import rank as _rank
+from lowtail.validation import intervals
 
 
 class Status(StrEnum):
@@ -133,11 +134,13 @@ LADDER: tuple[float, ...] = (
 
 
 def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str, Any]:
-    """n, mean, p50, p90, p99, p999, max (nearest rank: every percentile is an observed value)."""
+    """n, mean, p50, p90, p99, p999, max (nearest rank: every percentile is an observed value), the
+    p99.9's 95% interval and the largest samples (what ``compare`` needs to tell a change from noise)."""
     xs = sorted(samples)
     n = len(xs)
     if n == 0:
         return {"n": 0}
+    maxima = intervals.block_maxima(samples)
     out: dict[str, Any] = {
         "n": n,
         "mean": round(math.fsum(xs) / n, 6),
@@ -147,6 +150,12 @@ def tail_stats(samples: Sequence[float], over: float | None = None) -> dict[str,
         "p999": xs[_rank(n, 0.999)],
         "max": xs[-1],
         "ladder": [[q, xs[_rank(n, q)]] for q in LADDER],
+        "p999_ci": intervals.quantile_interval(n, 0.999, xs.__getitem__),
+        # The largest maximum of each block of samples taken in a row: one stall that delays several
+        # samples in a row counts once in the maximum's test.
+        "top": maxima[: intervals.TOP],
+        "blocks": len(maxima),
+        "block_p50": intervals.upper_median(maxima),
     }
     if over is not None:
         out["over"] = sum(1 for x in xs if x > over)
@@ -167,14 +176,22 @@ def histogram_stats(
     if n == 0:
         return {"n": 0}
 
-    def at(q: float) -> float:
-        rank = _rank(n, q) + 1
+    def at_index(i: int) -> float:
         seen = 0
         for value, count in buckets:
             seen += count
-            if seen >= rank:
+            if seen > i:
                 return value / divisor
         return maximum / divisor
+
+    def at(q: float) -> float:
+        return at_index(_rank(n, q))
+
+    top: list[float] = [maximum / divisor] * min(overflow, intervals.TOP)
+    for value, count in reversed(buckets):
+        top += [value / divisor] * min(count, intervals.TOP - len(top))
+    if top:
+        top[0] = max(top[0], maximum / divisor)  # the maximum is a sample, whichever bucket it fell in
 
     total = math.fsum(k * v for k, v in buckets) + overflow * maximum
     return {
@@ -186,7 +203,40 @@ def histogram_stats(
         "p999": at(0.999),
         "max": maximum / divisor,
         "ladder": [[q, at(q) if q < 1 else maximum / divisor] for q in LADDER],
+        "p999_ci": intervals.quantile_interval(n, 0.999, at_index),
+        "top": top,
+        "blocks": n,  # a histogram has no time order: every sample is its own block
+        "block_p50": at(0.5),
     }
+
+
+def pooled_top(per_cpu: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
+    """n, blocks and the largest block maxima of all CPUs together (each CPU's largest hold the pooled
+    largest)."""
+    tops = sorted((x for s in per_cpu.values() for x in s.get("top") or []), reverse=True)
+    medians = [float(s["block_p50"]) for s in per_cpu.values() if "block_p50" in s]
+    return {
+        "n": sum(int(s.get("n", 0)) for s in per_cpu.values()),
+        "blocks": sum(int(s.get("blocks", s.get("n", 0))) for s in per_cpu.values()),
+        "top": tops[: intervals.TOP],
+        # The smallest CPU's: at least half of that CPU's blocks lie above it (conservative for all).
+        "block_p50": min(medians) if medians else None,
+    }
+
+
+def worst_cpu_interval(per_cpu_sorted: Mapping[Any, Sequence[float]], q: float = 0.999) -> list[float | None]:
+    """The interval of the worst CPU's q-quantile (what a probe is graded on): each CPU's interval at
+    confidence 1 - alpha/CPUs (Bonferroni), so all hold together at 95%, and then the largest ends."""
+    k = max(1, len(per_cpu_sorted))
+    conf = 1.0 - (1.0 - intervals.CONFIDENCE) / k
+    ends = [
+        intervals.quantile_interval(len(xs), q, xs.__getitem__, conf) for xs in per_cpu_sorted.values() if xs
+    ]
+    if not ends:
+        return [None, None]
+    lows = [e[0] for e in ends if e[0] is not None]
+    highs = [e[1] for e in ends]
+    return [max(lows) if lows else None, None if None in highs else max(h for h in highs if h is not None)]
 
 
 def merge_ladders(per_cpu: Mapping[Any, dict[str, Any]]) -> list[list[float]]:

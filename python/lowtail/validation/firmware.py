@@ -173,14 +173,17 @@ def check_firmware(
         "boost": _boost(cpu_root, cpus),
     }
     evidence = [f"{k}: {v if v is not None else 'not exposed'}" for k, v in facts.items()]
-    problems = []
+    problems: list[str] = []
+    fixes: list[str] = []
     for key, want in expected.items():
         if key not in HARDWARE_HINTS:
             continue
         if want is not None and facts[key] != want:
             problems.append(f"{key} is {facts[key]!r}, expected {want!r} (check {HARDWARE_HINTS[key]})")
+            fixes.append(f"change {HARDWARE_HINTS[key]} so {key} is {want!r}")
     wanted_mode = next((a.partition("=")[2] for a in plan.kernel_args if a.startswith("amd_pstate=")), None)
     pending = ""
+    pending_fix = ""
     if wanted_mode and topo.vendor == "AuthenticAMD" and pstate != wanted_mode:
         have = f"amd_pstate is {pstate or 'not loaded'} ({driver or 'no cpufreq driver'})"
         if f"amd_pstate={wanted_mode}" in cmdline.split():
@@ -188,13 +191,20 @@ def check_firmware(
             problems.append(
                 f"{have} although the kernel booted with amd_pstate={wanted_mode}: CPPC is off in the BIOS"
             )
+            fixes.append("enable CPPC in the BIOS (the kernel already asks for amd_pstate)")
         else:
             pending = f"{have}; the plan asks amd_pstate={wanted_mode}, not on this boot's command line yet"
+            pending_fix = (
+                f"add amd_pstate={wanted_mode} to the kernel command line (the plan's kernel arguments, "
+                "roles/lowtail_kernel) and reboot"
+            )
         evidence.append(f"amd_pstate: plan {wanted_mode}, in effect {pstate or '-'}")
     threshold = "SMT/NPS/sockets/L3 as lowtail_expected_hardware; amd_pstate mode as the plan's kernel args"
     if expected:
         evidence.append(f"expected: {dict(expected)}")
-    data = {"facts": facts, "expected": dict(expected)}
+    data: dict[str, Any] = {"facts": facts, "expected": dict(expected)}
+    # One fix per cause, each naming what to change where (a BIOS setting, the kernel command line).
+    data["fixes"] = fixes + ([pending_fix] if pending_fix and not problems else [])
     if problems:
         return Check(
             name,

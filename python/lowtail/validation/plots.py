@@ -5,7 +5,9 @@ logarithmic, so the rare slow samples a check fails on are visible bars, running
 the limits, the graded figure and the maximum marked. (A CDF hides the tail: its last 0.01% is a line
 hugging 1.0, and its axis stops at 1 - 1/n.) The compare ladders keep the logit CDF: they come from the
 JSON's quantile ladder, not from samples. The heat strip shows one cell per CPU, one row and one colour
-scale per metric, so a single bad core in a 166-CPU node stands out.
+scale per metric spanning the metric's limits, so a single bad core in a 166-CPU node stands out, in the
+colour of its distance from the limit. No text of a figure overprints another (tests/render checks the
+drawn text boxes).
 """
 
 from __future__ import annotations
@@ -73,28 +75,47 @@ def latency_cdf(
     return _png(fig)
 
 
-def heat_strip(rows: Mapping[str, Mapping[int, float]], title: str, unit: str = "ms") -> bytes:
-    """One strip per metric (``deschedule p99.9``...), columns CPUs, each with its own log colour scale
-    and legend: a p99.9 and a maximum differ by orders of magnitude and must not share a scale."""
+def heat_strip(
+    rows: Mapping[str, Mapping[int, float]],
+    title: str,
+    unit: str = "ms",
+    limits: Mapping[str, tuple[float, float]] | None = None,
+) -> bytes:
+    """One strip per metric (``deschedule p99.9``...), columns CPUs, each cell labelled with its value.
+    Each row's log colour scale spans its values and its limits, with the limits marked on the colourbar,
+    so a cell over the limit is drawn in the colour of "over the limit" whatever the other cells hold."""
     cpus = sorted({c for r in rows.values() for c in r})
     names = list(rows)
     fig, axes = plt.subplots(
-        len(names), 1, figsize=(max(6.0, 0.35 * len(cpus) + 3), 1.1 * len(names) + 1.2), squeeze=False
+        len(names), 1, figsize=(max(7.0, 0.55 * len(cpus) + 4), 1.3 * len(names) + 1.2), squeeze=False
     )
     step = max(1, len(cpus) // 32)
     for ax, name in zip(axes[:, 0], names, strict=True):
         row = [rows[name].get(c, math.nan) for c in cpus]
         finite = [v for v in row if not math.isnan(v) and v > 0]
-        lo, hi = (min(finite), max(finite)) if finite else (1e-3, 1.0)
-        if hi <= lo:
-            hi = lo * 10
+        lim = (limits or {}).get(name)
+        span = finite + (list(lim) if lim else [])
+        lo, hi = (min(span) / 2, max(span) * 2) if span else (1e-3, 1.0)
         masked = [[_floor(v) if not math.isnan(v) else math.nan for v in row]]
-        im = ax.imshow(masked, aspect="auto", cmap="viridis", norm=LogNorm(vmin=_floor(lo), vmax=hi))
-        ax.set_yticks([0], [name])
+        norm = LogNorm(vmin=_floor(lo), vmax=hi)
+        im = ax.imshow(masked, aspect="auto", cmap="viridis", norm=norm)
+        if len(cpus) <= 24:  # the value in each cell, where there is room for it
+            for i, v in enumerate(row):
+                if not math.isnan(v):
+                    shade = "white" if norm(_floor(v)) < 0.6 else "black"
+                    ax.text(i, 0, f"{v:.3g}", ha="center", va="center", fontsize=7, color=shade)
+        ax.set_yticks([])
+        ax.set_title(f"{name} ({unit}, log colour scale)", fontsize=8, loc="left")
         ax.set_xticks(range(0, len(cpus), step), [str(c) for c in cpus[::step]], fontsize=7)
-        fig.colorbar(im, ax=ax, label=f"{name} ({unit}, log)", fraction=0.05)
+        bar = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+        bar.ax.tick_params(labelsize=6)
+        if lim:
+            bar.ax.axhline(lim[0], color="green", lw=2)
+            bar.ax.axhline(lim[1], color="red", lw=2)
+            bar.set_ticks([lim[0], lim[1]], labels=[f"pass {lim[0]:g}", f"warn {lim[1]:g}"])
     axes[-1, 0].set_xlabel("CPU")
-    axes[0, 0].set_title(title)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -192,11 +213,14 @@ def ladder_compare(
     before: Sequence[Sequence[float]],
     after: Sequence[Sequence[float]],
     title: str,
+    *,
     unit: str = "ms",
     n: tuple[int, int] = (0, 0),
+    limits: tuple[float, float] | None = None,
 ) -> bytes:
     """The two reports' quantile ladders on a logit axis; with the sample counts, each maximum is drawn
-    at 1 - 1/n (where the last sample sits) and annotated, so the tail runs to the value that was seen."""
+    at 1 - 1/n (where the last sample sits) and named in the legend with n, so the tail runs to the value
+    that was seen; the limits are drawn."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for (label, ladder), count in zip((("before", before), ("after", after)), n, strict=True):
         pts = [(q, v) for q, v in ladder if 0 < q < 1]
@@ -204,24 +228,23 @@ def ladder_compare(
         if pts and top is not None and count > 1 and 1 - 1 / count > pts[-1][0]:
             pts.append((1 - 1 / count, top))
         if pts:
-            (line,) = ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=label)
+            # Both maxima in the legend, never as labels on the plot, where two close maxima overprint.
+            name = f"{label}: n={count:,}, max {top:.4g} {unit}" if count > 1 and top is not None else label
+            (line,) = ax.plot([_floor(v) for _, v in pts], [q for q, _ in pts], marker=".", label=name)
             if count > 1 and top is not None:
-                ax.annotate(
-                    f"{label} max {top:.4g} {unit} (n={count})",
-                    xy=(_floor(pts[-1][1]), pts[-1][0]),
-                    xytext=(-10, 6),
-                    textcoords="offset points",
-                    ha="right",
-                    fontsize=8,
-                    color=line.get_color(),
+                ax.plot(
+                    [_floor(pts[-1][1])], [pts[-1][0]], marker="o", ms=7, mfc="none", color=line.get_color()
                 )
+    if limits:
+        ax.axvline(limits[0], color="green", ls="--", lw=1, label=f"pass <= {limits[0]:g} {unit}")
+        ax.axvline(limits[1], color="red", ls="--", lw=1, label=f"warn <= {limits[1]:g} {unit}")
     ax.set_xscale("log")
     ax.set_yscale("logit")
     ax.set_xlabel(f"latency ({unit}, log)")
     ax.set_ylabel("fraction <= x (logit), worst CPU at each quantile")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left")
     return _png(fig)
 
 

@@ -23,8 +23,18 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, fmt, merge_ladders, tail_stats
+from lowtail.validation.check import (
+    Check,
+    Limits,
+    Status,
+    fmt,
+    merge_ladders,
+    pooled_top,
+    tail_stats,
+    worst_cpu_interval,
+)
 from lowtail.validation.evidence import beyond, min_samples, shortfall
+from lowtail.validation.intervals import block_maxima, fmt_interval, upper_median
 from lowtail.validation.static import read_steal
 
 log = logging.getLogger(__name__)
@@ -146,8 +156,15 @@ def grade(
     value = per_cpu[worst_cpu]["p999"]
     status = limits.grade(value)
     everything = [x for xs in per_cpu_ms.values() for x in xs]
-    overall = tail_stats(everything, over=limits.pass_max)
+    overall = {**tail_stats(everything, over=limits.pass_max), **pooled_top(per_cpu)}
+    pooled = sorted((m for xs in per_cpu_ms.values() for m in block_maxima(xs)), reverse=True)
+    overall["block_p50"] = upper_median(pooled)  # exact here: every CPU's samples are at hand
     overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
+    ci = worst_cpu_interval({c: sorted(xs) for c, xs in per_cpu_ms.items()})
+    evidence.append(
+        f"worst CPU's p99.9 {fmt(value)} ms, 95% interval {fmt_interval(ci)} (order statistics; "
+        "'open': too few samples to bound it from above)"
+    )
     w = per_cpu[worst_cpu]
     reason = ""
     if status is not Status.PASS:
@@ -158,15 +175,12 @@ def grade(
     if short:
         if status is Status.PASS:
             status = Status.WARN
-        reason = "; ".join(
-            x
-            for x in (
-                f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
-                f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)",
-                reason,
-            )
-            if x
+        note = (
+            f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
+            f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)"
         )
+        # The cause first: a value over the limit is the finding, the sample count only a footnote.
+        reason = "; ".join(x for x in (reason, note) if x)
     return Check(
         name=name,
         status=status,
@@ -178,6 +192,7 @@ def grade(
         kind="probe",
         data={
             "metric": "p999",
+            "ci": ci,
             "limits_ms": [limits.pass_max, limits.warn_max],
             "min_samples": min_samples(0.999),
             "enough_samples": not short,

@@ -39,7 +39,7 @@ FIXES: dict[str, str] = {
     "kubelet": "apply the kubelet settings (roles/lowtail_kubelet)",
     "affinity": "fix the runtime's CPU affinity: see the reason for the OCI runtime fix (docs/validation.md)",
     "cstates": "limit deep C-states on isolated CPUs (lowtail_kernel_cstate_limit, or PM QoS)",
-    "firmware": "change the BIOS setting the reason names (SMT, NPS, CPPC)",
+    "firmware": "change what the reason names (a BIOS setting, or the plan's kernel arguments)",
     "cfs_throttle": "remove the CFS quota from exclusive-CPU containers (the reason names the way for "
     "your Kubernetes version)",
     "leased_threads": "move the named threads off the leased CPUs (their cgroup's cpuset or CPUAffinity)",
@@ -72,11 +72,25 @@ def _why(c: dict[str, Any]) -> str:
     return ev[0] if ev else ""
 
 
+def _short_only(c: dict[str, Any], data: dict[str, Any]) -> bool:
+    """Too few samples is the cause only when the value itself is within the pass limit: more samples
+    will not make an 8 ms p99.9 pass a 0.1 ms limit."""
+    limits = data.get("limits_ms")
+    value = c.get("value")
+    if data.get("enough_samples") is not False:
+        return False
+    if not (isinstance(limits, list) and limits and isinstance(value, int | float)):
+        return True
+    return float(value) <= float(limits[0])
+
+
 def fix(c: dict[str, Any]) -> str:
-    """The one-line fix of a check that did not pass."""
+    """The one-line fix of a check that did not pass: for its cause, not for its name."""
     data = c.get("data") or {}
-    if data.get("enough_samples") is False:
+    if _short_only(c, data):
         return SAMPLES_FIX.format(n=f"{data.get('min_samples', 0):,}")
+    if data.get("fixes"):
+        return "; ".join(str(f) for f in data["fixes"])
     if str(c.get("reason", "")).startswith("probe could not run"):
         return "see the reason: the probe itself could not run"
     return FIXES.get(c["name"], PROBE_FIX if c.get("kind") == "probe" else "see docs/validation.md")
@@ -101,11 +115,25 @@ def _headline(head: dict[str, Any]) -> str:
     )
 
 
+def _result_line(s: dict[str, Any]) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
+    if s.get("interrupted"):
+        return f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
+    return f"result: {s['status'].upper()} ({counts})"
+
+
 def render_table(report: dict[str, Any], width: int | None = None) -> str:
+    """The verdict and the deciding number first, then what needs attention, every check, and the
+    verdict again at the end (where a scrolled terminal leaves the eye)."""
     width = width or table.terminal_width()
     s = report["summary"]
     h = report["host"]
-    out = textwrap.wrap(
+    verdict = style.paint(_result_line(s), s["status"])
+    head = s.get("headline")
+    out = [verdict]
+    if head:
+        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
+    out += textwrap.wrap(
         f"lowtail validate on {h.get('hostname')} ({h.get('cpu_model')}, kernel {h.get('kernel') or '-'}), "
         f"probe CPUs {s.get('probe_cpus') or '-'}; figures in ms unless stated",
         width,
@@ -123,16 +151,27 @@ def render_table(report: dict[str, Any], width: int | None = None) -> str:
         table.render(["check", "status", "value", "why / evidence"], rows, title="All checks:", width=width)
     )
     out.append("")
-    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
-    if s.get("interrupted"):
-        line = f"result: INTERRUPTED, partial: {s['status'].upper()} so far ({counts}); exit 130"
-    else:
-        line = f"result: {s['status'].upper()} ({counts})"
-    out.append(style.paint(line, s["status"]))
-    head = s.get("headline")
-    if head:
-        out += textwrap.wrap(_headline(head), width, subsequent_indent="  ")
+    out.append(verdict)
     return "\n".join(out)
+
+
+def render_junit(report: dict[str, Any]) -> str:
+    """Each check a JUnit test case: fail a failure, skip skipped, warn passed with its reason shown."""
+    from lowtail.render import junit
+
+    outcome = {"pass": "passed", "warn": "passed", "fail": "failure", "skip": "skipped"}
+    cases = []
+    for c in report["checks"]:
+        why = str(c.get("reason") or "")
+        message = f"{c['status'].upper()} {_fmt_value(c)}: {why or _why(c)}".strip()
+        if c["status"] == "fail":
+            message += f". Fix: {fix(c)}"
+        evidence = "\n".join(str(e) for e in c.get("evidence") or [])
+        cases.append(junit.Case(c["name"], outcome[c["status"]], message, f"{message}\n{evidence}".strip()))
+    host = str(report["host"].get("hostname"))
+    return junit.render(
+        "lowtail validate", f"lowtail.validate.{host}", cases, report["summary"].get("elapsed_s", 0)
+    )
 
 
 def write_json(report: Report, path: str | Path) -> None:
@@ -153,6 +192,7 @@ def _series(c: Check) -> dict[int, list[tuple[float, int]]]:
 def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     heat: dict[str, dict[int, float]] = {}
+    heat_limits: dict[str, tuple[float, float]] = {}
     for c in checks:
         if c.name == "leased_threads" and c.status is not Status.SKIP:
             title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {fmt(c.value)} ms/s)"
@@ -163,6 +203,9 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
         metric = HEAT_METRIC.get(c.name, "p999")
         label = "p99.9" if metric == "p999" else metric
         heat[f"{c.name} {label}"] = {int(cpu): float(s[metric]) for cpu, s in per_cpu.items() if s.get("n")}
+        lim = _limits(c)
+        if lim:
+            heat_limits[f"{c.name} {label}"] = lim
         series = _series(c)
         graded = "p99.9" if c.data.get("metric", "p999") == "p999" else "max"
         n = min((int(s["n"]) for s in per_cpu.values() if s.get("n")), default=0)
@@ -176,10 +219,11 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
             ladders = {int(cpu): s["ladder"] for cpu, s in per_cpu.items() if s.get("ladder")}
             png = plots.latency_cdf(title, None, ladders, _limits(c))
         out.append((title, png))
-    if heat and len({cpu for row in heat.values() for cpu in row}) > 1:  # one CPU: the tables say it all
-        out.append(
-            ("Per-CPU tail, one colour scale per metric (ms)", plots.heat_strip(heat, "per-CPU tail (ms)"))
-        )
+    # Only when a probe measured several CPUs (shm_rtt's one client CPU is not a second): else the tables
+    # say it all.
+    if heat and max(len(row) for row in heat.values()) > 1:
+        title = "Per-CPU tail: one colour scale per metric, its limits marked (ms)"
+        out.append((title, plots.heat_strip(heat, "per-CPU tail (ms)", limits=heat_limits)))
     return out
 
 

@@ -22,7 +22,16 @@ from typing import Any
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
 from lowtail.render.progress import Progress
-from lowtail.validation.check import Check, Limits, Status, fmt, histogram_stats, merge_ladders, skip
+from lowtail.validation.check import (
+    Check,
+    Limits,
+    Status,
+    fmt,
+    histogram_stats,
+    merge_ladders,
+    pooled_top,
+    skip,
+)
 
 SHM_STATS = "/dev/shm/cyclictest"  # + pid: cyclictest's running statistics (rt-tests src/cyclictest)
 log = logging.getLogger(__name__)
@@ -175,7 +184,7 @@ def _grade(name: str, doc: dict[str, Any], per_cpu: dict[int, dict[str, Any]], l
             "worst_cpu": worst_cpu,
             "cpus": cpulist.format(per_cpu),
             "per_cpu": {str(c): s for c, s in per_cpu.items()},
-            "all": {"ladder_worst_cpu": merge_ladders(per_cpu)},
+            "all": {"ladder_worst_cpu": merge_ladders(per_cpu), **pooled_top(per_cpu)},
         },
     )
 
@@ -217,7 +226,14 @@ def histograms(doc: dict[str, Any]) -> dict[int, list[tuple[float, int]]]:
         counted = sum(c for _, c in pairs)
         overflow = max(0, int(thread.get("cycles", counted)) - counted)
         peak = float(thread["max"]) / 1000
-        if overflow or not any(v >= peak for v, _ in pairs):
-            pairs.append((peak, max(overflow, 1)))  # the maximum is a sample, whichever bucket it fell in
+        if overflow:
+            pairs.append((peak, overflow))
+        elif pairs and not any(v >= peak for v, _ in pairs):
+            # The maximum is a sample counted in the last bucket (oslat's holds its overflows): move it
+            # to where it lies, so the plot runs to it and n stays the run's n.
+            top = max(range(len(pairs)), key=lambda i: pairs[i][0])
+            value, count = pairs[top]
+            pairs[top] = (value, count - 1)
+            pairs = [p for p in pairs if p[1] > 0] + [(peak, 1)]
         out[int(thread["cpu"])] = sorted(pairs)
     return out

@@ -17,6 +17,7 @@ import importlib.metadata
 import os
 import platform
 import socket
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,10 @@ DEFAULT_SAMPLES = 10_000  # per CPU: the p99.9 rests on 10 samples beyond it
 DEFAULT_DURATION_S = 10.0
 QUICK_SAMPLES = 3_000  # just above what a p99.9 verdict needs (lowtail.validation.evidence: 2,995)
 QUICK_DURATION_S = 3.0
+# Probes --rounds repeats: those graded on one number from samples (not the windows that watch the whole
+# run, nor numa's placement).
+ROUND_PROBES: tuple[str, ...] = ("deschedule", "timer", "cyclictest", "oslat", "shm_rtt", "inference")
+OUTLIER_Z = 3.5  # the modified z-score (median and MAD) beyond which a round is an outlier
 
 
 class ValidationError(LowtailError, RuntimeError):
@@ -92,6 +97,7 @@ class Options:
     actor: str | None = None  # ... or at the lease owner with this name or Ray actor id
     expected_hardware: dict[str, Any] = field(default_factory=dict)
     no_probes: bool = False  # static checks only (check mode: measure nothing)
+    rounds: int = 1  # each probe this many times, the spread reported
 
 
 @dataclass
@@ -292,6 +298,43 @@ def _leased_check(
     return check_leased_threads(sampler, leases, [os.getpid()], limits, nohz_full)
 
 
+def repeat(probe: Callable[[], Check], rounds: int) -> Check:
+    """Run a probe ``rounds`` times; report the median round, with every round's value, their mean and
+    standard deviation, and the rounds that lie far from the rest (as hyperfine reports a benchmark)."""
+    runs = [probe() for _ in range(rounds)]
+    graded = [c for c in runs if isinstance(c.value, int | float) and c.status is not Status.SKIP]
+    if len(graded) < 2:
+        return runs[-1]
+    order = sorted(range(len(graded)), key=lambda i: float(graded[i].value))
+    median_i = order[len(order) // 2]
+    values = [float(c.value) for c in graded]
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    # 0.6745: the MAD of a normal distribution in standard deviations (Iglewicz and Hoaglin).
+    outliers = [i + 1 for i, v in enumerate(values) if mad > 0 and 0.6745 * abs(v - median) / mad > OUTLIER_Z]
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    check = graded[median_i]
+    unit = check.unit or ""
+    line = (
+        f"{len(values)} rounds: {', '.join(f'{v:.4g}' for v in values)} {unit}; mean {mean:.4g} ± {sd:.4g} "
+        f"{unit} (range {min(values):.4g} to {max(values):.4g}); reported: round {median_i + 1}, the median"
+    )
+    if outliers:
+        which = f"round{'s' if len(outliers) > 1 else ''} {', '.join(map(str, outliers))}"
+        line += f"; warning: {which} far from the others (something else ran then?)"
+    check.evidence.insert(0, line)
+    check.data["rounds"] = {
+        "values": values,
+        "mean": mean,
+        "sd": sd,
+        "min": min(values),
+        "max": max(values),
+        "reported": median_i + 1,
+        "outliers": outliers,
+    }
+    return check
+
+
 def summarize(
     checks: list[Check], cpus: frozenset[int], elapsed_s: float, interrupted: bool = False
 ) -> dict[str, Any]:
@@ -362,6 +405,7 @@ def run(opts: Options) -> Report:
         "samples_per_cpu": opts.samples or (QUICK_SAMPLES if opts.quick else DEFAULT_SAMPLES),
         "duration_s": opts.duration_s or (QUICK_DURATION_S if opts.quick else DEFAULT_DURATION_S),
         "quick": opts.quick,
+        "rounds": opts.rounds,
         "limits_ms": {k: [v.pass_max, v.warn_max] for k, v in {**THRESHOLDS, **opts.limits}.items()},
     }
     target = ctx.cgroup_target
@@ -422,7 +466,10 @@ def run(opts: Options) -> Report:
                     )
                 for name in probe_names:
                     try:
-                        checks.append(runners[name]())
+                        if opts.rounds > 1 and name in ROUND_PROBES:
+                            checks.append(repeat(runners[name], opts.rounds))
+                        else:
+                            checks.append(runners[name]())
                     except (ProbeError, RtTestsError, QueueError, OSError) as e:
                         # One probe that cannot run (e.g. move_pages refused by a container's seccomp
                         # profile) fails alone; the others and the report still come out.

@@ -12,7 +12,15 @@ from typing import Any
 from lowtail.cli.commands.topology_cmd import add_root_args
 from lowtail.errors import UsageError
 from lowtail.node import cpulist
-from lowtail.options import add_html, add_json, add_no_progress, json_to_stdout, write_json, write_text
+from lowtail.options import (
+    add_html,
+    add_json,
+    add_no_progress,
+    json_to_stdout,
+    output_path,
+    write_json,
+    write_text,
+)
 from lowtail.render import console
 from lowtail.validation.check import Limits, ThresholdError
 from lowtail.validation.evidence import min_samples
@@ -45,6 +53,12 @@ def register(sub: Any) -> None:
     add_json(p, "the report")
     add_html(p, "the report with plots")
     p.add_argument(
+        "--junit",
+        metavar="FILE",
+        type=output_path(),
+        help="write each check as a JUnit XML test case (fail a failure, skip skipped) for CI",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help=f"{QUICK_SAMPLES:,} samples per CPU (just above the least a p99.9 verdict accepts) and "
@@ -74,6 +88,14 @@ def register(sub: Any) -> None:
         help=f"seconds per rt-tests run and hwlat/leased_threads window (default: {DEFAULT_DURATION_S:g}, "
         f"{QUICK_DURATION_S:g} "
         "with --quick)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each probe N times and report the spread (mean, deviation, outlier rounds); the report "
+        "keeps the median round (default: 1)",
     )
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
     p.add_argument(
@@ -185,6 +207,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
             f"--samples {args.samples}: expected a positive count "
             f"(a p99.9 verdict needs {min_samples(0.999):,})"
         )
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds}: expected a count of 1 or more")
     if args.pid is not None and args.pid < 1:
         raise UsageError(f"--pid {args.pid}: expected a positive process id")
     if args.duration is not None and args.duration < 1:
@@ -215,6 +239,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         actor=args.actor,
         expected_hardware=_expected_hardware(args.expected_hardware),
         no_probes=args.no_probes,
+        rounds=args.rounds,
     )
 
 
@@ -224,7 +249,7 @@ def run_validate(args: argparse.Namespace) -> int:
         report = run(opts)
     except ValidationError as e:
         raise UsageError(str(e)) from None
-    from lowtail.validation.report import render_html, render_table
+    from lowtail.validation.report import render_html, render_junit, render_table
 
     doc = report.to_dict()
     # The table first: a file that cannot be written now (a full disk) must not hide the result.
@@ -237,6 +262,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.html:
         write_text(args.html, render_html(report))
         console.info(f"HTML report: {args.html}", notes)
+    if args.junit:
+        write_text(args.junit, render_junit(doc))
+        console.info(f"JUnit report: {args.junit}", notes)
     if report.interrupted:
         return 130  # the shell's code for SIGINT: callers stop, as they would had the run been killed
     return 1 if report.failed else 0
