@@ -120,6 +120,17 @@ REFUSED = [
 ]
 
 
+def refused(kube: Stack, binary: str, cfg: dict[str, Any], name: str) -> str:
+    """The kubelet's log once it has exited non-zero on ``cfg`` (it must not start)."""
+    start_clean(kube, binary, cfg, name)
+    try:
+        rc, log = kube.wait_exit()
+    finally:
+        kube.stop_kubelet()
+    assert rc != 0, log[-4000:]
+    return log
+
+
 def bad_file(good: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     bad = {**good, **change}
     if "featureGates" in change:
@@ -163,12 +174,7 @@ def test_preflight_refusal_is_the_kubelets(
     bad, bad_verdict = bad_files[name]
     ours = [m for p in bad_verdict["problems"] if (m := re.search(lowtail_says, p))]
     assert len(ours) == 1, f"preflight's problems {bad_verdict['problems']} do not match {lowtail_says!r}"
-    start_clean(kube, binary, bad, f"{binary}-{name}.yaml")
-    try:
-        rc, log = kube.wait_exit()
-    finally:
-        kube.stop_kubelet()
-    assert rc != 0, log[-4000:]
+    log = refused(kube, binary, bad, f"{binary}-{name}.yaml")
     theirs = re.search(kubelet_says, log)
     assert theirs, f"the kubelet's log does not say {kubelet_says!r}; it ends:\n{log[-4000:]}"
     assert ours[0].groups() == theirs.groups(), (ours[0].group(0), theirs.group(0))
@@ -186,12 +192,7 @@ def test_cgroup_v1_host_needs_failcgroupv1_false(
     before = {k: v for k, v in kube.base_config().items() if k != "failCgroupV1"}
     rendered, rendered_verdict, _ = render(kube, binary, tmp_path, before=before)
     without = {k: v for k, v in rendered.items() if k != "failCgroupV1"}
-    start_clean(kube, binary, without, f"{binary}-no-failcgroupv1.yaml")
-    try:
-        rc, log = kube.wait_exit()
-    finally:
-        kube.stop_kubelet()
-    assert rc != 0, log[-4000:]
+    log = refused(kube, binary, without, f"{binary}-no-failcgroupv1.yaml")
     assert "kubelet is configured to not run on a host using cgroup v1" in log, log[-4000:]
     if rendered.get("failCgroupV1") is False:
         start_clean(kube, binary, rendered, f"{binary}-lowtail-failcgroupv1.yaml")
