@@ -8,7 +8,7 @@ REQS := python/requirements.txt python/constraints.txt requirements-dev.txt pyth
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
-	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps \
+	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps oracle \
 	kubelet-equipment test-kubelet
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs, so a missing one
@@ -105,7 +105,7 @@ pytest-deploy: $(STAMP)
 	$(BIN)/pytest -q --durations=10 $(DEPLOY_TESTS)
 
 pytest-most: $(STAMP)
-	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS) $(KUBELET_TESTS))
+	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS) $(KUBELET_TEST_DIRS))
 
 # The real kubelet's equipment, built once into build/kubelet/ (content-keyed: an unchanged input
 # builds nothing): two kubelets, containerd, ctr, its runc shim and runc from the Go modules pinned
@@ -116,16 +116,33 @@ kubelet-equipment: $(STAMP)
 	scripts/kubelet-equipment.sh
 	$(BIN)/python -m tests.kubelet.real.images
 
-# The kubelet tests alone: a standalone kubelet on containerd (tests/kubelet/real) and everything
-# else under tests/kubelet.
-KUBELET_TESTS := tests/kubelet
-test-kubelet: kubelet-equipment
-	$(BIN)/pytest -q --durations=15 $(KUBELET_TESTS)
-
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
 pytest-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
+
+# The kubelet oracle (tests/kubelet/oracle): one binary per kubelet minor lowtail claims, each built
+# against k8s.io/kubernetes at that release (go.<minor>.mod and .sum pin it), into build/oracle/.
+# Test equipment only: the product needs no Go. Go's module and build caches are its defaults
+# (go env GOMODCACHE GOCACHE: ~/go/pkg/mod, ~/.cache/go-build). A missing go or a failed download or
+# build stops make here with go's own output.
+ORACLE_DIR := tests/kubelet/oracle
+ORACLE_MINORS := $(sort $(patsubst $(ORACLE_DIR)/go.%.mod,%,$(wildcard $(ORACLE_DIR)/go.1.*.mod)))
+ORACLES := $(addprefix build/oracle/kubelet-oracle-,$(ORACLE_MINORS))
+oracle: $(ORACLES)
+
+build/oracle/kubelet-oracle-%: $(ORACLE_DIR)/go.%.mod $(ORACLE_DIR)/go.%.sum $(wildcard $(ORACLE_DIR)/*.go)
+	@command -v go >/dev/null || { echo "make oracle: no go on PATH; the kubelet oracle needs Go 1.26 or later (go.dev/dl)" >&2; exit 1; }
+	@mkdir -p build/oracle
+	@echo "==> building the kubelet $* oracle ($$(grep -o 'k8s.io/kubernetes v[0-9.]*' $(ORACLE_DIR)/go.$*.mod))"
+	cd $(ORACLE_DIR) && go build -modfile=go.$*.mod -o $(CURDIR)/$@.tmp . && mv $(CURDIR)/$@.tmp $(CURDIR)/$@
+
+# The kubelet tests alone (a suite of `make test`; pytest-most leaves them out): the differential
+# test against every oracle, the standalone kubelet on containerd (tests/kubelet/real), and whatever
+# else sits in KUBELET_TEST_DIRS.
+KUBELET_TEST_DIRS := tests/kubelet
+test-kubelet: oracle kubelet-equipment $(STAMP)
+	$(BIN)/pytest -q --durations=15 $(KUBELET_TEST_DIRS)
 
 # The developer's inner loop, a few minutes: lint, types and the fast tests. No system packages needed.
 quick: lint typecheck pytest-fast
@@ -143,7 +160,7 @@ ansible-lint: $(STAMP)
 
 # The molecule scenario: two systemd containers (podman) converge site.yml; builds the sandbox image
 # on first use (about 3 minutes), then the whole sequence takes about 10 minutes.
-molecule: $(STAMP)
+molecule: $(STAMP) oracle
 	$(ANSIBLE_ENV) $(ZIP_BYTECODE_ENV) $(BIN)/molecule test -s default
 
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
@@ -158,7 +175,7 @@ molecule: $(STAMP)
 # pytest-actor-kill).
 TEST_JOBS ?= 6
 test: system-deps
-	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse kubelet-equipment
+	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse oracle kubelet-equipment
 	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime test-kubelet \
 	  --then pytest-actor-kill
 

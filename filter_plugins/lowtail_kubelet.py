@@ -68,15 +68,64 @@ def kubelet_policy(
     }
 
 
-def kubelet_config_check(config: Any, version: str, numa_nodes: int = 0) -> dict[str, list[str]]:
+def _machine(topology: Mapping[str, Any] | None, cgroup_version: Any) -> dict[str, Any]:
+    """check_config's machine arguments from lowtail_node.topology (sockets, online) and the cgroup
+    version preflight read (1 or 2; none: unknown)."""
+    topo = dict(topology or {})
+    online = topo.get("online")
+    return {
+        "sockets": int(topo.get("sockets") or 0),
+        "cpus": set(_module("cpulist").parse(str(online))) if online else None,
+        "cgroup_version": int(cgroup_version) if cgroup_version not in (None, "") else None,
+    }
+
+
+def kubelet_config_check(
+    config: Any,
+    version: str,
+    numa_nodes: int = 0,
+    topology: Mapping[str, Any] | None = None,
+    cgroup_version: Any = None,
+) -> dict[str, list[str]]:
     """{problems, warnings} for the whole configuration kubelet ``version`` will read (the merged file),
-    on a host with ``numa_nodes`` NUMA nodes. An unsupported version or a file that is not a map is a
-    problem."""
+    on a host with ``numa_nodes`` NUMA nodes; ``topology`` (lowtail_node.topology: sockets, online) and
+    ``cgroup_version`` (1 or 2) add the checks that need them. An unsupported version or a file that is
+    not a map is a problem."""
     ko = _module("kubelet_options")
     if not isinstance(config, Mapping):
         return {"problems": [f"the kubelet configuration is {config!r}; expected a map"], "warnings": []}
     try:
-        result = ko.check_config(str(version), config, int(numa_nodes or 0))
+        result = ko.check_config(
+            str(version),
+            config,
+            int(numa_nodes or 0),
+            **_machine(topology, cgroup_version),
+        )
+    except ko.KubeletVersionError as e:
+        return {"problems": [str(e)], "warnings": []}
+    return {"problems": list(result.problems), "warnings": list(result.warnings)}
+
+
+def kubelet_files_check(  # noqa: PLR0917 - a Jinja filter takes its arguments by position
+    main: Any,
+    dropins: list[list[Any]],
+    version: str,
+    numa_nodes: int = 0,
+    topology: Mapping[str, Any] | None = None,
+    cgroup_version: Any = None,
+) -> dict[str, list[str]]:
+    """{problems, warnings} for what kubelet ``version`` loads: the main file and its --config-dir
+    drop-ins ([[path, content], ...]) as kubelet_options.check_files judges them (each file's header,
+    kubelet's eviction defaults before the merge, the merge, then every check_config rule)."""
+    ko = _module("kubelet_options")
+    try:
+        result = ko.check_files(
+            str(version),
+            main,
+            [(str(p), c) for p, c in dropins],
+            int(numa_nodes or 0),
+            **_machine(topology, cgroup_version),
+        )
     except ko.KubeletVersionError as e:
         return {"problems": [str(e)], "warnings": []}
     return {"problems": list(result.problems), "warnings": list(result.warnings)}
@@ -209,6 +258,7 @@ class FilterModule:
         return {
             "lowtail_kubelet_policy": kubelet_policy,
             "lowtail_kubelet_config_check": kubelet_config_check,
+            "lowtail_kubelet_files_check": kubelet_files_check,
             "lowtail_kubelet_eviction_hard": kubelet_eviction_hard,
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,

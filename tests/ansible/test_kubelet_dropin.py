@@ -53,7 +53,7 @@ def dropin_unit(config_dir: Path) -> str:
     return KUBEADM_UNIT.replace("--config=@CONFIG@", f"--config=@CONFIG@ --config-dir={config_dir}")
 
 
-def preflight(tmp_path: Path, version: str = "1.34.1", unit: str | None = None) -> tuple[int, str]:
+def preflight(tmp_path: Path, version: str = "1.36.3", unit: str | None = None) -> tuple[int, str]:
     config_dir = tmp_path / "kubelet.conf.d"
     config_dir.mkdir(exist_ok=True)
     return run_preflight(
@@ -80,15 +80,6 @@ def test_preflight_refuses_a_kubelet_without_config_dir(tmp_path: Path) -> None:
         in out
     ), out
     assert "add --config-dir=/etc/kubernetes/kubelet.conf.d to kubelet's command line" in out, out
-
-
-def test_preflight_refuses_a_kubelet_that_reads_drop_ins_only_as_alpha(tmp_path: Path) -> None:
-    rc, out = preflight(tmp_path, version="1.29.6")
-    assert rc != 0, out
-    assert (
-        "kubelet 1.29 reads --config-dir drop-ins only as an alpha feature (KEP-3983: with the "
-        "KUBELET_CONFIG_DROPIN_DIR_ALPHA environment variable" in out
-    ), out
 
 
 def test_preflight_refuses_only_a_drop_in_sorting_after_lowtails_that_overrides_its_field(
@@ -179,7 +170,10 @@ class Node:
         self.log = tmp_path / "systemctl.log"
         for d in (self.config_dir, self.root, self.state, tmp_path / "bin", tmp_path / "lib"):
             d.mkdir(parents=True, exist_ok=True)
-        (self.state / "kubelet-version").write_text("1.34.1\n")
+        (self.state / "kubelet-version").write_text("1.36.3\n")
+        # The stand-in counts NUMA nodes from its sysfs as cadvisor does: two, as reservedMemory names.
+        (tmp_path / "sys/devices/system/node").mkdir(parents=True)
+        (tmp_path / "sys/devices/system/node/online").write_text("0-1\n")
         (tmp_path / "lib/lowtail_node").symlink_to(ROOT / "python/lowtail/node")
         kubelet = tmp_path / "kubelet"
         kubelet.write_text(

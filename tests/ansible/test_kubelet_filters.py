@@ -21,16 +21,19 @@ def kf() -> ModuleType:
 
 
 def test_policy_filter_renders_what_each_version_accepts(kf: ModuleType) -> None:
-    old = kf.kubelet_policy("Kubernetes v1.31.4", "auto", {}, "single-numa-node")
-    new = kf.kubelet_policy("Kubernetes v1.34.0", "auto", {}, "single-numa-node")
-    assert old == {
-        "minor": 31,
-        "options": {"full-pcpus-only": "true"},
+    new = kf.kubelet_policy("Kubernetes v1.37.2", "auto", {}, "single-numa-node", 24)
+    assert new == {
+        "minor": 37,
+        "options": {
+            "full-pcpus-only": "true",
+            "strict-cpu-reservation": "true",
+            "prefer-align-cpus-by-uncorecache": "true",
+        },
         "gates": {},
-        "topology_options": {},
+        "topology_options": {"max-allowable-numa-nodes": "24"},
         "problems": [],
     }
-    assert new["options"] == {
+    assert kf.kubelet_policy("Kubernetes v1.35.4", "auto", {}, "single-numa-node")["options"] == {
         "full-pcpus-only": "true",
         "strict-cpu-reservation": "true",
         "prefer-align-cpus-by-uncorecache": "true",
@@ -38,9 +41,10 @@ def test_policy_filter_renders_what_each_version_accepts(kf: ModuleType) -> None
 
 
 def test_policy_filter_reports_an_unsupported_version_as_a_problem(kf: ModuleType) -> None:
-    result = kf.kubelet_policy("Kubernetes v1.27.3", "auto")
+    result = kf.kubelet_policy("Kubernetes v1.34.3", "auto")
     assert result["problems"] == [
-        "kubelet Kubernetes v1.27.3 is not supported; lowtail knows the CPU manager options of 1.28 to 1.35"
+        "kubelet Kubernetes v1.34.3 is not supported; lowtail claims kubelet 1.35 to 1.37, the minors whose "
+        "own start-up code it is tested against"
     ]
 
 
@@ -51,7 +55,7 @@ def test_eviction_filter_never_leaves_a_signal_at_zero(kf: ModuleType) -> None:
     assert len(merged) == 5
 
 
-@pytest.mark.parametrize(("version", "supported"), [("v1.29.9", False), ("v1.30.0", True), ("v1.34.1", True)])
+@pytest.mark.parametrize(("version", "supported"), [("v1.29.9", False), ("v1.30.0", True), ("v1.36.3", True)])
 def test_config_dir_is_used_only_where_no_gate_is_needed(
     kf: ModuleType, version: str, supported: bool
 ) -> None:
@@ -111,12 +115,25 @@ def test_unreadable_runtime_version_is_a_problem() -> None:
 
 
 def test_config_check_filter_reports_the_merged_files_problems(kf: ModuleType) -> None:
-    merged = {"cpuManagerPolicy": "static", "featureGates": {"CPUManagerPolicyOptions": False}}
-    result = kf.kubelet_config_check(merged, "Kubernetes v1.34.1", 2)
+    merged = {
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": "0-3",
+        "featureGates": {"CPUManagerPolicyOptions": False},
+    }
+    result = kf.kubelet_config_check(merged, "Kubernetes v1.36.3", 2, {"sockets": 2, "online": "0-7"}, "2")
     assert result["problems"] == [
-        "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true (kubelet 1.34)"
+        "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true (kubelet 1.36)"
     ]
-    assert kf.kubelet_config_check("garbage", "v1.34.1")["problems"] == [
+    # The host's cgroup version and online CPUs reach the check.
+    v1 = kf.kubelet_config_check({**merged, "featureGates": {}}, "v1.36.3", 2, {"online": "0-2"}, 1)[
+        "problems"
+    ]
+    assert [p.split(";")[0] for p in v1] == [
+        "kubelet 1.36 is configured to not run on a host using cgroup v1 (failCgroupV1 defaults to true) and "
+        "this host runs cgroup v1",
+        "reservedSystemCPUs '0-3' names CPUs this host does not have online: [3]",
+    ]
+    assert kf.kubelet_config_check("garbage", "v1.36.3")["problems"] == [
         "the kubelet configuration is 'garbage'; expected a map"
     ]
     assert kf.kubelet_config_check({}, "v1.27.1")["problems"][0].startswith(
@@ -145,3 +162,19 @@ def test_command_line_follows_execstart_resets_and_variable_expansion() -> None:
     # ${ONE} stays one word: kubelet gets the flag --max-pods with the value "9 --x".
     assert cmd.flags["--max-pods"] == "9 --x"
     assert cmd.env_files == ["/var/lib/kubelet/kubeadm-flags.env"]
+
+
+def test_files_check_filter_judges_the_main_file_and_drop_ins_as_kubelet_loads_them(kf: ModuleType) -> None:
+    main = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": "0-3",
+    }
+    ok = kf.kubelet_files_check(main, [], "v1.37.2", 1, {"online": "0-7"}, 2)
+    assert ok == {"problems": [], "warnings": []}
+    headless = [["/etc/kubernetes/kubelet.conf.d/50-x.conf", {"maxPods": 10}]]
+    assert kf.kubelet_files_check(main, headless, "v1.37.2", 1)["problems"] == [
+        "drop-in /etc/kubernetes/kubelet.conf.d/50-x.conf has apiVersion None and kind None; expected "
+        "kubelet.config.k8s.io/v1beta1 KubeletConfiguration (kubelet fails to load it)"
+    ]

@@ -28,8 +28,14 @@ def node(numa_nodes: int) -> dict[str, Any]:
             "kube_reserved": "1Gi",
             "system_reserved": "1Gi",
             "eviction_hard": "100Mi",
+            # Split exactly, the remainder on node 0, as kubelet_memory.plan_reservations does.
             "reserved_memory": [
-                {"numaNode": n, "limits": {"memory": f"{per_numa // numa_nodes}Mi"}}
+                {
+                    "numaNode": n,
+                    "limits": {
+                        "memory": f"{per_numa // numa_nodes + (per_numa % numa_nodes if n == 0 else 0)}Mi"
+                    },
+                }
                 for n in range(numa_nodes)
             ],
         },
@@ -160,44 +166,44 @@ KUBEADM = {
 
 
 def test_clean_file_passes(tmp_path: Path) -> None:
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM)
     assert rc == 0, out
 
 
 @pytest.mark.parametrize(
     ("version", "existing", "message"),
     [
-        # The file's option is refused together with the one lowtail adds on 1.34.
+        # The file's option is refused together with the one lowtail adds.
         (
-            "1.34.1",
+            "1.36.3",
             {**KUBEADM, "cpuManagerPolicyOptions": {"distribute-cpus-across-numa": "true"}},
             "options 'prefer-align-cpus-by-uncorecache' and 'distribute-cpus-across-numa' can not be used at "
-            "the same time (kubelet 1.34)",
+            "the same time (kubelet 1.36)",
         ),
         (
-            "1.31.4",
+            "1.35.4",
             {**KUBEADM, "featureGates": {"CPUManagerPolicyBetaOptions": False}},
-            "option 'full-pcpus-only' is beta in kubelet 1.31 and needs "
+            "option 'prefer-align-cpus-by-uncorecache' is beta in kubelet 1.35 and needs "
             "featureGates.CPUManagerPolicyBetaOptions",
         ),
         (
-            "1.34.1",
+            "1.37.2",
             {**KUBEADM, "featureGates": {"CPUManagerPolicyOptions": False}},
             "cannot set feature gate CPUManagerPolicyOptions to false, feature is locked to true "
-            "(kubelet 1.34)",
+            "(kubelet 1.37)",
         ),
         (
-            "1.31.4",
+            "1.36.3",
             {**KUBEADM, "featureGates": {"MemoryManager": False}},
-            "featureGates.MemoryManager: false turns the memory manager off",
+            "unrecognized feature gate: MemoryManager (kubelet 1.36",
         ),
         (
-            "1.31.4",
+            "1.35.4",
             {**KUBEADM, "featureGates": {"MemoryManager": "yes"}},
             "featureGates.MemoryManager is 'yes'; expected true or false",
         ),
     ],
-    ids=["pair_with_added_option", "beta_gate_off", "locked_gate", "memory_manager_off", "string_gate"],
+    ids=["pair_with_added_option", "beta_gate_off", "locked_gate", "removed_gate", "string_gate"],
 )
 def test_merged_file_kubelet_would_refuse_fails_preflight(
     tmp_path: Path, version: str, existing: dict[str, Any], message: str
@@ -207,18 +213,25 @@ def test_merged_file_kubelet_would_refuse_fails_preflight(
     assert "the configuration kubelet would read: " + message in out, out
 
 
-def test_24_numa_nodes_pass_on_1_34_and_are_refused_on_1_30_naming_the_count(tmp_path: Path) -> None:
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, numa_nodes=24)
+def test_24_numa_nodes_pass_with_max_allowable_numa_nodes(tmp_path: Path) -> None:
+    rc, out = run_preflight(tmp_path, "1.37.2", KUBEADM, numa_nodes=24)
     assert rc == 0, out
     assert 'topology options {"max-allowable-numa-nodes": "24"}' in out, out
-    rc, out = run_preflight(tmp_path, "1.30.2", KUBEADM, numa_nodes=24)
+
+
+@pytest.mark.parametrize("version", ["1.34.6", "1.38.0"])
+def test_a_minor_lowtail_does_not_claim_is_refused_naming_it_and_the_range(
+    tmp_path: Path, version: str
+) -> None:
+    rc, out = run_preflight(tmp_path, version, KUBEADM)
     assert rc != 0, out
-    assert "more than 8 NUMA nodes and this host has 24" in out, out
+    assert f"v{version} is not supported; lowtail claims kubelet 1.35 to 1.37" in out, out
+    assert "Traceback" not in out, out
 
 
 def test_flag_in_kubeadm_flags_env_that_overrides_a_lowtail_field_fails(tmp_path: Path) -> None:
     flags = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///x --cpu-manager-policy none"\n'
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, flags_env=flags)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, flags_env=flags)
     assert rc != 0, out
     assert (
         "kubelet.service: kubelet is started with --cpu-manager-policy, which overrides cpuManagerPolicy"
@@ -231,10 +244,10 @@ def test_flag_in_an_execstart_drop_in_fails_and_kubeadm_ownership_is_reported(tm
         "\n# /etc/systemd/system/kubelet.service.d/20-extra.conf\n[Service]\nExecStart=\n"
         "ExecStart=/usr/bin/kubelet --config=@CONFIG@ --reserved-cpus=0-3\n"
     )
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=unit)
     assert rc != 0, out
     assert "kubelet is started with --reserved-cpus, which overrides reservedSystemCPUs" in out, out
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM)
     assert rc == 0, out
     assert (
         "`kubeadm upgrade node` (phase kubelet-config) rewrites it from the kube-system/kubelet-config" in out
@@ -243,7 +256,7 @@ def test_flag_in_an_execstart_drop_in_fails_and_kubeadm_ownership_is_reported(tm
 
 def test_config_flag_naming_another_file_fails(tmp_path: Path) -> None:
     unit = KUBEADM_UNIT.replace("--config=@CONFIG@", "--config /etc/kubernetes/kubelet-config.yaml")
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=unit)
     assert rc != 0, out
     assert (
         "starts kubelet with --config=/etc/kubernetes/kubelet-config.yaml but lowtail_kubelet_config_path"
@@ -257,15 +270,15 @@ def test_config_dir_drop_ins_are_part_of_the_file_kubelet_reads(tmp_path: Path) 
     unit = KUBEADM_UNIT.replace("--config=@CONFIG@", f"--config=@CONFIG@ --config-dir={dropins}")
     header = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}
     (dropins / "10-gates.conf").write_text(
-        yaml.safe_dump({**header, "featureGates": {"MemoryManager": True}})
+        yaml.safe_dump({**header, "featureGates": {"CPUManagerPolicyBetaOptions": True}})
     )
     (dropins / "README").write_text("not a drop-in: kubelet reads *.conf only\n")
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=unit)
     assert rc == 0, out
     assert f"kubelet reads drop-ins from {dropins}: they merge over" in out, out
     # A drop-in that sets a field lowtail writes would win over lowtail's file.
     (dropins / "20-policy.conf").write_text(yaml.safe_dump({**header, "cpuManagerPolicy": "none"}))
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=unit)
     assert rc != 0, out
     assert f"{dropins}/20-policy.conf sets cpuManagerPolicy, which overrides cpuManagerPolicy" in out, out
     # A drop-in's gate is part of the merged result kubelet would refuse.
@@ -273,12 +286,75 @@ def test_config_dir_drop_ins_are_part_of_the_file_kubelet_reads(tmp_path: Path) 
     (dropins / "30-locked.conf").write_text(
         yaml.safe_dump({**header, "featureGates": {"CPUManagerPolicyOptions": False}})
     )
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=unit)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=unit)
     assert rc != 0, out
     assert "the configuration kubelet would read: cannot set feature gate CPUManagerPolicyOptions" in out, out
 
 
 def test_unreadable_unit_is_a_problem_not_a_silent_skip(tmp_path: Path) -> None:
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, unit=None)
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, unit=None)
     assert rc != 0, out
     assert "systemctl cat kubelet.service failed (rc 1): No files found for kubelet.service." in out, out
+
+
+@pytest.mark.parametrize("cgroup", [1, 2])
+def test_cgroup_v1_host_gets_fail_cgroup_v1_false_and_a_warning(tmp_path: Path, cgroup: int) -> None:
+    # Every claimed kubelet refuses cgroup v1 unless failCgroupV1 is false: preflight's check of the
+    # rendered file passes on v1 only because the role writes that field there.
+    versions = {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}, "cgroup_version": cgroup}
+    rc, out = run_preflight(tmp_path, "1.35.4", KUBEADM, lowtail_versions=versions)
+    assert rc == 0, out
+    warned = "this host runs cgroup v1; lowtail writes failCgroupV1: false" in out
+    assert warned is (cgroup == 1), out
+
+
+def test_a_drop_in_that_sets_fail_cgroup_v1_on_a_cgroup_v1_host_is_refused(tmp_path: Path) -> None:
+    versions = {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}, "cgroup_version": 1}
+    rc, out = run_preflight(tmp_path, "1.36.3", {**KUBEADM, "failCgroupV1": True}, lowtail_versions=versions)
+    # target file: lowtail's false replaces the file's true.
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(
+    ("old_gates", "new_gates", "reset"),
+    [
+        ({}, {"PodLevelResourceManagers": True}, True),
+        ({"PodLevelResourceManagers": True}, {}, True),
+        ({"PodLevelResourceManagers": False}, {}, False),
+        ({"PodLevelResourceManagers": True}, {"PodLevelResourceManagers": True}, False),
+    ],
+)
+def test_a_flip_of_the_pod_level_resource_managers_gate_resets_the_checkpoints(
+    tmp_path: Path, old_gates: dict[str, bool], new_gates: dict[str, bool], reset: bool
+) -> None:
+    # The gate switches the CPU manager's checkpoint between its v2 and v3 formats, which each side
+    # refuses: the role treats a flip like a policy change (drain, remove the checkpoints).
+    base = {"cpuManagerPolicy": "static", "reservedSystemCPUs": "0-3"}
+    playbook = tmp_path / "changes.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "vars_files": [str(ROOT / "roles/lowtail_kubelet/vars/main.yml")],
+                    "vars": {
+                        "__lowtail_kubelet_old": {**base, "featureGates": old_gates},
+                        "__lowtail_kubelet_new": {**base, "featureGates": new_gates},
+                    },
+                    "tasks": [
+                        {
+                            "ansible.builtin.debug": {
+                                "msg": "changes {{ __lowtail_kubelet_checkpoint_changes | to_json }}"
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    result = run_ansible(["ansible-playbook", "-i", str(local_node_inventory(tmp_path)), str(playbook)])
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, out
+    wanted = '["featureGates.PodLevelResourceManagers"]' if reset else "[]"
+    assert f"changes {wanted}" in out, out

@@ -64,20 +64,18 @@ def test_l3_as_numa_host_has_24_nodes_and_its_kubelet_config_gets_the_numa_limit
     numa = node["topology"]["numa_nodes"]
     assert numa == 24
     assert [r["numaNode"] for r in node["kubelet_memory"]["reserved_memory"]] == list(range(24))
-    chosen = ko.choose_options("v1.34.1", None, {}, "single-numa-node", numa)
+    chosen = ko.choose_options("v1.37.2", None, {}, "single-numa-node", numa)
     cfg = {
         "cpuManagerPolicy": "static",
         "cpuManagerPolicyOptions": chosen.options,
+        "reservedSystemCPUs": node["plan"]["housekeeping"],
         "topologyManagerPolicy": "single-numa-node",
         "topologyManagerPolicyOptions": chosen.topology_options,
     }
     assert chosen.topology_options == {"max-allowable-numa-nodes": "24"}
-    assert ko.check_config("v1.34.1", cfg, numa).problems == []
-    on_1_30 = ko.choose_options("v1.30.2", None, {}, "single-numa-node", numa)
-    assert on_1_30.topology_options == {}
-    old_cfg = {**cfg, "cpuManagerPolicyOptions": on_1_30.options, "topologyManagerPolicyOptions": {}}
-    old = ko.check_config("v1.30.2", old_cfg, numa).problems
-    assert len(old) == 1 and "this host has 24" in old[0], old
+    assert ko.check_config("v1.37.2", cfg, numa).problems == []
+    without = ko.check_config("v1.37.2", {**cfg, "topologyManagerPolicyOptions": {}}, numa).problems
+    assert len(without) == 1 and "this host has 24" in without[0], without
 
 
 def test_virtual_host_fails_unless_allowed(node_plan_module: ModuleType, machine_roots: dict) -> None:
@@ -406,3 +404,14 @@ def test_sysfs_values_record_the_choice_and_restore_reports_what_it_could_not(
         sysfs_module.written_paths("d /run/lowtail 0755 root root -\n")
     with pytest.raises(ValueError, match="expected a path under /sys/"):
         sysfs_module.written_paths("w /etc/passwd - - - - x\n")
+
+
+def test_cgroup_v2_host_plans_as_on_v1_and_reports_v2(
+    node_plan_module: ModuleType, machine_roots: dict
+) -> None:
+    v2, _ = node_plan_module.build_node(params(*machine_roots["epyc9634_2s_cgroup2"]))
+    v1, _ = node_plan_module.build_node(params(*machine_roots["epyc9634_2s"]))
+    # The plain fixture has no fs/cgroup at all (version unknown); the v2 one has the unified hierarchy.
+    assert (v2["kernel"]["cgroup_version"], v1["kernel"]["cgroup_version"]) == (2, None)
+    assert v2["plan"] == v1["plan"]
+    assert v2["kubelet_memory"] == v1["kubelet_memory"]

@@ -184,7 +184,7 @@ def test_rerun_after_a_failure_applies_the_tuning_the_failed_run_did_not(
 def test_kubelet_version_failure_names_its_cause(tmp_path: Path) -> None:
     """A kubelet binary that cannot run: the preflight problem says why, not just the return code."""
     missing = tmp_path / "no-such-kubelet"
-    rc, out = run_preflight(tmp_path, "1.34.1", KUBEADM, lowtail_kubelet_binary=str(missing))
+    rc, out = run_preflight(tmp_path, "1.36.3", KUBEADM, lowtail_kubelet_binary=str(missing))
     assert rc != 0, out
     assert f"kubelet --version failed (rc 2): no output; {missing}: Error executing" in out, out
 

@@ -51,6 +51,9 @@ def tree(tmp_path: Path) -> Iterator[Path]:
     # The stand-in imports the node package as lowtail_node, as it is copied into the container.
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib/lowtail_node").symlink_to(ROOT / "python/lowtail/node")
+    # Two NUMA nodes, as GOOD's reservedMemory names.
+    (tmp_path / "sys/devices/system/node").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/node/online").write_text("0-1\n")
     yield tmp_path
 
 
@@ -106,7 +109,7 @@ def configz(tree: Path) -> dict[str, Any]:
 
 
 def test_standin_reports_its_version(tree: Path) -> None:
-    (tree / "etc/lowtail-standin/kubelet-version").write_text("1.31.4")
+    (tree / "etc/lowtail-standin/kubelet-version").write_text("1.35.4")
     env = dict(os.environ, LOWTAIL_STANDIN_PREFIX=str(tree), PYTHONPATH=str(tree / "lib"))
     out = subprocess.run(
         [sys.executable, str(STANDIN / "kubelet.py"), "--version"],
@@ -115,26 +118,36 @@ def test_standin_reports_its_version(tree: Path) -> None:
         text=True,
         check=True,
     )
-    assert out.stdout == "Kubernetes v1.31.4\n"
+    assert out.stdout == "Kubernetes v1.35.4\n"
 
 
 def test_good_config_starts_and_writes_checkpoints_of_its_policies(tree: Path) -> None:
-    started(tree, "1.31.4", GOOD)
+    started(tree, "1.35.4", GOOD)
     cpu = json.loads((tree / "var/lib/kubelet/cpu_manager_state").read_text())
     mem = json.loads((tree / "var/lib/kubelet/memory_manager_state").read_text())
     assert (cpu["policyName"], mem["policyName"]) == ("static", "Static")
 
 
-def test_option_the_version_lacks_is_refused(tree: Path) -> None:
+@pytest.mark.parametrize(("version", "typed"), [("1.35.4", False), ("1.36.3", True), ("1.37.2", True)])
+def test_configz_carries_apiversion_and_kind_from_1_36(tree: Path, version: str, typed: bool) -> None:
+    started(tree, version, GOOD)
+    running = configz(tree)
+    assert ("kind" in running, "apiVersion" in running) == (typed, typed)
+    assert running["cpuManagerPolicy"] == "static"
+
+
+def test_option_kubelet_does_not_know_is_refused(tree: Path) -> None:
     cfg = {**GOOD, "cpuManagerPolicyOptions": {"prefer-align-cpus-by-uncorecache": "true"}}
-    assert "unknown CPU Manager Policy option" in refused(tree, "1.31.4", cfg)
-    started(tree, "1.34.0", cfg)
+    assert "unknown CPU Manager Policy option" in refused(
+        tree, "1.36.3", {**cfg, "cpuManagerPolicyOptions": {"prefer-align-cpus-by-uncore": "true"}}
+    )
+    started(tree, "1.36.3", cfg)
 
 
 def test_alpha_option_without_gate_is_refused(tree: Path) -> None:
-    cfg = {**GOOD, "cpuManagerPolicyOptions": {"prefer-align-cpus-by-uncorecache": "true"}}
-    assert "CPUManagerPolicyAlphaOptions" in refused(tree, "1.33.1", cfg)
-    started(tree, "1.33.1", {**cfg, "featureGates": {"CPUManagerPolicyAlphaOptions": True}})
+    cfg = {**GOOD, "cpuManagerPolicyOptions": {"distribute-cpus-across-cores": "true"}}
+    assert "CPUManagerPolicyAlphaOptions" in refused(tree, "1.37.2", cfg)
+    started(tree, "1.37.2", {**cfg, "featureGates": {"CPUManagerPolicyAlphaOptions": True}})
 
 
 def test_forbidden_pair_is_refused(tree: Path) -> None:
@@ -143,22 +156,22 @@ def test_forbidden_pair_is_refused(tree: Path) -> None:
         "cpuManagerPolicyOptions": {"full-pcpus-only": "true", "distribute-cpus-across-cores": "true"},
         "featureGates": {"CPUManagerPolicyAlphaOptions": True},
     }
-    assert "can not be used at the same time" in refused(tree, "1.34.0", cfg)
+    assert "can not be used at the same time" in refused(tree, "1.36.3", cfg)
 
 
 def test_reserved_memory_that_does_not_sum_is_refused(tree: Path) -> None:
     cfg = {**GOOD, "evictionHard": {"memory.available": "200Mi"}}
-    assert "reserved memory" in refused(tree, "1.34.0", cfg)
+    assert "reservedMemory sums to" in refused(tree, "1.36.3", cfg)
 
 
 def test_checkpoint_of_another_policy_is_refused(tree: Path) -> None:
     (tree / "var/lib/kubelet/cpu_manager_state").write_text('{"policyName":"none","checksum":1}')
-    assert "could not restore state from checkpoint" in refused(tree, "1.34.0", GOOD)
+    assert "could not restore state from checkpoint" in refused(tree, "1.36.3", GOOD)
 
 
 def test_options_with_the_none_policy_are_refused(tree: Path) -> None:
     cfg = {**HEADER, "cpuManagerPolicy": "none", "cpuManagerPolicyOptions": {"full-pcpus-only": "true"}}
-    assert "None policy" in refused(tree, "1.34.0", cfg)
+    assert "None policy" in refused(tree, "1.36.3", cfg)
 
 
 def dropin(tree: Path, name: str, cfg: dict[str, Any]) -> str:
@@ -175,7 +188,7 @@ def test_config_dir_drop_ins_merge_over_the_file_in_lexical_order(tree: Path) ->
     flag = dropin(tree, "50-lowtail.conf", {**GOOD, "clusterDNS": ["10.0.0.1"]})
     dropin(tree, "90-operator.conf", {**HEADER, "maxPods": 250, "evictionHard": {"nodefs.available": "5%"}})
     dropin(tree, "99-ignored.yaml", {**HEADER, "maxPods": 1})  # only *.conf files are read
-    started(tree, "1.34.0", base, flag)
+    started(tree, "1.36.3", base, flag)
     running = configz(tree)
     assert running["cpuManagerPolicy"] == "static" and running["maxPods"] == 250
     assert running["clusterDNS"] == ["10.0.0.1"]  # lists are replaced
@@ -191,7 +204,7 @@ def test_a_later_drop_in_can_make_the_merged_result_refused(tree: Path) -> None:
     )
     refused_err = refused(
         tree,
-        "1.34.0",
+        "1.36.3",
         {**HEADER, "cpuManagerPolicyOptions": {"prefer-align-cpus-by-uncorecache": "true"}},
         flag,
     )
@@ -200,19 +213,18 @@ def test_a_later_drop_in_can_make_the_merged_result_refused(tree: Path) -> None:
 
 def test_drop_in_without_its_kind_is_refused(tree: Path) -> None:
     flag = dropin(tree, "50-lowtail.conf", {"cpuManagerPolicy": "static"})
-    assert "no kind None is registered" in refused(tree, "1.34.0", GOOD, flag)
+    assert "no kind None is registered" in refused(tree, "1.36.3", GOOD, flag)
 
 
-def test_config_dir_needs_the_alpha_variable_before_1_30(tree: Path) -> None:
+def test_config_dir_drop_in_is_merged_over_the_file(tree: Path) -> None:
     flag = dropin(tree, "50-lowtail.conf", {**HEADER, "maxPods": 100})
-    assert "KUBELET_CONFIG_DROPIN_DIR_ALPHA" in refused(tree, "1.29.3", GOOD, flag)
-    started(tree, "1.29.3", GOOD, flag, KUBELET_CONFIG_DROPIN_DIR_ALPHA="on")
+    started(tree, "1.35.4", GOOD, flag)
     assert configz(tree)["maxPods"] == 100
 
 
 def test_unknown_field_is_dropped_with_the_lenient_decoding_warning(tree: Path) -> None:
     # A typo is no refusal on v1beta1: kubelet drops it, so the setting silently does not apply.
-    err = started(tree, "1.34.0", {**GOOD, "cpuManagerPolicyOption": {"full-pcpus-only": "true"}})
+    err = started(tree, "1.36.3", {**GOOD, "cpuManagerPolicyOption": {"full-pcpus-only": "true"}})
     assert (
         'Using lenient decoding as strict decoding failed err="strict decoding error: unknown field ' in err
     )
@@ -222,23 +234,23 @@ def test_unknown_field_is_dropped_with_the_lenient_decoding_warning(tree: Path) 
 
 def test_file_of_another_kind_or_version_is_refused(tree: Path) -> None:
     assert "is registered for version" in refused(
-        tree, "1.34.0", {**GOOD, "apiVersion": "kubelet.config.k8s.io/v1"}
+        tree, "1.36.3", {**GOOD, "apiVersion": "kubelet.config.k8s.io/v1"}
     )
     assert "is registered for version" in refused(
-        tree, "1.34.0", {k: v for k, v in GOOD.items() if k != "kind"}
+        tree, "1.36.3", {k: v for k, v in GOOD.items() if k != "kind"}
     )
 
 
 @pytest.mark.parametrize(
     ("version", "gates", "message"),
     [
-        ("1.34.0", {"CPUManagerPolicyOptions": False}, "feature is locked to true"),
-        ("1.33.1", {"CPUManager": True}, "unrecognized feature gate: CPUManager"),
-        ("1.31.4", {"MemoryManager": "yes"}, "expected true or false"),
-        ("1.31.4", {"CPUManagerPolicyBetaOptions": False}, "needs featureGates.CPUManagerPolicyBetaOptions"),
-        ("1.31.4", {"MemoryManager": False}, "turns the memory manager off"),
+        ("1.36.3", {"CPUManagerPolicyOptions": False}, "feature is locked to true"),
+        ("1.37.2", {"CPUManager": True}, "unrecognized feature gate: CPUManager"),
+        ("1.35.4", {"MemoryManager": "yes"}, "expected true or false"),
+        ("1.36.3", {"MemoryManager": True}, "unrecognized feature gate: MemoryManager"),
+        ("1.35.4", {"MemoryManager": False}, "feature is locked to true"),
     ],
-    ids=["locked", "removed", "string_value", "beta_off", "memory_manager_off"],
+    ids=["locked", "removed", "string_value", "removed_in_1_36", "memory_manager_locked"],
 )
 def test_feature_gates_kubelet_refuses(tree: Path, version: str, gates: dict[str, Any], message: str) -> None:
     assert message in refused(tree, version, {**GOOD, "featureGates": gates})
@@ -252,26 +264,17 @@ def numa(tree: Path, count: int) -> None:
 
 def test_more_than_8_numa_nodes_need_max_allowable_numa_nodes(tree: Path) -> None:
     numa(tree, 24)
-    cfg = {
-        **GOOD,
-        "reservedMemory": [{"numaNode": n, "limits": {"memory": "1Gi" if n < 2 else "0"}} for n in range(24)],
-        "kubeReserved": {"memory": "1Gi"},
-        "systemReserved": {"memory": "1Gi"},
-        "evictionHard": {"memory.available": "0"},
-    }
-    assert "more than 8 NUMA nodes and this host has 24" in refused(tree, "1.34.0", cfg)
+    cfg = dict(GOOD)
+    assert "more than 8 NUMA nodes and this host has 24" in refused(tree, "1.36.3", cfg)
     with_option = {**cfg, "topologyManagerPolicyOptions": {"max-allowable-numa-nodes": "24"}}
-    started(tree, "1.34.0", with_option)
-    assert "unknown Topology Manager Policy option 'max-allowable-numa-nodes'" in refused(
-        tree, "1.30.2", with_option
-    )
+    started(tree, "1.36.3", with_option)
     numa(tree, 8)
-    started(tree, "1.30.2", cfg)
+    started(tree, "1.35.4", cfg)
     # A fixture machine's sysfs elsewhere (as in the molecule containers) counts instead.
     fixture = tree / "fixture/sys/devices/system/node/online"
     fixture.parent.mkdir(parents=True)
     fixture.write_text("0-23\n")
-    err = refused(tree, "1.34.0", cfg, LOWTAIL_STANDIN_SYSFS=str(tree / "fixture/sys"))
+    err = refused(tree, "1.36.3", cfg, LOWTAIL_STANDIN_SYSFS=str(tree / "fixture/sys"))
     assert "this host has 24" in err
 
 

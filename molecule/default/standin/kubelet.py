@@ -221,8 +221,12 @@ def main() -> None:
                 json.dump({"policyName": policy, "checksum": 1}, f)
             os.chmod(f"{ROOT}/{name}", 0o600)
     os.makedirs(RUN, exist_ok=True)
+    # /configz as the release writes it: the v1beta1 fields under "kubeletconfig"; from 1.36 the object
+    # also carries its apiVersion and kind (cmd/kubelet/app setConfigz sets the GroupVersionKind and
+    # component-base configz.Set requires one), before that the TypeMeta is empty and omitted.
+    running = cfg if minor >= 36 else {k: v for k, v in cfg.items() if k not in ("apiVersion", "kind")}
     with open(f"{RUN}/configz.json", "w") as f:
-        json.dump({"kubeletconfig": cfg}, f)
+        json.dump({"kubeletconfig": running}, f)
     with open(f"{RUN}/kubelet.pid", "w") as f:
         f.write(str(os.getpid()))
 

@@ -1,22 +1,26 @@
-"""What each kubelet minor version accepts: CPU manager policy options, their gates, refused combinations.
+"""What each kubelet minor lowtail claims accepts at start-up, read from that release's own code.
 
-This is the one table lowtail's preflight (through the ``lowtail_kubelet_*`` filters), the kubelet role
-and the stand-in kubelet of the molecule scenario all read, so "what kubelet X.Y refuses" is written
-once. Every row names its upstream source. The rules mirror kubernetes
-``pkg/kubelet/cm/cpumanager/policy_options.go``:
+This is the one table lowtail's preflight (through the ``lowtail_kubelet_*`` filters) and the kubelet
+role read, so "what kubelet X.Y refuses" is written once. Every row names the k8s.io/kubernetes module
+version and the file it was read from (``go mod download k8s.io/kubernetes@vX.Y.Z``). lowtail claims
+exactly the minors in ``OPTIONS_BY_MINOR``: tests/kubelet runs each one's own start-up code (the
+oracle, one build per minor) over a generated corpus and fails on any case where ``check_files`` and
+that kubelet disagree. The rules:
 
-* ``CheckPolicyOptionAvailable``: an option in none of the alpha/beta/stable sets is refused ("unknown
-  CPU Manager Policy option"); an alpha option needs the ``CPUManagerPolicyAlphaOptions`` gate (off by
-  default); a beta option needs ``CPUManagerPolicyBetaOptions`` (on by default); a stable one needs none.
-* ``NewStaticPolicyOptions``: every value must parse with Go's ``strconv.ParseBool`` and some pairs of
-  options may not both be true.
-* ``ValidateStaticPolicyOptions``: ``align-by-socket`` is refused with the ``single-numa-node``
-  topology manager policy.
-
-``check_config`` applies these to a whole KubeletConfiguration (the merged file kubelet will read) together
-with the resource managers' feature gates (``GATES``: locked, removed and disabled gates), the topology
-manager's options (``pkg/kubelet/cm/topologymanager/policy_options.go``) and its NUMA-node limit.
-kubelet refuses to start on each of these, so they are checked before any host is changed.
+* ``pkg/kubelet/cm/cpumanager/policy_options.go``: ``CheckPolicyOptionAvailable`` refuses an option
+  in none of the alpha/beta/stable sets ("unknown CPU Manager Policy option"), an alpha one without the
+  ``CPUManagerPolicyAlphaOptions`` gate (off by default) and a beta one without
+  ``CPUManagerPolicyBetaOptions`` (on by default); ``NewStaticPolicyOptions`` parses every value with
+  Go's ``strconv.ParseBool`` and refuses four pairs; ``ValidateStaticPolicyOptions`` refuses
+  ``align-by-socket`` with the ``single-numa-node`` topology policy or on more sockets than NUMA nodes.
+* ``pkg/kubelet/cm/topologymanager/policy_options.go`` and ``topology_manager.go``: the same for the
+  topology manager's options, and more than ``max-allowable-numa-nodes`` (8) NUMA nodes refused.
+* ``pkg/kubelet/apis/config/validation``: the topology policy and scope, reservedSystemCPUs,
+  reservedMemory, and ``failCgroupV1`` (default true) on a cgroup v1 host.
+* ``pkg/kubelet/cm/memorymanager/memory_manager.go``: with the Static policy, reservedMemory must sum to
+  kubeReserved + systemReserved + evictionHard memory exactly.
+* feature gates: ``kubelet_gates`` (generated from each release): a gate the release does not register
+  and a locked gate set to the other value are refused.
 
 Stdlib only and no imports outside this package: Ansible ships it to hosts as module_utils.
 """
@@ -24,15 +28,20 @@ Stdlib only and no imports outside this package: Ansible ships it to hosts as mo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import LowtailError
+from .kubelet_gates import DEPENDS as GATE_DEPENDS
+from .kubelet_gates import GATES as RELEASE_GATES
+from .kubelet_gates import SOURCES as GATE_SOURCES
+from .kubelet_memory import MemoryReservationError, parse_quantity
 
 ALPHA, BETA, GA = "alpha", "beta", "GA"
 ALPHA_GATE = "CPUManagerPolicyAlphaOptions"
 BETA_GATE = "CPUManagerPolicyBetaOptions"
-# The gate each maturity needs and the gate's default (kubernetes pkg/features/kube_features.go).
+# The gate each maturity needs and the gate's default (pkg/features/kube_features.go, the same at
+# every claimed release).
 GATE_OF: dict[str, tuple[str, bool] | None] = {ALPHA: (ALPHA_GATE, False), BETA: (BETA_GATE, True), GA: None}
 
 FULL_PCPUS = "full-pcpus-only"
@@ -42,49 +51,21 @@ ACROSS_CORES = "distribute-cpus-across-cores"
 STRICT_RESERVATION = "strict-cpu-reservation"
 UNCORECACHE = "prefer-align-cpus-by-uncorecache"
 
-_1_28: dict[str, str] = {
-    # kubernetes commit 077c0aa1be07 (1.23): the option added in 1.22 moved into the beta set.
-    FULL_PCPUS: BETA,
-    # kubernetes#105631 (1.23, KEP-2902): alpha (beta only from 1.33, enhancements#2902).
-    ACROSS_NUMA: ALPHA,
-    # kubernetes#111278 (1.25, KEP-3327): alpha.
-    BY_SOCKET: ALPHA,
+# The module each claimed minor's rows were read from (the newest patch release the Go module proxy
+# served when they were read) and upstream's support of it at that time (kubernetes.io releases page:
+# the three newest minors are maintained).
+SOURCE: dict[int, str] = {35: "v1.35.4", 36: "v1.36.3", 37: "v1.37.2"}
+UPSTREAM_SUPPORT: dict[int, str] = {
+    35: "maintained (the oldest minor upstream still patches)",
+    36: "maintained",
+    37: "maintained (newest)",
 }
-# Options and their maturity per Kubernetes minor version (1.x). policy_options.go at each release
-# tag (pkg.go.dev k8s.io/kubernetes@v1.x/pkg/kubelet/cm/cpumanager lists the option constants) and the
-# "Static policy options" list of kubernetes.io cpu-management-policies.
+
+# Options and their maturity per minor: the alphaOptions, betaOptions and stableOptions sets of
+# pkg/kubelet/cm/cpumanager/policy_options.go at k8s.io/kubernetes@SOURCE[minor].
 OPTIONS_BY_MINOR: dict[int, dict[str, str]] = {
-    28: _1_28,
-    29: _1_28,
-    30: _1_28,
-    # KEP-4176 (1.31, blog 2024-08-22 "currently in alpha", website#47014): distribute-cpus-across-cores.
-    31: {**_1_28, ACROSS_CORES: ALPHA},
-    # kubernetes#127483 (1.32, KEP-4540): strict-cpu-reservation, alpha (blog 2024-12-16 "currently in
-    # alpha"); KEP-4800 (1.32): prefer-align-cpus-by-uncorecache, alpha.
-    32: {**_1_28, ACROSS_CORES: ALPHA, STRICT_RESERVATION: ALPHA, UNCORECACHE: ALPHA},
-    # 1.33: full-pcpus-only GA (KEP-2625), distribute-cpus-across-numa beta (KEP-2902,
-    # enhancements#5117), strict-cpu-reservation beta (kubernetes#130290).
-    33: {
-        FULL_PCPUS: GA,
-        ACROSS_NUMA: BETA,
-        BY_SOCKET: ALPHA,
-        ACROSS_CORES: ALPHA,
-        STRICT_RESERVATION: BETA,
-        UNCORECACHE: ALPHA,
-    },
-    # 1.34: prefer-align-cpus-by-uncorecache beta (KEP-4800); policy_options.go at kubernetes commit
-    # 7ed318129ff5 lists alpha {align-by-socket, distribute-cpus-across-cores}, beta
-    # {strict-cpu-reservation, distribute-cpus-across-numa, prefer-align-cpus-by-uncorecache}, stable
-    # {full-pcpus-only}.
-    34: {
-        FULL_PCPUS: GA,
-        ACROSS_NUMA: BETA,
-        BY_SOCKET: ALPHA,
-        ACROSS_CORES: ALPHA,
-        STRICT_RESERVATION: BETA,
-        UNCORECACHE: BETA,
-    },
-    # 1.35: strict-cpu-reservation GA (kubernetes#134388, website#52752).
+    # v1.35.4: alpha {align-by-socket, distribute-cpus-across-cores}, beta {distribute-cpus-across-numa,
+    # prefer-align-cpus-by-uncorecache}, stable {full-pcpus-only, strict-cpu-reservation}.
     35: {
         FULL_PCPUS: GA,
         ACROSS_NUMA: BETA,
@@ -93,45 +74,32 @@ OPTIONS_BY_MINOR: dict[int, dict[str, str]] = {
         STRICT_RESERVATION: GA,
         UNCORECACHE: BETA,
     },
+    # v1.36.3 and v1.37.2: prefer-align-cpus-by-uncorecache moved to stable, the rest as in 1.35.
+    **{
+        m: {
+            FULL_PCPUS: GA,
+            ACROSS_NUMA: BETA,
+            BY_SOCKET: ALPHA,
+            ACROSS_CORES: ALPHA,
+            STRICT_RESERVATION: GA,
+            UNCORECACHE: GA,
+        }
+        for m in (36, 37)
+    },
 }
 MIN_MINOR, MAX_MINOR = min(OPTIONS_BY_MINOR), max(OPTIONS_BY_MINOR)
 
-# Pairs NewStaticPolicyOptions refuses when both are true, from the release that added the check
-# (each check came with the later option of the pair).
-FORBIDDEN_PAIRS: tuple[tuple[int, str, str], ...] = (
-    # KEP-4176 (1.31; website#47014/#48356: "cannot be used with full-pcpus-only or
-    # distribute-cpus-across-numa"), the message is "can not be used at the same time".
-    (31, FULL_PCPUS, ACROSS_CORES),
-    (31, ACROSS_NUMA, ACROSS_CORES),
-    # KEP-4800 (1.32), checked in NewStaticPolicyOptions next to the KEP-4176 pairs.
-    (32, UNCORECACHE, ACROSS_CORES),
-    (32, UNCORECACHE, ACROSS_NUMA),
+# Pairs NewStaticPolicyOptions refuses when both are true ("static policy options A and B can not be
+# used at the same time"), the same four at every claimed release.
+FORBIDDEN_PAIRS: tuple[tuple[str, str], ...] = (
+    (FULL_PCPUS, ACROSS_CORES),
+    (ACROSS_NUMA, ACROSS_CORES),
+    (UNCORECACHE, ACROSS_CORES),
+    (UNCORECACHE, ACROSS_NUMA),
 )
 
-# The resource managers' feature gates: (first minor, default, locked) stages and the first minor without
-# the gate, from kubernetes pkg/features/kube_features.go (the versioned specs at the 1.32 and 1.33 release
-# trees). component-base featuregate refuses a locked gate set to the other value ("cannot set feature
-# gate X to false, feature is locked to true") and a gate the binary does not have ("unrecognized
-# feature gate"); kubelet then does not start.
-GATES: dict[str, tuple[tuple[tuple[int, bool, bool], ...], int | None]] = {
-    # GA and locked in 1.26 ("GA in 1.26"); present at 1.32, gone from the 1.33 tree.
-    "CPUManager": (((26, True, True),), 33),
-    # beta 1.23, GA and locked in 1.33 ("remove in 1.36").
-    "CPUManagerPolicyOptions": (((23, True, False), (33, True, True)), None),
-    ALPHA_GATE: (((23, False, False),), None),
-    BETA_GATE: (((23, True, False),), None),
-    # beta 1.22, GA and locked in 1.32. Off on 1.31, memoryManagerPolicy Static is ignored without an error.
-    "MemoryManager": (((22, True, False), (32, True, True)), None),
-    # GA and locked in 1.27 ("GA in 1.27; remove in 1.29"); gone from the 1.33 tree.
-    "TopologyManager": (((27, True, True),), 33),
-    # beta and on from 1.28, GA in 1.32 (not locked at 1.33).
-    "TopologyManagerPolicyOptions": (((28, True, False),), None),
-    "TopologyManagerPolicyBetaOptions": (((28, True, False),), None),
-    "TopologyManagerPolicyAlphaOptions": (((26, False, False),), None),
-}
-
-# topologyManagerPolicyOptions per minor (topologymanager/policy_options.go, CheckPolicyOptionAvailable: the
-# same alpha/beta/stable sets and gates as the CPU manager's, with the TopologyManagerPolicy*Options gates).
+# topologyManagerPolicyOptions per minor (topologymanager/policy_options.go: both options in
+# stableOptions at v1.35.4, v1.36.3 and v1.37.2).
 PREFER_CLOSEST = "prefer-closest-numa-nodes"
 MAX_NUMA = "max-allowable-numa-nodes"
 TOPOLOGY_ALPHA_GATE = "TopologyManagerPolicyAlphaOptions"
@@ -142,17 +110,17 @@ _TOPOLOGY_GATE_OF: dict[str, tuple[str, bool] | None] = {
     GA: None,
 }
 TOPOLOGY_OPTIONS_BY_MINOR: dict[int, dict[str, str]] = {
-    # KEP-3545: prefer-closest-numa-nodes beta from 1.28 (listed in betaOptions through the 1.33 tree;
-    # a GA move would only lift the beta gate, which is on by default).
-    **{m: {PREFER_CLOSEST: BETA} for m in range(28, 31)},
-    # KEP-4622 (kep.yaml milestone beta v1.31, stable v1.35; kubernetes#124148 in the 1.31 changelog):
-    # max-allowable-numa-nodes, an integer of at least 8.
-    **{m: {PREFER_CLOSEST: BETA, MAX_NUMA: BETA} for m in range(31, 35)},
-    35: {PREFER_CLOSEST: BETA, MAX_NUMA: GA},
+    m: {PREFER_CLOSEST: GA, MAX_NUMA: GA} for m in (35, 36, 37)
 }
-# topologymanager defaultMaxAllowableNUMANodes: NewManager refuses a machine with more NUMA nodes
+# topology_manager.go defaultMaxAllowableNUMANodes: NewManager refuses a machine with more NUMA nodes
 # ("unsupported on machines with more than 8 NUMA Nodes") unless max-allowable-numa-nodes raises it.
 DEFAULT_MAX_NUMA_NODES = 8
+# pkg/kubelet/apis/config/validation/validation.go: the policies and scopes it accepts.
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_SCOPES = ("container", "pod")
+# cpumanager.NewManager and memorymanager.NewManager: the policies they know on Linux.
+CPU_POLICIES = ("none", "static")
+MEMORY_POLICIES = ("None", "Static")
 
 # Options lowtail asks for when the inventory does not choose: each only where this kubelet has it at
 # beta or GA, so the default never turns on an alpha gate.
@@ -169,8 +137,8 @@ DEFAULT_EVICTION_HARD: dict[str, str] = {
     "imagefs.inodesFree": "5%",
 }
 
-# KEP-3983 kubelet --config-dir drop-ins: alpha in 1.28 (KubeletConfigDropInDir gate), beta and on by
-# default from 1.30; lowtail writes a drop-in only where no gate is needed.
+# KEP-3983 kubelet --config-dir drop-ins: beta and on by default from 1.30 (every claimed minor);
+# lowtail writes a drop-in only where no gate is needed.
 CONFIG_DIR_MIN_MINOR = 30
 
 # Go strconv.ParseBool's accepted spellings.
@@ -181,7 +149,7 @@ _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
 
 class KubeletVersionError(LowtailError, ValueError):
-    """A kubelet version lowtail cannot read or has no table row for."""
+    """A kubelet version lowtail cannot read or does not claim."""
 
 
 @dataclass(frozen=True)
@@ -197,22 +165,26 @@ class PolicyCheck:
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    """``Kubernetes v1.31.4`` (kubelet --version) or ``v1.31.4`` -> (1, 31, 4)."""
+    """``Kubernetes v1.36.3`` (kubelet --version) or ``v1.36.3`` -> (1, 36, 3)."""
     m = _VERSION.search(str(text))
     if not m:
         raise KubeletVersionError(
-            f"kubelet version {text!r} is not readable; expected e.g. 'Kubernetes v1.31.4'"
+            f"kubelet version {text!r} is not readable; expected e.g. 'Kubernetes v1.36.3'"
         )
     return int(m[1]), int(m[2]), int(m[3])
 
 
+def claimed_range() -> str:
+    return f"1.{MIN_MINOR} to 1.{MAX_MINOR}"
+
+
 def supported_minor(text: str) -> int:
-    """The minor version of a kubelet lowtail has a table row for, or an error naming the range."""
+    """The minor version of a kubelet lowtail claims, or an error naming the version and the range."""
     major, minor, _ = parse_version(text)
     if major != 1 or minor not in OPTIONS_BY_MINOR:
         raise KubeletVersionError(
-            f"kubelet {text.strip()} is not supported; lowtail knows the CPU manager options of "
-            f"1.{MIN_MINOR} to 1.{MAX_MINOR}"
+            f"kubelet {str(text).strip()} is not supported; lowtail claims kubelet {claimed_range()}, the "
+            "minors whose own start-up code it is tested against"
         )
     return minor
 
@@ -223,14 +195,41 @@ def go_bool(value: object) -> bool | None:
     return _GO_BOOLS.get(value) if isinstance(value, str) else None
 
 
+def _go_atoi(text: str) -> int | None:
+    """Go's strconv.Atoi: an optional sign and decimal digits, nothing else."""
+    return int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else None
+
+
+def go_cpuset(text: str) -> set[int] | None:
+    """k8s.io/utils/cpuset.Parse: comma-separated CPUs and inclusive ranges, no spaces; None when it
+    refuses the text."""
+    if text == "":
+        return set()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        bounds = part.split("-", 1)
+        numbers = [_go_atoi(b) for b in bounds]
+        if any(n is None for n in numbers):
+            return None
+        if len(numbers) == 1:
+            cpus.add(numbers[0])  # type: ignore[arg-type]
+            continue
+        start, end = numbers
+        assert start is not None and end is not None
+        if start > end:
+            return None
+        cpus.update(range(start, end + 1))
+    return cpus
+
+
 def check(
     version: str,
     options: Mapping[str, object],
     gates: Mapping[str, object] | None = None,
     topology_policy: str = "none",
 ) -> PolicyCheck:
-    """Every reason kubelet ``version`` would refuse to start with these cpuManagerPolicyOptions,
-    featureGates and topologyManagerPolicy (empty ``problems``: it starts)."""
+    """Every reason kubelet ``version`` would refuse these cpuManagerPolicyOptions with these option
+    gates and topologyManagerPolicy (empty ``problems``: NewStaticPolicyOptions accepts them)."""
     minor = supported_minor(version)
     gates = dict(gates or {})
     known = OPTIONS_BY_MINOR[minor]
@@ -251,8 +250,8 @@ def check(
             problems.append(f"option {name!r} has value {value!r}; expected the string 'true' or 'false'")
         elif parsed:
             on.add(name)
-    for since, a, b in FORBIDDEN_PAIRS:
-        if minor >= since and a in on and b in on:
+    for a, b in FORBIDDEN_PAIRS:
+        if a in on and b in on:
             problems.append(f"options {a!r} and {b!r} can not be used at the same time (kubelet 1.{minor})")
     if BY_SOCKET in on and topology_policy == "single-numa-node":
         problems.append(f"option {BY_SOCKET!r} is incompatible with topologyManagerPolicy single-numa-node")
@@ -276,7 +275,7 @@ def choose_options(
     ``wanted`` None means lowtail's recommendation: each of RECOMMENDED that this kubelet has at beta or
     GA. An explicit map is taken as asked; the alpha gate is added when an asked option needs it (unless
     the inventory set that gate to false, which is then a problem), and every refusal is reported.
-    A host with more than 8 NUMA nodes gets ``max-allowable-numa-nodes`` where this kubelet has it.
+    A host with more than 8 NUMA nodes gets ``max-allowable-numa-nodes``.
     """
     minor = supported_minor(version)
     known = OPTIONS_BY_MINOR[minor]
@@ -289,7 +288,6 @@ def choose_options(
             merged.setdefault(ALPHA_GATE, True)
     result = check(version, options, merged, topology_policy)
     only_set = {k: v for k, v in merged.items() if isinstance(v, bool)}
-    # Where this kubelet lacks the option, check_config refuses the host naming its NUMA-node count.
     topology_options: dict[str, str] = {}
     if (
         numa_nodes > DEFAULT_MAX_NUMA_NODES
@@ -303,21 +301,20 @@ def choose_options(
 
 
 def gate_value(minor: int, name: str, gates: Mapping[str, object]) -> bool:
-    """The value a resource-manager gate has on kubelet 1.minor with these featureGates set (a locked
-    gate keeps its value: setting it otherwise is refused by _gate_problems)."""
-    stages, _ = GATES[name]
-    default, locked = False, False
-    for since, stage_default, stage_locked in stages:
-        if minor >= since:
-            default, locked = stage_default, stage_locked
+    """The value a gate has on kubelet 1.minor with these featureGates set (a locked gate keeps its
+    value: setting it otherwise is refused by _gate_problems; a gate the release lacks is off)."""
+    spec = RELEASE_GATES.get(name, {}).get(minor)
+    if spec is None:
+        return False
+    default, locked = spec
     value = gates.get(name)
     return value if isinstance(value, bool) and not locked else default
 
 
-def _gate_problems(minor: int, gates: Mapping[str, object]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) for featureGates on kubelet 1.minor: values that are not booleans, gates
-    the binary no longer has, locked gates set against their lock; gates outside GATES are warnings."""
-    problems, warnings = [], []
+def _gate_problems(minor: int, gates: Mapping[str, object]) -> list[str]:
+    """Problems for featureGates on kubelet 1.minor: values that are not booleans, gates the release
+    does not register, locked gates set against their lock (component-base featuregate SetFromMap)."""
+    problems = []
     for name, value in gates.items():
         if not isinstance(value, bool):
             problems.append(
@@ -325,77 +322,288 @@ def _gate_problems(minor: int, gates: Mapping[str, object]) -> tuple[list[str], 
                 "map of booleans and does not start with another value)"
             )
             continue
-        if name not in GATES:
-            warnings.append(
-                f"featureGates.{name}: lowtail's table does not know this gate, so it cannot tell whether "
-                f"kubelet 1.{minor} has it (kubelet refuses an unrecognized feature gate)"
+        spec = RELEASE_GATES.get(name, {}).get(minor)
+        if spec is None:
+            others = sorted(m for m in RELEASE_GATES.get(name, {}))
+            where = f"; the claimed minors with it: {', '.join(f'1.{m}' for m in others)}" if others else ""
+            problems.append(
+                f"unrecognized feature gate: {name} (kubelet 1.{minor}, k8s.io/kubernetes@"
+                f"{GATE_SOURCES[minor]}, does not have it{where})"
             )
-            continue
-        stages, removed = GATES[name]
-        if removed is not None and minor >= removed:
-            problems.append(f"unrecognized feature gate: {name} (kubelet 1.{minor} no longer has it)")
-            continue
-        current = [s for s in stages if minor >= s[0]]
-        if not current:
-            problems.append(f"unrecognized feature gate: {name} (kubelet 1.{minor} does not have it yet)")
-        elif current[-1][2] and value != current[-1][1]:
+        elif spec[1] and value != spec[0]:
             problems.append(
                 f"cannot set feature gate {name} to {str(value).lower()}, feature is locked to "
-                f"{str(current[-1][1]).lower()} (kubelet 1.{minor})"
+                f"{str(spec[0]).lower()} (kubelet 1.{minor})"
             )
-    return problems, warnings
-
-
-def _mapping(cfg: Mapping[str, object], key: str, problems: list[str]) -> dict[str, object]:
-    value = cfg.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        problems.append(f"{key} is {value!r}; expected a map")
-        return {}
-    return {str(k): v for k, v in value.items()}
+    if problems:
+        return problems
+    bool_gates = {k: v for k, v in gates.items() if isinstance(v, bool)}
+    for name, per in sorted(GATE_DEPENDS.items()):
+        deps = per.get(minor, ())
+        if deps and gate_value(minor, name, bool_gates):
+            off = [d for d in deps if not gate_value(minor, d, bool_gates)]
+            if off:
+                problems.append(
+                    f"{name} is enabled, but depends on features that are disabled: {off} "
+                    f"(kubelet 1.{minor}; set {', '.join(off)} back on or {name} off)"
+                )
+    return problems
 
 
 @dataclass(frozen=True)
 class ConfigCheck:
-    """Every reason kubelet would refuse a whole configuration, and what it would silently ignore."""
+    """Every reason kubelet would refuse a whole configuration, and what lowtail warns about."""
 
     minor: int
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
-def check_config(version: str, cfg: Mapping[str, object], numa_nodes: int = 0) -> ConfigCheck:
-    """Check a whole KubeletConfiguration, as kubelet ``version`` would read it, on a host with
-    ``numa_nodes`` NUMA nodes (0: unknown, the NUMA limit is not checked)."""
-    minor = supported_minor(version)
-    problems: list[str] = []
-    gates = _mapping(cfg, "featureGates", problems)
-    gate_problems, warnings = _gate_problems(minor, gates)
-    problems += gate_problems
-    bool_gates = {k: v for k, v in gates.items() if isinstance(v, bool)}
-    cpu_policy = str(cfg.get("cpuManagerPolicy", "none"))
-    topology_policy = str(cfg.get("topologyManagerPolicy", "none"))
-    options = _mapping(cfg, "cpuManagerPolicyOptions", problems)
-    if options and not gate_value(minor, "CPUManagerPolicyOptions", bool_gates):
-        # cmd/kubelet/app/server.go: options with the gate off are an error, not ignored.
+# The fields lowtail reads and the JSON type kubelet's decoder needs for each (k8s.io/kubelet/config/
+# v1beta1 types.go): a value of another type fails decoding, strict or lenient.
+_STRING_MAPS = (
+    "cpuManagerPolicyOptions",
+    "topologyManagerPolicyOptions",
+    "kubeReserved",
+    "systemReserved",
+    "evictionHard",
+)
+_STRINGS = (
+    "cpuManagerPolicy",
+    "topologyManagerPolicy",
+    "topologyManagerScope",
+    "memoryManagerPolicy",
+    "reservedSystemCPUs",
+)
+# cmd/kubelet/app parseResourceList: the resources kubeReserved and systemReserved may name.
+_RESERVABLE = ("cpu", "memory", "ephemeral-storage", "pid")
+_CPU_QUANTITY = re.compile(r"^([0-9]+)(m?)$")
+
+
+def _decode_problems(cfg: Mapping[str, object]) -> list[str]:
+    problems = []
+    for key in _STRINGS:
+        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], str):
+            problems.append(f"{key} is {cfg[key]!r}; expected a string (kubelet fails to decode the file)")
+    for key in _STRING_MAPS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            problems.append(f"{key} is {value!r}; expected a map (kubelet fails to decode the file)")
+            continue
+        for k, v in value.items():
+            if not isinstance(v, str):
+                problems.append(
+                    f"{key}.{k} is {v!r}; expected a string such as 'true' or '1Gi' (kubelet fails to decode "
+                    "the file: YAML true and numbers are not strings)"
+                )
+    gates = cfg.get("featureGates")
+    if gates is not None and not isinstance(gates, Mapping):
+        problems.append(f"featureGates is {gates!r}; expected a map")
+    fail = cfg.get("failCgroupV1")
+    if fail is not None and not isinstance(fail, bool):
         problems.append(
-            f"CPU Manager policy options {sorted(options)} require feature gate CPUManagerPolicyOptions, "
-            "which featureGates turns off"
+            f"failCgroupV1 is {fail!r}; expected true or false (kubelet fails to decode the file)"
         )
-    if options and cpu_policy == "none":
+    return problems
+
+
+def _map(cfg: Mapping[str, object], key: str) -> dict[str, object]:
+    value = cfg.get(key)
+    return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def _str(cfg: Mapping[str, object], key: str, default: str) -> str:
+    value = cfg.get(key)
+    return value if isinstance(value, str) and value != "" else default
+
+
+def _cpu_millis(value: str) -> int | None:
+    m = _CPU_QUANTITY.match(value)
+    if not m:
+        return None
+    return int(m[1]) if m[2] else int(m[1]) * 1000
+
+
+def _reserved_problems(cfg: Mapping[str, object]) -> tuple[list[str], dict[str, int]]:
+    """kubeReserved and systemReserved as cmd/kubelet/app parseResourceList reads them, and the bytes
+    of memory and the CPU millis they reserve together."""
+    problems: list[str] = []
+    total = {"cpu": 0, "memory": 0}
+    for key in ("kubeReserved", "systemReserved"):
+        for name, value in _map(cfg, key).items():
+            if not isinstance(value, str):
+                continue  # a decode problem already
+            if name not in _RESERVABLE:
+                problems.append(f'{key}: cannot reserve "{name}" resource')
+            elif name == "cpu":
+                millis = _cpu_millis(value)
+                if millis is None:
+                    problems.append(f"{key}.cpu is {value!r}; expected a CPU quantity such as '2' or '500m'")
+                else:
+                    total["cpu"] += millis
+            elif name == "memory":
+                try:
+                    total["memory"] += parse_quantity(value, f"{key}.memory")
+                except MemoryReservationError as e:
+                    problems.append(str(e))
+    return problems, total
+
+
+def _eviction_memory(cfg: Mapping[str, object], problems: list[str]) -> int:
+    """Bytes evictionHard memory.available reserves (kubelet's Linux default 100Mi when the file sets
+    no evictionHard; 0 when it sets evictionHard without memory.available)."""
+    if "evictionHard" not in cfg or cfg.get("evictionHard") is None:
+        return 100 * 2**20
+    value = _map(cfg, "evictionHard").get("memory.available")
+    if value is None:
+        return 0
+    if not isinstance(value, str):
+        return 0
+    try:
+        return parse_quantity(value, "evictionHard memory.available")
+    except MemoryReservationError as e:
+        problems.append(str(e))
+        return 0
+
+
+def _memory_problems(cfg: Mapping[str, object], numa_nodes: int, reserved: int, eviction: int) -> list[str]:
+    """reservedMemory as validateReservedMemoryConfiguration and, with the Static policy, as
+    memorymanager.NewManager check it."""
+    problems: list[str] = []
+    policy = _str(cfg, "memoryManagerPolicy", "None")
+    if policy not in MEMORY_POLICIES:
+        problems.append(f"memoryManagerPolicy {policy!r} is unknown; expected one of {list(MEMORY_POLICIES)}")
+    raw = cfg.get("reservedMemory") or []
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        return [*problems, f"reservedMemory is {raw!r}; expected a list of {{numaNode, limits}}"]
+    seen: set[tuple[int, str]] = set()
+    total = 0
+    for entry in raw:
+        node = entry.get("numaNode") if isinstance(entry, Mapping) else None
+        limits = entry.get("limits") if isinstance(entry, Mapping) else None
+        if not isinstance(node, int) or isinstance(node, bool) or not isinstance(limits, Mapping):
+            problems.append(
+                f"reservedMemory entry {entry!r}: expected {{numaNode: N, limits: {{memory: Q}}}}"
+            )
+            continue
+        if numa_nodes and not 0 <= node < numa_nodes and policy == "Static":
+            problems.append(
+                f"the reserved memory configuration references a NUMA node {node} that does not exist on "
+                f"this machine ({numa_nodes} NUMA nodes)"
+            )
+        for name, value in limits.items():
+            if name != "memory" and not str(name).startswith("hugepages-"):
+                problems.append(
+                    f"reservedMemory: the limit type {name!r} for NUMA node {node} is not supported"
+                )
+                continue
+            try:
+                n = parse_quantity(
+                    value if isinstance(value, str | int) else str(value), f"reservedMemory[{node}]"
+                )
+            except MemoryReservationError as e:
+                problems.append(str(e))
+                continue
+            if n == 0:
+                problems.append(f"reserved memory may not be zero for NUMA node {node} and resource {name!r}")
+            if (node, str(name)) in seen:
+                problems.append(
+                    f"the reserved memory has a duplicate value for NUMA node {node} and resource {name!r}"
+                )
+            seen.add((node, str(name)))
+            if name == "memory":
+                total += n
+    if policy == "Static" and not problems:
+        wanted = reserved + eviction
+        if total != wanted:
+            problems.append(
+                f"memoryManagerPolicy Static: reservedMemory sums to {total} bytes but kubeReserved + "
+                f"systemReserved + evictionHard memory.available is {wanted} bytes; kubelet requires them "
+                "equal"
+            )
+        elif total == 0:
+            problems.append("memoryManagerPolicy Static needs reservedMemory (the system reserved memory)")
+    return problems
+
+
+def check_config(
+    version: str,
+    cfg: Mapping[str, object],
+    numa_nodes: int = 0,
+    *,
+    sockets: int = 0,
+    cpus: set[int] | frozenset[int] | None = None,
+    cgroup_version: int | None = None,
+) -> ConfigCheck:
+    """Every reason kubelet ``version`` would refuse to start with the whole (merged)
+    KubeletConfiguration ``cfg`` on a host with ``numa_nodes`` NUMA nodes over ``sockets`` sockets,
+    online ``cpus`` and cgroup ``cgroup_version`` (0 / None: unknown, that check is left out)."""
+    minor = supported_minor(version)
+    problems = _decode_problems(cfg)
+    warnings: list[str] = []
+    gates = _map(cfg, "featureGates")
+    problems += _gate_problems(minor, gates)
+    bool_gates = {k: v for k, v in gates.items() if isinstance(v, bool)}
+    if cgroup_version == 1 and cfg.get("failCgroupV1", True) is not False:
+        problems.append(
+            f"kubelet 1.{minor} is configured to not run on a host using cgroup v1 (failCgroupV1 defaults to "
+            "true) and this host runs cgroup v1; set failCgroupV1: false (lowtail writes it on cgroup v1 "
+            "hosts) or boot the host with the unified hierarchy (systemd.unified_cgroup_hierarchy=1)"
+        )
+    topology_policy = _str(cfg, "topologyManagerPolicy", "none")
+    if topology_policy not in TOPOLOGY_POLICIES:
+        problems.append(f"topologyManagerPolicy {topology_policy!r} must be one of {list(TOPOLOGY_POLICIES)}")
+    scope = _str(cfg, "topologyManagerScope", "container")
+    if scope not in TOPOLOGY_SCOPES:
+        problems.append(f"topologyManagerScope {scope!r} must be one of {list(TOPOLOGY_SCOPES)}")
+    reserved_text = cfg.get("reservedSystemCPUs")
+    reserved_cpus: set[int] = set()
+    if isinstance(reserved_text, str):
+        parsed = go_cpuset(reserved_text)
+        if parsed is None:
+            problems.append(
+                f"reservedSystemCPUs {reserved_text!r} is not a CPU list; expected e.g. '0-6,84-90' "
+                "(no spaces)"
+            )
+        elif cpus is not None and not parsed <= set(cpus):
+            problems.append(
+                f"reservedSystemCPUs {reserved_text!r} names CPUs this host does not have online: "
+                f"{sorted(parsed - set(cpus))[:8]}"
+            )
+        else:
+            reserved_cpus = parsed
+    reserve_problems, reserved = _reserved_problems(cfg)
+    problems += reserve_problems
+    cpu_policy = _str(cfg, "cpuManagerPolicy", "none")
+    options = _map(cfg, "cpuManagerPolicyOptions")
+    if cpu_policy not in CPU_POLICIES:
+        problems.append(f"cpuManagerPolicy {cpu_policy!r} is unknown; expected one of {list(CPU_POLICIES)}")
+    elif cpu_policy == "none" and options:
         # policy_none.go: the none policy refuses any option.
         problems.append(f"None policy: received unsupported options {sorted(options)}")
-    # Checked with the effective values of the two option gates, defaults included.
-    effective = {g: gate_value(minor, g, bool_gates) for g in (ALPHA_GATE, BETA_GATE)}
-    problems += check(version, options, effective, topology_policy).problems
-    if str(cfg.get("memoryManagerPolicy", "None")) == "Static" and not gate_value(
-        minor, "MemoryManager", bool_gates
-    ):
-        problems.append(
-            "featureGates.MemoryManager: false turns the memory manager off, so memoryManagerPolicy Static "
-            f"would be ignored on kubelet 1.{minor} (no NUMA-aligned memory); remove the gate"
-        )
+    elif cpu_policy == "static":
+        if not reserved_cpus and reserved["cpu"] == 0 and not reserved_text:
+            problems.append(
+                "the static CPU manager policy requires reservedSystemCPUs or systemReserved.cpu + "
+                "kubeReserved.cpu greater than zero"
+            )
+        effective = {g: gate_value(minor, g, bool_gates) for g in (ALPHA_GATE, BETA_GATE)}
+        problems += check(version, options, effective, topology_policy).problems
+        if (
+            go_bool(options.get(BY_SOCKET)) is True
+            and sockets
+            and numa_nodes
+            and sockets > numa_nodes
+            and topology_policy != "single-numa-node"
+        ):
+            problems.append(
+                f"option {BY_SOCKET!r} is not compatible with hardware where the sockets ({sockets}) "
+                f"outnumber the NUMA nodes ({numa_nodes})"
+            )
+    eviction = _eviction_memory(cfg, problems)
+    problems += _memory_problems(cfg, numa_nodes, reserved["memory"], eviction)
     problems += _topology_problems(minor, cfg, bool_gates, topology_policy, numa_nodes)
     return ConfigCheck(minor, problems, warnings)
 
@@ -408,7 +616,7 @@ def _topology_problems(
     numa_nodes: int,
 ) -> list[str]:
     problems: list[str] = []
-    options = _mapping(cfg, "topologyManagerPolicyOptions", problems)
+    options = _map(cfg, "topologyManagerPolicyOptions")
     if options and not gate_value(minor, "TopologyManagerPolicyOptions", gates):
         problems.append(
             f"Topology Manager policy options {sorted(options)} require feature gate "
@@ -428,14 +636,14 @@ def _topology_problems(
                 f"featureGates.{gate[0]}: true"
             )
         if name == MAX_NUMA:
-            text = str(value) if isinstance(value, str) else ""
-            if not re.fullmatch(r"[+-]?[0-9]+", text) or int(text) < DEFAULT_MAX_NUMA_NODES:
+            number = _go_atoi(value) if isinstance(value, str) else None
+            if number is None or number < DEFAULT_MAX_NUMA_NODES:
                 problems.append(
                     f"topologyManagerPolicyOptions {MAX_NUMA} is {value!r}; expected a string holding an "
                     f"integer of at least {DEFAULT_MAX_NUMA_NODES}"
                 )
             else:
-                limit = int(text)
+                limit = number
         elif go_bool(value) is None:
             problems.append(
                 f"topologyManagerPolicyOptions {name} is {value!r}; expected the string 'true' or 'false'"
@@ -443,22 +651,75 @@ def _topology_problems(
     if topology_policy != "none" and numa_nodes > limit:
         problems.append(
             f"the topology manager ({topology_policy}) is unsupported on machines with more than {limit} "
-            f"NUMA nodes and this host has {numa_nodes}; topologyManagerPolicyOptions {MAX_NUMA} of at "
-            f"least {numa_nodes} needs kubelet 1.31 or later (or fewer NUMA nodes: the BIOS NPS and "
-            "L3-as-NUMA settings)"
+            f"NUMA nodes and this host has {numa_nodes}; set topologyManagerPolicyOptions {MAX_NUMA} to at "
+            f"least {numa_nodes} (or fewer NUMA nodes: the BIOS NPS and L3-as-NUMA settings)"
         )
     return problems
 
 
+API_VERSION, KIND = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
+
+
+def _header_problem(what: str, doc: object) -> str | None:
+    if not isinstance(doc, Mapping) or not doc:
+        return f"{what} is {doc!r}; expected a KubeletConfiguration map (kubelet fails to load it)"
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        return (
+            f"{what} has apiVersion {doc.get('apiVersion')!r} and kind {doc.get('kind')!r}; expected "
+            f"{API_VERSION} {KIND} (kubelet fails to load it)"
+        )
+    return None
+
+
+def check_files(
+    version: str,
+    main: object,
+    dropins: Sequence[tuple[str, object]] = (),
+    numa_nodes: int = 0,
+    **machine: object,
+) -> ConfigCheck:
+    """check_config over what kubelet reads: the main file (its decoded YAML) and the --config-dir
+    drop-ins ([(file name, decoded YAML)]), only ``*.conf`` ones, merged in file-name order; each file
+    must be a KubeletConfiguration of kubelet.config.k8s.io/v1beta1. ``machine``: check_config's."""
+    minor = supported_minor(version)
+    problems = []
+    header = _header_problem("the kubelet configuration file", main)
+    if header:
+        return ConfigCheck(minor, [header])
+    assert isinstance(main, Mapping)
+    merged = dict(main)
+    # loadConfigFile: kubelet's Linux eviction defaults go in before the drop-ins merge over them.
+    if merged.get("evictionHard") is None:
+        merged["evictionHard"] = dict(DEFAULT_EVICTION_HARD)
+    for name, content in sorted(dropins, key=lambda d: d[0]):
+        if not name.endswith(".conf"):
+            continue
+        header = _header_problem(f"drop-in {name}", content)
+        if header:
+            problems.append(header)
+            continue
+        assert isinstance(content, Mapping)
+        merged = merge_dropin(merged, content)
+    if problems:
+        return ConfigCheck(minor, problems)
+    # A drop-in that removed evictionHard leaves kubelet with no hard eviction at all: its default
+    # went in before the merge.
+    merged.setdefault("evictionHard", {})
+    return check_config(version, merged, numa_nodes, **machine)  # type: ignore[arg-type]
+
+
 def merge_dropin(base: Mapping[str, object], over: Mapping[str, object]) -> dict[str, object]:
-    """A --config-dir drop-in over the configuration as kubelet merges it (kubernetes.io "Kubelet
-    Configuration Directory Merging"): structures and maps field by field, lists and scalars replaced."""
+    """A --config-dir drop-in over the configuration as kubelet merges it (a JSON merge patch, RFC 7386:
+    maps field by field, lists and scalars replaced, null removes the field)."""
     out = dict(base)
     for key, value in over.items():
         old = out.get(key)
-        out[key] = (
-            merge_dropin(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
-        )
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = merge_dropin(old, value)
+        else:
+            out[key] = value
     return out
 
 
