@@ -8,7 +8,7 @@ REQS := python/requirements.txt python/constraints.txt requirements-dev.txt pyth
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
-	pytest-fast clean sandbox-image wheelhouse molecule-runtime ansible-lint molecule system-deps oracle \
+	pytest-fast clean sandbox-image wheelhouse native molecule-runtime ansible-lint molecule system-deps oracle \
 	kubelet-equipment test-kubelet
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs, so a missing one
@@ -72,7 +72,27 @@ demo-local: $(STAMP)
 	@mkdir -p build
 	$(BIN)/lowtail demo ray --seconds 10 --plot build/demo-ray-tails.png --json build/demo-ray.json
 
+# The native core (native/, Rust + PyO3, the lowtail_native module): its wheel is built by maturin with the
+# crates pinned by native/Cargo.lock (fetched from crates.io once, then cached by cargo), checked against
+# the layout it was generated from, and installed into the venv; rebuilt when its sources or the layout
+# change. Needs a Rust toolchain (rustup); the queue runs its Python path where the module is absent.
+NATIVE_STAMP := build/native/.installed
+NATIVE_SRC := $(wildcard native/src/*.rs) native/Cargo.toml native/Cargo.lock native/pyproject.toml \
+	native/gen_layout.py python/lowtail/shm/layout.py python/lowtail/shm/payload.py
+native: $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SRC)
+	$(BIN)/python native/gen_layout.py --check
+	@command -v cargo >/dev/null || { echo "the native core needs a Rust toolchain: https://rustup.rs" >&2; exit 1; }
+	@echo "==> building the native core (native/) with maturin and installing it into $(VENV)"
+	@rm -rf build/native/wheels
+	time $(BIN)/maturin build --release --locked --compatibility linux -m native/Cargo.toml \
+	  -i $(BIN)/python -o build/native/wheels
+	$(PIP) --force-reinstall --no-deps build/native/wheels/lowtail_native-*.whl
+	@touch $@
+
 lint: $(STAMP)
+	$(BIN)/python native/gen_layout.py --check
 	$(BIN)/ruff check python tests library filter_plugins benchmarks
 	$(BIN)/ruff format --check python tests library filter_plugins benchmarks
 
@@ -80,7 +100,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # --durations: where the time goes, in every run's output (docs/testing.md keeps the table).
-pytest: $(STAMP)
+pytest: $(STAMP) $(NATIVE_STAMP)
 	$(BIN)/pytest -q --durations=25
 
 # The tests that kill a whole inference actor under samplers and count the requests each sampler lost.
@@ -88,7 +108,7 @@ pytest: $(STAMP)
 # "Actor-kill tests"), so `make test` runs them alone once the parallel suites have ended, and
 # `pytest-most` runs every other test.
 ACTOR_KILL_TESTS := tests/actors/test_failover.py tests/actors/test_restart.py
-pytest-actor-kill: $(STAMP)
+pytest-actor-kill: $(STAMP) $(NATIVE_STAMP)
 	$(BIN)/pytest -q --durations=5 $(ACTOR_KILL_TESTS)
 
 # The ansible-playbook runs against fixture trees and stand-ins (tests/ansible), and the k8s role and the
@@ -104,7 +124,7 @@ pytest-ansible: $(STAMP)
 pytest-deploy: $(STAMP)
 	$(BIN)/pytest -q --durations=10 $(DEPLOY_TESTS)
 
-pytest-most: $(STAMP)
+pytest-most: $(STAMP) $(NATIVE_STAMP)
 	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS) $(KUBELET_TEST_DIRS))
 
 # The real kubelet's equipment, built once into build/kubelet/ (content-keyed: an unchanged input
@@ -118,7 +138,7 @@ kubelet-equipment: $(STAMP)
 
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
-pytest-fast: $(STAMP)
+pytest-fast: $(STAMP) $(NATIVE_STAMP)
 	$(BIN)/pytest -q -m "not slow"
 
 # The kubelet oracle (tests/kubelet/oracle): one binary per kubelet minor lowtail claims, each built
@@ -175,7 +195,7 @@ molecule: $(STAMP) oracle
 # pytest-actor-kill).
 TEST_JOBS ?= 6
 test: system-deps
-	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image wheelhouse oracle kubelet-equipment
+	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image native wheelhouse oracle kubelet-equipment
 	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime test-kubelet \
 	  --then pytest-actor-kill
 
@@ -185,7 +205,7 @@ sandbox-image:
 
 # lowtail and every pinned dependency as wheels, for `pip install --no-index` on the nodes; content-hashed,
 # so the dependency wheels are rebuilt only when python/requirements.txt changes (scripts/wheelhouse.sh).
-wheelhouse: $(STAMP)
+wheelhouse: $(STAMP) $(NATIVE_STAMP)
 	scripts/wheelhouse.sh
 
 # The runtime install and the manifests on a systemd container: converge, idempotence, check, verify.
@@ -193,4 +213,4 @@ molecule-runtime: wheelhouse
 	PATH=$(abspath $(BIN)):$$PATH molecule test -s runtime
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/native native/target

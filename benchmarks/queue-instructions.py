@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per queue round trip, counted by callgrind: a cost figure a noisy host cannot move.
 
-    benchmarks/queue-instructions.py [--tree DIR ...] [--trips N] [--json FILE]
+    benchmarks/queue-instructions.py [--tree DIR ...] [--paths python,native] [--trips N] [--json FILE]
 
 For each source tree (default: this checkout), one process attaches a client and a worker to one
 queue and does ``bench queue``'s round trip in turn (submit a 16 x 512 float32 request, claim it,
@@ -15,6 +15,8 @@ Needs valgrind (the Debian package).
 
 ``--tree`` takes a checkout or worktree of any revision whose ``python/`` holds lowtail (e.g. one from
 ``git worktree add /tmp/old REV``), so revisions compare in one run; each runs in this interpreter.
+``--paths`` counts each tree on the queue's Python path (``LOWTAIL_PURE_PYTHON=1``) and on its native
+core (the ``lowtail_native`` module this interpreter imports); each row names the path that really ran.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ from lowtail.shm.queue import InferenceQueue
 from lowtail.shm.server import QueueWorker
 
 trips, warmup = int(sys.argv[2]), int(sys.argv[3])
+try:
+    from lowtail.shm import native
+    print("QUEUE_CORE=" + native.implementation().name, native.implementation().reason, file=sys.stderr)
+except ImportError:  # a tree from before the native core
+    print("QUEUE_CORE=python", file=sys.stderr)
 x = {"obs": np.ones((16, 512), np.float32)}
 queue = InferenceQueue.create(lowtail_config())
 client, worker = QueueClient.attach(queue.descriptor), QueueWorker.attach(queue.descriptor)
@@ -68,21 +75,27 @@ worker.close(); client.close(); queue.close()
 """
 
 
-def count(tree: Path, trips: int) -> int:
-    """Instructions callgrind counted over ``trips`` round trips of ``tree``'s queue."""
+def count(tree: Path, trips: int, path: str) -> tuple[int, str]:
+    """Instructions callgrind counted over ``trips`` round trips of ``tree``'s queue on ``path``, and the
+    path that ran."""
+    env = dict(os.environ)
+    env.pop("LOWTAIL_PURE_PYTHON", None)
+    if path == "python":
+        env["LOWTAIL_PURE_PYTHON"] = "1"
     with tempfile.TemporaryDirectory(prefix="lowtail-cg-") as tmp:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
              sys.executable, "-c", CHILD, str(tree / "python"), str(trips), str(WARMUP)],
-            capture_output=True, text=True, check=False,
+            capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
+        ran = re.search(r"^QUEUE_CORE=(\w+)", proc.stderr, re.MULTILINE)  # not valgrind's echo of -c
         if proc.returncode != 0 or found is None:
             raise SystemExit(
                 f"callgrind run of {tree} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
             )
-        return int(found.group(1))
+        return int(found.group(1)), ran.group(1) if ran else "unknown"
 
 
 def revision(tree: Path) -> str:
@@ -102,27 +115,36 @@ def main() -> int:
     )
     ap.add_argument("--trips", type=int, default=2000, help="measured round trips per tree (default 2000)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument(
+        "--paths", default="python,native", help="the queue's paths to count (default: python,native)"
+    )
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     if args.trips < 1:
         raise SystemExit(f"--trips {args.trips}: expected a positive number of round trips")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or set(paths) - {"python", "native"}:
+        raise SystemExit(f"--paths {args.paths!r}: expected a subset of python,native")
     rows = []
     trees = args.tree or [REPO]
     for i, tree in enumerate(trees, 1):
         if not (tree / "python/lowtail/shm/client.py").is_file():
             raise SystemExit(f"--tree {tree}: expected a lowtail checkout (python/lowtail/shm/client.py)")
-        print(
-            f"[{i}/{len(trees)}] {tree} ({revision(tree)}): {args.trips} round trips under callgrind",
-            file=sys.stderr,
-        )
-        total = count(tree, args.trips)
-        rows.append({"tree": str(tree), "revision": revision(tree), "trips": args.trips,
-                     "instructions": total, "per_round_trip": round(total / args.trips)})  # fmt: skip
+        for path in paths:
+            print(
+                f"[{i}/{len(trees)}] {tree} ({revision(tree)}), {path} path: {args.trips} round trips "
+                f"under callgrind",
+                file=sys.stderr,
+            )
+            total, ran = count(tree, args.trips, path)
+            rows.append({"tree": str(tree), "revision": revision(tree), "path": ran, "trips": args.trips,
+                         "instructions": total, "per_round_trip": round(total / args.trips)})  # fmt: skip
     first = rows[0]["per_round_trip"]
-    print(f"{'revision':<24} {'instructions per round trip':>28} {'vs first':>9}")
+    print(f"{'revision':<24} {'path':<7} {'instructions per round trip':>28} {'vs first':>9}")
     for r in rows:
-        print(f"{r['revision']:<24} {r['per_round_trip']:>28,} {r['per_round_trip'] / first:>9.4f}")
+        per = r["per_round_trip"]
+        print(f"{r['revision']:<24} {r['path']:<7} {per:>28,} {per / first:>9.4f}")
     if args.json:
         version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=False)
         payload = {

@@ -77,7 +77,17 @@ if [[ ! -f $pkg/.complete ]]; then
   find "$OUT" -maxdepth 1 -name 'lowtail-*' -type d ! -name "lowtail-$src_key" -exec rm -rf {} +
 fi
 
-"$PYTHON" - "$OUT" "$deps" "$pkg" "$PIP_PIN" "$py_tag" <<'EOF'
+# The native core's wheel (make native builds it into build/native/wheels): carried when present; a
+# wheelhouse without it installs nodes that run the queue's Python path (lowtail validate warns).
+NATIVE_WHEELS=${NATIVE_WHEELS:-build/native/wheels}
+if compgen -G "$NATIVE_WHEELS/lowtail_native-*.whl" >/dev/null; then
+  log "carrying the native core: $(basename "$NATIVE_WHEELS"/lowtail_native-*.whl)"
+else
+  log "no native core wheel in $NATIVE_WHEELS (make native): the nodes will run the queue's Python path"
+  NATIVE_WHEELS=$pkg  # nothing more to add
+fi
+
+"$PYTHON" - "$OUT" "$deps" "$pkg" "$PIP_PIN" "$py_tag" "$NATIVE_WHEELS" <<'EOF'
 """Assemble the archive: the wheels, a frozen requirements file naming every one, and wheelhouse.json."""
 import hashlib
 import io
@@ -88,7 +98,9 @@ import tarfile
 from pathlib import Path
 
 out, deps, pkg, pip_pin, py_tag = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5]
-wheels = sorted([*deps.glob("*.whl"), *pkg.glob("*.whl")], key=lambda p: p.name)
+nat = Path(sys.argv[6])
+native = [w for w in nat.glob("lowtail_native-*.whl")] if nat != pkg else []
+wheels = sorted([*deps.glob("*.whl"), *pkg.glob("*.whl"), *native], key=lambda p: p.name)
 digest = hashlib.sha256()
 for w in wheels:
     digest.update(w.name.encode() + b"\0" + hashlib.sha256(w.read_bytes()).digest())
@@ -118,6 +130,7 @@ meta = {
     "python": py_tag,
     "pip": pip_pin,
     "wheels": [w.name for w in wheels],
+    "native": native[0].name if native else None,
     "bytes": archive.stat().st_size,
 }
 (out / "wheelhouse.json").write_text(json.dumps(meta, indent=2) + "\n")

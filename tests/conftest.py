@@ -65,6 +65,8 @@ SLOW_MODULES = {
     "tests/serve/test_standby.py",  # a primary and a standby worker, killed under clients
     "tests/benchmarks/test_serve_bench.py",
     "tests/benchmarks/test_queue_bench.py",
+    "tests/benchmarks/test_soak_bench.py",  # a one-minute soak: 8 workers, clients killed and replaced
+    "tests/validation/test_core_to_core_live.py",  # the C ping-pong built and run between the CPUs
     "tests/shm/test_queue_processes.py",  # kill/restart scenarios with real processes and timeouts
     "tests/shm/test_queue_withdraw.py",  # withdraw raced against claims, thousands of rounds
     # A Ray cluster (two raylets) or a local Ray started by the test itself.

@@ -24,7 +24,7 @@ from lowtail.cli.main import main
 
 NAMES = [
     "lowtail", "iceoryx2_busy", "iceoryx2_waitset", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor",
-    "spin_floor",
+    "spin_floor", "native_floor",
 ]  # fmt: skip
 TMP = Path(tempfile.gettempdir())
 
@@ -56,6 +56,12 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"]
         assert r["client_run_delay_ms"] >= 0 and r["client_involuntary_switches"] >= 0
     assert doc["workload"]["request"].startswith("obs: float32[16, 512]")
+    # which hot path ran, in the JSON and above the tables; the native floor's targets beside the others
+    core = doc["workload"]["queue_core"]
+    assert core["name"] in ("native", "python") and core["reason"]
+    assert f"queue hot path: {core['name']}" in proc.stdout
+    floor = {t["target"] for t in doc["targets"] if "native_floor" in t["target"]}
+    assert floor == {"lowtail p50 within 1.5x of native_floor", "lowtail p99.9 within 2x of native_floor"}
     assert set(doc["throughput"]) == {"lowtail", "seed_flock_poll"}
     assert all(v["clients"] == 4 and v["requests_per_s"] > 0 for v in doc["throughput"].values())
     fair = doc["fairness"]  # 8 staggered saturating clients: none starves, nothing is left unanswered
@@ -88,6 +94,7 @@ def test_quick_bench_reports_every_transport(tmp_path: Path) -> None:
     assert [t["target"] for t in peer] == [
         "lowtail p50 at or below iceoryx2_busy's", "lowtail p99.9 at or below iceoryx2_busy's",
         "lowtail p50 at or below iceoryx2_waitset's", "lowtail p99.9 at or below iceoryx2_waitset's",
+        "lowtail ahead of iceoryx2_busy at p50 and p99.9 in >= 9 of 10 interleaved rounds",
     ]  # fmt: skip
     assert all(isinstance(t["ratio"], float) for t in peer)
     assert doc["workload"]["iceoryx2"] == "0.10.0"  # python/constraints.txt's pin
@@ -297,3 +304,23 @@ def test_co_tenant_option_is_reported_and_its_loops_end_with_the_run(tmp_path: P
     assert len(tenant["pids"]) == len(tenant["cpus"]) and tenant["priority"] == "SCHED_OTHER nice 0"
     assert not any(psutil.pid_exists(p) for p in tenant["pids"])
     assert {r["n"] for r in doc["transports"].values()} == {300}
+
+
+def test_the_rounds_target_counts_the_rounds_lowtail_was_ahead_in() -> None:
+    from lowtail.benchmarks.queue_bench import rounds_target
+
+    def rnd(lt: tuple[float, float], peer: tuple[float, float], n: int = 5000) -> dict[str, dict[str, float]]:
+        row = lambda p50, p999: {"p50_us": p50, "p999_us": p999, "n": n}  # noqa: E731
+        return {"lowtail": row(*lt), "iceoryx2_busy": row(*peer)}
+
+    nine = [rnd((10, 50), (12, 60))] * 9 + [rnd((10, 70), (12, 60))]  # behind at p99.9 in one round
+    (t,) = rounds_target(nine)
+    assert (t["met"], t["figure"], t["ratio"]) == (True, "9/10 rounds", 0.9)
+    (t,) = rounds_target([rnd((10, 50), (12, 60))] * 8 + [rnd((13, 50), (12, 60))] * 2)
+    assert (t["met"], t["figure"]) == (False, "8/10 rounds")
+    (t,) = rounds_target([rnd((10, 50), (12, 60))] * 3)
+    assert t["met"] is None and "need at least 10" in t["why"]
+    (t,) = rounds_target([rnd((10, 50), (12, 60), n=300)] * 10)
+    assert t["met"] is None and "too few samples for p99.9" in t["why"]
+    (t,) = rounds_target([])
+    assert t["met"] is None and t["why"] == "not measured"

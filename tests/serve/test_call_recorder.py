@@ -7,11 +7,20 @@ from dataclasses import fields
 
 import pytest
 
+from lowtail.serve import call_recorder
 from lowtail.serve import stats_segment as ws
 from lowtail.serve.call_recorder import CallRecorder
 from lowtail.serve.call_stats import CALL_FIELDS, COL, CallRow, call_values
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
+
+
+def _named(**stamps: int) -> list[int]:
+    """A stamp list for ``CallRecorder.record`` from the stamps' names (the rest 0)."""
+    st = call_recorder.stamps()
+    for name, value in stamps.items():
+        st[getattr(call_recorder, name.upper())] = value
+    return st
 
 
 def test_call_fields_are_the_call_rows_fields_and_the_rings_columns() -> None:
@@ -62,9 +71,11 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
             ec0, ec1 = (90_000, 90_000 + (e1 - e0) - 700) if sampled else (0, 0)
             claimed_ns, waits, n = t0 - 4_321, [1_500_000, 2_500_000], 7
             rec.record(
-                waits, claimed_ns, n,
-                t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1,
-            )  # fmt: skip
+                waits,
+                claimed_ns,
+                n,
+                [t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1],
+            )
             got = stats.read_calls(call).rows
             assert got.shape == (1, len(CALL_FIELDS))
             row = {name: float(got[0, COL[name]]) for name in CALL_FIELDS}
@@ -126,8 +137,9 @@ def test_a_slow_call_is_counted_and_logged_with_its_row(caplog: pytest.LogCaptur
         t0 = time.monotonic_ns() - 1_000_000
         s = _stamps(t0, [1000] * 9)
         with caplog.at_level("WARNING"):
-            rec.record([1000], t0, 1, t0, 0, 0, s[0], s[1], s[2], 0, 0, s[3], s[4], 100, 0, s[5], s[6], s[7],
-                       8000, 9000, s[8])  # fmt: skip
+            st = _named(t0=t0, m0=s[0], f0=s[1], k0=s[2], e0=s[3], e1=s[4], et1=100, a0=s[5], a1=s[6],
+                        f1=s[7], th1=8000, c1=9000, t1=s[8])  # fmt: skip
+            rec.record([1000], t0, 1, st)
         assert stats.word(ws.SLOW) == 1
         assert "slow_infer hero=h cpu=3 slots=1 total_batch=1" in caplog.text
     finally:

@@ -7,10 +7,11 @@ import tempfile
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lowtail.shm import segments
+from lowtail.shm import native, segments
 from lowtail.shm.queue import InferenceQueue, QueueConfig
 from tests.fixtures.tmpfs import tmpfs  # noqa: F401 - a fixture, shared
 from tests.shm.helpers import QUEUE_IMPLEMENTATIONS
@@ -40,11 +41,36 @@ def server() -> Iterator[InferenceQueue]:
 
 
 @pytest.fixture(scope="session")
-def ctx() -> BaseContext:
+def _forkserver() -> BaseContext:
     """forkserver: children start clean (no inherited fds, so no inherited OFD lane locks) and fast."""
     c = mp.get_context("forkserver")
     c.set_forkserver_preload(["numpy", "lowtail.shm.queue", "tests.shm.helpers"])
     return c
+
+
+class _PathContext:
+    """A multiprocessing context whose children attach with the hot path of the test (``queue_impl``)."""
+
+    def __init__(self, ctx: BaseContext, use_native: bool) -> None:
+        self._ctx = ctx
+        self._native = use_native
+
+    def Process(self, target: Any = None, args: tuple[Any, ...] = (), **kw: Any) -> Any:
+        from tests.shm import helpers
+
+        return self._ctx.Process(target=helpers.with_path, args=(self._native, target, *args), **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+@pytest.fixture
+def ctx(request: pytest.FixtureRequest, _forkserver: BaseContext) -> Any:
+    """The forkserver context; in a module that runs on both paths, one that passes the path on."""
+    if "queue_impl" in request.fixturenames:
+        impl = request.getfixturevalue("queue_impl")
+        return _PathContext(_forkserver, impl == "native")
+    return _forkserver
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +99,11 @@ def shared_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(params=sorted(QUEUE_IMPLEMENTATIONS))
-def queue_impl(request: pytest.FixtureRequest) -> str:
-    """The name of a queue implementation (``QUEUE_IMPLEMENTATIONS``): a test that takes it runs on each."""
-    return str(request.param)
+def queue_impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The name of a queue implementation (``QUEUE_IMPLEMENTATIONS``): a test that takes it runs on each,
+    with its mappings (and those of the children ``ctx`` starts) on that hot path."""
+    impl = str(request.param)
+    if impl == "native" and not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+    with native.use(impl == "native"):
+        yield impl

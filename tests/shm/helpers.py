@@ -15,6 +15,14 @@ import numpy as np
 from lowtail.shm.queue import QueueClient, QueueDescriptor, QueueWorker
 
 
+def with_path(use_native: bool, target: Any, *args: Any) -> None:
+    """Run ``target(*args)`` with the hot path the parent test chose (``lowtail.shm.native.use``)."""
+    from lowtail.shm import native
+
+    with native.use(use_native):
+        target(*args)
+
+
 def echo(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """The worker's model in tests: outputs that depend on every input row, with a different width."""
     return {
@@ -314,12 +322,18 @@ def hold_ndslot(desc: QueueDescriptor, out: Any) -> None:
 # module that exposes the queue's public names (InferenceQueue, QueueClient, QueueWorker, WorkerStandby,
 # the errors). Another implementation of the same protocol adds itself here; child processes resolve
 # the name again (``impl_module``), so a process body takes the name, never the module.
-QUEUE_IMPLEMENTATIONS = {"python": "lowtail.shm.queue"}
+# "native" is the same module on the native core (lowtail.shm.native): the path is chosen per mapping.
+QUEUE_IMPLEMENTATIONS = {"python": "lowtail.shm.queue", "native": "lowtail.shm.queue"}
 
 
 def impl_module(impl: str) -> Any:
+    """The module of ``impl``, with the mappings attached from now on on its hot path (in a child for
+    good; in the test's process the ``queue_impl`` fixture restores the path when the test ends)."""
     import importlib
 
+    from lowtail.shm import native
+
+    native._forced[0] = impl == "native"
     return importlib.import_module(QUEUE_IMPLEMENTATIONS[impl])
 
 

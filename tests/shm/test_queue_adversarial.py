@@ -24,6 +24,9 @@ from lowtail.shm.errors import BadRequest, LaneBusy, WorkerDied
 from lowtail.shm.queue import S_CLAIM_SEQ, InferenceQueue, QueueClient, QueueConfig, QueueWorker
 from tests.shm import helpers
 
+# Every test here runs on both hot paths: the Python reference and the native core.
+pytestmark = pytest.mark.usefixtures("queue_impl")
+
 REQ = 16384
 # The largest uint8 payload that fits a request slot inline, from the format itself: one byte more
 # goes through an ndarray slot.

@@ -39,6 +39,9 @@ from lowtail.shm.queue import (
 )
 from tests.shm.helpers import NOBODY, as_nobody, echo
 
+# Every test here runs on both hot paths: the Python reference and the native core.
+pytestmark = pytest.mark.usefixtures("queue_impl")
+
 
 def _x(tag: float, rows: int = 1) -> dict[str, np.ndarray[Any, Any]]:
     x = np.full((rows, 8), tag, np.float32)

@@ -23,6 +23,9 @@ from lowtail.shm.errors import BadRequest, PayloadTooLarge, QueueError, QueueTim
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
 from tests.shm.helpers import NOBODY, as_nobody, checking_client, echo_server, hold_ndslot
 
+# Every test here runs on both hot paths: the Python reference and the native core.
+pytestmark = pytest.mark.usefixtures("queue_impl")
+
 # -- names: strict, and only in this uid's 0700 directory ---------------------------------------
 
 

@@ -8,6 +8,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
+import pytest
 
 from lowtail.shm.errors import RequestWithdrawn
 from lowtail.shm.queue import (
@@ -18,6 +19,9 @@ from lowtail.shm.queue import (
     QueueDescriptor,
     QueueWorker,
 )
+
+# Every test here runs on both hot paths: the Python reference and the native core.
+pytestmark = pytest.mark.usefixtures("queue_impl")
 
 ROUNDS = 3000
 

@@ -35,7 +35,8 @@ def test_tuned_node_passes_every_static_check_it_can_read(tmp_path: Path) -> Non
     report = validate_fixture(
         tmp_path,
         TUNED,
-        (*STATIC_CHECKS, "cfs_throttle"),
+        # queue_core reads this process, not the fixture: tested on its own below
+        (*(c for c in STATIC_CHECKS if c != "queue_core"), "cfs_throttle"),
         proc_files=TUNED_SELF["proc"],
         sys_files=TUNED_SELF["sys"],
     )
@@ -255,3 +256,15 @@ def test_a_plan_of_another_machine_is_refused(tmp_path: Path) -> None:
     plan_path.write_text(json.dumps(plan))
     with pytest.raises(ValidationError, match="CPUs 168-335 that are not online here"):
         run(Options(src=Sources(sys_root=sys_root, proc_root=proc_root), plan_path=plan_path, progress=False))
+
+
+def test_queue_core_warns_when_the_python_path_runs(tmp_path: Path) -> None:
+    from lowtail.shm import native
+
+    with native.use(False):
+        check = by_name(validate_fixture(tmp_path, TUNED, ("queue_core",)))["queue_core"]
+    assert check.status is Status.WARN and check.value == "python"
+    assert "Python path" in check.reason
+    if native.available():
+        check = by_name(validate_fixture(tmp_path / "again", TUNED, ("queue_core",)))["queue_core"]
+        assert check.status is Status.PASS and check.value == "native"

@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # imported when used: the actor's module must import fast and
     from lowtail.serve.worker_process import WorkerProcess
     from lowtail.shm.control import InferenceQueue, QueueConfig
 from lowtail.node.lease import Lease
+from lowtail.shm import native
 
 log = logging.getLogger(__name__)
 
@@ -527,6 +528,8 @@ class InferenceActorImpl:
                 "actor_affinity": sorted(os.sched_getaffinity(0)),
                 "actor_nice": None if self._nice is None else asdict(self._nice),
                 "actor_thread_nices": sorted(set(thread_nices())),
+                # this node's queue hot path (the worker's own is in its ready report)
+                "queue_core": native.implementation().to_dict(),
                 "ready": None if w is None else w.ready_info,
                 "standby_ready": None if sb is None else sb.ready_info,
             }

@@ -76,6 +76,7 @@ class Report:
     targets: dict[str, bool | None] = field(default_factory=dict)  # None: not decided (undecided says why)
     undecided: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    queue_core: dict[str, str] = field(default_factory=dict)  # the queue's hot path here, and why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         say = (lambda m: None) if args.no_progress else (lambda m: print(f"  {m}", flush=True))
         measure(config, args.samplers, args.seconds, report, say)
     report.load = list(os.getloadavg())
+    from lowtail.shm import native
+
+    report.queue_core = native.implementation().to_dict()
     judge(report)
     if json_to_stdout(args):
         write_json(args.json, report.to_dict())
@@ -372,6 +376,9 @@ def render(report: Report) -> str:
             title="Targets",
         ),
         f"load average {report.load[0]:.2f} {report.load[1]:.2f} {report.load[2]:.2f}" if report.load else "",
+        f"queue hot path: {report.queue_core['name']} ({report.queue_core['reason']})"
+        if report.queue_core
+        else "",
     ]
     return "\n\n".join(out)
 

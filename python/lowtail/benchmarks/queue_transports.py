@@ -603,6 +603,16 @@ def _floor_worker(name: str, cpu: int | None, prio: str, stop: Any) -> None:
         seg.close()
 
 
+def _await_ready(proc: SpawnProcess, ready: Callable[[], bool], name: str) -> None:
+    """Wait up to 120 s for a floor server's ready word; sleep, not spin: a spinning FIFO client would
+    starve the starting server."""
+    deadline = time.monotonic() + 120
+    while not ready():
+        if time.monotonic() > deadline or not proc.is_alive():
+            raise RuntimeError(f"{name}: the server did not start")
+        time.sleep(0.01)
+
+
 class SpinFloorTransport(Transport):
     name = "spin_floor"
 
@@ -615,11 +625,7 @@ class SpinFloorTransport(Transport):
         self.proc.start()
         self.words, self.req, self.resp = _floor_views(self.seg.mm)
         self.seq = 0
-        deadline = time.monotonic() + 120
-        while self.words[16] != 1:  # sleep, not spin: a spinning FIFO client would starve the starting server
-            if time.monotonic() > deadline or not self.proc.is_alive():
-                raise RuntimeError("spin_floor: the server did not start")
-            time.sleep(0.01)
+        _await_ready(self.proc, lambda: self.words[16] == 1, self.name)
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         np.copyto(self.req, arrays["obs"])
@@ -645,6 +651,98 @@ class SpinFloorTransport(Transport):
             self.seg.close()
 
 
+# -- the native floor -------------------------------------------------------------------------------
+
+_NATIVE_FLOOR_C = Path(__file__).with_name("native") / "floor.c"
+_FLOOR_SEG = 128 + _FLOOR_REQ + _FLOOR_RESP
+
+
+def build_native_floor(out_dir: str) -> str:
+    """Compile ``native/floor.c`` with the host's C compiler into ``out_dir`` (a private directory: a
+    shared library loaded from a world-writable place could be someone else's); returns its path."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("native_floor needs a C compiler (cc or gcc, or CC=...): none found")
+    lib = os.path.join(out_dir, "lowtail_floor.so")
+    import subprocess
+
+    subprocess.run(
+        [cc, "-O2", "-march=native", "-shared", "-fPIC", "-o", lib, str(_NATIVE_FLOOR_C)],
+        check=True,
+        capture_output=True,
+    )
+    return lib
+
+
+def _load_floor(lib: str) -> Any:
+    import ctypes
+
+    so = ctypes.CDLL(lib)
+    so.floor_serve.argtypes = [ctypes.c_void_p]
+    so.floor_serve.restype = ctypes.c_uint64
+    so.floor_round_trip.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_uint64, ctypes.c_uint64]
+    so.floor_round_trip.restype = ctypes.c_int
+    return so
+
+
+def _native_floor_worker(lib: str, name: str, cpu: int | None, prio: str) -> None:
+    prepare(cpu, prio)
+    seg = segments.attach_segment(name)
+    anchor = np.frombuffer(seg.mm, np.uint8)
+    try:
+        _load_floor(lib).floor_serve(anchor.ctypes.data)  # returns once the client sets the stop word
+    finally:
+        del anchor
+        seg.close()
+
+
+class NativeFloorTransport(Transport):
+    """The native two-process spin floor: C on both sides (``native/floor.c``), the same copies as the
+    queue's round trip; the harness's Python call around it (one ctypes call) is its only Python."""
+
+    name = "native_floor"
+
+    def start(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="lowtail-floor-")
+        lib = build_native_floor(self.tmp)
+        self.seg = segments.create_segment("q", _FLOOR_SEG)
+        self.mem = np.frombuffer(self.seg.mm, np.uint8)
+        self.words = self.mem[:32].view(np.uint64)
+        self.proc = _ctx().Process(
+            target=_native_floor_worker, args=(lib, self.seg.name, self.worker_cpu, self.prio)
+        )
+        self.proc.start()
+        self.so = _load_floor(lib)
+        self.base = self.mem.ctypes.data
+        self.out = np.empty((16, 64), np.float32)
+        self.out_p = self.out.ctypes.data
+        self.seq = 0
+        _await_ready(self.proc, lambda: self.words[2] == 1, self.name)
+
+    def round_trip(self, arrays: Arrays) -> Arrays:
+        obs = arrays["obs"]
+        if obs.shape != (16, 512) or obs.dtype != np.float32 or not obs.flags.c_contiguous:
+            raise ValueError(
+                f"native_floor carries 16 x 512 C-contiguous float32, got {obs.shape} {obs.dtype}"
+            )
+        self.seq += 1
+        if self.so.floor_round_trip(self.base, obs.ctypes.data, self.out_p, self.seq, 10_000_000_000):
+            raise TimeoutError("native_floor: no answer in 10 s")
+        return {"logits": self.out.copy()}
+
+    def stop(self) -> None:
+        if hasattr(self, "words"):
+            self.words[3] = 1  # the server's stop word
+        if self.proc is not None:
+            self.proc.join(10)
+        super().stop()
+        if hasattr(self, "seg"):
+            del self.words, self.mem
+            self.seg.close()
+        if hasattr(self, "tmp"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 TRANSPORTS: dict[str, type[Transport]] = {
     t.name: t
     for t in (
@@ -654,6 +752,7 @@ TRANSPORTS: dict[str, type[Transport]] = {
         TcpTransport,
         RayTransport,
         SpinFloorTransport,
+        NativeFloorTransport,
     )
 }
 

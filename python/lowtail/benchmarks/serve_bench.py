@@ -83,6 +83,7 @@ from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
 from lowtail.serve.config import FIFO_SCOPES
 from lowtail.serve.model import ModelSpec, ModelSpecError, feature_input, find_model_xml, write_model
+from lowtail.shm import native
 
 
 def register(bench_sub: Any) -> None:
@@ -365,6 +366,8 @@ def _finish(
         "cpus": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
+        # the queue's hot path in this process (its workers and samplers decide the same way)
+        "queue_core": native.implementation().to_dict(),
     }
     keys: tuple[str, ...] = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope")
     keys += ("client_spin_us", "compare_spin_us", "coalesce", "duration_s")
@@ -382,7 +385,9 @@ def _finish(
         lines.insert(0, "INTERRUPTED: a partial run; the designs below finished before Ctrl-C")
     report["verdicts"] = lines
     host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
-    host += f"{load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    host += (
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; queue hot path: {native.implementation()}"
+    )
     text = ""
     if results and not json_to_stdout(args):
         text = render_table(results)

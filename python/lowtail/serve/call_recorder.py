@@ -39,6 +39,19 @@ log = logging.getLogger(__name__)
 # A call whose wall - thread CPU exceeds this was descheduled: read the scheduler counters for it.
 DESCHEDULED_NS = 20_000
 
+# The stamps (ns) the serving loop takes per call, in its order, as indices into one list (``stamps()``),
+# as ``lowtail.shm.layout`` names the queue's words: T0 claim returned, TH0/C0 thread/process CPU, M0
+# before SCHED_FIFO enter, F0 after it, K0 inputs checked, ET0/EC0/E0 before infer(), E1/ET1/EC1 after
+# it, A0/A1 around complete(), F1 after the SCHED_FIFO leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read
+# only on sampled calls (0 otherwise).
+(T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1) = range(18)
+N_STAMPS = 18
+
+
+def stamps() -> list[int]:
+    """The list one serving loop fills per call and hands to ``CallRecorder.record``."""
+    return [0] * N_STAMPS
+
 
 class CallRecorder:
     """Records the calls of one serving loop into its stats segment (worker-private state)."""
@@ -74,22 +87,13 @@ class CallRecorder:
         self.sampled = True  # the next call reads the process CPU clock (every stats_every-th call)
         self.threads = threads  # the worker's threads, refreshed by the loop when idle (slow_infer line)
 
-    def record(  # noqa: PLR0917 - the hot path's stamps, passed in the order it takes them
-        self,
-        waits_ns: list[int],
-        claimed_ns: int,
-        n: int,
-        t0: int, th0: int, c0: int, m0: int, f0: int, k0: int, et0: int, ec0: int, e0: int,
-        e1: int, et1: int, ec1: int, a0: int, a1: int, f1: int, th1: int, c1: int, t1: int,
-    ) -> None:  # fmt: skip
+    def record(self, waits_ns: list[int], claimed_ns: int, n: int, st: list[int]) -> None:
         """One answered call of ``n`` samples from the requests that waited ``waits_ns``.
 
-        Stamps (ns) in the loop's order: ``t0`` claim returned, ``th0``/``c0`` thread/process CPU,
-        ``m0`` before SCHED_FIFO enter, ``f0`` after it, ``k0`` inputs checked, ``et0``/``ec0``/``e0``
-        before infer(), ``e1``/``et1``/``ec1`` after it, ``a0``/``a1`` around complete(), ``f1`` after
-        the SCHED_FIFO leave, ``th1``/``c1``/``t1`` the end. ``c0``/``ec0``/``ec1``/``c1`` are read only
-        on sampled calls (0 otherwise). ``claimed_ns`` is the poll that took the first request.
+        ``st``: the call's stamps, indexed by ``T0`` ... ``T1`` (above). ``claimed_ns`` is the poll that
+        took the first request.
         """
+        t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1 = st
         clock = time.monotonic_ns
         sampled = self.sampled
         wall_ns = t1 - t0

@@ -157,6 +157,9 @@ def main(
 
     gc.collect()
     gc.freeze()  # everything built so far stays out of every later collection
+    from lowtail.shm import native  # after pinning: it imports numpy
+
+    ready["queue_core"] = native.implementation().to_dict()  # the native core or the Python path, and why
     ready["gc_frozen"] = gc.get_freeze_count()
     ready["threads"] = thread_count()
     from lowtail.serve import stats_segment as ws
@@ -262,7 +265,28 @@ def serve(
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     """
     from lowtail.serve import stats_segment as ws
-    from lowtail.serve.call_recorder import CallRecorder
+    from lowtail.serve.call_recorder import (
+        A0,
+        A1,
+        C0,
+        C1,
+        E0,
+        E1,
+        EC0,
+        EC1,
+        ET0,
+        ET1,
+        F0,
+        F1,
+        K0,
+        M0,
+        T0,
+        T1,
+        TH0,
+        TH1,
+        CallRecorder,
+        stamps,
+    )  # fmt: skip
     from lowtail.serve.engine import MalformedInput
 
     claim_timeout = config.claim_timeout_s
@@ -301,6 +325,7 @@ def serve(
     per_call = config.fifo_scope == "call"
     drop_when_idle = config.fifo_scope == "work"
     stop_i = ws.STOP
+    st = stamps()  # one list, refilled per call: the stamps record() reads by name
     next_check = 0
     try:
         while not _stop["signalled"] and not h[stop_i]:
@@ -329,13 +354,13 @@ def serve(
             try:
                 with batch:
                     # ---- hot path: every clock() pair below is one column of the breakdown ----
-                    t0 = clock()
+                    st[T0] = t0 = clock()
                     sampled = rec.sampled
-                    th0 = ttime()
-                    c0 = ptime() if sampled else 0
-                    m0 = clock()
+                    st[TH0] = th0 = ttime()
+                    st[C0] = ptime() if sampled else 0
+                    st[M0] = clock()
                     enter()  # no system call when already in SCHED_FIFO
-                    f0 = clock()
+                    st[F0] = clock()
                     inputs = batch.inputs
                     try:
                         n = check(inputs)
@@ -343,10 +368,10 @@ def serve(
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)
                         continue
-                    k0 = clock()
-                    et0 = ttime()
-                    ec0 = ptime() if sampled else 0
-                    e0 = clock()
+                    st[K0] = clock()
+                    st[ET0] = ttime()
+                    st[EC0] = ptime() if sampled else 0
+                    st[E0] = e0 = clock()
                     try:
                         outputs = infer(inputs, n)
                     except Exception as e:
@@ -355,24 +380,21 @@ def serve(
                         h[ws.FAILED] += len(batch.sizes)
                         log.error("inference failed for %d requests: %s", len(batch.sizes), e)
                         continue
-                    e1 = clock()
-                    et1 = ttime()
-                    ec1 = ptime() if sampled else 0
-                    a0 = clock()
+                    st[E1] = e1 = clock()
+                    st[ET1] = et1 = ttime()
+                    st[EC1] = ptime() if sampled else 0
+                    st[A0] = a0 = clock()
                     # Every answer carries its call's engine time and its deschedule so far (wall - thread
                     # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
                     batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
-                a1 = clock()
+                st[A1] = clock()
                 if per_call:
                     leave()
-                f1 = clock()
-                th1 = ttime()
-                c1 = ptime() if sampled else 0
-                t1 = clock()
-                record(
-                    batch.queue_wait_ns, batch.claimed_ns, n,
-                    t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1,
-                )  # fmt: skip
+                st[F1] = clock()
+                st[TH1] = ttime()
+                st[C1] = ptime() if sampled else 0
+                st[T1] = clock()
+                record(batch.queue_wait_ns, batch.claimed_ns, n, st)
             except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()
                 h[ws.FAILED] += batch.failed

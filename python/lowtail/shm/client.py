@@ -71,7 +71,9 @@ from lowtail.shm.layout import (
     W_RESP_STATUS,
     W_SUBMIT_NS,
     W_WITHDRAWN,
+    WORKER_LOCK_BYTE,
     WRITING,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
 
@@ -90,6 +92,7 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
 # usually come within the budget), else PURE_SPIN_NS and parks: a woken nice -20 sampler preempts.
 PURE_SPIN_NS = 20_000
 PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
+PARK_SLICE_NS = int(PARK_SLICE_S * 1e9)
 # Predictive waiting. A client learns how long its answers take from submit to the worker's answer
 # stamp (a low quantile: the prediction drops at once to a shorter answer and rises by
 # 1/2**PREDICT_UP_SHIFT of the gap after a longer one) and, when the answer is predicted far enough
@@ -469,6 +472,7 @@ class QueueClient:
         self._parked_i = geo.lane(lane, L_PARKED)
         self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._waiter = FutexWaiter(m.addr(self._count_i))
+        self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -513,7 +517,7 @@ class QueueClient:
         m = attach_mapped(desc)
         try:
             for lane in range(m.geo.lanes):
-                if ofd_lock.try_lock(m.seg.fd, 1 + lane):
+                if ofd_lock.try_lock(m.seg.fd, client_lock_byte(lane)):
                     if spin_us is None:
                         spin = cls._default_spin(m, lane, desc.config.client_spin_us)
                     else:
@@ -543,7 +547,7 @@ class QueueClient:
                     other == lane
                     or pid == me
                     or not 0 < pid < 1 << 22
-                    or not ofd_lock.held(m.seg.fd, 1 + other)
+                    or not ofd_lock.held(m.seg.fd, client_lock_byte(other))
                 ):
                     continue
                 try:
@@ -615,7 +619,8 @@ class QueueClient:
             weakref.finalize(base, one_gone)
 
     def _release_lane(self) -> None:
-        ofd_lock.unlock(self._m.seg.fd, 1 + self.lane)  # explicit: an export elsewhere keeps the fd open
+        # explicit: an export elsewhere keeps the fd open
+        ofd_lock.unlock(self._m.seg.fd, client_lock_byte(self.lane))
         self._m.close()
 
     def _recover_slots(self) -> None:
@@ -780,20 +785,26 @@ class QueueClient:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        seq = q[si + W_REQ_SEQ] + 1
-        now = time.monotonic_ns()
-        q[si + W_REQ_LEN] = nbytes
-        q[si + W_SUBMIT_NS] = now
-        q[si + W_REQ_SEQ] = seq
-        q[si + W_REQ_STATE] = READY
         head = self._head
-        q[self._ring_i + head % self._spl] = s
-        self._head = head + 1
-        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
-        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-        if q[HW_WORKER_SLEEP]:
-            q[HW_WORKER_SLEEP] = 0
-            futex_wake(self._m.addr(HW_WORKER_SLEEP))
+        nat = self._native
+        if nat is not None:
+            # The same stores, barrier and wake as below, in one call (lowtail.shm.native).
+            seq, now = nat.publish(self.lane, s, nbytes, head)
+            self._head = head + 1
+        else:
+            seq = q[si + W_REQ_SEQ] + 1
+            now = time.monotonic_ns()
+            q[si + W_REQ_LEN] = nbytes
+            q[si + W_SUBMIT_NS] = now
+            q[si + W_REQ_SEQ] = seq
+            q[si + W_REQ_STATE] = READY
+            q[self._ring_i + head % self._spl] = s
+            self._head = head + 1
+            q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+            full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
+            if q[HW_WORKER_SLEEP]:
+                q[HW_WORKER_SLEEP] = 0
+                futex_wake(self._m.addr(HW_WORKER_SLEEP))
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
@@ -827,7 +838,8 @@ class QueueClient:
         # it claimed before it unlocks). The pid word is only a hint any client could zero.
         q = self._q
         return bool(
-            q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq and not ofd_lock.held(self._m.seg.fd, 0)
+            q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq
+            and not ofd_lock.held(self._m.seg.fd, WORKER_LOCK_BYTE)
         )
 
     def _sleep_on_lane(self, timeout_s: float, pendings: Sequence[Pending]) -> None:
@@ -885,7 +897,18 @@ class QueueClient:
                 # before it, or answers usually come that fast); else a round trip's worth, then park.
                 due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
                 spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
-                while True:
+                nat = self._native
+                if nat is not None and self._spin_ns:
+                    # The spin in native code: the answer seen within ~0.1 us, the GIL released.
+                    seen, now = nat.spin(self.lane, s, seq, spin_end)
+                    if seen:
+                        self._counts.spinning += 1
+                    else:
+                        deadline = deadline or deadline_ns(now, timeout_s)
+                        self._park(ticket, si, deadline, deadline)
+                        self._counts.parked += 1
+                        now = clock()
+                while nat is None or not self._spin_ns:
                     now = clock()  # read before the check that sees the answer: the time it came
                     if q[resp_i] == seq:
                         self._counts.spinning += 1
@@ -1018,11 +1041,14 @@ class QueueClient:
         start = clock()
         dead_worker = 0
         parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
+        nat = self._native
         first = True
+        expected = 0
         while True:
-            expected = q[count_i]
-            q[parked_i] = 1
-            full_barrier()  # order the parked store before the re-check below (Dekker)
+            if nat is None:
+                expected = q[count_i]
+                q[parked_i] = 1
+                full_barrier()  # order the parked store before the re-check below (Dekker)
             if q[resp_i] == seq:
                 q[parked_i] = 0
                 return True
@@ -1033,7 +1059,7 @@ class QueueClient:
             if (
                 not first
                 and (q[HW_WORKER_PID] != 0 or q[si + W_CLAIM_SEQ] == seq)
-                and not ofd_lock.held(m.seg.fd, 0)
+                and not ofd_lock.held(m.seg.fd, WORKER_LOCK_BYTE)
             ):
                 # A dead worker fails only what it had claimed (it may have run it); an unclaimed
                 # request stays queued for the next worker: at most once, and never lost. Claimed
@@ -1063,9 +1089,15 @@ class QueueClient:
                 )
             self._counts.futex_waits += 1
             first = False
-            waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
-            q[parked_i] = 0
-            answered = q[resp_i] == seq
+            if nat is not None:
+                # The park (flag, barrier, re-check, futex, flag) in one native call.
+                answered = bool(
+                    nat.park(self.lane, ticket.slot, seq, max(0, min(until - now, PARK_SLICE_NS)))[0]
+                )
+            else:
+                waiter.wait(expected, min((until - now) / 1e9, PARK_SLICE_S))
+                q[parked_i] = 0
+                answered = q[resp_i] == seq
             now = clock()
             if now >= until and until < deadline:
                 # A predictive sleep ran past its end: learn how late (up at once, down slowly). A

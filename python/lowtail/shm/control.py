@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lowtail.node.process import boot_id
-from lowtail.shm import numa, ofd_lock
+from lowtail.shm import native, numa, ofd_lock
 from lowtail.shm.errors import BadConfig, QueueError, SegmentNotFound
 from lowtail.shm.futex import is_supported_platform
 from lowtail.shm.layout import (
@@ -52,8 +52,10 @@ from lowtail.shm.layout import (
     ST_OK,
     STATE_NAMES,
     VERSION,
+    WORKER_LOCK_BYTE,
     WRITING,
     Geometry,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Spec
 from lowtail.shm.segments import (
@@ -192,12 +194,16 @@ class Mapped:
         self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
         self._anchor = np.frombuffer(seg.mm, np.uint64)
         self.base_addr = int(self._anchor.ctypes.data)
+        # The native core over this mapping (lowtail.shm.native), or None: the Python path.
+        self.native: Any = native.segment(seg.mm, geo)
 
     def addr(self, index: int) -> int:
         """Address of the u64 word at ``index`` (its low 32 bits are the futex word)."""
         return self.base_addr + index * 8
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()  # its export of the mapping first, or the mapping cannot close
         # A view a caller still holds (batch inputs kept past complete()) must not keep the segment
         # file alive: the mapping then lives until that view is collected, the name is unlinked now.
         with contextlib.suppress(BufferError):
@@ -335,13 +341,17 @@ class InferenceQueue:
                 LaneSnapshot(
                     lane,
                     int(q[geo.lane(lane, L_PID)]),
-                    ofd_lock.held(fd, 1 + lane),
+                    ofd_lock.held(fd, client_lock_byte(lane)),
                     int(q[geo.lane(lane, L_GEN)]),
                     tuple(states),
                 )
             )
         return QueueSnapshot(
-            self.descriptor.name, int(q[HW_WORKER_PID]), ofd_lock.held(fd, 0), tuple(lanes), counts
+            self.descriptor.name,
+            int(q[HW_WORKER_PID]),
+            ofd_lock.held(fd, WORKER_LOCK_BYTE),
+            tuple(lanes),
+            counts,
         )
 
 

@@ -82,6 +82,16 @@ MAGIC = int.from_bytes(b"LOWTAILQ", "little")
 VERSION = 1
 PAGE = 4096
 MAX_LANES = 256  # OFD lock bytes 1..256; doorbells fit page 0 with room to spare
+# The OFD byte locks on the segment file (``lowtail.shm.ofd_lock``): the worker holds byte 0 for its
+# lifetime, the client of lane l byte 1 + l (``client_lock_byte``).
+WORKER_LOCK_BYTE = 0
+CLIENT_LOCK_BYTE0 = 1
+
+
+def client_lock_byte(lane: int) -> int:
+    """The OFD lock byte a client holds for its lane while it lives."""
+    return CLIENT_LOCK_BYTE0 + lane
+
 
 H_MAGIC, H_GEOM0, H_GEOM1, H_GEOM2, H_CREATOR = 0, 8, 16, 24, 32
 H_WORKER_PID, H_WORKER_EPOCH, H_WORKER_SLEEP, H_DOORBELLS = 64, 72, 128, 192

@@ -54,6 +54,8 @@ from lowtail.shm.layout import (
     W_RESP_STATUS,
     W_SUBMIT_NS,
     W_WITHDRAWN,
+    WORKER_LOCK_BYTE,
+    client_lock_byte,
 )
 from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
 from lowtail.shm.segments import DeadSweep
@@ -102,6 +104,8 @@ class _Item:
         self.done = False
 
 
+# What the native claim found at a ring position (lowtail_native.Segment.claim).
+_CLAIMED, _BAD_RING, _SKIPPED, _WITHDRAWN = 0, 1, 2, 3
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -232,8 +236,12 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
+        woken = False
         try:
-            if len(self._items) == 1:
+            if worker._native is not None:
+                worker._answer_many(self._items, outputs, layout, engine_ns, call)
+                woken = True  # answered and woken in one native call
+            elif len(self._items) == 1:
                 it = self._items[0]
                 if not it.done:
                     worker._answer(it, ST_OK, outputs, layout, "", engine_ns=engine_ns, call=call)
@@ -257,7 +265,8 @@ class Batch:
                     self.failed += 1
             raise
         finally:
-            worker._wake_parked(self._items)
+            if not woken:
+                worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
         """Answer every request not answered yet as failed with ``message``; the views go with it."""
@@ -312,6 +321,7 @@ class QueueWorker:
         self._parked_i = [geo.lane(lane, L_PARKED) for lane in range(geo.lanes)]
         self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
+        self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -341,7 +351,7 @@ class QueueWorker:
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
         m = attach_mapped(desc)
-        if not ofd_lock.try_lock(m.seg.fd, 0):
+        if not ofd_lock.try_lock(m.seg.fd, WORKER_LOCK_BYTE):
             pid = m.q[HW_WORKER_PID]
             m.close()
             raise QueueError(f"queue {desc.name} already has a live worker (pid {pid}); one worker per queue")
@@ -404,7 +414,7 @@ class QueueWorker:
         self._m.q[HW_WORKER_PID] = 0
         # Unlock explicitly: a mapping still exported to a caller's view (batch inputs kept past
         # complete()) keeps the open file description, and with it the lock, alive after close(fd).
-        ofd_lock.unlock(self._m.seg.fd, 0)
+        ofd_lock.unlock(self._m.seg.fd, WORKER_LOCK_BYTE)
         self._slots_in.close()
         self._sweep.close()
         self._pool.close()
@@ -432,7 +442,7 @@ class QueueWorker:
         return [
             lane
             for lane in range(m.geo.lanes)
-            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, 1 + lane)
+            if m.q[m.geo.lane(lane, L_PID)] and not ofd_lock.held(m.seg.fd, client_lock_byte(lane))
         ]
 
     # -- hot path: claim, answer -------------------------------------------------------------------
@@ -568,6 +578,9 @@ class QueueWorker:
         claimable request (a bad request, answered here, or a duplicate).
         """
         q, geo = self._m.q, self._m.geo
+        nat = self._native
+        if nat is not None:
+            return self._take_native(nat, lane, tail, now)
         s = q[self._ring_i[lane] + tail % geo.spl]
         self._tails[lane] = tail + 1
         if s >= geo.spl:
@@ -585,14 +598,31 @@ class QueueWorker:
         q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
         q[self._tail_i[lane]] = tail + 1
-        if q[si + W_WITHDRAWN] == seq:  # its client took it back: never run it (layout.py, withdrawing)
+        return self._claimed(it, q[si + W_WITHDRAWN] == seq)
+
+    def _claimed(self, it: _Item, withdrawn: bool) -> _Item | None:
+        """A request just claimed: answered ST_WITHDRAWN when its client took it back (never run:
+        layout.py, withdrawing), else decoded for the batch."""
+        if withdrawn:
             self._answer(it, ST_WITHDRAWN, None, None, "withdrawn by its client before it ran")
             self._wake_parked([it])
             self.counts.withdrawn += 1
             return None
-        self._lane_seen_ns[lane] = now
+        self._lane_seen_ns[it.lane] = it.claim_ns
         self._decode(it)
         return it
+
+    def _take_native(self, nat: Any, lane: int, tail: int, now: int) -> _Item | None:
+        """``_take`` with the ring read, the claim, its barrier and the withdrawn check in one call."""
+        kind, s, seq, gen, submit_ns = nat.claim(lane, tail, now)
+        self._tails[lane] = tail + 1
+        if kind == _BAD_RING:
+            self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{self._m.geo.spl - 1}")
+            return None
+        if kind == _SKIPPED:
+            return None
+        g = lane * self._m.geo.spl + s
+        return self._claimed(_Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now), kind == _WITHDRAWN)
 
     def _fence(self, lane: int, why: str) -> None:
         """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
@@ -701,9 +731,70 @@ class QueueWorker:
         call: int = 0,
     ) -> None:
         """Answer ``it``; ``engine_ns`` and ``call`` are the call's words (Batch.complete), 0 otherwise."""
+        status, n = self._write_answer(it, status, arrays, layout, message)
+        nat = self._native
+        if nat is not None:
+            # the caller wakes (_wake_parked), once for all it answered
+            nat.answer(
+                [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, status, n)], engine_ns, call, False
+            )
+            it.done = True
+            self._outstanding.pop(it.g, None)
+            return
+        q, si = self._m.q, it.si
+        q[si + W_RESP_LEN] = n
+        q[si + W_RESP_STATUS] = status
+        q[si + W_CALL_ENGINE_NS] = engine_ns
+        q[si + W_CALL] = call
+        q[si + W_DONE_NS] = time.monotonic_ns()
+        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
+        ci = self._count_i[it.lane]
+        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        it.done = True
+        self._outstanding.pop(it.g, None)
+
+    def _answer_many(
+        self,
+        items: list[_Item],
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        layout: PayloadLayout,
+        engine_ns: int,
+        call: int,
+    ) -> None:
+        """The native path's ``Batch.complete`` of several requests: each payload written here, then every
+        answer's words, the answer counts and the wake-ups of parked clients in one native call."""
+        words: list[tuple[int, int, int, int, int]] = []
+        todo: list[_Item] = []
+        spl = self._m.geo.spl
+        off = 0
+        one = len(items) == 1
+        for it in items:
+            assert it.layout is not None
+            n = it.layout.batch
+            if not it.done:
+                part = outputs if one else {k: v[off : off + n] for k, v in outputs.items()}
+                lay = layout if one else layout.with_batch(n)
+                status, nbytes = self._write_answer(it, ST_OK, part, lay, "")
+                words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
+                todo.append(it)
+            off += n
+        self._native.answer(words, engine_ns, call)
+        for it in todo:  # done once published: an interrupt before leaves them to complete()'s handler
+            it.done = True
+            self._outstanding.pop(it.g, None)
+
+    def _write_answer(
+        self,
+        it: _Item,
+        status: int,
+        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
+        layout: PayloadLayout | None,
+        message: str,
+    ) -> tuple[int, int]:
+        """The payload (or error message) of ``it``'s answer into its response region: (status, bytes)."""
         m = self._m
         q, geo = m.q, m.geo
-        g, si = it.g, it.si
+        g = it.g
         n = 0
         if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
             status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
@@ -730,16 +821,7 @@ class QueueWorker:
         if status != ST_OK:
             self._out_views.pop(g, None)
             n = _write_message(m, g, message)
-        q[si + W_RESP_LEN] = n
-        q[si + W_RESP_STATUS] = status
-        q[si + W_CALL_ENGINE_NS] = engine_ns
-        q[si + W_CALL] = call
-        q[si + W_DONE_NS] = time.monotonic_ns()
-        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
-        ci = self._count_i[it.lane]
-        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
-        it.done = True
-        self._outstanding.pop(g, None)
+        return status, n
 
     def _answer_external(
         self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
@@ -764,6 +846,10 @@ class QueueWorker:
 
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
+            return
+        nat = self._native
+        if nat is not None:
+            nat.wake_lanes([it.lane for it in items])
             return
         m = self._m
         q = m.q
@@ -815,7 +901,7 @@ class WorkerStandby:
         if m is None:
             raise QueueError("take_over on a closed or promoted WorkerStandby")
         deadline = deadline_ns(time.monotonic_ns(), timeout_s)
-        while not ofd_lock.try_lock(m.seg.fd, 0):
+        while not ofd_lock.try_lock(m.seg.fd, WORKER_LOCK_BYTE):
             left_s = (deadline - time.monotonic_ns()) / 1e9
             if left_s <= 0:
                 return None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtail.render import html, style, table
-from lowtail.validation import plots
+from lowtail.validation import core_to_core, plots
 from lowtail.validation.check import Check, Status, fmt
 from lowtail.validation.runner import Report
 
@@ -35,6 +35,8 @@ FIXES: dict[str, str] = {
     "sched_fifo": "grant CAP_SYS_NICE and an RT budget to the runtime (docs/validation.md)",
     "rt_group_sched": "boot without RT group scheduling limits (docs/validation.md)",
     "dev_shm": "enlarge /dev/shm (a memory-backed emptyDir in pods) to what the queues need",
+    "queue_core": "install the lowtail-native wheel (make native; the wheelhouse carries it), or unset "
+    "LOWTAIL_PURE_PYTHON",
     "steal": "move the node off an oversubscribed hypervisor: steal is CPU time taken by the host",
     "kubelet": "apply the kubelet settings (roles/lowtail_kubelet)",
     "affinity": "fix the runtime's CPU affinity: see the reason for the OCI runtime fix (docs/validation.md)",
@@ -43,6 +45,8 @@ FIXES: dict[str, str] = {
     "cfs_throttle": "remove the CFS quota from exclusive-CPU containers (the reason names the way for "
     "your Kubernetes version)",
     "leased_threads": "move the named threads off the leased CPUs (their cgroup's cpuset or CPUAffinity)",
+    "core_to_core": "recompute the plan on this machine (lowtail plan) so each worker's pool is its L3 "
+    "group; a warn alone: the vCPUs' caches are not what the reported topology says",
     "hwlat": "firmware interrupts (SMIs) or a hypervisor stall the CPU: check BIOS power settings",
     "numa": "check the NUMA policy of the pod (memory manager Static, topology manager single-numa-node)",
 }
@@ -197,6 +201,8 @@ def figures(checks: Sequence[Check]) -> list[tuple[str, bytes]]:
         if c.name == "leased_threads" and c.status is not Status.SKIP:
             title = f"leased_threads: other threads on leased CPUs ({c.status}, worst {fmt(c.value)} ms/s)"
             out.append((title, plots.offender_bars(c.data["leased_cpus"], c.data["window_s"], title)))
+        if c.name == core_to_core.NAME and c.status is not Status.SKIP and c.data.get("matrix_ns"):
+            out.append(core_to_core.figure(c))
         if c.kind != "probe" or c.status is Status.SKIP or "per_cpu" not in c.data:
             continue
         per_cpu = c.data["per_cpu"]

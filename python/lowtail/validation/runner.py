@@ -36,6 +36,7 @@ from lowtail.render.schema import stamp
 from lowtail.shm.errors import QueueError
 from lowtail.validation.cgroup import Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
 from lowtail.validation.check import Check, Limits, Status, skip, worst
+from lowtail.validation.core_to_core import probe_core_to_core
 from lowtail.validation.firmware import HWLAT_LIMITS, probe_hwlat
 from lowtail.validation.probes import DEFAULT_LIMITS, ProbeError, ProbeOptions, probe_deschedule, probe_timer
 from lowtail.validation.rttests import RtTestsError, probe_rt_test
@@ -53,6 +54,7 @@ PROBES: tuple[str, ...] = (
     "inference",
     "numa",
     "hwlat",
+    "core_to_core",
     "leased_threads",
 )
 # Judged over the whole run: cpu.stat is read before the first probe and after the last.
@@ -446,6 +448,7 @@ def run(opts: Options) -> Report:
                 limits=limits["hwlat"],
                 progress=opts.progress,
             )
+            runners["core_to_core"] = lambda: probe_core_to_core(topo, plan, progress=opts.progress)
             saved = os.sched_getaffinity(0)
             housekeeping = topo.online - cpus
             sampler: Sampler | None = None

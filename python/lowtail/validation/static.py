@@ -485,6 +485,25 @@ def check_rt_group_sched(ctx: Context) -> Check:
     )
 
 
+def check_queue_core(ctx: Context) -> Check:
+    """Which implementation of the queue's hot path this installation runs: the native core, or the
+    Python path (a warning: it works, at several times the round trip and the worker's cost per call)."""
+    from lowtail.shm import native
+
+    impl = native.implementation()
+    evidence = [f"implementation: {impl}", f"layout digest of this package: {native.layout_digest()}"]
+    if impl.name == "native":
+        return Check("queue_core", Status.PASS, "native", "the native core loads", evidence)
+    return Check(
+        "queue_core",
+        Status.WARN,
+        "python",
+        "the native core loads",
+        evidence,
+        f"the queue runs its Python path: {impl.reason}",
+    )
+
+
 # ---- memory, steal, kubelet ----------------------------------------------------------------------
 def check_dev_shm(ctx: Context) -> Check:
     need = ctx.shm_bytes or SHM_BYTES_PER_WORKER * max(1, len(ctx.plan.isolated))
@@ -641,6 +660,7 @@ STATIC_CHECKS: dict[str, Callable[[Context], Check]] = {
     "sched_fifo": check_sched_fifo,
     "rt_group_sched": check_rt_group_sched,
     "dev_shm": check_dev_shm,
+    "queue_core": check_queue_core,
     "steal": check_steal,
     "kubelet": check_kubelet,
     "affinity": lambda ctx: check_affinity(

@@ -1,0 +1,177 @@
+"""Which implementation of the queue's hot path runs: the native core (``lowtail_native``, Rust) or Python.
+
+The native core (the ``lowtail-native`` wheel, built from ``native/`` by maturin) implements the same
+protocol as ``lowtail.shm.client`` / ``lowtail.shm.server`` on the words ``lowtail.shm.layout``
+describes: publication, the spin and the park of a client, the claim, the answer words and the
+wake-ups of a worker. Its offsets are generated from ``layout.py`` at build time
+(``native/gen_layout.py``); an extension built against another layout (its ``LAYOUT_DIGEST`` differs from
+the one computed here) is refused and the Python path runs.
+
+The Python path is the reference and the fallback: it runs when the extension is not installed,
+on a platform the queue does not support, or when ``LOWTAIL_PURE_PYTHON=1``. ``implementation()`` says
+which runs and why (``lowtail validate``, ``status()`` and every bench report print it). The choice is
+made per mapping, at attach: a client and a worker in one process may use different paths (the
+differential tests pair them every way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from lowtail.shm import layout, payload
+from lowtail.shm.futex import is_supported_platform
+
+ENV_PURE_PYTHON = "LOWTAIL_PURE_PYTHON"
+
+# The constants the generator writes, in its order (native/gen_layout.py keeps the same two lists).
+LAYOUT_NAMES = [
+    "MAGIC",
+    "VERSION",
+    "PAGE",
+    "MAX_LANES",
+    "H_MAGIC",
+    "H_GEOM0",
+    "H_GEOM1",
+    "H_GEOM2",
+    "H_CREATOR",
+    "H_WORKER_PID",
+    "H_WORKER_EPOCH",
+    "H_WORKER_SLEEP",
+    "H_DOORBELLS",
+    "LANE_BASE",
+    "L_GEN",
+    "L_PID",
+    "L_PARKED",
+    "L_TAIL",
+    "L_RESP_COUNT",
+    "L_RING",
+    "SLOT_BYTES",
+    "S_REQ_SEQ",
+    "S_REQ_LEN",
+    "S_REQ_STATE",
+    "S_SUBMIT_NS",
+    "S_WITHDRAWN",
+    "S_RESP_SEQ",
+    "S_CLAIM_SEQ",
+    "S_RESP_LEN",
+    "S_RESP_STATUS",
+    "S_CLAIM_NS",
+    "S_DONE_NS",
+    "S_CALL_ENGINE_NS",
+    "S_CALL",
+    "CALL_BATCH_MASK",
+    "CALL_DESCHEDULE_SHIFT",
+    "FREE",
+    "WRITING",
+    "READY",
+    "ST_OK",
+    "ST_FAILED",
+    "ST_BAD_REQUEST",
+    "ST_TOO_LARGE",
+    "ST_WORKER_DIED",
+    "ST_CLIENT_GONE",
+    "ST_WITHDRAWN",
+    "WORKER_LOCK_BYTE",
+]
+PAYLOAD_NAMES = ["ALIGN", "FLAG_EXTERNAL", "HEADER_VERSION", "MAX_ARRAYS", "MAX_RANK", "MAX_DIM"]
+
+
+def layout_constants() -> list[tuple[str, int]]:
+    """Every constant the native core is built with, from the running Python package."""
+    out = [(n, int(getattr(layout, n))) for n in LAYOUT_NAMES]
+    out += [(f"P_{n}", int(getattr(payload, n))) for n in PAYLOAD_NAMES]
+    out.append(("P_DTYPE_COUNT", len(payload.DTYPES)))
+    return out
+
+
+def layout_digest() -> str:
+    """The hash of ``layout_constants`` an extension must carry to be used."""
+    text = "".join(f"{n}={v};" for n, v in layout_constants())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """Which hot path runs (``name``: "native" or "python") and why."""
+
+    name: str
+    reason: str
+    version: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "reason": self.reason, "version": self.version}
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def _load() -> tuple[ModuleType | None, Implementation]:
+    if os.environ.get(ENV_PURE_PYTHON, "") not in ("", "0"):
+        return None, Implementation("python", f"{ENV_PURE_PYTHON}={os.environ[ENV_PURE_PYTHON]}")
+    if not is_supported_platform():
+        return None, Implementation("python", "the native core is built for x86-64 Linux only")
+    try:
+        import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as e:
+        return None, Implementation("python", f"the native core is not installed ({e})")
+    got = getattr(lowtail_native, "LAYOUT_DIGEST", "")
+    if got != layout_digest():
+        return None, Implementation(
+            "python",
+            f"the installed native core was built for layout {got}, this package's is {layout_digest()}: "
+            f"rebuild it (make native)",
+        )
+    version = str(getattr(lowtail_native, "VERSION", ""))
+    return lowtail_native, Implementation("native", f"lowtail_native {version} loaded", version)
+
+
+_module, _impl = _load()
+# tests: force a path for the mappings attached next (``use``); one element, so no global statement
+_forced: list[bool | None] = [None]
+
+
+def core() -> ModuleType | None:
+    """The native module for a mapping attached now, or None for the Python path."""
+    if _forced[0] is False:
+        return None
+    return _module
+
+
+def implementation() -> Implementation:
+    """What a mapping attached now uses, and why."""
+    if _forced[0] is False and _module is not None:
+        return Implementation("python", "the Python path was chosen for this mapping (use(native=False))")
+    return _impl
+
+
+def available() -> bool:
+    return _module is not None
+
+
+@contextmanager
+def use(native: bool) -> Iterator[None]:
+    """Attach with the native core (``native=True``, which must be available) or the Python path.
+
+    For the tests that pair the two paths; the default (no ``use``) is the native core when it loads.
+    """
+    if native and _module is None:
+        raise RuntimeError(f"the native core is not available: {_impl.reason}")
+    prev, _forced[0] = _forced[0], native
+    try:
+        yield
+    finally:
+        _forced[0] = prev
+
+
+def segment(buffer: Any, geo: layout.Geometry) -> Any:
+    """A native ``Segment`` over a mapping of geometry ``geo``, or None on the Python path."""
+    mod = core()
+    if mod is None:
+        return None
+    return mod.Segment(buffer, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total)

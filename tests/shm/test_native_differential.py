@@ -1,0 +1,126 @@
+"""The native core against the Python reference: every pairing of client and worker path runs the same
+random streams, and the answers, errors, slot states and counters must be identical.
+
+A stream mixes request sizes (inline and ndarray-slot payloads), batch shapes (several requests merged
+into one call, a batch cut by the sample limit), withdrawals before and after the claim, a client that
+leaves with requests in flight (its successor's lane gen fences them), and a worker that stops holding
+a claimed batch (the next worker answers what it had claimed). One process drives both sides step by
+step, so the order of events is the same on every path; only the implementation differs.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowtail.shm import native
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.implementation().reason)
+
+PATHS = [(c, w) for c in (False, True) for w in (False, True)]
+SEEDS = range(6)
+
+
+def _model(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    return {"y": x * 3.0 - 1.0, "n": x.sum(axis=1, keepdims=True).astype(np.float64)}
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        out = fn()
+    except Exception as e:  # the error's type and text are part of what must agree
+        return ("error", type(e).__name__, str(e).split(" (pid")[0])
+    if isinstance(out, dict):
+        return ("ok", {k: v.tobytes() for k, v in sorted(out.items())})
+    return ("value", out)
+
+
+def _state(q: InferenceQueue) -> Any:
+    snap = q.snapshot()
+    return [(ln.lane, ln.gen, ln.states) for ln in snap.lanes], snap.counts
+
+
+def _attach(desc: Any, use_native: bool, what: type) -> Any:
+    with native.use(use_native):
+        x = what.attach(desc, 0) if what is QueueClient else what.attach(desc)
+    assert (x._m.native is not None) == use_native
+    return x
+
+
+def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]:
+    """Run stream ``seed`` with the given paths; returns the log of every outcome and state."""
+    rnd = random.Random(seed)
+    cfg = QueueConfig(
+        lanes=3, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
+        max_batch_slots=4, max_batch_samples=12, min_batch_samples=1,
+    )  # fmt: skip
+    log: list[Any] = []
+    with InferenceQueue.create(cfg) as q:
+        desc = q.descriptor
+        clients = [_attach(desc, client_native, QueueClient) for _ in range(2)]
+        worker = _attach(desc, worker_native, QueueWorker)
+        try:
+            for step in range(40):
+                op = rnd.random()
+                tickets: list[tuple[QueueClient, Any]] = []
+                for _ in range(rnd.randint(1, 4)):
+                    c = rnd.choice(clients)
+                    rows = rnd.choice([1, 2, 3, 5, 8])
+                    width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray slot
+                    x = np.full((rows, width), float(step * 10 + len(tickets)), np.float32)
+                    t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
+                    if t[0] == "value":
+                        tickets.append((c, t[1]))
+                    log.append(("submit", t if t[0] == "error" else "ok"))
+                for c, t in tickets:
+                    if rnd.random() < 0.2:
+                        log.append(("withdraw", _outcome(lambda c=c, t=t: c.withdraw(t))))
+                if op < 0.1 and tickets:
+                    # the worker stops holding a claimed batch; the next one answers what it claimed
+                    b = worker.claim(0.2)
+                    log.append(("claimed", None if b is None else sorted(b.sizes)))
+                    worker.close()
+                    worker = _attach(desc, worker_native, QueueWorker)
+                elif op < 0.2 and tickets:
+                    # a client leaves with requests in flight; a new one takes its lane
+                    i = rnd.randrange(len(clients))
+                    clients[i].close()
+                    clients[i] = _attach(desc, client_native, QueueClient)
+                    tickets = [(c, t) for c, t in tickets if c._closed is False]
+                while True:
+                    b = worker.claim(0.01)
+                    if b is None:
+                        break
+                    with b:
+                        log.append(("batch", sorted(b.sizes), worker.withdrawn))
+                        for c, t in tickets:
+                            if not t.consumed and rnd.random() < 0.1:  # too late: it runs
+                                log.append(("late withdraw", _outcome(lambda c=c, t=t: c.withdraw(t))))
+                        if rnd.random() < 0.1:
+                            b.fail("model error")
+                        else:
+                            b.complete(_model(b.inputs["x"]))
+                for c, t in tickets:
+                    if not t.consumed:
+                        log.append(("answer", _outcome(lambda c=c, t=t: c.wait(t, 1.0))))
+                log.append(("state", _state(q)))
+        finally:
+            for c in clients:
+                c.close()
+            worker.close()
+    return log
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_pairing_gives_the_same_answers_and_states(seed: int) -> None:
+    logs = {pair: run_stream(seed, *pair) for pair in PATHS}
+    reference = logs[(False, False)]
+    assert any(e[0] == "batch" for e in reference)  # the stream did serve something
+    for pair, log in logs.items():
+        assert len(log) == len(reference), pair
+        for i, (got, want) in enumerate(zip(log, reference, strict=True)):
+            assert got == want, f"client native={pair[0]} worker native={pair[1]}: event {i} differs"
