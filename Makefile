@@ -8,14 +8,19 @@ REQS := python/requirements.txt python/constraints.txt requirements-dev.txt pyth
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
-	pytest-fast clean sandbox-image wheelhouse native molecule-runtime ansible-lint molecule system-deps oracle test-kubelet
+	pytest-fast clean sandbox-image wheelhouse native molecule-runtime ansible-lint molecule system-deps oracle \
+	kubelet-equipment test-kubelet
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs, so a missing one
 # stops the run at once rather than minutes into the tests: podman with runc (crun fails on this
 # kernel's cgroup setup), debootstrap, uidmap, slirp4netns and fuse-overlayfs build and run the sandbox
 # systemd container that molecule and the demo boot (scripts/sandbox-image.sh); rt-tests gives
-# cyclictest and oslat to `lowtail validate`; python3-venv makes the venv.
-APT_PACKAGES := make git podman runc debootstrap uidmap slirp4netns fuse-overlayfs rt-tests python3-venv
+# cyclictest and oslat to `lowtail validate`; python3-venv makes the venv; gcc, libc6-dev, pkg-config and
+# libseccomp-dev build the runc the real-kubelet tests use (cgo, seccomp), util-linux's unshare runs
+# their kubelet in a mount namespace of its own (`make kubelet-equipment`; Go itself is not a Debian
+# package here: bookworm's is too old).
+APT_PACKAGES := make git podman runc debootstrap uidmap slirp4netns fuse-overlayfs rt-tests python3-venv \
+	gcc libc6-dev pkg-config libseccomp-dev util-linux
 
 # Installs the missing ones as root with apt; otherwise stops at once and prints the command to run.
 system-deps:
@@ -120,7 +125,16 @@ pytest-deploy: $(STAMP)
 	$(BIN)/pytest -q --durations=10 $(DEPLOY_TESTS)
 
 pytest-most: $(STAMP) $(NATIVE_STAMP)
-	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS))
+	$(BIN)/pytest -q --durations=25 $(addprefix --ignore=,$(ACTOR_KILL_TESTS) $(ANSIBLE_TESTS) $(DEPLOY_TESTS) $(KUBELET_TEST_DIRS))
+
+# The real kubelet's equipment, built once into build/kubelet/ (content-keyed: an unchanged input
+# builds nothing): two kubelets, containerd, ctr, its runc shim and runc from the Go modules pinned
+# under tests/kubelet/equipment/ (scripts/kubelet-equipment.sh), lowtail's pause binary, and the pause
+# and pod images (tests/kubelet/real/images.py). A missing Go, a failed download or build stops here
+# with the failing command and its output. Test equipment only: the product needs no Go.
+kubelet-equipment: $(STAMP)
+	scripts/kubelet-equipment.sh
+	$(BIN)/python -m tests.kubelet.real.images
 
 # The tests not marked slow (tests/conftest.py marks Ray clusters, ansible-playbook runs, podman and
 # the long probes slow).
@@ -143,11 +157,12 @@ build/oracle/kubelet-oracle-%: $(ORACLE_DIR)/go.%.mod $(ORACLE_DIR)/go.%.sum $(w
 	@echo "==> building the kubelet $* oracle ($$(grep -o 'k8s.io/kubernetes v[0-9.]*' $(ORACLE_DIR)/go.$*.mod))"
 	cd $(ORACLE_DIR) && go build -modfile=go.$*.mod -o $(CURDIR)/$@.tmp . && mv $(CURDIR)/$@.tmp $(CURDIR)/$@
 
-# The kubelet tests alone: the differential test against every oracle, and whatever else sits in
-# KUBELET_TEST_DIRS.
+# The kubelet tests alone (a suite of `make test`; pytest-most leaves them out): the differential
+# test against every oracle, the standalone kubelet on containerd (tests/kubelet/real), and whatever
+# else sits in KUBELET_TEST_DIRS.
 KUBELET_TEST_DIRS := tests/kubelet
-test-kubelet: oracle $(STAMP)
-	$(BIN)/pytest -q --durations=10 $(KUBELET_TEST_DIRS)
+test-kubelet: oracle kubelet-equipment $(STAMP)
+	$(BIN)/pytest -q --durations=15 $(KUBELET_TEST_DIRS)
 
 # The developer's inner loop, a few minutes: lint, types and the fast tests. No system packages needed.
 quick: lint typecheck pytest-fast
@@ -169,18 +184,19 @@ molecule: $(STAMP) oracle
 	$(ANSIBLE_ENV) $(ZIP_BYTECODE_ENV) $(BIN)/molecule test -s default
 
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
-# static checks, and the sandbox image and the wheelhouse are built once; then the five long suites run
-# side by side (scripts/run-suites.sh): the deploy tests, molecule, the ansible-playbook tests, the other
-# tests and molecule-runtime. Together they keep both CPUs of a 2-vCPU machine busy, so the run takes
-# about their total CPU time over two (docs/testing.md has the figures). Each one's output is printed
-# whole when it ends and kept in build/test-logs/; a summary of all of them, with each one's time, its
-# CPU and what failed, is printed last.
+# static checks, and the sandbox image, the wheelhouse and the kubelet equipment are built once; then the
+# six long suites run side by side (scripts/run-suites.sh): the deploy tests, molecule, the
+# ansible-playbook tests, the other tests, molecule-runtime and the kubelet tests. Together they keep
+# both CPUs of a 2-vCPU machine busy, so the run takes about their total CPU time over two
+# (docs/testing.md has the figures). Each one's output is printed whole when it ends and kept in
+# build/test-logs/; a summary of all of them, with each one's time, its CPU and what failed, is
+# printed last.
 # TEST_JOBS=1 runs them one after another. The actor-kill tests run alone after them (see
 # pytest-actor-kill).
-TEST_JOBS ?= 5
+TEST_JOBS ?= 6
 test: system-deps
-	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image native wheelhouse oracle
-	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime \
+	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image native wheelhouse oracle kubelet-equipment
+	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime test-kubelet \
 	  --then pytest-actor-kill
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
