@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lowtail.node import cpulist
-from lowtail.node.plan import Plan, PlanError, check_invariants, make_plan
+from lowtail.node.plan import Plan, PlanError, check_invariants, load_plan, make_plan
 from lowtail.node.topology import read_topology
 from tests.fixtures.machines import MACHINES
 
@@ -122,3 +122,19 @@ def test_any_whole_core_choice_with_every_socket_is_a_valid_plan(
     plan = make_plan(topo, cpulist.format(hk))
     check_invariants(topo, plan)
     assert plan.housekeeping == hk
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"housekeeping": ' + "9" * 5000 + "}", "digits"),
+        ("[1]", "holds a JSON list, expected an object"),
+        ('{"x": 1}', "missing or malformed field"),
+    ],
+)
+def test_a_hostile_plan_file_is_a_plan_error_naming_it(tmp_path: Path, content: str, why: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    with pytest.raises(PlanError, match=why):
+        load_plan(path)

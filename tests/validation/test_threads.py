@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 
+import pytest
+
 from lowtail.node.lease import Lease
 from lowtail.validation.check import Status
 from lowtail.validation.threads import PF_KTHREAD, Sampler, check_leased_threads, read_leases
@@ -197,3 +199,21 @@ def test_a_pid_that_does_not_exist_is_a_usage_error() -> None:
     r = _validate("--only", "affinity", "--pid", str(2**22 + 7))
     assert r.returncode == 2 and f"--pid {2**22 + 7}: no such process" in r.stderr
     assert not os.path.exists(f"/proc/{2**22 + 7}")
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"leases": [{"cpu": ' + "9" * 5000 + "}]}", "digits"),
+        ("[1]", "unreadable"),
+        ('{"leases": [1]}', "unreadable"),
+    ],
+)
+def test_a_hostile_lease_state_is_unreadable_with_its_reason_never_a_traceback(
+    tmp_path: Path, content: str, why: str
+) -> None:
+    state = tmp_path / "leases.json"
+    state.write_text(content)
+    leases, reason = read_leases(state)
+    assert leases == [] and str(state) in reason and why in reason

@@ -103,9 +103,14 @@ class Plan:
 
 def load_plan(path: str | Path) -> Plan:
     try:
-        return Plan.from_dict(json.loads(Path(path).read_text()))
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or UTF-8, an integer past int's digit limit
         raise PlanError(f"cannot read plan {path}: {e}") from None
+    except RecursionError:
+        raise PlanError(f"cannot read plan {path}: JSON nested too deeply; expected a lowtail plan") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"not a lowtail plan: {path} holds a JSON {type(data).__name__}, expected an object")
+    return Plan.from_dict(data)
 
 
 def _whole_cores(topo: Topology, cpus: frozenset[int]) -> frozenset[int]:

@@ -176,8 +176,10 @@ def read_leases(state_file: Path, current_boot: str | None = None) -> tuple[list
         leases = [Lease.from_dict(d) for d in data["leases"]]
     except FileNotFoundError:
         return [], f"no lease state at {state_file}: the allocator has handed out no CPU on this node"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return [], f"lease state {state_file} is unreadable: {e}"
+    except RecursionError:
+        return [], f"lease state {state_file} is unreadable: JSON nested too deeply"
     if current_boot and data.get("boot_id") and data["boot_id"] != current_boot:
         return [], f"lease state {state_file} is from another boot ({data['boot_id']})"
     return leases, ""
