@@ -1,20 +1,21 @@
-"""The Task-A metrics of the predecessor's write-up from a training run's TensorBoard logs, and a
+"""The training-run metrics of the predecessor's write-up from a training run's TensorBoard logs, and a
 before/after view.
 
 Tags are matched by suffix, so any prefix (``learner/``, ``model_dispatcher/``, a run subdirectory) works:
 
     batch_recv_ms, learn_total_ms   the learner's wait for samples and its whole step; their ratio of
-                                    means is the share of time the GPU waits (Task-A: 2615.9 / 2774.8
+                                    means is the share of time the GPU waits (write-up: 2615.9 / 2774.8
                                     = 94.3 %)
-    samples_per_s (or samples_per_sec, samples_per_second, samples/s)   sampling throughput (Task-A: 735)
-    sample_infos/sl_remote_*        the samplers' inference timings (Task-A: 16.6 ms mean execution,
+    samples_per_s (or samples_per_sec, samples_per_second, samples/s)   sampling throughput (write-up: 735)
+    sample_infos/sl_remote_*        the samplers' inference timings (write-up: 16.6 ms mean execution,
                                     160.5 ms mean of the window maxima, 1126 ms batch round trip tail)
-    p999_deschedule_ms              the workers' p99.9 deschedule per window (Task-A: 400-470 ms)
+    p999_deschedule_ms              the workers' p99.9 deschedule per window (write-up: 400-470 ms)
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,7 @@ def find(scalars: dict[str, Series], suffixes: tuple[str, ...]) -> Series | None
     return max(hits, key=lambda s: (len(s.values), s.tag), default=None)
 
 
-def task_a(scalars: dict[str, Series]) -> dict[str, Any]:
+def training_metrics(scalars: dict[str, Series]) -> dict[str, Any]:
     out: dict[str, Any] = {"tags": len(scalars)}
     recv, total = find(scalars, BATCH_RECV), find(scalars, LEARN_TOTAL)
     if recv and total:
@@ -96,8 +97,14 @@ def task_a(scalars: dict[str, Series]) -> dict[str, Any]:
     return out
 
 
+def task_a(scalars: dict[str, Series]) -> dict[str, Any]:
+    """Deprecated name of ``training_metrics``, kept for a release."""
+    warnings.warn("tbreport.task_a is renamed training_metrics", DeprecationWarning, stacklevel=2)
+    return training_metrics(scalars)
+
+
 def load(logdir: str) -> dict[str, Any]:
-    report = task_a(read_scalars(logdir))
+    report = training_metrics(read_scalars(logdir))
     report["logdir"] = logdir
     return report
 
@@ -111,7 +118,7 @@ SIDES = {"?": "unknown"}  # a tag the export does not name: say so instead of a 
 
 
 def render(report: dict[str, Any]) -> str:
-    out = [f"Task-A metrics of {report['logdir']} ({report['tags']} scalar tags)"]
+    out = [f"Training-run metrics of {report['logdir']} ({report['tags']} scalar tags)"]
     lr = report.get("learner")
     if lr:
         r, t = lr["batch_recv_ms"], lr["learn_total_ms"]

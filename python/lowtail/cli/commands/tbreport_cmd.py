@@ -1,4 +1,4 @@
-"""``lowtail tb-report LOGDIR [LOGDIR2]``: the write-up's Task-A metrics from TensorBoard logs."""
+"""``lowtail tb-report LOGDIR [LOGDIR2]``: the write-up's training-run metrics from TensorBoard logs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lowtail.options import add_json, json_to_stdout, write_json
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "tb-report",
-        help="Task-A metrics (learner wait share, samples/s, inference tails) from TensorBoard event files",
+        help="training-run metrics (learner wait share, samples/s, inference tails) from TensorBoard logs",
     )
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("logdir2", metavar="LOGDIR2", nargs="?", help="a second run to compare (after)")

@@ -1,4 +1,4 @@
-"""tb-report on event files written here by tensorboardX with the write-up's Task-A figures."""
+"""tb-report on event files written here by tensorboardX with the figures of the write-up's training run."""
 
 from __future__ import annotations
 
