@@ -20,13 +20,15 @@ Standard library only: the parser is built for ``lowtail --help``, which must no
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lowtail.errors import LowtailError
 
@@ -58,6 +60,20 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         add_verbosity(self)
+
+    def error(self, message: str) -> NoReturn:
+        # A mistyped command or choice gets the nearest real one, as git's "did you mean" does
+        # (argparse learns it only in Python 3.14).
+        hit = _INVALID_CHOICE.search(message)
+        if hit is not None:
+            near = difflib.get_close_matches(hit["given"], _CHOICE.findall(hit["choices"]), n=1, cutoff=0.6)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
+        super().error(message)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
+_CHOICE = re.compile(r"'([^']*)'")
 
 
 QUIET, VERBOSE = -1, 1  # the values of lowtail.render.console (not imported: it is not needed for --help)

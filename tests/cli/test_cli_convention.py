@@ -166,3 +166,22 @@ def test_an_unknown_flag_is_reported_by_its_subcommand(
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"{prog}: error: unrecognized arguments: --bogus" in err
     assert err.startswith(f"usage: {prog}")  # its own usage, not the top-level one
+
+
+@pytest.mark.parametrize(
+    ("argv", "near"),
+    [(["valdate"], "'validate'"), (["bench", "queu"], "'queue'"), (["tb-reprot"], "'tb-report'")],
+)
+def test_a_mistyped_command_gets_the_nearest_one(
+    argv: list[str], near: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"did you mean {near}?" in err
+
+
+def test_a_command_nothing_like_any_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["zzz"])
+    assert "did you mean" not in capsys.readouterr().err
