@@ -7,6 +7,7 @@ carries its node id, and a client refuses one of another node (``CrossNodeAttach
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,47 @@ class Endpoint:
     numa_node: int
     descriptor: QueueDescriptor
     worker_pid: int
+
+    def to_bytes(self) -> bytes:
+        """JSON for a file or socket outside Ray (Ray pickles its own copies between its processes)."""
+        doc = {k: getattr(self, k) for k in _PLAIN_FIELDS}
+        doc["descriptor"] = self.descriptor.to_bytes().decode()
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Endpoint:
+        """The endpoint ``to_bytes`` made, checked field by field: never a pickle, which would run whatever
+        its writer chose. ``BadEndpoint`` names the field that is not what ``to_bytes`` writes."""
+        from lowtail.shm.control import QueueDescriptor
+        from lowtail.shm.errors import QueueError
+
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise BadEndpoint(f"endpoint: not JSON ({e})") from None
+        want = {*_PLAIN_FIELDS, "descriptor"}
+        if not isinstance(doc, dict) or set(doc) != want:
+            got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise BadEndpoint(f"endpoint: keys {got}, expected {sorted(want)}")
+        for key, kind in _PLAIN_FIELDS.items():
+            if type(doc[key]) is not kind:
+                raise BadEndpoint(f"endpoint {key}={doc[key]!r}: expected {kind.__name__}")
+        if not isinstance(doc["descriptor"], str):
+            raise BadEndpoint(f"endpoint descriptor={doc['descriptor']!r}: expected a string")
+        try:
+            descriptor = QueueDescriptor.from_bytes(doc["descriptor"].encode())
+        except QueueError as e:
+            raise BadEndpoint(f"endpoint descriptor: {e}") from None
+        return cls(descriptor=descriptor, **{k: doc[k] for k in _PLAIN_FIELDS})
+
+
+_PLAIN_FIELDS: dict[str, type] = {
+    "actor": str, "owner": str, "node_id": str, "cpu": int, "numa_node": int, "worker_pid": int
+}  # fmt: skip
+
+
+class BadEndpoint(LowtailError, ValueError):
+    """Bytes that are not an endpoint ``Endpoint.to_bytes`` wrote."""
 
 
 def queue_owner(ep: Endpoint) -> tuple[int, int | None]:

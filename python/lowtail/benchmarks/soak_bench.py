@@ -271,6 +271,8 @@ class Soak:
 
         name = self.rng.choice(sorted(self.actors))
         ep = soak_roles.read_endpoint(self.registry, name)
+        if ep is None:  # every actor publishes before the soak's first fault
+            raise RuntimeError(f"soak: actor {name} has published no endpoint in {self.registry}")
         cid = self.next_cid
         self.next_cid += 1
         r, w = self.ctx.Pipe(duplex=False)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import random
 import signal
 import struct
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lowtail.actors.endpoint import Endpoint
 
 NODE = "soak-local"  # every endpoint's node id: one host, no Ray
 STOP_FILE = "stop"  # in the registry: every client leaves
@@ -69,10 +70,10 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_endpoint(registry: str, actor: str) -> Any:
+def read_endpoint(registry: str, actor: str) -> Endpoint | None:
     """The endpoint ``actor`` last published (None before its first)."""
     try:
-        return pickle.loads((Path(registry) / f"{actor}.endpoint").read_bytes())
+        return Endpoint.from_bytes((Path(registry) / f"{actor}.endpoint").read_bytes())
     except FileNotFoundError:
         return None
 
@@ -123,9 +124,7 @@ def actor_main(
                 )
             if now != last:
                 if now[0] is not None:
-                    write_atomically(
-                        Path(registry) / f"{hero}.{index}.endpoint", pickle.dumps(impl.endpoint())
-                    )
+                    write_atomically(Path(registry) / f"{hero}.{index}.endpoint", impl.endpoint().to_bytes())
                 doc = {
                     "pid": os.getpid(),
                     "worker": now[0],
