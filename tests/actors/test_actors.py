@@ -136,7 +136,10 @@ def test_a_killed_worker_is_restarted_its_in_flight_request_fails_and_new_ones_a
     actor = start_inference_actor(spec, ray_nodes.head)
     try:
         ep = ray.get(actor.endpoint.remote())
-        with InferenceClient([ep], node_id=ray_nodes.head, timeout_s=30) as client:
+        # 120 s: the answers after the kill wait for a restarted worker (spawn, imports, a 1000-layer
+        # compile), which took more than 30 s beside make test's six parallel suites. A no-hang bound;
+        # what a restart costs is bench failover's figure.
+        with InferenceClient([ep], node_id=ray_nodes.head, timeout_s=120) as client:
             assert client.infer(x)["value"].shape == (64, 1024)
             # Asked first: the actor freezes and kills the worker as soon as it sees a request claimed.
             # Four in flight, ~1 s each and one per batch: the kill lands on one of them however late
