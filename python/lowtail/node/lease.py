@@ -1,13 +1,12 @@
 """CPU leases: one node's isolated CPUs handed out to exactly one owner each.
 
-This is the predecessor's ``NodeCpuAffinityAllocator`` without Ray (``lowtail.actors.allocator`` wraps it
-in a per-node actor), with what the predecessor system lacked: the pool is the plan's isolated CPUs rather
-than whatever the allocator's own affinity mask happened to be; an owner can ask to be near a CPU or a
+Without Ray (``lowtail.actors.allocator`` wraps it in a per-node actor): the pool is the plan's isolated
+CPUs, not whatever the allocator's own affinity mask happens to be; an owner can ask to be near a CPU or a
 NUMA node (same L3 group first, then same node); dead owners are reclaimed (a process that is gone, a Ray
 actor that is dead); and the table lives in a JSON file on the node so a restarted allocator rebuilds it.
 
-Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>`` (the predecessor's three
-kinds, which the audit line groups by).
+Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>``: three kinds, which the
+audit line groups by.
 
 Concurrency: every operation holds a thread lock and, when the table has a state file, an ``flock`` on
 a lock file next to it, and re-reads the file first. So any number of threads and processes sharing a
