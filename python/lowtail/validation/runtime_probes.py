@@ -126,7 +126,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
-INFERENCE_BATCH = 16  # the predecessor system's max batch
+INFERENCE_BATCH = 16  # a full engine batch (QueueConfig.max_batch_samples)
 INFERENCE_STEP = 25  # calls between two moves of the progress bar (a call is about a millisecond)
 
 
