@@ -46,6 +46,7 @@ import numpy as np
 
 from lowtail.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
+from lowtail.shm import native
 
 FAULTS = ("worker", "standby", "actor", "client", "vandal")
 HEROES = ("a", "b")
@@ -814,7 +815,10 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
                 s.o.__dict__, faults=list(s.o.faults), cpus=s.cpus, features=FEATURES, hidden=list(HIDDEN)
             ),
             "host": {"load_before": load_before, "load_after": list(os.getloadavg()), "cpus": os.cpu_count()},
-            "path": "python",
+            # The path this process (and every process it spawned, which inherit its environment)
+            # attaches with: the native core, or the Python path and why.
+            "path": native.implementation().name,
+            "queue_core": native.implementation().to_dict(),
             "interrupted": s.interrupted,
         }
     )
