@@ -19,6 +19,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 
 use layout::*;
 
@@ -147,7 +148,8 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
-        Python::with_gil(|_| unsafe { ffi::PyBuffer_Release(&mut *self.view) });
+        // Dropped inside the method that made it, with the GIL held.
+        unsafe { ffi::PyBuffer_Release(&mut *self.view) };
     }
 }
 
@@ -516,7 +518,7 @@ impl Segment {
     fn answer_rows(
         &self,
         items: Vec<(u64, u64, u64, u64, u64, u64, usize)>,
-        plans: Vec<(Vec<u8>, Vec<u64>, Vec<u64>, u64)>,
+        plans: Vec<(PyBackedBytes, Vec<u64>, Vec<u64>, u64)>,
         src: Vec<Bound<'_, PyAny>>,
         engine_ns: u64,
         call: u64,

@@ -971,7 +971,10 @@ class QueueClient:
         _, ext, fields, end, views = ans
         if ext is None:
             if copy:
-                return {name: view.copy() for name, view in views}
+                out: Arrays = {}
+                for name, view in views:  # a loop, not a comprehension: no frame of its own (3.11)
+                    out[name] = view.copy()
+                return out
             mv = self._mem[off : off + end]
         else:
             nd = self._answer_slot(ext)

@@ -363,6 +363,7 @@ class QueueWorker:
         self._native_headers: dict[int, tuple[str | None, PayloadLayout]] = {}  # the core's header ids
         # Per payload layout: what the core's gather and answer_rows copy (offsets, bytes per row)
         self._plans: dict[PayloadLayout, tuple[bytes, list[int], list[int], int]] = {}
+        self._plans1: dict[PayloadLayout, list[tuple[bytes, list[int], list[int], int]]] = {}
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
@@ -664,7 +665,7 @@ class QueueWorker:
             except Exception as e:  # a header the Python checks refuse after the core's
                 self._fail_decode(it, e)
                 return it
-        self._decode_views(it, hit[0], hit[1], hdr)
+        self._decode(it, hit[0], hit[1], hdr)
         return it
 
     def _native_header(self, nat: Any, hdr: int) -> tuple[str | None, PayloadLayout]:
@@ -709,22 +710,18 @@ class QueueWorker:
         self.counts.fenced += 1
         self._wake_parked(failed)
 
-    def _decode(self, it: _Item) -> None:
-        m = self._m
-        try:
-            ext, layout, raw = payload.read_header(m.mem, m.q, m.geo.req_off(it.g), m.geo.req_bytes)
-        except Exception as e:
-            self._fail_decode(it, e)
-            return
-        self._decode_views(it, ext, layout, raw)
-
-    def _decode_views(self, it: _Item, ext: str | None, layout: PayloadLayout, key: object) -> None:
-        """The inputs of a request whose header decoded: zero-copy views of its slot (cached per slot by
-        ``key``, the header's bytes or the core's id for them) or a copy of its ndarray segment."""
+    def _decode(
+        self, it: _Item, ext: str | None = None, layout: PayloadLayout | None = None, key: object = None
+    ) -> None:
+        """The inputs of a claimed request: zero-copy views of its slot (cached per slot by ``key``, its
+        header's bytes or the native core's id for them) or a copy of its ndarray segment. The native
+        path passes the header the core decoded (``ext``, ``layout``, ``key``); the Python path reads it."""
         m = self._m
         geo, buf = m.geo, m.buf
         g = it.g
         try:
+            if layout is None:
+                ext, layout, key = payload.read_header(m.mem, m.q, geo.req_off(g), geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
                     self._slots_in.drop_lane(it.lane)
@@ -747,11 +744,11 @@ class QueueWorker:
                     for v in views.values():  # the client's slot: a view kept too long can never write it
                         v.flags.writeable = False
                     self._in_views[g] = (key, views)
+                it.inline = True
         except Exception as e:  # whatever a request holds, it fails alone
             self._fail_decode(it, e)
             return
         it.layout, it.inputs = layout, views
-        it.inline = ext is None
 
     def _fail_decode(self, it: _Item, e: Exception) -> None:
         bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
@@ -881,6 +878,22 @@ class QueueWorker:
         response region, its answer words, the answer counts and one wake per parked lane, in one core
         call. Answers too large for a slot go to ndarray segments, written here first."""
         one = len(items) == 1
+        if one and not items[0].done and layout.inline_end <= self._m.geo.resp_bytes:
+            # One request (a sampler's batch as it came): no per-request lists to build.
+            it = items[0]
+            plans = self._plans1.get(layout)
+            if plans is None:
+                plans = self._plans1[layout] = [self._plan(layout)]
+                if len(self._plans1) >= 4096:
+                    self._plans1.clear()
+            src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
+            self._native.answer_rows(
+                [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
+                plans, src, engine_ns, call,
+            )  # fmt: skip
+            it.done = True
+            self._outstanding.pop(it.g, None)
+            return
         parts: list[tuple[_Item, int, int, PayloadLayout]] = []  # (request, first row, rows, its layout)
         off = 0
         for it in items:
@@ -891,7 +904,7 @@ class QueueWorker:
             off += n
         spl, resp_bytes = self._m.geo.spl, self._m.geo.resp_bytes
         if all(lay.inline_end <= resp_bytes for _, _, _, lay in parts):
-            plans: list[tuple[bytes, list[int], list[int], int]] = []
+            plans = []
             index: dict[PayloadLayout, int] = {}
             work: list[tuple[int, int, int, int, int, int, int]] = []
             for it, row, n, lay in parts:
