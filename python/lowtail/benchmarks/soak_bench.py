@@ -815,14 +815,18 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
                 s.o.__dict__, faults=list(s.o.faults), cpus=s.cpus, features=FEATURES, hidden=list(HIDDEN)
             ),
             "host": {"load_before": load_before, "load_after": list(os.getloadavg()), "cpus": os.cpu_count()},
-            # The path this process (and every process it spawned, which inherit its environment)
-            # attaches with: the native core, or the Python path and why.
-            "path": native.implementation().name,
-            "queue_core": native.implementation().to_dict(),
+            **path_in_use(),
             "interrupted": s.interrupted,
         }
     )
     return doc
+
+
+def path_in_use() -> dict[str, Any]:
+    """The queue path this process attaches with (and every process it spawns, which inherit its
+    environment): the native core, or the Python path and why."""
+    impl = native.implementation()
+    return {"path": impl.name, "queue_core": impl.to_dict()}
 
 
 def grade_resources(

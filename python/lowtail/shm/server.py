@@ -866,6 +866,29 @@ class QueueWorker:
         self._native.gather(work, plans, list(out.values()))
         return out
 
+    def _answer_one(
+        self,
+        it: _Item,
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        layout: PayloadLayout,
+        engine_ns: int,
+        call: int,
+    ) -> None:
+        """``_answer_many`` of one request (a sampler's batch as it came) that fits its slot: no
+        per-request lists to build, its plan cached per layout."""
+        plans = self._plans1.get(layout)
+        if plans is None:
+            if len(self._plans1) >= 4096:
+                self._plans1.clear()
+            plans = self._plans1[layout] = [self._plan(layout)]
+        src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
+        self._native.answer_rows(
+            [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
+            plans, src, engine_ns, call,
+        )  # fmt: skip
+        it.done = True
+        self._outstanding.pop(it.g, None)
+
     def _answer_many(
         self,
         items: list[_Item],
@@ -879,20 +902,7 @@ class QueueWorker:
         call. Answers too large for a slot go to ndarray segments, written here first."""
         one = len(items) == 1
         if one and not items[0].done and layout.inline_end <= self._m.geo.resp_bytes:
-            # One request (a sampler's batch as it came): no per-request lists to build.
-            it = items[0]
-            plans = self._plans1.get(layout)
-            if plans is None:
-                plans = self._plans1[layout] = [self._plan(layout)]
-                if len(self._plans1) >= 4096:
-                    self._plans1.clear()
-            src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
-            self._native.answer_rows(
-                [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
-                plans, src, engine_ns, call,
-            )  # fmt: skip
-            it.done = True
-            self._outstanding.pop(it.g, None)
+            self._answer_one(items[0], outputs, layout, engine_ns, call)
             return
         parts: list[tuple[_Item, int, int, PayloadLayout]] = []  # (request, first row, rows, its layout)
         off = 0
@@ -904,7 +914,7 @@ class QueueWorker:
             off += n
         spl, resp_bytes = self._m.geo.spl, self._m.geo.resp_bytes
         if all(lay.inline_end <= resp_bytes for _, _, _, lay in parts):
-            plans = []
+            plans: list[tuple[bytes, list[int], list[int], int]] = []
             index: dict[PayloadLayout, int] = {}
             work: list[tuple[int, int, int, int, int, int, int]] = []
             for it, row, n, lay in parts:
