@@ -11,11 +11,15 @@
 mod header;
 mod layout;
 
+use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 
 use layout::*;
 
@@ -95,6 +99,58 @@ struct Segment {
     base: *mut u8,
     words: u64,
     geo: Geo,
+    headers: Mutex<HeaderCache>,
+}
+
+/// Request headers decoded by `take`, by their raw bytes (prefix included: the flags are part of the
+/// key), each with an id that is never reused; bounded: a stream of ever new shapes costs no memory.
+#[derive(Default)]
+struct HeaderCache {
+    ids: HashMap<Vec<u8>, u64>,
+    decoded: HashMap<u64, header::Header>,
+    next: u64,
+}
+
+const HEADER_CACHE_MAX: usize = 4096;
+const CLIENT_GONE_MESSAGE: &[u8] = b"the client that sent this request is gone";
+
+/// A C-contiguous buffer of any format (a numpy array of any dtype), seen as bytes; released on drop.
+struct RawBuffer {
+    view: Box<ffi::Py_buffer>,
+}
+
+impl RawBuffer {
+    fn get(obj: &Bound<'_, PyAny>) -> PyResult<RawBuffer> {
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        // PyBUF_C_CONTIGUOUS without PyBUF_FORMAT: the exporter hands out its bytes, whatever the dtype.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(RawBuffer { view })
+    }
+    fn bytes(&self) -> &[u8] {
+        if self.view.buf.is_null() || self.view.len <= 0 {
+            return &[];
+        }
+        unsafe { std::slice::from_raw_parts(self.view.buf as *const u8, self.view.len as usize) }
+    }
+    fn bytes_mut(&mut self) -> PyResult<&mut [u8]> {
+        if self.view.readonly != 0 {
+            return Err(PyValueError::new_err("the destination array is read-only"));
+        }
+        if self.view.buf.is_null() || self.view.len <= 0 {
+            return Ok(&mut []);
+        }
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.view.buf as *mut u8, self.view.len as usize) })
+    }
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        // Dropped inside the method that made it, with the GIL held.
+        unsafe { ffi::PyBuffer_Release(&mut *self.view) };
+    }
 }
 
 // The pointer is into a shared mapping that `buf` keeps exported; PyO3's borrow checking makes `close`
@@ -132,6 +188,75 @@ impl Segment {
         }
         Ok(())
     }
+    /// `len` bytes at byte `off` of the mapping, bounded by it (a copy: another process writes there).
+    fn read_bytes(&self, off: u64, len: u64) -> PyResult<Vec<u8>> {
+        let end = off.checked_add(len).filter(|&e| e <= self.words * 8 && self.buf.is_some());
+        if end.is_none() {
+            return Err(PyIndexError::new_err(format!("bytes {off}+{len} outside the {}-byte segment", self.words * 8)));
+        }
+        let mut out = vec![0u8; len as usize];
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off as usize), out.as_mut_ptr(), len as usize) };
+        Ok(out)
+    }
+    /// Copy `src` to byte `off` of the mapping, bounded by it. Through a raw pointer, never a `&mut`
+    /// slice: the bytes are shared with other processes (the protocol gives this region to the worker
+    /// until it answers; a process writing there anyway garbles only its own answer).
+    fn write_bytes(&self, off: u64, src: &[u8]) -> PyResult<()> {
+        let len = src.len() as u64;
+        let end = off.checked_add(len).filter(|&e| e <= self.words * 8 && self.buf.is_some());
+        if end.is_none() {
+            return Err(PyIndexError::new_err(format!("bytes {off}+{len} outside the {}-byte segment", self.words * 8)));
+        }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off as usize), src.len()) };
+        Ok(())
+    }
+    /// The payload header of request slot `g`: its id in the cache, or why it is refused.
+    fn header_id(&self, g: u64) -> PyResult<Result<u64, String>> {
+        let geo = &self.geo;
+        let off = geo.req_base + g * geo.req_bytes;
+        let word = self.ld(off >> 3)?;
+        let (hlen, flags) = (word & 0xFFFF_FFFF, word >> 32);
+        if hlen == 0 || 8 + hlen > geo.req_bytes || (flags != 0 && flags != P_FLAG_EXTERNAL) {
+            return Ok(Err(format!(
+                "corrupt payload header: length {hlen} flags {flags:#x} in a {}-byte region (expected flags 0 or {P_FLAG_EXTERNAL})",
+                geo.req_bytes
+            )));
+        }
+        let raw = self.read_bytes(off, 8 + hlen)?;
+        let mut cache = self.headers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = cache.ids.get(&raw) {
+            return Ok(Ok(id));
+        }
+        let decoded = match header::decode(&raw[8..], flags == P_FLAG_EXTERNAL) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(format!("corrupt payload header: {e}"))),
+        };
+        if cache.ids.len() >= HEADER_CACHE_MAX {
+            cache.ids.clear(); // shapes that vary without bound must not grow memory without bound
+            cache.decoded.clear();
+        }
+        let id = cache.next;
+        cache.next += 1;
+        cache.ids.insert(raw, id);
+        cache.decoded.insert(id, decoded);
+        Ok(Ok(id))
+    }
+
+    /// The words of one answer, resp_seq last (its publication, TSO), then its lane's answer count.
+    #[allow(clippy::too_many_arguments)]
+    fn publish_answer(&self, lane: u64, slot: u64, seq: u64, status: u64, len: u64, engine_ns: u64, call: u64) -> PyResult<()> {
+        let g = &self.geo;
+        let si = g.slot_word(lane * g.spl + slot);
+        self.st(si + (S_RESP_LEN >> 3), len)?;
+        self.st(si + (S_RESP_STATUS >> 3), status)?;
+        self.st(si + (S_CALL_ENGINE_NS >> 3), engine_ns)?;
+        self.st(si + (S_CALL >> 3), call)?;
+        self.st(si + (S_DONE_NS >> 3), now_ns())?;
+        self.st(si + (S_RESP_SEQ >> 3), seq)?;
+        let ci = g.lane_word(lane, L_RESP_COUNT);
+        self.st(ci, (self.ld(ci)? + 1) & 0xFFFF_FFFF)
+    }
+
     /// Wake the client of `lane` when it is parked (after a fence the caller made).
     fn wake_lane_if_parked(&self, lane: u64) -> PyResult<bool> {
         if self.ld(self.geo.lane_word(lane, L_PARKED))? != 0 {
@@ -167,7 +292,7 @@ impl Segment {
         if (base as usize) % 64 != 0 {
             return Err(PyValueError::new_err("the segment buffer is not 64-byte aligned"));
         }
-        Ok(Segment { words: geo.total / 8, base, buf: Some(buf), geo })
+        Ok(Segment { words: geo.total / 8, base, buf: Some(buf), geo, headers: Mutex::new(HeaderCache::default()) })
     }
 
     /// Release the buffer export (before the mapping is closed); every later call raises.
@@ -308,26 +433,148 @@ impl Segment {
     /// last, and its lane's answer count; then (`wake`) one fence and one wake per parked lane.
     #[pyo3(signature = (items, engine_ns, call, wake=true))]
     fn answer(&self, items: Vec<(u64, u64, u64, u64, u64)>, engine_ns: u64, call: u64, wake: bool) -> PyResult<()> {
-        let g = &self.geo;
         let mut lanes: [u64; 4] = [0; 4]; // lanes up to 256: a bitset
         for &(lane, slot, seq, status, len) in &items {
             self.check_lane(lane)?;
             self.check_slot(slot)?;
-            let si = g.slot_word(lane * g.spl + slot);
-            self.st(si + (S_RESP_LEN >> 3), len)?;
-            self.st(si + (S_RESP_STATUS >> 3), status)?;
-            self.st(si + (S_CALL_ENGINE_NS >> 3), engine_ns)?;
-            self.st(si + (S_CALL >> 3), call)?;
-            self.st(si + (S_DONE_NS >> 3), now_ns())?;
-            self.st(si + (S_RESP_SEQ >> 3), seq)?; // publication of the answer (TSO)
-            let ci = g.lane_word(lane, L_RESP_COUNT);
-            self.st(ci, (self.ld(ci)? + 1) & 0xFFFF_FFFF)?;
+            self.publish_answer(lane, slot, seq, status, len, engine_ns, call)?;
             lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
         }
         if wake {
             self.wake(lanes)?;
         }
         Ok(())
+    }
+
+    /// `claim` and the payload header's decode in one call. Returns (kind, slot, seq, gen, submit_ns,
+    /// header): for a claimed request (kind 0) the header is the id of its decoded header (`header`
+    /// gives it) or a str saying why the header is refused (answer it ST_BAD_REQUEST).
+    fn take(&self, py: Python<'_>, lane: u64, tail: u64, now: u64) -> PyResult<(u8, u64, u64, u64, u64, PyObject)> {
+        let (kind, s, seq, gen, submit) = self.claim(lane, tail, now)?;
+        let hdr = if kind == 0 {
+            match self.header_id(lane * self.geo.spl + s)? {
+                Ok(id) => id.into_pyobject(py)?.into_any().unbind(),
+                Err(why) => why.into_pyobject(py)?.into_any().unbind(),
+            }
+        } else {
+            py.None()
+        };
+        Ok((kind, s, seq, gen, submit, hdr))
+    }
+
+    /// A header `take` decoded, by id: (segment name or None, ((name, dtype code, shape), ...)), or
+    /// None when the cache no longer holds it.
+    fn header(&self, py: Python<'_>, id: u64) -> PyResult<PyObject> {
+        let cache = self.headers.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.decoded.get(&id) {
+            Some(h) => {
+                let arrays: Vec<(String, u8, Vec<u64>)> = h.arrays.iter().map(|a| (a.name.clone(), a.code, a.shape.clone())).collect();
+                Ok((h.slot_name.clone(), arrays).into_pyobject(py)?.into_any().unbind())
+            }
+            None => Ok(py.None()),
+        }
+    }
+
+    /// Copy the inline inputs of several requests into the arrays of one batch: `items` are (lane,
+    /// slot, row0, rows, plan) and `plans` (offsets, row_bytes) per layout, offsets from the start of
+    /// the request region; `dst` the batch's C-contiguous arrays in header order. Every copy bounded
+    /// by the request region and by the destination.
+    fn gather(&self, items: Vec<(u64, u64, u64, u64, usize)>, plans: Vec<(Vec<u64>, Vec<u64>)>, dst: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let g = &self.geo;
+        let mut outs: Vec<RawBuffer> = dst.iter().map(RawBuffer::get).collect::<PyResult<_>>()?;
+        for &(lane, slot, row0, rows, plan) in &items {
+            self.check_lane(lane)?;
+            self.check_slot(slot)?;
+            let (offs, row_bytes) = plans.get(plan).ok_or_else(|| PyIndexError::new_err(format!("plan {plan} of {}", plans.len())))?;
+            if offs.len() != outs.len() || row_bytes.len() != outs.len() {
+                return Err(PyValueError::new_err(format!("a plan of {} arrays for {} destinations", offs.len(), outs.len())));
+            }
+            let region = g.req_base + (lane * g.spl + slot) * g.req_bytes;
+            for (k, out) in outs.iter_mut().enumerate() {
+                let n = rows.checked_mul(row_bytes[k]).ok_or_else(|| PyValueError::new_err("rows x row bytes overflows"))?;
+                let at = row0.checked_mul(row_bytes[k]).ok_or_else(|| PyValueError::new_err("row x row bytes overflows"))?;
+                if offs[k].checked_add(n).is_none_or(|e| e > g.req_bytes) {
+                    return Err(PyIndexError::new_err(format!("array {k}: {n} bytes at {} outside the {}-byte request region", offs[k], g.req_bytes)));
+                }
+                let d = out.bytes_mut()?;
+                if at.checked_add(n).is_none_or(|e| e as usize > d.len()) {
+                    return Err(PyIndexError::new_err(format!("array {k}: rows {row0}+{rows} outside the {}-byte destination", d.len())));
+                }
+                let src = self.read_bytes(region + offs[k], n)?;
+                d[at as usize..(at + n) as usize].copy_from_slice(&src);
+            }
+        }
+        Ok(())
+    }
+
+    /// Answer a batch whose outputs are `src` (C-contiguous arrays in header order, leading dimension
+    /// the batch's samples): `items` are (lane, slot, seq, gen, row0, rows, plan) and `plans` (prefix,
+    /// offsets, row_bytes) per answer layout (the prefix and header bytes, each array's offset from the
+    /// start of the response region, its bytes per row, the payload's end). Per request: rows row0..row0+rows of each
+    /// array and the prefix into its response region (or ST_CLIENT_GONE when its lane changed hands
+    /// since the claim), its words, resp_seq last, its lane's count; then one fence and one wake per
+    /// parked lane. Returns the statuses written. Every copy is bounded by the source and the region.
+    #[allow(clippy::type_complexity)]
+    fn answer_rows(
+        &self,
+        items: Vec<(u64, u64, u64, u64, u64, u64, usize)>,
+        plans: Vec<(PyBackedBytes, Vec<u64>, Vec<u64>, u64)>,
+        src: Vec<Bound<'_, PyAny>>,
+        engine_ns: u64,
+        call: u64,
+    ) -> PyResult<Vec<u64>> {
+        let g = &self.geo;
+        let ins: Vec<RawBuffer> = src.iter().map(RawBuffer::get).collect::<PyResult<_>>()?;
+        // Everything checked before the first answer is written: a bad call answers nothing.
+        for &(lane, slot, _, _, row0, rows, plan) in &items {
+            self.check_lane(lane)?;
+            self.check_slot(slot)?;
+            let (prefix, offs, row_bytes, end) = plans.get(plan).ok_or_else(|| PyIndexError::new_err(format!("plan {plan} of {}", plans.len())))?;
+            if offs.len() != ins.len() || row_bytes.len() != ins.len() {
+                return Err(PyValueError::new_err(format!("a plan of {} arrays for {} sources", offs.len(), ins.len())));
+            }
+            if prefix.len() as u64 > g.resp_bytes || *end > g.resp_bytes {
+                return Err(PyIndexError::new_err(format!("a {}-byte header in a {}-byte response region", prefix.len(), g.resp_bytes)));
+            }
+            for (k, inp) in ins.iter().enumerate() {
+                let n = rows.checked_mul(row_bytes[k]);
+                let at = row0.checked_mul(row_bytes[k]);
+                let (Some(n), Some(at)) = (n, at) else {
+                    return Err(PyValueError::new_err("rows x row bytes overflows"));
+                };
+                if offs[k] < prefix.len() as u64 || offs[k].checked_add(n).is_none_or(|e| e > g.resp_bytes) {
+                    return Err(PyIndexError::new_err(format!("array {k}: {n} bytes at {} outside the {}-byte response region", offs[k], g.resp_bytes)));
+                }
+                if at.checked_add(n).is_none_or(|e| e as usize > inp.bytes().len()) {
+                    return Err(PyIndexError::new_err(format!("array {k}: rows {row0}+{rows} outside the {}-byte output", inp.bytes().len())));
+                }
+            }
+        }
+        let mut lanes: [u64; 4] = [0; 4];
+        let mut statuses = Vec::with_capacity(items.len());
+        for &(lane, slot, seq, gen, row0, rows, plan) in &items {
+            let (prefix, offs, row_bytes, end) = &plans[plan];
+            let gi = lane * g.spl + slot;
+            let region = g.resp_base + gi * g.resp_bytes;
+            let (status, len) = if self.ld(g.lane_word(lane, L_GEN))? != gen {
+                self.write_bytes(region, CLIENT_GONE_MESSAGE)?;
+                (ST_CLIENT_GONE, CLIENT_GONE_MESSAGE.len() as u64)
+            } else {
+                // Written every time, as the client does: a header another process overwrote heals.
+                self.write_bytes(region, prefix)?;
+                for (k, inp) in ins.iter().enumerate() {
+                    let n = rows * row_bytes[k];
+                    let at = (row0 * row_bytes[k]) as usize;
+                    self.write_bytes(region + offs[k], &inp.bytes()[at..at + n as usize])?;
+                }
+                (ST_OK, *end)
+            };
+            self.publish_answer(lane, slot, seq, status, len, engine_ns, call)?;
+            lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
+            statuses.push(status);
+        }
+        self.wake(lanes)?;
+        Ok(statuses)
     }
 
     /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane.

@@ -23,8 +23,8 @@ import pytest
 from lowtail.cli.main import main
 
 NAMES = [
-    "lowtail", "iceoryx2_busy", "iceoryx2_waitset", "seed_flock_poll", "mp_pipe", "tcp_pickle", "ray_actor",
-    "spin_floor", "native_floor",
+    "lowtail", "lowtail_python", "iceoryx2_busy", "iceoryx2_waitset", "seed_flock_poll", "mp_pipe",
+    "tcp_pickle", "ray_actor", "spin_floor", "native_floor",
 ]  # fmt: skip
 TMP = Path(tempfile.gettempdir())
 

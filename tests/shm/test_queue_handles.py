@@ -76,7 +76,11 @@ def test_timing_names_every_part_of_the_request_and_adds_up(server: InferenceQue
         assert t.queue_wait_s + t.engine_s <= t.round_trip_s
         assert t.ready_to_return_s >= 0.002  # the answer waited for the caller
         assert t.round_trip_s * 1e9 <= answered_ns - p.ticket.submit_ns  # ...and the round trip did not
-        assert 0 < t.client_overhead_s < t.ready_to_return_s
+        # The client's share after the answer (the overhead less its copy-in) lies inside the time from
+        # the answer stamp to the return: an order of clock reads, not a timing (a copy-in preempted
+        # for longer than the caller's 2 ms sleep on a loaded host failed the old comparison).
+        assert t.client_overhead_s > 0
+        assert t.client_overhead_s - p.ticket.copy_in_ns / 1e9 <= t.ready_to_return_s
         with pytest.raises(AttributeError):
             t.engine_s = 0.0  # type: ignore[misc]  # frozen and slotted
 

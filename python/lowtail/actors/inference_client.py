@@ -56,6 +56,7 @@ from lowtail.actors.endpoint import (
 from lowtail.errors import LowtailError
 from lowtail.node.process import process_start_time
 from lowtail.shm import ofd_lock
+from lowtail.shm.client import wait_first as queue_wait_first
 from lowtail.shm.errors import LaneBusy, QueueError, QueueTimeout, SegmentNotFound, WorkerDied
 
 log = logging.getLogger(__name__)
@@ -123,17 +124,21 @@ class PendingInference:
 def wait_first(pendings: Sequence[PendingInference], timeout_s: float) -> PendingInference | None:
     """The first of ``pendings`` whose answer is there (``finish`` it next), or None after ``timeout_s``.
 
-    Polls ``done()`` (a memory read each) and sleeps 50 us between rounds: for a sampler stepping a few
-    games, not a replacement for ``finish`` on a single request (which spins and parks on the answer).
+    The queue's ``wait_first`` over their requests: it spins and parks on the first one's lane, and
+    looks at the other replicas' lanes every WAIT_FIRST_OTHERS_S.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for p in pendings:
-            if p.done():
-                return p
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(50e-6)
+    if not pendings:
+        return None
+    try:
+        first = queue_wait_first([p.pending for p in pendings], timeout_s, slice_s=WAIT_FIRST_OTHERS_S)
+    except QueueTimeout:
+        return None
+    return next(p for p in pendings if p.pending is first)
+
+
+# How often ``wait_first`` looks at requests of other replicas than the first one's (their answers
+# do not wake it): a sampler stepping a few games across replicas waits at most this long too much.
+WAIT_FIRST_OTHERS_S = 50e-6
 
 
 @dataclass

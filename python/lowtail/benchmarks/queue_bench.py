@@ -50,6 +50,7 @@ from lowtail.validation.evidence import shortfall
 
 ORDER = [
     "lowtail",
+    "lowtail_python",
     "iceoryx2_busy",
     "iceoryx2_waitset",
     "seed_flock_poll",
@@ -63,6 +64,7 @@ ORDER = [
 # slow baselines (seed_flock_poll at ~1 ms per round trip, Ray at ~0.5-1 ms).
 FULL_N = {
     "lowtail": 20000,
+    "lowtail_python": 20000,
     "iceoryx2_busy": 20000,
     "iceoryx2_waitset": 20000,
     "spin_floor": 20000,
@@ -74,6 +76,7 @@ FULL_N = {
 }
 QUICK_N = {
     "lowtail": 300,
+    "lowtail_python": 300,
     "iceoryx2_busy": 300,
     "iceoryx2_waitset": 300,
     "spin_floor": 300,

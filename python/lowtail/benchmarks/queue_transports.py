@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm import segments
+from lowtail.shm import native, segments
 from lowtail.shm.queue import (
     InferenceQueue,
     QueueClient,
@@ -143,9 +143,11 @@ def lowtail_config() -> QueueConfig:
     return QueueConfig(request_bytes=65536, response_bytes=32768)
 
 
-def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any) -> None:
+def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any, python_path: bool) -> None:
     prepare(cpu, prio)
-    with QueueWorker.attach(desc) as w:
+    with native.use(False) if python_path else contextlib.nullcontext():
+        worker = QueueWorker.attach(desc)
+    with worker as w:
         while not stop.is_set():
             b = w.claim(timeout_s=0.05)
             if b is not None:
@@ -154,13 +156,17 @@ def _lowtail_worker(desc: QueueDescriptor, cpu: int | None, prio: str, stop: Any
 
 
 class LowtailTransport(Transport):
+    """lowtail's queue on the path this process loads (the native core when it loads)."""
+
     name = "lowtail"
+    python_path = False  # both ends on the Python path, whatever loads
 
     def start(self) -> None:
         self.server = InferenceQueue.create(lowtail_config())
         self.stop_event = _ctx().Event()
         self.proc = _ctx().Process(
-            target=_lowtail_worker, args=(self.server.descriptor, self.worker_cpu, self.prio, self.stop_event)
+            target=_lowtail_worker,
+            args=(self.server.descriptor, self.worker_cpu, self.prio, self.stop_event, self.python_path),
         )
         self.proc.start()
         # A spawned worker takes over a second to attach on a loaded host: a client's first request
@@ -172,9 +178,10 @@ class LowtailTransport(Transport):
             time.sleep(0.005)
         # The harness gives the latency client a CPU of its own (pinned alone, as a sample: lease
         # would), which this host may not isolate: spin as a client on an isolated CPU does.
-        self.client = QueueClient.attach(
-            self.server.descriptor, spin_us=self.server.descriptor.config.client_spin_us
-        )
+        with native.use(False) if self.python_path else contextlib.nullcontext():
+            self.client = QueueClient.attach(
+                self.server.descriptor, spin_us=self.server.descriptor.config.client_spin_us
+            )
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         return self.client.infer(arrays, timeout_s=10.0)
@@ -189,6 +196,14 @@ class LowtailTransport(Transport):
             self.client.close()
         if hasattr(self, "server"):
             self.server.close()
+
+
+class LowtailPythonTransport(LowtailTransport):
+    """lowtail's queue with both ends on the Python path (``native.use(False)``): the native core's
+    gain, measured in the same run."""
+
+    name = "lowtail_python"
+    python_path = True
 
 
 # -- the predecessor's design ----------------------------------------------------------------------------
@@ -747,6 +762,7 @@ TRANSPORTS: dict[str, type[Transport]] = {
     t.name: t
     for t in (
         LowtailTransport,
+        LowtailPythonTransport,
         FlockPollTransport,
         PipeTransport,
         TcpTransport,

@@ -46,6 +46,7 @@ import numpy as np
 
 from lowtail.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
+from lowtail.shm import native
 
 FAULTS = ("worker", "standby", "actor", "client", "vandal")
 HEROES = ("a", "b")
@@ -814,11 +815,18 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
                 s.o.__dict__, faults=list(s.o.faults), cpus=s.cpus, features=FEATURES, hidden=list(HIDDEN)
             ),
             "host": {"load_before": load_before, "load_after": list(os.getloadavg()), "cpus": os.cpu_count()},
-            "path": "python",
+            **path_in_use(),
             "interrupted": s.interrupted,
         }
     )
     return doc
+
+
+def path_in_use() -> dict[str, Any]:
+    """The queue path this process attaches with (and every process it spawns, which inherit its
+    environment): the native core, or the Python path and why."""
+    impl = native.implementation()
+    return {"path": impl.name, "queue_core": impl.to_dict()}
 
 
 def grade_resources(

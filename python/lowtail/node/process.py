@@ -1,4 +1,5 @@
-"""Process and boot identity read from procfs: what tells a live owner from a recycled pid or a reboot.
+"""Process and boot identity read from procfs: what tells a live owner from a recycled pid or a reboot;
+and ending the children a command started (a probe, the resource tracker) before it returns.
 
 Standard library only (shipped to hosts by Ansible).
 """

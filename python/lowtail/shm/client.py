@@ -320,6 +320,18 @@ def _views_of(
     return {name: base[off : off + n].view(dtype).reshape(shape) for name, dtype, shape, off, n in fields}
 
 
+# An answer's layout as a client reads it: its prefix and header bytes (the cache key), the worker's
+# ndarray segment or None (inline), each array's (name, dtype, shape, byte offset, nbytes), the
+# payload's end, and for an inline answer the views of its arrays in the response region.
+_AnswerLayout = tuple[
+    bytes,
+    str | None,
+    tuple[tuple[str, Any, Any, int, int], ...],
+    int,
+    tuple[tuple[str, np.ndarray[Any, Any]], ...],
+]
+
+
 class Pending:
     """The predecessor's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
 
@@ -357,12 +369,24 @@ class Pending:
         return self.ticket.timing
 
 
-def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
+def _settled(p: Pending, dead_worker: bool) -> bool:
+    """``p``'s ``finish`` will not wait: answered, claimed by a dead worker (``dead_worker``), or its
+    client is closed or its queue unmapped (``finish`` says how)."""
+    try:
+        return p.client.ready(p.ticket) or (dead_worker and p.client._claimed_by_dead_worker(p.ticket))
+    except (QueueError, ValueError):
+        return True
+
+
+def wait_first(
+    pendings: Sequence[Pending], timeout_s: float = 1.0, *, slice_s: float | None = None
+) -> Pending:
     """The first of ``pendings`` whose ``finish`` will not wait (answered, or its worker died holding it).
 
     Spins for the shortest spin budget among their clients, then sleeps on the answer counter of the
     first one's lane (every answer in that lane wakes it; the others are checked at least every
-    WAIT_FIRST_SLICE_S). Raises ``QueueTimeout`` after ``timeout_s``.
+    ``slice_s``, WAIT_FIRST_SLICE_S by default). Raises ``QueueTimeout`` after ``timeout_s``. The one
+    wait for the first of several answers: the actors' ``wait_first`` runs this one.
     """
     if not pendings:
         raise QueueError("wait_first of no pending requests")
@@ -372,15 +396,16 @@ def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
     deadline = deadline_ns(now, timeout_s)
     while True:
         for p in pendings:
-            if p.client.ready(p.ticket):
+            if _settled(p, False):
                 return p
         now = clock()
         if now > spin_end:
             break
     lead = pendings[0].client
+    others_s = WAIT_FIRST_SLICE_S if slice_s is None else slice_s
     while True:
         for p in pendings:
-            if p.client.ready(p.ticket) or p.client._claimed_by_dead_worker(p.ticket):
+            if _settled(p, True):
                 return p
         now = clock()
         if now >= deadline:
@@ -389,8 +414,9 @@ def wait_first(pendings: Sequence[Pending], timeout_s: float = 1.0) -> Pending:
             )
         # One lane: every answer in it wakes us. Several: the first lane's answers do, the others are
         # looked at every slice.
-        slice_s = PARK_SLICE_S if all(p.client is lead for p in pendings) else WAIT_FIRST_SLICE_S
-        lead._sleep_on_lane(min((deadline - now) / 1e9, slice_s), pendings)
+        one_lane = all(p.client is lead for p in pendings)
+        wait_s = min((deadline - now) / 1e9, PARK_SLICE_S if one_lane else others_s)
+        lead._sleep_on_lane(wait_s, pendings)
 
 
 WAIT_FIRST_SLICE_S = 0.001
@@ -472,17 +498,15 @@ class QueueClient:
         # The layout of the last request sent, and whether it fits a slot inline.
         self._layout: PayloadLayout | None = None
         self._layout_inline = False
-        # Per slot: the inline layout written there last and the views of its arrays, and the
-        # prefix and header bytes of the last inline answer read there with the views of its arrays.
+        # Per slot: the inline layout written there last and the views of its arrays, and the layout
+        # of the last answer read there (``_answer_layout``).
         self._req_views: list[tuple[PayloadLayout, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
         self._req_views = [None] * geo.spl
-        self._resp_views: list[tuple[bytes, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
-        self._resp_views = [None] * geo.spl
+        self._answers: list[_AnswerLayout | None] = [None] * geo.spl
         self._timing = (0, 0, 0, 0)
         # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
         # export. Reused only once released, or once both it and every array over it are gone.
         self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
-        self._held_layouts: dict[bytes, tuple[tuple[tuple[str, Any, Any, int, int], ...], int]] = {}
         # How waits went (tests and benchmarks read them through wait_counts): answers found at once,
         # while spinning, while parked (the worker made a wake call); timed and plain futex waits.
         self._counts = _WaitCounts()
@@ -583,7 +607,7 @@ class QueueClient:
             return
         self._closed = True
         self._req_views = [None] * self._spl
-        self._resp_views = [None] * self._spl
+        self._answers = [None] * self._spl
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
         live = self._drop_held()
         self._attached.close()  # an ndarray segment under a live view stays mapped by that view's export
@@ -834,7 +858,7 @@ class QueueClient:
         expected = q[count_i]
         q[parked_i] = 1
         full_barrier()  # order the parked store before the re-check (Dekker)
-        if not any(p.client.ready(p.ticket) for p in pendings):
+        if not any(_settled(p, False) for p in pendings):
             self._counts.futex_waits += 1
             futex_wait(self._m.addr(count_i), expected, timeout_s)
         q[parked_i] = 0
@@ -917,24 +941,9 @@ class QueueClient:
         self._pred.learn(latency, self._spin_ns)
         held = False
         try:
-            off = self._resp_off[s]
-            if not copy and status == ST_OK:
-                out_held = self._hold(ticket, s, si, off)
-                held = True
-                return out_held
-            cached = self._resp_views[s]
-            # The prefix and header as the last inline answer in this slot had them: its views are
-            # valid (the worker writes them with every answer; anything else is parsed again).
-            if (
-                status == ST_OK
-                and cached is not None
-                and self._mem[off : off + len(cached[0])].tobytes() == cached[0]
-            ):
-                out: Arrays = {}
-                for name, view in cached[1]:
-                    out[name] = view.copy()
-                return out
-            return self._take_other(status, s, si, off)
+            out = self._take_answer(ticket, status, s, si, copy)
+            held = not copy
+            return out
         finally:
             ticket.stamps = (claim_ns, done_ns, q[si + W_CALL_ENGINE_NS], q[si + W_CALL], now, clock())
             ticket.consumed = True
@@ -943,44 +952,67 @@ class QueueClient:
                 q[si + W_REQ_STATE] = FREE
                 self._free.append(s)
 
-    def _hold(self, ticket: Ticket, s: int, si: int, off: int) -> HeldOutputs:
-        """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray segment), held."""
+    def _take_answer(self, ticket: Ticket, status: int, s: int, si: int, copy: bool) -> Arrays | HeldOutputs:
+        """The one way an answer is read, whoever waited for it (``wait``, ``Pending.finish``, the
+        actors' ``InferenceClient.finish``): an error status raises; else the answer's layout (cached per
+        slot) gives its arrays in the response region or in the worker's ndarray segment, copied out
+        or, with ``copy=False``, held zero-copy until released."""
         m = self._m
-        geo = m.geo
-        ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.resp_bytes)
-        hit = self._held_layouts.get(raw)
-        if hit is None:
-            # Offsets from the start of the memoryview below: the response region, or the ndarray segment.
-            lay, end = (
-                (layout.inline_layout, layout.inline_end)
-                if ext is None
-                else payload.array_offsets(layout.spec, 0)
+        if status != ST_OK:
+            raise _STATUS_ERRORS.get(status, RequestFailed)(
+                _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
             )
-            hit = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
-            if len(self._held_layouts) >= 64:
-                self._held_layouts.clear()
-            self._held_layouts[raw] = hit
-        arrays, end = hit
-        if ext is not None:
+        off = self._resp_off[s]
+        ans = self._answers[s]
+        # The prefix and header as the last answer in this slot had them: its layout holds (the worker
+        # writes them with every answer; anything else is parsed again).
+        if ans is None or self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
+            ans = self._answer_layout(s, off)
+        _, ext, fields, end, views = ans
+        if ext is None:
+            if copy:
+                out: Arrays = {}
+                for name, view in views:  # a loop, not a comprehension: no frame of its own (3.11)
+                    out[name] = view.copy()
+                return out
+            mv = self._mem[off : off + end]
+        else:
             nd = self._answer_slot(ext)
             if end > nd.capacity:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray segment {ext} ({nd.capacity} B)"
                 )
+            if copy:
+                return {name: view.copy() for name, view in _views_of(nd.buf, fields).items()}
             mv = memoryview(nd.segment.mm)[:end]
-        else:
-            if end > geo.resp_bytes:
-                raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
-            mv = self._mem[off : off + end]
         # frombuffer holds a buffer export of the mapping for as long as the base (and so every view)
         # lives: the mapping cannot be closed under it (``np.ndarray(buffer=mv)`` keeps none, and a
         # closed mapping read through it was a SIGSEGV).
         base: np.ndarray[Any, Any] = np.frombuffer(mv, np.uint8)
         base.flags.writeable = False
-        held = HeldOutputs(self, ticket, base, arrays)
+        held = HeldOutputs(self, ticket, base, fields)
         ticket.held = held
         self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
         return held
+
+    def _answer_layout(self, s: int, off: int) -> _AnswerLayout:
+        """Parse the answer header in slot ``s``'s response region; kept for the slot's next answers."""
+        m = self._m
+        geo = m.geo
+        ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.resp_bytes)
+        # Offsets from the start of the response region, or of the ndarray segment.
+        lay, end = (
+            (layout.inline_layout, layout.inline_end)
+            if ext is None
+            else payload.array_offsets(layout.spec, 0)
+        )
+        if ext is None and end > geo.resp_bytes:
+            raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
+        fields = tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay)
+        views = () if ext is not None else tuple(_views_of(m.buf[off : off + end], fields).items())
+        ans = (raw, ext, fields, end, views)
+        self._answers[s] = ans
+        return ans
 
     def _answer_slot(self, name: str) -> NdarraySegment:
         """The worker's ndarray segment holding an answer (mapped once, kept): ``AnswerLost`` when gone."""
@@ -993,30 +1025,6 @@ class QueueClient:
                 f"request in lane {self.lane} of queue {self.descriptor.name} ran and was answered, but "
                 f"its answer's ndarray segment is gone with its worker ({e}); it is not sent again"
             ) from None
-
-    def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
-        """An error, an answer in an ndarray segment, or an inline answer of a layout new to this slot."""
-        m = self._m
-        geo = m.geo
-        if status != ST_OK:
-            raise _STATUS_ERRORS.get(status, RequestFailed)(
-                _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
-            )
-        ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.resp_bytes)
-        if ext is not None:
-            self._resp_views[s] = None
-            views = self._answer_slot(ext).arrays(layout.spec)
-        else:
-            if layout.inline_end > geo.resp_bytes:
-                raise RequestFailed(
-                    f"corrupt answer: {layout.inline_end}-byte layout in a {geo.resp_bytes} B slot"
-                )
-            views = payload.views(m.buf, layout.inline_layout, off)
-            self._resp_views[s] = (raw, tuple(views.items()))
-        out: Arrays = {}
-        for name, view in views.items():
-            out[name] = view.copy()
-        return out
 
     def _park(self, ticket: Ticket, si: int, until: int, deadline: int) -> bool:
         """Sleep on the lane's answer counter: True once the answer is there, False at ``until``

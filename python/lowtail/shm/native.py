@@ -128,7 +128,30 @@ def _load() -> tuple[ModuleType | None, Implementation]:
             f"rebuild it (make native)",
         )
     version = str(getattr(lowtail_native, "VERSION", ""))
+    missing = [name for name in SEGMENT_CALLS if not hasattr(getattr(lowtail_native, "Segment", None), name)]
+    if missing:
+        return None, Implementation(
+            "python",
+            f"the installed native core ({version}) lacks {', '.join(missing)}: it was built from older "
+            f"sources; rebuild it (make native)",
+        )
     return lowtail_native, Implementation("native", f"lowtail_native {version} loaded", version)
+
+
+# What this package calls on a native Segment: an extension built before one of them existed (the same
+# layout, older sources) is refused as a whole, not met by an AttributeError mid-request.
+SEGMENT_CALLS = (
+    "publish",
+    "spin",
+    "park",
+    "claim",
+    "take",
+    "header",
+    "gather",
+    "answer",
+    "answer_rows",
+    "wake_lanes",
+)
 
 
 _module, _impl = _load()

@@ -93,7 +93,19 @@ def _write_message(m: Mapped, g: int, message: str) -> int:
 class _Item:
     """One claimed request (worker-private)."""
 
-    __slots__ = ("claim_ns", "done", "g", "gen", "inputs", "lane", "layout", "seq", "si", "submit_ns")
+    __slots__ = (
+        "claim_ns",
+        "done",
+        "g",
+        "gen",
+        "inline",
+        "inputs",
+        "lane",
+        "layout",
+        "seq",
+        "si",
+        "submit_ns",
+    )
 
     def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
         self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
@@ -107,6 +119,7 @@ class _Item:
         self.claim_ns = claim_ns
         self.layout: PayloadLayout | None = None
         self.inputs: Arrays | None = None
+        self.inline = False  # the inputs are views of the request's slot (not an ndarray segment's copy)
         self.done = False
 
 
@@ -156,7 +169,10 @@ class Batch:
         if len(parts) == 1:
             self._inputs = parts[0]
         else:
-            self._inputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            merged = worker._gather(items) if worker._native is not None else None
+            self._inputs = (
+                merged if merged is not None else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            )
 
     def __len__(self) -> int:
         return len(self._items)
@@ -343,7 +359,11 @@ class QueueWorker:
         )  # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
-        self._in_views: dict[int, tuple[bytes, Arrays]] = {}
+        self._in_views: dict[int, tuple[object, Arrays]] = {}
+        self._native_headers: dict[int, tuple[str | None, PayloadLayout]] = {}  # the core's header ids
+        # Per payload layout: what the core's gather and answer_rows copy (offsets, bytes per row)
+        self._plans: dict[PayloadLayout, tuple[bytes, list[int], list[int], int]] = {}
+        self._plans1: dict[PayloadLayout, list[tuple[bytes, list[int], list[int], int]]] = {}
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
@@ -621,8 +641,9 @@ class QueueWorker:
         return it
 
     def _take_native(self, nat: Any, lane: int, tail: int, now: int) -> _Item | None:
-        """``_take`` with the ring read, the claim, its barrier and the withdrawn check in one call."""
-        kind, s, seq, gen, submit_ns = nat.claim(lane, tail, now)
+        """``_take`` with the ring read, the claim, its barrier, the withdrawn check and the payload
+        header's decode (cached in the core by the header's bytes) in one call."""
+        kind, s, seq, gen, submit_ns, hdr = nat.take(lane, tail, now)
         self._tails[lane] = tail + 1
         if kind == _BAD_RING:
             self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{self._m.geo.spl - 1}")
@@ -630,7 +651,35 @@ class QueueWorker:
         if kind == _SKIPPED:
             return None
         g = lane * self._m.geo.spl + s
-        return self._claimed(_Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now), kind == _WITHDRAWN)
+        it = _Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now)
+        if kind == _WITHDRAWN:
+            return self._claimed(it, True)
+        self._lane_seen_ns[lane] = now
+        if type(hdr) is str:  # the core refused the header: the request fails alone
+            self._fail_decode(it, BadRequest(hdr))
+            return it
+        hit = self._native_headers.get(hdr)
+        if hit is None:
+            try:
+                hit = self._native_header(nat, hdr)
+            except Exception as e:  # a header the Python checks refuse after the core's
+                self._fail_decode(it, e)
+                return it
+        self._decode(it, hit[0], hit[1], hdr)
+        return it
+
+    def _native_header(self, nat: Any, hdr: int) -> tuple[str | None, PayloadLayout]:
+        """The layout of a header the core decoded (``take``), cached here by its id."""
+        got = nat.header(hdr)
+        if got is None:  # the core's cache was cleared since: never after take() returned the id
+            raise QueueError(f"the native core no longer holds header {hdr}")
+        ext, arrays = got
+        spec = tuple((name, payload.DTYPES[code - 1], tuple(shape)) for name, code, shape in arrays)
+        hit = (ext, payload.intern_layout(spec))
+        if len(self._native_headers) >= 4096:
+            self._native_headers.clear()  # shapes that vary without bound must not grow memory
+        self._native_headers[hdr] = hit
+        return hit
 
     def _fence(self, lane: int, why: str) -> None:
         """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
@@ -661,13 +710,18 @@ class QueueWorker:
         self.counts.fenced += 1
         self._wake_parked(failed)
 
-    def _decode(self, it: _Item) -> None:
+    def _decode(
+        self, it: _Item, ext: str | None = None, layout: PayloadLayout | None = None, key: object = None
+    ) -> None:
+        """The inputs of a claimed request: zero-copy views of its slot (cached per slot by ``key``, its
+        header's bytes or the native core's id for them) or a copy of its ndarray segment. The native
+        path passes the header the core decoded (``ext``, ``layout``, ``key``); the Python path reads it."""
         m = self._m
         geo, buf = m.geo, m.buf
         g = it.g
-        off = geo.req_off(g)
         try:
-            ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.req_bytes)
+            if layout is None:
+                ext, layout, key = payload.read_header(m.mem, m.q, geo.req_off(g), geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
                     self._slots_in.drop_lane(it.lane)
@@ -679,24 +733,28 @@ class QueueWorker:
                 )
             else:
                 cached = self._in_views.get(g)
-                if cached is not None and cached[0] == raw:
+                if cached is not None and cached[0] == key:
                     views = cached[1]
                 else:
                     if layout.inline_end > geo.req_bytes:
                         raise BadRequest(
                             f"request layout of {layout.inline_end} B exceeds the {geo.req_bytes} B slot"
                         )
-                    views = payload.views(buf, layout.inline_layout, off)
+                    views = payload.views(buf, layout.inline_layout, geo.req_off(g))
                     for v in views.values():  # the client's slot: a view kept too long can never write it
                         v.flags.writeable = False
-                    self._in_views[g] = (raw, views)
+                    self._in_views[g] = (key, views)
+                it.inline = True
         except Exception as e:  # whatever a request holds, it fails alone
-            bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
-            status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_BAD_REQUEST if bad else ST_FAILED
-            self._answer(it, status, None, None, str(e))
-            self._wake_parked([it])
+            self._fail_decode(it, e)
             return
         it.layout, it.inputs = layout, views
+
+    def _fail_decode(self, it: _Item, e: Exception) -> None:
+        bad = not isinstance(e, QueueError) or isinstance(e, BadRequest)
+        status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_BAD_REQUEST if bad else ST_FAILED
+        self._answer(it, status, None, None, str(e))
+        self._wake_parked([it])
 
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
@@ -761,6 +819,76 @@ class QueueWorker:
         it.done = True
         self._outstanding.pop(it.g, None)
 
+    def _plan(self, layout: PayloadLayout) -> tuple[bytes, list[int], list[int], int]:
+        """What the core copies for ``layout``: prefix bytes, each array's offset in a slot region and
+        bytes per row, the payload's end."""
+        plan = self._plans.get(layout)
+        if plan is None:
+            rows = layout.batch
+            plan = (
+                layout.prefix_bytes,
+                [a.offset for a in layout.inline_layout],
+                [a.nbytes // rows for a in layout.inline_layout],
+                layout.inline_end,
+            )
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            self._plans[layout] = plan
+        return plan
+
+    def _gather(self, items: list[_Item]) -> Arrays | None:
+        """The native path's merge of several requests' inline inputs into one batch: the arrays
+        allocated here, every copy in one core call. None when a request's inputs are not all in its
+        slot (an ndarray segment's copy): the caller concatenates."""
+        decoded = [it for it in items if it.layout is not None]
+        if not all(it.inline for it in decoded):
+            return None
+        first = decoded[0].layout
+        assert first is not None
+        total = sum(it.layout.batch for it in decoded if it.layout is not None)
+        merged = first.with_batch(total)
+        out: Arrays = {name: np.empty(shape, dtype) for name, dtype, shape in merged.spec}
+        plans: list[tuple[list[int], list[int]]] = []
+        index: dict[PayloadLayout, int] = {}
+        work: list[tuple[int, int, int, int, int]] = []
+        spl = self._m.geo.spl
+        row = 0
+        for it in decoded:
+            lay = it.layout
+            assert lay is not None
+            k = index.get(lay)
+            if k is None:
+                k = index[lay] = len(plans)
+                plan = self._plan(lay)
+                plans.append((plan[1], plan[2]))
+            work.append((it.lane, it.g - it.lane * spl, row, lay.batch, k))
+            row += lay.batch
+        self._native.gather(work, plans, list(out.values()))
+        return out
+
+    def _answer_one(
+        self,
+        it: _Item,
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        layout: PayloadLayout,
+        engine_ns: int,
+        call: int,
+    ) -> None:
+        """``_answer_many`` of one request (a sampler's batch as it came) that fits its slot: no
+        per-request lists to build, its plan cached per layout."""
+        plans = self._plans1.get(layout)
+        if plans is None:
+            if len(self._plans1) >= 4096:
+                self._plans1.clear()
+            plans = self._plans1[layout] = [self._plan(layout)]
+        src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
+        self._native.answer_rows(
+            [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
+            plans, src, engine_ns, call,
+        )  # fmt: skip
+        it.done = True
+        self._outstanding.pop(it.g, None)
+
     def _answer_many(
         self,
         items: list[_Item],
@@ -769,25 +897,47 @@ class QueueWorker:
         engine_ns: int,
         call: int,
     ) -> None:
-        """The native path's ``Batch.complete`` of several requests: each payload written here, then every
-        answer's words, the answer counts and the wake-ups of parked clients in one native call."""
-        words: list[tuple[int, int, int, int, int]] = []
-        todo: list[_Item] = []
-        spl = self._m.geo.spl
-        off = 0
+        """The native path's ``Batch.complete``: each request's rows of ``outputs`` copied into its
+        response region, its answer words, the answer counts and one wake per parked lane, in one core
+        call. Answers too large for a slot go to ndarray segments, written here first."""
         one = len(items) == 1
+        if one and not items[0].done and layout.inline_end <= self._m.geo.resp_bytes:
+            self._answer_one(items[0], outputs, layout, engine_ns, call)
+            return
+        parts: list[tuple[_Item, int, int, PayloadLayout]] = []  # (request, first row, rows, its layout)
+        off = 0
         for it in items:
             assert it.layout is not None
             n = it.layout.batch
             if not it.done:
-                part = outputs if one else {k: v[off : off + n] for k, v in outputs.items()}
-                lay = layout if one else layout.with_batch(n)
+                parts.append((it, off, n, layout if one else layout.with_batch(n)))
+            off += n
+        spl, resp_bytes = self._m.geo.spl, self._m.geo.resp_bytes
+        if all(lay.inline_end <= resp_bytes for _, _, _, lay in parts):
+            plans: list[tuple[bytes, list[int], list[int], int]] = []
+            index: dict[PayloadLayout, int] = {}
+            work: list[tuple[int, int, int, int, int, int, int]] = []
+            for it, row, n, lay in parts:
+                k = index.get(lay)
+                if k is None:
+                    k = index[lay] = len(plans)
+                    plans.append(self._plan(lay))
+                work.append((it.lane, it.g - it.lane * spl, it.seq, it.gen, row, n, k))
+            src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
+            self._native.answer_rows(work, plans, src, engine_ns, call)
+        else:
+            words: list[tuple[int, int, int, int, int]] = []
+            for it, row, n, lay in parts:
+                part = outputs if one else {k: v[row : row + n] for k, v in outputs.items()}
                 status, nbytes = self._write_answer(it, ST_OK, part, lay, "")
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
-                todo.append(it)
-            off += n
-        self._native.answer(words, engine_ns, call)
-        for it in todo:  # done once published: an interrupt before leaves them to complete()'s handler
+            self._native.answer(words, engine_ns, call)
+        for (
+            it,
+            _,
+            _,
+            _,
+        ) in parts:  # done once published: an interrupt before leaves them to complete()'s handler
             it.done = True
             self._outstanding.pop(it.g, None)
 

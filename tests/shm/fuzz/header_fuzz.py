@@ -11,11 +11,15 @@ Two engines:
   with atheris (PyPI) when it is installed; new inputs it finds can be kept in the corpus.
 
 The first byte of an input is the external flag (odd: the payload claims an ndarray segment); the rest is
-the header.
+the header. Each input is also written into a request slot's region and claimed through the core's
+``Segment.take`` (the prefix word's bounds, the decode and its cache, as the worker runs them) against
+the Python worker's ``payload.read_header``; with bit 1 of the first byte set, the rest is the region's
+raw bytes, its prefix word included, so a hostile length or flag word is fuzzed too.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 import sys
@@ -49,13 +53,80 @@ def _native(raw: bytes, external: bool) -> Any:
 
 
 def check(data: bytes) -> None:
-    """One input: both decoders agree (an AssertionError names the input otherwise)."""
+    """One input: both decoders agree, alone and through a claim (an AssertionError names the input)."""
     if not data:
         return
     external, raw = bool(data[0] & 1), data[1:]
     want, got = _python(raw, external), _native(raw, external)
     assert got == want, (
         f"decoders disagree on external={external} header={raw!r}: python {want!r}, native {got!r}"
+    )
+    check_claimed(data)
+
+
+class _Region:
+    """One lane of one slot in an anonymous mapping, seen by the core (``Segment``) and by Python."""
+
+    REQ = 1024
+
+    def __init__(self) -> None:
+        import mmap
+
+        import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+        from lowtail.shm.layout import Geometry
+
+        self.geo = geo = Geometry.of(1, 1, self.REQ, 64)
+        self.mm = mmap.mmap(-1, geo.total)
+        self.mem = memoryview(self.mm)
+        self.q = self.mem.cast("Q")
+        self.seg = lowtail_native.Segment(self.mm, 1, 1, self.REQ, 64, geo.total)
+        self.tail = 0
+
+
+@functools.cache
+def _region() -> _Region:
+    return _Region()
+
+
+def _claimed_python(r: _Region, region: bytes) -> Any:
+    from lowtail.shm import payload
+    from lowtail.shm.errors import BadRequest
+
+    try:
+        ext, layout, _ = payload.read_header(r.mem, r.q, r.geo.req_off(0), r.geo.req_bytes)
+    except BadRequest:
+        return None
+    codes = {d: i + 1 for i, d in enumerate(payload.DTYPES)}
+    return ext, [(name, codes[d], list(shape)) for name, d, shape in layout.spec]
+
+
+def check_claimed(data: bytes) -> None:
+    """``data`` in a request region, claimed by the core's ``take``: accepted and decoded as
+    ``payload.read_header`` does, or refused when it refuses."""
+    from lowtail.shm.layout import L_RING, W_REQ_SEQ
+
+    r = _region()
+    off, n = r.geo.req_off(0), r.geo.req_bytes
+    if data[0] & 2:
+        region = data[1 : 1 + n]
+    else:
+        region = struct.pack("<II", len(data) - 1, data[0] & 1) + data[1:]
+        region = region[:n]
+    r.mem[off : off + n] = region + bytes(n - len(region))
+    si = r.geo.slot_word(0)
+    r.q[si + W_REQ_SEQ] += 1  # a new request in the slot: claimable
+    r.q[r.geo.lane(0, L_RING)] = 0  # ring[0]: slot 0
+    kind, _, _, _, _, hdr = r.seg.take(0, r.tail, 1)
+    r.tail += 1
+    assert kind == 0, f"the region's request was not claimed (kind {kind})"
+    got = None
+    if not isinstance(hdr, str):
+        ext, arrays = r.seg.header(hdr)
+        got = ext, [(name, code, list(shape)) for name, code, shape in arrays]
+    want = _claimed_python(r, region)
+    assert got == want, (
+        f"claimed header disagrees on region={region[:64]!r}...: python {want!r}, native {got!r}"
     )
 
 
