@@ -27,6 +27,8 @@ import yaml
 
 from tests.ansible.conftest import ROOT, local_node_inventory, run_ansible
 from tests.ansible.test_kubelet_preflight import KUBEADM, KUBEADM_UNIT, STANDIN, node, run_preflight
+from tests.fixtures.machines import MACHINES, write_machine
+from tests.kubelet.oracle_minors import MINORS, oracle_path
 
 pytestmark = pytest.mark.slow
 
@@ -171,13 +173,14 @@ class Node:
         for d in (self.config_dir, self.root, self.state, tmp_path / "bin", tmp_path / "lib"):
             d.mkdir(parents=True, exist_ok=True)
         (self.state / "kubelet-version").write_text("1.36.3\n")
-        # The stand-in counts NUMA nodes from its sysfs as cadvisor does: two, as reservedMemory names.
-        (tmp_path / "sys/devices/system/node").mkdir(parents=True)
-        (tmp_path / "sys/devices/system/node/online").write_text("0-1\n")
+        # The stand-in's oracle reads the machine from this sysfs as cadvisor does: two NUMA nodes, as
+        # reservedMemory names, on cgroup v2 (kubeadm's file has no failCgroupV1).
+        write_machine(tmp_path, MACHINES["epyc9634_2s_cgroup2"])
         (tmp_path / "lib/lowtail_node").symlink_to(ROOT / "python/lowtail/node")
         kubelet = tmp_path / "kubelet"
         kubelet.write_text(
             f"#!/bin/sh\nLOWTAIL_STANDIN_PREFIX={tmp_path} PYTHONPATH={tmp_path / 'lib'} "
+            f"LOWTAIL_STANDIN_ORACLE_DIR={oracle_path(MINORS[0]).parent} "
             f'exec {sys.executable} {STANDIN} "$@"\n'
         )
         kubelet.chmod(0o755)
