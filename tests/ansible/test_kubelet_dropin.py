@@ -394,3 +394,15 @@ def test_rollback_removes_the_drop_in_through_the_health_gate(tmp_path: Path, n:
     assert calls.index("systemctl stop kubelet") < calls.index("systemctl start kubelet"), calls
     assert any(c.startswith("systemctl show kubelet") for c in calls), calls
     assert '"policyName": "none"' in (n.root / "cpu_manager_state").read_text()
+
+
+@pytest.mark.parametrize("value", ["false", "true"])
+def test_apply_given_as_an_extra_var_string_acts_as_the_yaml_boolean(n: Node, value: str) -> None:
+    """`-e lowtail_kubelet_apply=false` arrives as the string "false": it must only write the file."""
+    rc, out = n.run("main", "-e", f"lowtail_kubelet_apply={value}")
+    assert rc == 0, out
+    assert yaml.safe_load(n.dropin.read_text())["cpuManagerPolicy"] == "static"
+    stopped = [c for c in n.calls() if c.split()[1:2] in (["stop"], ["restart"], ["start"])]
+    assert bool(stopped) is (value == "true"), n.calls()
+    gate = "TASK [lowtail_kubelet : Check that kubelet stayed up without restarting]"
+    assert (gate in out) is (value == "true"), out[-3000:]
