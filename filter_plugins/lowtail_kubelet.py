@@ -152,6 +152,20 @@ def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) 
     return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
 
 
+def containerd_support(engines: Mapping[str, str], kubelet_version: str) -> dict[str, list[str]]:
+    """{problems, warnings} for the node's containerd (engines: name -> its ``--version`` output) under
+    this kubelet; none without containerd or for a kubelet lowtail does not claim (refused elsewhere)."""
+    ko = _module("kubelet_options")
+    try:
+        minor = ko.supported_minor(str(kubelet_version))
+    except ko.KubeletVersionError:
+        return {"problems": [], "warnings": []}
+    if "containerd" not in engines:
+        return {"problems": [], "warnings": []}
+    problems, warnings = _module("kubelet_runtime").containerd_support(str(engines["containerd"]), minor)
+    return {"problems": list(problems), "warnings": list(warnings)}
+
+
 def kubelet_unit_env_files(unit_text: str) -> list[str]:
     """The EnvironmentFile= paths of kubelet's unit (``systemctl cat`` output)."""
     return list(_module("kubelet_flags").env_files(str(unit_text or "")))
@@ -263,6 +277,7 @@ class FilterModule:
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
             "lowtail_runtime_affinity_problems": runtime_affinity_problems,
+            "lowtail_containerd_support": containerd_support,
             "lowtail_kernel_args_unsafe": kernel_args_unsafe,
             "lowtail_kubelet_unit_env_files": kubelet_unit_env_files,
             "lowtail_kubelet_command_line": kubelet_command_line,
