@@ -1,6 +1,7 @@
 """Jinja filters backed by lowtail.node: what a kubelet of a given version accepts, which flags override
 lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which kernel arguments are
-not shell-inert.
+not shell-inert, the CPUs of a cpulist (``lowtail_cpus``: the one parser the plan, the kernel arguments
+and the lease pool use, never expanded by hand in a template).
 
 The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args),
 which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on
@@ -34,6 +35,15 @@ def _module(name: str) -> ModuleType:
         sys.modules[_PACKAGE] = package
         spec.loader.exec_module(package)
     return importlib.import_module(f"{_PACKAGE}.{name}")
+
+
+def cpus(cpulist: str) -> list[int]:
+    """The CPUs of a kernel cpulist (``0-3,8``) in ascending order; a malformed list is an error naming it."""
+    module = _module("cpulist")
+    try:
+        return sorted(module.parse(str(cpulist)))
+    except module.CpuListError as e:
+        raise AnsibleFilterError(f"lowtail_cpus: {e}") from e
 
 
 def kubelet_policy(
@@ -270,6 +280,7 @@ def kernel_args_unsafe(args: list[Any]) -> list[Any]:
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "lowtail_cpus": cpus,
             "lowtail_kubelet_policy": kubelet_policy,
             "lowtail_kubelet_config_check": kubelet_config_check,
             "lowtail_kubelet_files_check": kubelet_files_check,
