@@ -361,6 +361,8 @@ def test_failed_health_gate_removes_a_first_drop_in_and_leaves_the_main_file(tmp
     assert f"lowtail's drop-in {n.dropin} was removed (there was none before this run)" in words, out
     assert not n.dropin.exists()
     assert n.config.read_bytes() == main_before
+    # The stand-in still fails with the earlier configuration: the same gate says so.
+    assert "but kubelet did not pass the health gate with it either" in words, out
     assert not (tmp_path / "previous").exists()
 
 
