@@ -4,7 +4,7 @@ One process drives both ends by hand (submit, claim, complete), so the answer is
 client takes it and the timed part is exactly the client's taking of the answer: reading its header and
 copying it out, or building views of it (then touching one element and releasing them). Two shapes: the
 echo workload's answer (16 x 64 float32, inline in the response region) and a 1 MiB float32 answer
-(too large for the slot: it travels in the worker's ndarray slot).
+(too large for the slot: it travels in the worker's ndarray segment).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def zerocopy_rows(n: int = 2000, n_large: int = 300) -> list[dict[str, Any]]:
             runs = n if answer.nbytes < 1 << 16 else n_large
             row: dict[str, Any] = {"answer": label, "bytes": answer.nbytes, "n": runs}
             for copy in (True, False):
-                _take(c, w, answer, copy, min(100, runs))  # warm: views cached, ndarray slot attached
+                _take(c, w, answer, copy, min(100, runs))  # warm: views cached, ndarray segment attached
                 took = _take(c, w, answer, copy, runs) / 1e3
                 key = "copy" if copy else "zero_copy"
                 row[f"{key}_p50_us"] = float(np.percentile(took, 50))

@@ -438,19 +438,102 @@ def _collect(problems: list[str], check: Callable[[], T]) -> T | None:
         return None
 
 
+def _init_problem(procfs_root: Path) -> str | None:
+    init = init_system(procfs_root)
+    if init == "systemd":
+        return None
+    return (
+        f"PID 1 is {init or 'unknown'!r} ({procfs_root}/1/comm), not systemd: lowtail's tuning, "
+        "kubelet and runtime steps need systemd (units, CPUAffinity=, daemon-reexec)"
+    )
+
+
+def _judge_virtual(
+    topo: topology.Topology, allow_virtual: bool, problems: list[str], warnings: list[str]
+) -> None:
+    """A virtual host is a problem unless lowtail_allow_virtual, then a warning."""
+    if not topo.virtual:
+        return
+    evidence = "; ".join(f.detail for f in topo.findings)
+    if not allow_virtual:
+        problems.append(
+            f"this host looks virtual ({evidence}) and lowtail_allow_virtual is false: a VM cannot "
+            "give exclusive physical cores or a true NUMA layout; set lowtail_allow_virtual: true "
+            "only for test sandboxes"
+        )
+    else:
+        warnings.append(f"provisioning a virtual host because lowtail_allow_virtual is true: {evidence}")
+
+
+def _cpu_plan(topo: topology.Topology, params: dict[str, Any]) -> plan.Plan:
+    housekeeping = params["housekeeping"]
+    try:
+        return plan.make_plan(topo, housekeeping, params["amd_pstate"] or None)
+    except (plan.PlanError, cpulist.CpuListError) as e:
+        raise PreflightError(f"lowtail_housekeeping {housekeeping!r}: {e}") from None
+
+
+def _reservations(topo: topology.Topology, params: dict[str, Any]) -> kubelet_memory.MemoryReservations:
+    given = params.get("kubelet_memory") or {}
+    mem = {**KUBELET_MEMORY_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    try:
+        return kubelet_memory.plan_reservations(
+            topo.numa_nodes,
+            mem["kube_reserved"],
+            mem["system_reserved"],
+            mem["eviction_hard"],
+            mem["per_numa"],
+        )
+    except kubelet_memory.MemoryReservationError as e:
+        raise PreflightError(f"lowtail_kubelet_memory: {e}") from None
+
+
+def _kernel_warning(kernel: dict[str, Any], boot_root: str) -> str | None:
+    """What CONFIG_RT_GROUP_SCHED (or not knowing it) means for SCHED_FIFO in containers."""
+    if kernel["rt_group_sched"]:
+        return (
+            f"kernel {kernel['release']} has CONFIG_RT_GROUP_SCHED=y: SCHED_FIFO is impossible inside "
+            "containers (non-root cgroups get no RT budget); lowtail workers will fall back to SCHED_OTHER"
+        )
+    if kernel["rt_group_sched"] is None:
+        return (
+            f"no {boot_root}/config-{kernel['release']}: cannot tell whether the kernel has "
+            "CONFIG_RT_GROUP_SCHED (validation will probe SCHED_FIFO instead)"
+        )
+    return None
+
+
+def _topology_facts(topo: topology.Topology) -> dict[str, Any]:
+    n_sockets = len(topo.sockets)
+    return {
+        "sockets": n_sockets,
+        "numa_nodes": len(topo.numa_nodes),
+        "numa_per_socket": len(topo.numa_nodes) // max(n_sockets, 1),
+        "cores_per_socket": topo.cores_per_socket,
+        "threads_per_core": topo.threads_per_core,
+        "smt": topo.threads_per_core > 1,
+        "l3_groups": len(topo.l3_groups),
+        "l3_per_socket": len(topo.l3_groups) // max(n_sockets, 1),
+        "online": cpulist.format(topo.online),
+        "cpu_count": len(topo.online),
+        "vendor": topo.vendor,
+        "model_name": topo.model_name,
+        "virtual": topo.virtual,
+        "deceptive": topo.deceptive,
+        "findings": [f.to_dict() for f in topo.findings],
+        "isolated_now": cpulist.format(topo.isolated),
+        "nohz_full_now": cpulist.format(topo.nohz_full),
+    }
+
+
 def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Everything the roles need about the host, or one PreflightError listing every problem found."""
     sysfs_root, procfs_root = Path(params["sysfs_root"]), Path(params["procfs_root"])
     warnings: list[str] = []
     problems: list[str] = []
 
-    if params.get("require_systemd", True):
-        init = init_system(procfs_root)
-        if init != "systemd":
-            problems.append(
-                f"PID 1 is {init or 'unknown'!r} ({procfs_root}/1/comm), not systemd: lowtail's tuning, "
-                "kubelet and runtime steps need systemd (units, CPUAffinity=, daemon-reexec)"
-            )
+    if params.get("require_systemd", True) and (why := _init_problem(procfs_root)):
+        problems.append(why)
     rt = _collect(
         problems, lambda: check_rt_budget(params["rt_runtime_us"], params["rt_period_us"], params["stalld"])
     )
@@ -461,28 +544,9 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     except (topology.TopologyError, cpulist.CpuListError) as e:
         raise PreflightError([*problems, f"cannot read the CPU topology: {e}"]) from None
 
-    evidence = "; ".join(f.detail for f in topo.findings)
-    if topo.virtual:
-        if not params["allow_virtual"]:
-            problems.append(
-                f"this host looks virtual ({evidence}) and lowtail_allow_virtual is false: a VM cannot "
-                "give exclusive physical cores or a true NUMA layout; set lowtail_allow_virtual: true "
-                "only for test sandboxes"
-            )
-        else:
-            warnings.append(f"provisioning a virtual host because lowtail_allow_virtual is true: {evidence}")
-
+    _judge_virtual(topo, params["allow_virtual"], problems, warnings)
     _collect(problems, lambda: check_hardware(topo, params.get("expected_hardware")))
-
-    housekeeping = params["housekeeping"]
-
-    def make_plan() -> plan.Plan:
-        try:
-            return plan.make_plan(topo, housekeeping, params["amd_pstate"] or None)
-        except (plan.PlanError, cpulist.CpuListError) as e:
-            raise PreflightError(f"lowtail_housekeeping {housekeeping!r}: {e}") from None
-
-    cpu_plan = _collect(problems, make_plan)
+    cpu_plan = _collect(problems, lambda: _cpu_plan(topo, params))
     plan_keys = {a.split("=", 1)[0] for a in cpu_plan.kernel_args} if cpu_plan else set()
     _collect(
         problems,
@@ -490,23 +554,7 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             params.get("kernel_extra_args") or [], params.get("cstate_limit"), plan_keys | KERNEL_ROLE_KEYS
         ),
     )
-
-    given = params.get("kubelet_memory") or {}
-    mem = {**KUBELET_MEMORY_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-
-    def reserve() -> kubelet_memory.MemoryReservations:
-        try:
-            return kubelet_memory.plan_reservations(
-                topo.numa_nodes,
-                mem["kube_reserved"],
-                mem["system_reserved"],
-                mem["eviction_hard"],
-                mem["per_numa"],
-            )
-        except kubelet_memory.MemoryReservationError as e:
-            raise PreflightError(f"lowtail_kubelet_memory: {e}") from None
-
-    reservations = _collect(problems, reserve)
+    reservations = _collect(problems, lambda: _reservations(topo, params))
     per_numa = reservations.per_numa if reservations else dict.fromkeys(topo.numa_nodes, 0)
     hugepages = _collect(problems, lambda: check_hugepages(sysfs_root, params.get("hugepages"), per_numa))
 
@@ -514,38 +562,10 @@ def build_node(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         raise PreflightError(problems)
 
     kernel = kernel_facts(sysfs_root, procfs_root, Path(params["boot_root"]), params.get("kernel_release"))
-    if kernel["rt_group_sched"]:
-        warnings.append(
-            f"kernel {kernel['release']} has CONFIG_RT_GROUP_SCHED=y: SCHED_FIFO is impossible inside "
-            "containers (non-root cgroups get no RT budget); lowtail workers will fall back to SCHED_OTHER"
-        )
-    elif kernel["rt_group_sched"] is None:
-        warnings.append(
-            f"no {params['boot_root']}/config-{kernel['release']}: cannot tell whether the kernel has "
-            "CONFIG_RT_GROUP_SCHED (validation will probe SCHED_FIFO instead)"
-        )
-
-    n_sockets = len(topo.sockets)
+    if warning := _kernel_warning(kernel, params["boot_root"]):
+        warnings.append(warning)
     node = {
-        "topology": {
-            "sockets": n_sockets,
-            "numa_nodes": len(topo.numa_nodes),
-            "numa_per_socket": len(topo.numa_nodes) // max(n_sockets, 1),
-            "cores_per_socket": topo.cores_per_socket,
-            "threads_per_core": topo.threads_per_core,
-            "smt": topo.threads_per_core > 1,
-            "l3_groups": len(topo.l3_groups),
-            "l3_per_socket": len(topo.l3_groups) // max(n_sockets, 1),
-            "online": cpulist.format(topo.online),
-            "cpu_count": len(topo.online),
-            "vendor": topo.vendor,
-            "model_name": topo.model_name,
-            "virtual": topo.virtual,
-            "deceptive": topo.deceptive,
-            "findings": [f.to_dict() for f in topo.findings],
-            "isolated_now": cpulist.format(topo.isolated),
-            "nohz_full_now": cpulist.format(topo.nohz_full),
-        },
+        "topology": _topology_facts(topo),
         "plan": cpu_plan.to_dict(),
         # sysfs files such as the workqueue cpumask take hex masks, not cpulists.
         "masks": {

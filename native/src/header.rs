@@ -48,17 +48,17 @@ pub fn decode(raw: &[u8], external: bool) -> Result<Header, String> {
         return Err(format!("{count} arrays, expected 1..{P_MAX_ARRAYS}"));
     }
     if (ext_len > 0) != external {
-        return Err(format!("slot-name length {ext_len} disagrees with the external flag ({external})"));
+        return Err(format!("segment-name length {ext_len} disagrees with the external flag ({external})"));
     }
     let mut pos = 4 + ext_len;
     if pos > n {
-        return Err(format!("slot name of {ext_len} bytes runs past the {n}-byte header"));
+        return Err(format!("segment name of {ext_len} bytes runs past the {n}-byte header"));
     }
     let mut slot_name = None;
     if ext_len > 0 {
         let name = &raw[4..pos];
         if !is_nd_slot_name(name) {
-            return Err(format!("ndarray slot name {:?} is not a lowtail.nd.* segment name", String::from_utf8_lossy(name)));
+            return Err(format!("ndarray segment name {:?} is not a lowtail.nd.* segment name", String::from_utf8_lossy(name)));
         }
         slot_name = Some(String::from_utf8_lossy(name).into_owned());
     }

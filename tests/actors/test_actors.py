@@ -273,10 +273,10 @@ def test_each_node_has_its_own_allocator_and_inference_actors(
 
 def test_the_default_queue_carries_an_8_x_512_float32_batch_inline() -> None:
     from lowtail.actors.inference import default_queue_config
-    from lowtail.shm.payload import layout_of
+    from lowtail.shm.payload import validated_layout
 
     batch = {"obs": np.zeros((8, 512), np.float32)}
-    assert layout_of(batch).inline_end <= default_queue_config().request_bytes
+    assert validated_layout(batch).inline_end <= default_queue_config().request_bytes
 
 
 def test_start_failures_surface_as_themselves_and_bad_specs_are_refused_at_construction(

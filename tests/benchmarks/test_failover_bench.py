@@ -62,3 +62,29 @@ def test_a_gap_target_is_graded_on_covered_windows_and_not_decided_otherwise() -
     text = render(cut)
     assert "not decided: a sampler's run ended 0.80 s after the kill" in text
     assert "s after kill" in text  # the coverage of every row is shown
+
+
+def test_rows_around_a_kill_give_each_hero_each_replica_of_a_and_the_first_answer_after_it() -> None:
+    from types import SimpleNamespace
+
+    from lowtail.benchmarks.failover_bench import Kill, _rows_around
+
+    at = 100.0
+    t = np.arange(99.0, 104.0, 0.01)  # an answer every 10 ms ...
+    replica = np.where(t < at, 0, 1)  # ... from a.0 until the kill, from a.1 after it
+    replica[t > at + 0.25] = np.where(np.arange((t > at + 0.25).sum()) % 2 == 0, 0, 1)  # a.0 back at +250 ms
+    sent = t - 0.001
+    a = SimpleNamespace(answer_s=t, replica=replica, sent_s=sent, failed=0, errors={})
+    b = SimpleNamespace(
+        answer_s=t[::2], replica=np.zeros(t[::2].size, int), sent_s=sent[::2], failed=0, errors={}
+    )
+    run = SimpleNamespace(name="s0", started_s=98.0, ended_s=at + 2.0, heroes={"a": a, "b": b})
+    out: list[Row] = []
+    first_ms = _rows_around(Kill("standby", "worker", at, claimed=1), [run], out)
+    assert [r.series for r in out] == ["hero a", "replica a.0", "replica a.1", "hero b"]
+    assert {r.sampler for r in out} == {"s0"} and {r.config for r in out} == {"standby"}
+    assert all(r.covered_after_s == 2.0 for r in out)  # the run ended 2 s after the kill
+    by = {r.series: r for r in out}
+    assert by["hero a"].longest_gap_ms < 15 and by["hero b"].longest_gap_ms < 25
+    assert 250 <= by["replica a.0"].longest_gap_ms < 270  # a.0 silent from the kill until it serves again
+    assert 250 < first_ms < 270  # the killed replica's first answer published after the kill

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,11 @@ def render_manifests(
     check: bool = False,
     children: dict[str, Any] | None = None,
     playbook: Path = REPO / "playbooks" / "k8s.yml",
+    *,
+    extra: Sequence[str] = (),
 ) -> Rendered:
     """Run playbooks/k8s.yml (or another playbook) with these inventory variables (group_vars of all,
-    not extra vars) and inventory groups."""
+    not extra vars), inventory groups and further ansible-playbook arguments."""
     out_dir = Path(inventory_vars.get("lowtail_k8s_output_dir", tmp / "manifests"))
     inventory = {
         "all": {
@@ -57,7 +59,7 @@ def render_manifests(
     }
     inv = tmp / "inventory.yml"
     inv.write_text(yaml.safe_dump(inventory))
-    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(playbook)]
+    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(playbook), *extra]
     if check:
         cmd += ["--check", "--diff"]
     proc = subprocess.run(

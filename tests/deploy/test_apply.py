@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.deploy.conftest import IMAGE, REPO, Rendered, render_manifests
 
 WRAPPER = """#!{python}
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from tests.deploy.kubectl_standin import main
@@ -74,7 +76,13 @@ def cluster(bin_dir: Path) -> dict[str, Any]:
 
 
 def run(
-    tmp: Path, kubectl: Path, check: bool = False, playbook: Path | None = None, control: bool = True
+    tmp: Path,
+    kubectl: Path,
+    check: bool = False,
+    playbook: Path | None = None,
+    control: bool = True,
+    *,
+    extra: Sequence[str] = (),
 ) -> Rendered:
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     children: dict[str, Any] = {
@@ -96,6 +104,7 @@ def run(
         check=check,
         children=children,
         playbook=playbook or REPO / "playbooks" / "k8s.yml",
+        extra=extra,
     )
 
 

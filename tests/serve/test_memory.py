@@ -1,4 +1,4 @@
-"""Default sizing: a normal batch and its answer travel inline, never through an ndarray slot."""
+"""Default sizing: a normal batch and its answer travel inline, never through an ndarray segment."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def test_default_queue_holds_a_16_by_512_batch_and_the_default_models_answer_inl
     answer = engine.infer(x)
     cfg = QueueConfig()
     assert spec.features == 512
-    assert payload.layout_of(x).inline_end <= cfg.request_bytes
-    assert payload.layout_of(answer).inline_end <= cfg.response_bytes
-    # Through a real queue of the default geometry: no ndarray-slot segment appears on either side.
+    assert payload.validated_layout(x).inline_end <= cfg.request_bytes
+    assert payload.validated_layout(answer).inline_end <= cfg.response_bytes
+    # Through a real queue of the default geometry: no ndarray-segment segment appears on either side.
     shm = segments.private_dir(cfg.shm_dir)
     before = {p.name for p in shm.iterdir()}
     with InferenceQueue.create(cfg) as queue:

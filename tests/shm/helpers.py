@@ -311,7 +311,7 @@ def as_nobody(fn: Any) -> int:
 
 
 def hold_ndslot(desc: QueueDescriptor, out: Any) -> None:
-    """Submit one request through an ndarray slot, report the slot's name, then wait to be killed."""
+    """Submit one request through an ndarray segment, report the slot's name, then wait to be killed."""
     c = QueueClient.attach(desc)
     c.submit({"x": np.full((16, 64), 9.0, np.float32)})
     out.put(next(iter(c._nd_req.values())).name)

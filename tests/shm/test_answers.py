@@ -81,7 +81,7 @@ def served(ctx: BaseContext, queue_impl: str) -> Iterator[Callable[..., Served]]
 # -- zero-copy views outlive the client that took them --------------------------------------------------
 
 
-@pytest.mark.parametrize("width", [8, 4096], ids=["inline", "ndarray-slot"])
+@pytest.mark.parametrize("width", [8, 4096], ids=["inline", "ndarray-segment"])
 def test_a_zero_copy_answer_kept_past_close_stays_mapped_and_keeps_its_lane(
     served: Callable[..., Served], ctx: BaseContext, queue_impl: str, width: int
 ) -> None:
@@ -168,7 +168,7 @@ def test_an_answer_that_cannot_be_written_fails_alone_and_the_rest_of_its_batch_
     served: Callable[..., Served], tmpfs: Callable[..., Path]
 ) -> None:
     shm = tmpfs(inodes=64)
-    # 1 row x 256 float32 fits the 4096-byte answer region; 8 rows need an ndarray slot (a new file).
+    # 1 row x 256 float32 fits the 4096-byte answer region; 8 rows need an ndarray segment (a new file).
     s = served(shm, width=256, start=False, max_batch_samples=64, max_batch_slots=4, min_batch_samples=1)
     with s.q.QueueClient.attach(s.desc) as big, s.q.QueueClient.attach(s.desc) as small:
         assert (big.lane, small.lane) == (0, 1)  # the worker answers lane 0's request first
@@ -241,7 +241,7 @@ def test_a_cleanly_closed_clients_request_slots_are_not_pinned_by_the_worker(
     with q.InferenceQueue.create(cfg) as queue, q.QueueWorker.attach(queue.descriptor) as w:
         before = _used_bytes(shm)
         with q.QueueClient.attach(queue.descriptor) as c:
-            t = c.submit({"x": np.ones((64, 1024), np.float32)})  # 256 KiB: in an ndarray slot of its own
+            t = c.submit({"x": np.ones((64, 1024), np.float32)})  # 256 KiB: in an ndarray segment of its own
             b = w.claim(5)
             assert b is not None
             with b:

@@ -1,7 +1,7 @@
 """A claimed batch's zero-copy input views live only inside its ``with`` block and before its answer.
 
 The inputs of a claimed request are views of the client's request slot (or of the worker's copy of
-its ndarray slot): the client may write its next request there as soon as it has its answer, so a
+its ndarray segment): the client may write its next request there as soon as it has its answer, so a
 view kept past ``complete()`` reads someone else's data. The batch refuses access loudly from then
 on, and leaving the block answers whatever it did not (clients get an error, never a hang).
 """

@@ -1,7 +1,7 @@
 """The native core against the Python reference: every pairing of client and worker path runs the same
 random streams, and the answers, errors, slot states and counters must be identical.
 
-A stream mixes request sizes (inline and ndarray-slot payloads), batch shapes (several requests merged
+A stream mixes request sizes (inline and ndarray-segment payloads), batch shapes (several requests merged
 into one call, a batch cut by the sample limit), withdrawals before and after the claim, a client that
 leaves with requests in flight (its successor's lane gen fences them), and a worker that stops holding
 a claimed batch (the next worker answers what it had claimed). One process drives both sides step by
@@ -70,7 +70,7 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                 for _ in range(rnd.randint(1, 4)):
                     c = rnd.choice(clients)
                     rows = rnd.choice([1, 2, 3, 5, 8])
-                    width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray slot
+                    width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray segment
                     x = np.full((rows, width), float(step * 10 + len(tickets)), np.float32)
                     t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
                     if t[0] == "value":

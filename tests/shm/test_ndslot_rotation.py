@@ -1,8 +1,8 @@
-"""Ndarray slots per request: nothing is mapped per request, and rotating sizes take turns.
+"""Ndarray segments per request: nothing is mapped per request, and rotating sizes take turns.
 
-The counters (``NdarraySlot.created``/``attached``) are the observable: a mapping re-created per
+The counters (``NdarraySegment.created``/``attached``) are the observable: a mapping re-created per
 request would show in them whatever the timing. Rotation (``payload.ROTATE_BYTES``) is checked by the
-ndarray slots the requests name: a rotating size never lands in the slot the worker read last.
+ndarray segments the requests name: a rotating size never lands in the slot the worker read last.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from lowtail.shm import payload
-from lowtail.shm.payload import NdarraySlot, NdarraySlotPool, rotation_spares
+from lowtail.shm.payload import NdarraySegment, NdarraySegmentPool, rotation_spares
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
 
 CFG = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096, coalesce_us=0)
 
 
 def _round_trip(c: QueueClient, w: QueueWorker, x: np.ndarray) -> str | None:
-    """One request of ``x``: the worker checks every byte and answers; returns the ndarray slot the
+    """One request of ``x``: the worker checks every byte and answers; returns the ndarray segment the
     request named (None inline)."""
     t = c.submit({"x": x})
     b = w.claim(1.0)
@@ -29,7 +29,7 @@ def _round_trip(c: QueueClient, w: QueueWorker, x: np.ndarray) -> str | None:
     got = b.inputs["x"]
     np.testing.assert_array_equal(got, x)
     m, g = w._m, b._items[0].g
-    slot = payload.read_layout(m.mem, m.q, m.geo.req_off(g), m.geo.req_bytes)[0]
+    slot = payload.read_header(m.mem, m.q, m.geo.req_off(g), m.geo.req_bytes)[0]
     b.complete({"y": got[:, :1].copy()})
     np.testing.assert_array_equal(c.wait(t, 1.0)["y"], x[:, :1])
     return slot
@@ -46,10 +46,10 @@ def test_same_size_requests_create_and_attach_nothing_after_the_first_turn(kib: 
     ):
         for i in range(turn):
             _round_trip(c, w, np.full((8, rows), i, np.float32))
-        created, attached = NdarraySlot.created, NdarraySlot.attached
+        created, attached = NdarraySegment.created, NdarraySegment.attached
         for i in range(3 * turn + 2):
             _round_trip(c, w, np.full((8, rows), 100 + i, np.float32))  # new values: no stale page
-        assert (NdarraySlot.created - created, NdarraySlot.attached - attached) == (0, 0)
+        assert (NdarraySegment.created - created, NdarraySegment.attached - attached) == (0, 0)
 
 
 @pytest.mark.parametrize(("kib", "rotates"), [(64, False), (512, True), (1024, True), (4096, False)])
@@ -92,7 +92,7 @@ def test_requests_in_flight_keep_their_slots_while_a_size_rotates() -> None:
 
 
 def test_the_pool_cycles_a_rotating_size_least_recently_released_first(tmp_path: Path) -> None:
-    pool = NdarraySlotPool(str(tmp_path))
+    pool = NdarraySegmentPool(str(tmp_path))
     try:
         cap = 512 << 10
         spares = rotation_spares(cap)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("queue_impl")
 
 REQ = 16384
 # The largest uint8 payload that fits a request slot inline, from the format itself: one byte more
-# goes through an ndarray slot.
+# goes through an ndarray segment.
 INLINE_MAX = REQ - payload.align(8 + len(payload.encode_header(None, (("x", "|u1", (1, 1)),))))
 
 
@@ -59,9 +59,9 @@ def identity(ctx: BaseContext) -> Iterator[tuple[InferenceQueue, Any]]:
 
 
 def test_inline_max_is_the_edge_of_the_request_slot() -> None:
-    layout = payload.layout_of({"x": np.zeros((1, INLINE_MAX), np.uint8)})
+    layout = payload.validated_layout({"x": np.zeros((1, INLINE_MAX), np.uint8)})
     assert layout.inline_end == REQ
-    assert payload.layout_of({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
+    assert payload.validated_layout({"x": np.zeros((1, INLINE_MAX + 1), np.uint8)}).inline_end > REQ
 
 
 def test_hammer_eight_staggered_clients_every_answer_is_its_own(

@@ -210,7 +210,7 @@ def test_a_poison_request_does_not_kill_restarted_workers() -> None:
 
 
 def _valid_header() -> bytes:
-    layout = payload.layout_of({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
+    layout = payload.validated_layout({"obs": np.zeros((4, 3), np.float32), "mask": np.zeros((4,), np.bool_)})
     return bytes(layout.prefix_header.tobytes()[8:])
 
 
@@ -432,12 +432,12 @@ def test_a_tampered_descriptor_is_refused_naming_the_field(mutate: Any, expected
         QueueDescriptor.from_bytes(pickle.dumps(s.descriptor))
 
 
-# -- 5. memory returned: a lane's ndarray slots are unmapped when it changes hands ----------------
+# -- 5. memory returned: a lane's ndarray segments are unmapped when it changes hands ----------------
 
 
 def test_worker_unmaps_a_departed_clients_ndarray_slots() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096)
-    big = {"x": np.ones((64, 8192), np.float32)}  # 2 MiB: through an ndarray slot
+    big = {"x": np.ones((64, 8192), np.float32)}  # 2 MiB: through an ndarray segment
     with InferenceQueue.create(cfg) as s, QueueWorker.attach(s.descriptor) as w:
         for _ in range(5):  # five restarted clients of the same lane
             with QueueClient.attach(s.descriptor) as c:
@@ -450,10 +450,10 @@ def test_worker_unmaps_a_departed_clients_ndarray_slots() -> None:
 
 
 def test_attached_slots_are_bounded_by_bytes(tmp_path: Path) -> None:
-    pool = payload.NdarraySlotPool(str(tmp_path))
+    pool = payload.NdarraySegmentPool(str(tmp_path))
     slots = [pool.acquire(1 << 20) for _ in range(4)]
     try:
-        attached = payload.AttachedSlots(limit_bytes=(2 << 20) + 1)
+        attached = payload.AttachedNdarraySegments(limit_bytes=(2 << 20) + 1)
         for sl in slots:
             attached.get(sl.name, str(tmp_path))
         assert len(attached) == 2 and attached.mapped_bytes <= (2 << 20) + 1

@@ -1,4 +1,4 @@
-"""The queue's protocol in one process: states, answers, batching, payload errors, ndarray slots."""
+"""The queue's protocol in one process: states, answers, batching, payload errors, ndarray segments."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_payload_too_large_names_the_sizes() -> None:
 def test_a_refused_request_leaves_the_cached_layout_and_sends_nothing_to_an_ndarray_slot() -> None:
     """The client caches the last request layout and whether it fits inline; a request refused as too
     large must not leave that flag behind for the next request of the cached layout."""
-    from lowtail.shm.payload import NdarraySlot
+    from lowtail.shm.payload import NdarraySegment
 
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, max_ndslot_bytes=8192)
     small = {"x": np.ones((2, 8), np.float32)}
@@ -208,7 +208,7 @@ def test_a_refused_request_leaves_the_cached_layout_and_sends_nothing_to_an_ndar
         QueueWorker.attach(s.descriptor) as w,
     ):
         for arrays in (small, {"x": np.zeros((4, 1024), np.float32)}, small, small):
-            created = NdarraySlot.created
+            created = NdarraySegment.created
             try:
                 t = c.submit(arrays)
             except PayloadTooLarge:
@@ -218,7 +218,7 @@ def test_a_refused_request_leaves_the_cached_layout_and_sends_nothing_to_an_ndar
             assert b is not None
             b.complete({"y": b.inputs["x"]})
             np.testing.assert_array_equal(c.wait(t, timeout_s=1.0)["y"], small["x"])
-            assert NdarraySlot.created == created  # inline, as before the refused one
+            assert NdarraySegment.created == created  # inline, as before the refused one
 
 
 def test_large_payloads_go_through_pooled_ndarray_slots() -> None:
@@ -235,7 +235,7 @@ def test_large_payloads_go_through_pooled_ndarray_slots() -> None:
             b = w.claim(1.0)
             assert b is not None
             np.testing.assert_array_equal(b.inputs["x"], x)
-            assert not b.inputs["x"].flags.owndata  # a view of the ndarray slot, not a copy
+            assert not b.inputs["x"].flags.owndata  # a view of the ndarray segment, not a copy
             b.complete(echo(b.inputs["x"]))
             np.testing.assert_allclose(c.wait(t, 1.0)["twice"], x * 2 + 1)
             names.append(
@@ -343,3 +343,13 @@ def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active() -> None:
         assert batch is not None and sorted(batch.sizes) == [1, 8]
         batch.complete(echo(batch.inputs["x"]))
         assert a.wait(ta, 1.0)["twice"].shape == (1, 8) and b.wait(late[0], 1.0)["twice"].shape == (8, 8)
+
+
+def test_the_old_payload_names_are_deprecated_aliases_of_the_new() -> None:
+    from lowtail.shm import payload
+
+    for old, new in payload._DEPRECATED.items():
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(payload, old) is getattr(payload, new)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = payload.no_such_name  # type: ignore[attr-defined]

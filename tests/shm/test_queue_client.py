@@ -104,7 +104,7 @@ def test_the_queue_round_trip_is_shorter_than_a_sleep_would_be() -> None:
 
 def test_plan_matches_only_the_same_names_dtypes_and_shapes() -> None:
     x = np.zeros((4, 3), np.float32)
-    layout = payload.layout_of({"x": x, "m": np.zeros((4,), np.bool_)})
+    layout = payload.validated_layout({"x": x, "m": np.zeros((4,), np.bool_)})
     assert layout.matches({"x": np.ones((4, 3), np.float32), "m": np.ones((4,), np.bool_)})
     assert layout.matches({"m": np.ones((4,), np.bool_), "x": x})  # same arrays by name
     for other in (

@@ -103,7 +103,7 @@ def _answered(c: QueueClient, w: QueueWorker, tag: float) -> object:
     return p
 
 
-@pytest.mark.parametrize("rows", [2, 40_000])  # inline in the answer slot, and an ndarray slot (1.3 MB)
+@pytest.mark.parametrize("rows", [2, 40_000])  # inline in the answer slot, and an ndarray segment (1.3 MB)
 def test_zero_copy_outputs_hold_the_slot_and_refuse_release_while_referenced(
     server: InferenceQueue, rows: int
 ) -> None:

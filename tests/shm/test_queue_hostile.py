@@ -1,5 +1,5 @@
 """Hostile neighbours and hostile clients: names planted by another uid, a squatted or symlinked
-directory, a client that truncates, shrinks or punches its own ndarray slot, path tricks in slot
+directory, a client that truncates, shrinks or punches its own ndarray segment, path tricks in slot
 names. Each fails only what it touched; honest clients on the same queue keep their answers."""
 
 from __future__ import annotations
@@ -130,9 +130,9 @@ def test_entries_of_our_directory_that_are_not_segments_are_counted_and_flagged(
     assert "FOREIGN: symlink" in out and "2 other entries ignored" in out and "root" in out
 
 
-# -- a client's own ndarray slot cannot hurt the worker -------------------------------------------
+# -- a client's own ndarray segment cannot hurt the worker -------------------------------------------
 
-# request_bytes 256: every request (honest or not) goes through an ndarray slot
+# request_bytes 256: every request (honest or not) goes through an ndarray segment
 CFG = QueueConfig(lanes=4, slots_per_lane=4, request_bytes=256, response_bytes=4096, coalesce_us=0)
 _libc = ctypes.CDLL(None, use_errno=True)
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
@@ -142,16 +142,16 @@ def _punch(fd: int, size: int) -> None:
     _libc.fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, ctypes.c_long(0), ctypes.c_long(size))
 
 
-def _pwrite_only(slot: payload.NdarraySlot, arrays: Any, spec: payload.Spec) -> dict[str, Any]:
+def _pwrite_only(slot: payload.NdarraySegment, arrays: Any, spec: payload.Spec) -> dict[str, Any]:
     """The hostile client writes its slot with pwrite: its own mapping would SIGBUS it, not the worker."""
-    for a in payload.layout(spec, 0)[0]:
+    for a in payload.array_offsets(spec, 0)[0]:
         os.pwrite(slot.segment.fd, np.ascontiguousarray(arrays[a.name]).tobytes(), a.offset)
     return {"name": slot.name, "shm_dir": slot.shm_dir, "spec": spec}
 
 
 def hostile_client(desc: QueueDescriptor, seconds: float, out: Any) -> None:
     """Submit, then truncate / shrink / punch / restore its slot at random moments until the answer."""
-    payload.NdarraySlot.write = _pwrite_only  # type: ignore[method-assign]
+    payload.NdarraySegment.write = _pwrite_only  # type: ignore[method-assign]
     rng = random.Random(7)
     answered = refused = 0
     stop = threading.Event()
@@ -228,7 +228,7 @@ def _rename_slot(c: QueueClient, t: Any, name: str, spec: payload.Spec | None = 
     """Rewrite the header of ``c``'s published request ``t`` to name ``name`` (what a hostile client can)."""
     m = c._m
     off = m.geo.req_off(c._g0 + t.slot)
-    old = payload.read_layout(m.mem, m.q, off, m.geo.req_bytes)[1].spec
+    old = payload.read_header(m.mem, m.q, off, m.geo.req_bytes)[1].spec
     payload.write_header(m.buf, off, name, old if spec is None else spec)
 
 
@@ -294,7 +294,7 @@ def test_a_killed_clients_slot_files_are_swept_while_the_queue_lives(ctx: BaseCo
             deadline = time.monotonic() + 10
             while path.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert not path.exists(), "a killed client's ndarray slot outlived it while the queue lives"
+            assert not path.exists(), "a killed client's ndarray segment outlived it while the queue lives"
             assert w.is_alive()
         finally:
             w.terminate()

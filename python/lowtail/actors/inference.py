@@ -152,7 +152,7 @@ class InferenceSpec:
 
 # A sampler's normal request, 8 heroes x 512 float32 features (16,384 B) plus its 64-byte header, goes
 # inline in the slot; the queue's own default (16 KiB) would send every such request through an
-# ndarray slot. Room is left for a small second input.
+# ndarray segment. Room is left for a small second input.
 DEFAULT_REQUEST_BYTES = 20480
 
 

@@ -24,12 +24,17 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lowtail.options import add_json, add_no_progress, add_plot, json_to_stdout, positive, write_json
 from lowtail.render import table
+
+if TYPE_CHECKING:
+    from lowtail.demo.local import LeasePolicy
+    from lowtail.node.plan import Plan
 
 TARGET_GAP_MS = 50.0
 WINDOW_BEFORE_S = 0.5  # the gap window opens this long before a kill
@@ -124,112 +129,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(config: str, samplers: int, seconds: float, report: Report, say: Any) -> None:
-    import ray
-
-    from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
-    from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
-    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
     from lowtail.demo.local import lease_policy, local_ray
-    from lowtail.node import cpulist
     from lowtail.node.cpuset import usable_cpus
     from lowtail.node.lease import node_plan
-    from lowtail.serve.model import ModelSpec, write_model
 
     plan, usable = node_plan(), usable_cpus()
     policy = lease_policy(plan, len(REPLICAS) + samplers, usable, strict=False)
     leasable = policy.pool if policy.pool is not None else plan.isolated & usable
     with local_ray("lt-failover-", leasable, namespace="lowtail-bench") as work:
-        node = ray.get_runtime_context().get_node_id()
-        model = work / "model"
-        write_model(model, ModelSpec(features=512))
-        alloc = AllocatorConfig(
-            state_dir=str(work / "leases"),
-            plan=plan.to_dict(),
-            pool=None if policy.pool is None else cpulist.format(policy.pool),
-            share=policy.share,
-        )
-        specs = [
-            InferenceSpec(hero=h, index=i, model_dir=str(model), allocator=alloc, standby=config == "standby")
-            for h, i in REPLICAS
-        ]
-        say(f"{config}: starting {len(specs)} inference actors and {samplers} samplers; {policy.note}")
-        actors = start_inference_actors(specs, node)
-        handles: list[Any] = []
-        try:
-            eps = ray.get([a.endpoint.remote() for a in actors])
-            env = EnvSpec(features=512, rows=1, step_us=200)
-            for j in range(samplers):
-                spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
-                handles.append(start_sampler(spec, eps, node))
-            # Two sampler runs on the same clients: the worker kill at 30 % of the first (which ends
-            # RUN_AFTER_KILL_S after the planned kill); then, once a.0 serves again, the actor kill 1 s
-            # into the second. Without a standby a.0 is out for its whole restart (seconds on a loaded
-            # host): killing a.1 before it serves would measure a hero with no replica at all.
-            refs = [h.run.remote(seconds * 0.3 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
-            time.sleep(seconds * 0.3)
-            say(f"{config}: SIGKILL of a.0's worker")
-            ray.get(actors[0].kill_worker.remote())
-            worker_kill = ray.get(actors[0].kills.remote())[-1]
-            results = [ray.get(refs, timeout=seconds + 120)]
-            wait_serving(actors[0], int(worker_kill["pid"]), timeout_s=seconds + 60)
-            refs = [h.run.remote(1.0 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
-            time.sleep(1.0)
-            say(f"{config}: kill of the whole actor a.1")
-            actor_kill = kill_actor(actors[1])
-            results.append(ray.get(refs, timeout=seconds + 120))
-        finally:
-            for h in handles:
-                stop_actor(h)
-            for a in actors:
-                stop_actor(a)
-            stop_node_allocator(node, remove_state=True)
+        worker_kill, actor_kill, results = _serve_and_kill(config, samplers, seconds, work, plan, policy, say)
     kills = [
         Kill(config, "worker", float(worker_kill["at_s"]), int(worker_kill["claimed"])),
         Kill(config, "actor", actor_kill[0], actor_kill[1], frozen_ms=actor_kill[2]),
     ]
     for k, run_results in zip(kills, results, strict=True):
-        victim = 0 if k.kill == "worker" else 1  # the client's replica index of a.0 / a.1
-        firsts = []
-        for r in run_results:
-            lo, hi = window(k.at_s, r.started_s, r.ended_s)
-            covered = hi - k.at_s
-            for hero, h in r.heroes.items():
-                t = np.asarray(h.answer_s)
-                rep = np.asarray(h.replica)
-                inside = (t >= lo) & (t <= hi)
-                report.rows.append(
-                    Row(
-                        config,
-                        k.kill,
-                        r.name,
-                        f"hero {hero}",
-                        gap_ms(t, lo, hi),
-                        int(inside.sum()),
-                        0,
-                        covered,
-                    )
-                )
-                if hero == "a":
-                    for idx in (0, 1):
-                        ti = t[rep == idx]
-                        report.rows.append(
-                            Row(
-                                config,
-                                k.kill,
-                                r.name,
-                                f"replica a.{idx}",
-                                gap_ms(ti, lo, hi),
-                                int(((ti >= lo) & (ti <= hi)).sum()),
-                                0,
-                                covered,
-                            )
-                        )
-                    # answered by the killed replica again: published after the kill (its standby,
-                    # restarted worker or restarted actor), not an answer ready before and read late
-                    after = t[(rep == victim) & (np.asarray(h.sent_s) > k.at_s)]
-                    if after.size:
-                        firsts.append(float(after[0] - k.at_s))
-        k.first_answer_of_killed_ms = 1e3 * min(firsts) if firsts else float("nan")
+        k.first_answer_of_killed_ms = _rows_around(k, run_results, report.rows)
     # Each kill has its own sampler run: its failures are that run's.
     for k, run_results in zip(kills, results, strict=True):
         for r in run_results:
@@ -238,6 +152,107 @@ def measure(config: str, samplers: int, seconds: float, report: Report, say: Any
                 for name, n in h.errors.items():
                     k.errors[name] = k.errors.get(name, 0) + n
     report.kills.extend(kills)
+
+
+def _serve_and_kill(  # noqa: PLR0917 - the configuration and the node it runs on, passed down once
+    config: str, samplers: int, seconds: float, work: Path, plan: Plan, policy: LeasePolicy, say: Any
+) -> tuple[dict[str, Any], tuple[float, int, float], list[list[Any]]]:
+    """Start the replicas and samplers on this node, kill a.0's worker then the actor a.1 under them, and
+    stop everything again: the two kills and each kill's sampler run."""
+    import ray
+
+    from lowtail.actors.allocator import AllocatorConfig, stop_node_allocator
+    from lowtail.actors.inference import InferenceSpec, start_inference_actors, stop_actor
+    from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
+    from lowtail.node import cpulist
+    from lowtail.serve.model import ModelSpec, write_model
+
+    node = ray.get_runtime_context().get_node_id()
+    model = work / "model"
+    write_model(model, ModelSpec(features=512))
+    alloc = AllocatorConfig(
+        state_dir=str(work / "leases"),
+        plan=plan.to_dict(),
+        pool=None if policy.pool is None else cpulist.format(policy.pool),
+        share=policy.share,
+    )
+    specs = [
+        InferenceSpec(hero=h, index=i, model_dir=str(model), allocator=alloc, standby=config == "standby")
+        for h, i in REPLICAS
+    ]
+    say(f"{config}: starting {len(specs)} inference actors and {samplers} samplers; {policy.note}")
+    actors = start_inference_actors(specs, node)
+    handles: list[Any] = []
+    try:
+        eps = ray.get([a.endpoint.remote() for a in actors])
+        env = EnvSpec(features=512, rows=1, step_us=200)
+        for j in range(samplers):
+            spec = SamplerSpec(f"s{j}", env, allocator=alloc, timeout_s=30.0)
+            handles.append(start_sampler(spec, eps, node))
+        return _kill_twice(config, seconds, actors, handles, say)
+    finally:
+        for h in handles:
+            stop_actor(h)
+        for a in actors:
+            stop_actor(a)
+        stop_node_allocator(node, remove_state=True)
+
+
+def _kill_twice(
+    config: str, seconds: float, actors: list[Any], handles: list[Any], say: Any
+) -> tuple[dict[str, Any], tuple[float, int, float], list[list[Any]]]:
+    """Two sampler runs on the same clients: the worker kill at 30 % of the first (which ends
+    RUN_AFTER_KILL_S after the planned kill); then, once a.0 serves again, the actor kill 1 s into the
+    second. Without a standby a.0 is out for its whole restart (seconds on a loaded host): killing a.1
+    before it serves would measure a hero with no replica at all."""
+    import ray
+
+    refs = [h.run.remote(seconds * 0.3 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
+    time.sleep(seconds * 0.3)
+    say(f"{config}: SIGKILL of a.0's worker")
+    ray.get(actors[0].kill_worker.remote())
+    worker_kill = ray.get(actors[0].kills.remote())[-1]
+    results = [ray.get(refs, timeout=seconds + 120)]
+    wait_serving(actors[0], int(worker_kill["pid"]), timeout_s=seconds + 60)
+    refs = [h.run.remote(1.0 + RUN_AFTER_KILL_S, "async", 2) for h in handles]
+    time.sleep(1.0)
+    say(f"{config}: kill of the whole actor a.1")
+    actor_kill = kill_actor(actors[1])
+    results.append(ray.get(refs, timeout=seconds + 120))
+    return worker_kill, actor_kill, results
+
+
+def _rows_around(k: Kill, run_results: list[Any], rows: list[Row]) -> float:
+    """Append each sampler's rows (per hero, and per replica of hero a) in the window around kill ``k``;
+    returns the ms from the kill to the first answer of the killed replica (nan: none)."""
+    victim = 0 if k.kill == "worker" else 1  # the client's replica index of a.0 / a.1
+    firsts = []
+    for r in run_results:
+        lo, hi = window(k.at_s, r.started_s, r.ended_s)
+        covered = hi - k.at_s
+        for hero, h in r.heroes.items():
+            t = np.asarray(h.answer_s)
+            rep = np.asarray(h.replica)
+            inside = (t >= lo) & (t <= hi)
+            rows.append(
+                Row(
+                    k.config, k.kill, r.name, f"hero {hero}", gap_ms(t, lo, hi), int(inside.sum()), 0, covered
+                )
+            )
+            if hero != "a":
+                continue
+            for idx in (0, 1):
+                ti = t[rep == idx]
+                answers = int(((ti >= lo) & (ti <= hi)).sum())
+                rows.append(
+                    Row(k.config, k.kill, r.name, f"replica a.{idx}", gap_ms(ti, lo, hi), answers, 0, covered)
+                )
+            # answered by the killed replica again: published after the kill (its standby,
+            # restarted worker or restarted actor), not an answer ready before and read late
+            after = t[(rep == victim) & (np.asarray(h.sent_s) > k.at_s)]
+            if after.size:
+                firsts.append(float(after[0] - k.at_s))
+    return 1e3 * min(firsts) if firsts else float("nan")
 
 
 def wait_serving(actor: Any, killed_pid: int, timeout_s: float) -> float:

@@ -4,7 +4,7 @@
 - ``seed_flock_poll``: the baseline, the predecessor system's SharedInferenceQueue re-implemented as it
   worked: 256 slots with int32 states FREE/WRITING/READY/PROCESSING/DONE/ERROR, ``fcntl.flock`` around
   slot allocation and claiming, pickled request/response dicts in 16 KiB / 32 KiB slot regions, arrays
-  in preallocated, reused shared ndarray slots described by bundles, and ``time.sleep(0.0005)`` polling
+  in preallocated, reused shared ndarray segments described by bundles, and ``time.sleep(0.0005)`` polling
   on both sides; the worker sleep-polls until 8 samples are ready and takes at most 16 per batch. One
   simplification: the worker reads each request's sample count from an int32 array beside the lengths
   instead of unpickling the request during its pre-scan.
@@ -139,7 +139,7 @@ class Transport:
 
 
 def lowtail_config() -> QueueConfig:
-    # 64 KiB request slots: the 32 KiB request fits a slot (16 KiB would send it through an ndarray slot).
+    # 64 KiB request slots: the 32 KiB request fits a slot (16 KiB would send it through an ndarray segment).
     return QueueConfig(request_bytes=65536, response_bytes=32768)
 
 
@@ -360,7 +360,7 @@ def _flock_poll_worker(name: str, lock_path: str, cpu: int | None, prio: str, st
 
 
 class FlockPollClient:
-    """The predecessor's InferenceShmClientAsync, one endpoint: pooled input/output ndarray slots."""
+    """The predecessor's InferenceShmClientAsync, one endpoint: pooled input/output ndarray segments."""
 
     def __init__(self, name: str, lock_path: str, obs_shape: tuple[int, int]) -> None:
         self.q = FlockPollQueue(segments.attach_segment(name), lock_path)

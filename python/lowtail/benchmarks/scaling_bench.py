@@ -109,7 +109,7 @@ def _cpus(args: argparse.Namespace) -> tuple[int, frozenset[int]]:
 
 def _echo_server(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) -> None:
     """Answer every request until ``stop`` is set; report claim costs per batch and copy-in times (ns)."""
-    from lowtail.shm.payload import NdarraySlot
+    from lowtail.shm.payload import NdarraySegment
     from lowtail.shm.queue import QueueWorker
 
     pin_thread_to_cpu(cpu)
@@ -134,7 +134,7 @@ def _echo_server(*, desc: Any, cpu: int, copy_bytes: int, stop: Any, conn: Any) 
                     np.copyto(buf[: x.size], x.reshape(-1))  # read every byte, as the engine's copy-in does
                     copy_ns.append(mono() - t)
                 batch.complete({"y": x[:, :1].copy()})
-    conn.send({"claim_ns": claim_ns, "copy_ns": copy_ns, "attached": NdarraySlot.attached})
+    conn.send({"claim_ns": claim_ns, "copy_ns": copy_ns, "attached": NdarraySegment.attached})
     conn.close()
 
 
@@ -447,7 +447,7 @@ def ndslot_case(nbytes: int, cpu: int, duration: float) -> dict[str, Any]:
     requests (0: nothing is created per request); ``slots_attached_total``: the ndarray slots the
     worker attached in the whole run, warm-up included (the rotation's few, not one per request).
     """
-    from lowtail.shm.payload import NdarraySlot
+    from lowtail.shm.payload import NdarraySegment
     from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
 
     cfg = QueueConfig(lanes=1, slots_per_lane=2, request_bytes=4096, response_bytes=4096, min_batch_samples=1)
@@ -467,9 +467,9 @@ def ndslot_case(nbytes: int, cpu: int, duration: float) -> dict[str, Any]:
             with QueueClient.attach(queue.descriptor) as c:
                 for _ in range(WARMUP):
                     c.infer(x, timeout_s=60)
-                created = NdarraySlot.created
+                created = NdarraySegment.created
                 times = _repeat(lambda: request(c), duration)
-                created = NdarraySlot.created - created
+                created = NdarraySegment.created - created
         finally:
             report = worker.finish()
     out: dict[str, Any] = dict(_gbps(nbytes, times))

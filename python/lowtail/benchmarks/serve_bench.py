@@ -90,6 +90,14 @@ def register(bench_sub: Any) -> None:
     p = bench_sub.add_parser(
         "serve", help="bare OpenVINO loop vs queue + pinned worker (samplers x batch, predecessor traffic)"
     )
+    _add_run_options(p)
+    _add_design_options(p)
+    _add_engine_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How long each design runs and where the report goes."""
     # The CLI convention (lowtail.options): --json FILE or '-', --plot, --seconds (old names: aliases).
     add_json(p, "the full report (always, even on errors)")
     add_plot(p, "throughput and latency per design", old="--png", dest="png")
@@ -109,6 +117,10 @@ def register(bench_sub: Any) -> None:
     )
     add_no_progress(p)
     add_check(p)
+
+
+def _add_design_options(p: argparse.ArgumentParser) -> None:
+    """The designs served, how often, and how their samplers wait."""
     p.add_argument("--batch", type=int, default=16, help="samples per request and per bare engine call")
     p.add_argument("--samplers", default="1,2,4", help="sampler counts of the batch-per-request design")
     p.add_argument(
@@ -149,6 +161,10 @@ def register(bench_sub: Any) -> None:
         help="samplers spin this long for an answer before parking (default: the queue's, 200); a "
         "spinning sampler needs no futex wake-up from the worker",
     )
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The model, the engine's CPU and how the worker is scheduled."""
     p.add_argument("--model", metavar="DIR", help="OpenVINO IR to serve (default: build the policy model)")
     p.add_argument(
         "--model-ms",
@@ -167,7 +183,6 @@ def register(bench_sub: Any) -> None:
         "around each batch (the predecessor system's toggle), or through idle spins too; the bare loop, "
         "never idle, toggles per call only under 'call'",
     )
-    p.set_defaults(func=run)
 
 
 def parse_traffic(text: str) -> list[Traffic]:
@@ -201,7 +216,9 @@ def parse_coalesce(text: str | None) -> tuple[int, int] | None:
     return lo, us
 
 
-def run(args: argparse.Namespace) -> int:
+def _designs(args: argparse.Namespace) -> tuple[list[Traffic], tuple[int, int] | None, list[float]]:
+    """The designs to serve, the traffic designs' batching and the ladder's sizes (empty: no ladder),
+    each option checked."""
     if args.batch < 1:
         raise UsageError(f"--batch {args.batch}: expected >= 1")
     try:
@@ -223,15 +240,26 @@ def run(args: argparse.Namespace) -> int:
         designs = [Traffic(serve_ladder.LADDER_SAMPLERS, args.batch, coalesce=False)]
     if not designs:
         raise UsageError("--samplers and --traffic are both empty: nothing to serve")
-    duration = args.duration or (2.0 if args.quick else 10.0)
+    return designs, coalesce, sizes_ms
+
+
+def _engine_cpu(args: argparse.Namespace) -> tuple[int, set[int]]:
+    """The engine's CPU and the samplers' CPUs (the others this process may use, or all if none)."""
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed) if args.cpu is None else args.cpu
     if cpu not in allowed:
         raise UsageError(f"--cpu {cpu}: expected one of the CPUs this process may use, {sorted(allowed)}")
-    sampler_cpus = (allowed - {cpu}) or allowed
-    load_before = os.getloadavg()
-    results: list[DesignResult] = []
-    report: dict[str, Any] = {
+    return cpu, (allowed - {cpu}) or allowed
+
+
+def _new_report(
+    args: argparse.Namespace,
+    cpu: int,
+    sampler_cpus: set[int],
+    coalesce: tuple[int, int] | None,
+    duration: float,
+) -> dict[str, Any]:
+    return {
         **stamp("bench.serve"),
         "complete": False,  # true only once every design ran; an error or Ctrl-C leaves it false
         "interrupted": False,
@@ -254,82 +282,135 @@ def run(args: argparse.Namespace) -> int:
         "note": "served/traffic: queue + pinned worker owned by the benchmark process"
         + ("; ray actor: the same hosted by lowtail's Ray inference actor" if args.ray else ""),
     }
-    try:
-        with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
-            if args.model:
-                try:
-                    model = find_model_xml(args.model)
-                except FileNotFoundError as e:
-                    raise UsageError(str(e)) from None
-            else:
-                model = write_model(tmp, ModelSpec())
-            try:
-                name, features = feature_input(model)
-            except ModelSpecError as e:
-                raise UsageError(str(e)) from None
-            except RuntimeError as e:  # OpenVINO's own: a truncated or mismatched .bin, a broken .xml
-                why = next((ln for ln in reversed(str(e).splitlines()) if ln.strip()), str(e)).strip()
-                raise UsageError(f"--model {args.model}: OpenVINO cannot read {model}: {why}") from None
-            report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
-            for opt in ("client_spin_us", "compare_spin_us"):
-                v = getattr(args, opt)
-                if v is not None and not 0 <= v <= 1_000_000:
-                    raise UsageError(f"--{opt.replace('_', '-')} {v}: expected 0..1000000")
-            setup = Setup(
-                model,
-                cpu,
-                args.batch,
-                name,
-                features,
-                duration,
-                frozenset(sampler_cpus),
-                args.fifo_scope,
-                args.client_spin_us,
-                stages=args.breakdown,
-                coalesce=coalesce,
-            )
-            if sizes_ms:
-                _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
-            else:
-                rounds = args.rounds
-                variants = 1 if args.compare_spin_us is None else 2
-                total = rounds * (1 + variants * len(designs)) + (len(designs) if args.ray else 0)
-                bar = Progress(
-                    f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress
-                )
-                # Rounds interleave the designs, so a slow minute of a shared host hits one round of each
-                # rather than every round of one design.
-                for rnd in range(1, rounds + 1):
-                    tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
-                    bar.phase(len(results), tag + "bare loop")
-                    results.append(_attempt("bare", run_bare, setup))
-                    first = len(results) - 1
-                    for t in designs:
-                        bar.phase(len(results), tag + t.label)
-                        results.append(_attempt(t.label, run_served, setup, t))
-                        if args.compare_spin_us is not None:
-                            spun = dataclasses.replace(setup, client_spin_us=args.compare_spin_us)
-                            bar.phase(len(results), f"{tag}{t.label}, spinning {args.compare_spin_us} us")
-                            results.append(_attempt(t.label, run_served, spun, t))
-                            results[-1].size = f"spin {args.compare_spin_us} us"
-                    for r in results[first:]:
-                        r.round = rnd
-                if args.ray:
-                    import ray
 
-                    bar.phase(len(results), "starting a local Ray")
-                    own = not ray.is_initialized()
-                    if own:
-                        _start_ray(Path(tmp))
-                    try:
-                        for t in designs:
-                            bar.phase(len(results), f"Ray actor, {t.label}")
-                            label = f"ray actor x{t.samplers}"
-                            results.append(_attempt(label, run_ray_served, setup, t, Path(tmp)))
-                    finally:
-                        if own:
-                            ray.shutdown()
-                bar.finish()
+
+def _model(args: argparse.Namespace, tmp: str) -> tuple[Path, str, int]:
+    """The model to serve (``--model``, or the policy model built in ``tmp``) with its input's name and
+    width; a model OpenVINO cannot read is a usage error naming it."""
+    if args.model:
+        try:
+            model = find_model_xml(args.model)
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+    else:
+        model = write_model(tmp, ModelSpec())
+    try:
+        name, features = feature_input(model)
+    except ModelSpecError as e:
+        raise UsageError(str(e)) from None
+    except RuntimeError as e:  # OpenVINO's own: a truncated or mismatched .bin, a broken .xml
+        why = next((ln for ln in reversed(str(e).splitlines()) if ln.strip()), str(e)).strip()
+        raise UsageError(f"--model {args.model}: OpenVINO cannot read {model}: {why}") from None
+    return model, name, features
+
+
+def _run_rounds(
+    args: argparse.Namespace, setup: Setup, designs: list[Traffic], results: list[DesignResult], bar: Progress
+) -> None:
+    """Bare, then every design (and its spinning twin), ``--rounds`` times. Rounds interleave the designs,
+    so a slow minute of a shared host hits one round of each rather than every round of one design."""
+    rounds = args.rounds
+    for rnd in range(1, rounds + 1):
+        tag = f"round {rnd}/{rounds}: " if rounds > 1 else ""
+        bar.phase(len(results), tag + "bare loop")
+        results.append(_attempt("bare", run_bare, setup))
+        first = len(results) - 1
+        for t in designs:
+            bar.phase(len(results), tag + t.label)
+            results.append(_attempt(t.label, run_served, setup, t))
+            if args.compare_spin_us is not None:
+                spun = dataclasses.replace(setup, client_spin_us=args.compare_spin_us)
+                bar.phase(len(results), f"{tag}{t.label}, spinning {args.compare_spin_us} us")
+                results.append(_attempt(t.label, run_served, spun, t))
+                results[-1].size = f"spin {args.compare_spin_us} us"
+        for r in results[first:]:
+            r.round = rnd
+
+
+def _run_ray_designs(
+    setup: Setup, designs: list[Traffic], results: list[DesignResult], bar: Progress, tmp: Path
+) -> None:
+    """Every design once more through the Ray inference actor, on a local Ray unless one is up."""
+    import ray
+
+    bar.phase(len(results), "starting a local Ray")
+    own = not ray.is_initialized()
+    if own:
+        _start_ray(tmp)
+    try:
+        for t in designs:
+            bar.phase(len(results), f"Ray actor, {t.label}")
+            label = f"ray actor x{t.samplers}"
+            results.append(_attempt(label, run_ray_served, setup, t, tmp))
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def _measure(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    results: list[DesignResult],
+    *,
+    designs: list[Traffic],
+    sizes_ms: list[float],
+    cpu: int,
+    sampler_cpus: frozenset[int],
+    duration: float,
+    coalesce: tuple[int, int] | None,
+) -> None:
+    """Load the model, then run the ladder or the designs, appending each result as it comes."""
+    with tempfile.TemporaryDirectory(prefix="lowtail-bench-") as tmp:
+        model, name, features = _model(args, tmp)
+        report["model"] = str(model) if args.model else "built: " + json.dumps(ModelSpec().to_dict())
+        for opt in ("client_spin_us", "compare_spin_us"):
+            v = getattr(args, opt)
+            if v is not None and not 0 <= v <= 1_000_000:
+                raise UsageError(f"--{opt.replace('_', '-')} {v}: expected 0..1000000")
+        setup = Setup(
+            model,
+            cpu,
+            args.batch,
+            name,
+            features,
+            duration,
+            sampler_cpus,
+            args.fifo_scope,
+            args.client_spin_us,
+            stages=args.breakdown,
+            coalesce=coalesce,
+        )
+        if sizes_ms:
+            _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
+            return
+        variants = 1 if args.compare_spin_us is None else 2
+        total = args.rounds * (1 + variants * len(designs)) + (len(designs) if args.ray else 0)
+        bar = Progress(f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress)
+        _run_rounds(args, setup, designs, results, bar)
+        if args.ray:
+            _run_ray_designs(setup, designs, results, bar, Path(tmp))
+        bar.finish()
+
+
+def run(args: argparse.Namespace) -> int:
+    designs, coalesce, sizes_ms = _designs(args)
+    duration = args.duration or (2.0 if args.quick else 10.0)
+    cpu, sampler_cpus = _engine_cpu(args)
+    load_before = os.getloadavg()
+    results: list[DesignResult] = []
+    report = _new_report(args, cpu, sampler_cpus, coalesce, duration)
+    try:
+        _measure(
+            args,
+            report,
+            results,
+            designs=designs,
+            sizes_ms=sizes_ms,
+            cpu=cpu,
+            sampler_cpus=frozenset(sampler_cpus),
+            duration=duration,
+            coalesce=coalesce,
+        )
         report["complete"] = True
     except KeyboardInterrupt:
         report["interrupted"] = True  # the designs that finished are kept; main() exits 130
@@ -344,6 +425,59 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(args, report["targets_met"])
 
 
+def _against_bare(results: list[DesignResult]) -> None:
+    """Each round's designs against the bare loop measured just before them."""
+    bare: DesignResult | None = None
+    for r in results:
+        if r.design == "bare":
+            bare = r
+        elif bare is not None:
+            r.ratio_to_bare = r.samples_per_s / bare.samples_per_s
+            if r.design.startswith("traffic"):
+                r.limits = traffic_limits(r, bare)
+
+
+def _verdicts(args: argparse.Namespace, report: dict[str, Any], results: list[DesignResult]) -> list[str]:
+    """The targets met (into the report) and the verdict lines, the ladder's first."""
+    report["targets_met"] = targets(results, args.batch) if results else []
+    lines = verdicts(results, args.batch) if results else ["no design finished"]
+    if "ladder" in report:
+        rows = serve_ladder.ladder_rows(results, report["ladder"]["sizes"])
+        report["ladder"]["rows"] = rows
+        ladder_t = serve_ladder.ladder_targets(rows)
+        report["targets_met"] += ladder_t
+        lines = [*(f"{t['target']}: {_word(t)} ({t['figure']})" for t in ladder_t), *lines]
+    if report["interrupted"]:
+        lines.insert(0, "INTERRUPTED: a partial run; the designs below finished before Ctrl-C")
+    return lines
+
+
+def _print_tables(
+    args: argparse.Namespace, report: dict[str, Any], results: list[DesignResult], lines: list[str], host: str
+) -> None:
+    text = render_table(results)
+    if args.rounds > 1:
+        text += "\n\n" + render_rounds(results)
+    if args.breakdown:
+        text += "\n\n" + render_breakdown(results)
+    if "ladder" in report:
+        title, headers, body = serve_ladder.ladder_table(report["ladder"]["rows"])
+        text += "\n\n" + table.render(headers, body, title=title)
+    print(text)
+    width = table.terminal_width()
+    print("\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in [*lines, host]))
+
+
+def _write_plots(args: argparse.Namespace, report: dict[str, Any], results: list[DesignResult]) -> None:
+    ladder = report.get("ladder")
+    png = serve_ladder.ladder_plot(ladder["rows"]) if ladder else plot(results)
+    if args.png:
+        write_text(args.png, png)
+    if args.html:
+        extra = [serve_ladder.ladder_table(ladder["rows"])] if ladder else []
+        write_html(args.html, report, results, png, extra)
+
+
 def _finish(
     args: argparse.Namespace,
     report: dict[str, Any],
@@ -352,14 +486,7 @@ def _finish(
 ) -> None:
     """Print and write whatever was measured: also when a design failed or the run was interrupted (the
     table first, then the files, so a file that cannot be written never hides the result)."""
-    bare: DesignResult | None = None
-    for r in results:  # each round's designs against the bare loop measured just before them
-        if r.design == "bare":
-            bare = r
-        elif bare is not None:
-            r.ratio_to_bare = r.samples_per_s / bare.samples_per_s
-            if r.design.startswith("traffic"):
-                r.limits = traffic_limits(r, bare)
+    _against_bare(results)
     load_after = os.getloadavg()
     report["host"] = {
         "name": platform.node(),
@@ -373,43 +500,17 @@ def _finish(
     keys += ("client_spin_us", "compare_spin_us", "coalesce", "duration_s")
     report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
-    report["targets_met"] = targets(results, args.batch) if results else []
-    lines = verdicts(results, args.batch) if results else ["no design finished"]
-    if "ladder" in report:
-        rows = serve_ladder.ladder_rows(results, report["ladder"]["sizes"])
-        report["ladder"]["rows"] = rows
-        ladder_t = serve_ladder.ladder_targets(rows)
-        report["targets_met"] += ladder_t
-        lines = [*(f"{t['target']}: {_word(t)} ({t['figure']})" for t in ladder_t), *lines]
-    if report["interrupted"]:
-        lines.insert(0, "INTERRUPTED: a partial run; the designs below finished before Ctrl-C")
+    lines = _verdicts(args, report, results)
     report["verdicts"] = lines
     host = f"SCHED_FIFO scope {args.fifo_scope}; host: {os.cpu_count()} CPUs, 1-min load average "
     host += (
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; queue hot path: {native.implementation()}"
     )
-    text = ""
     if results and not json_to_stdout(args):
-        text = render_table(results)
-        if args.rounds > 1:
-            text += "\n\n" + render_rounds(results)
-        if args.breakdown:
-            text += "\n\n" + render_breakdown(results)
-        if "ladder" in report:
-            title, headers, body = serve_ladder.ladder_table(report["ladder"]["rows"])
-            text += "\n\n" + table.render(headers, body, title=title)
-        print(text)
-        width = table.terminal_width()
-        print("\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in [*lines, host]))
+        _print_tables(args, report, results, lines, host)
     write_json(args.json, json_safe(report))
     if results and results[0].design == "bare" and (args.png or args.html):
-        ladder = report.get("ladder")
-        png = serve_ladder.ladder_plot(ladder["rows"]) if ladder else plot(results)
-        if args.png:
-            write_text(args.png, png)
-        if args.html:
-            extra = [serve_ladder.ladder_table(ladder["rows"])] if ladder else []
-            write_html(args.html, report, results, png, extra)
+        _write_plots(args, report, results)
 
 
 def _word(t: dict[str, Any]) -> str:

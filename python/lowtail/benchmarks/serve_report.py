@@ -14,7 +14,7 @@ from lowtail.render import table
 from lowtail.serve import call_stats as metrics
 
 TARGET_RATIO = 0.95  # served x2 and x4 at batch 16
-TRAFFIC_TARGET_RATIO = 0.85  # predecessor traffic, 16 samplers x 1 observation
+TRAFFIC_TARGET_RATIO = 0.85  # traffic 16x1: 16 samplers x 1 observation
 OVERHEAD_TARGET_US = 20.0
 SAMPLER_CPU_TARGET_US = 20.0  # per batch-1 request (traffic 16x1), samplers on a CPU they share
 

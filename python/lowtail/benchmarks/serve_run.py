@@ -69,7 +69,7 @@ class Traffic:
 
     samplers: int
     per_request: int
-    coalesce: bool  # the predecessor's traffic: the worker batches 8-16 samples from many requests
+    coalesce: bool  # the traffic designs: the worker batches 8-16 samples from many requests
 
     @property
     def label(self) -> str:
@@ -200,7 +200,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             start = t = perf()
             end = start + int(duration * 1e9)
             while t < end:
-                pending = client.start(x)  # the predecessor's two-phase client
+                pending = client.start(x)  # the two-phase client: start, then finish
                 pending.finish(timeout_s=10.0)
                 t1 = perf()
                 lat.append(t1 - t)

@@ -424,6 +424,107 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if report["ok"] else 1
 
 
+def _describe_nodes(nodes: Sequence[Node], say: Say, report: dict[str, Any]) -> None:
+    """Each node's facts in the report, and a note when the nodes share one machine's CPUs."""
+    report["nodes"] = [
+        {
+            "host": n.host,
+            "node_id": n.node_id,
+            "ip": n.ip,
+            "head": n.head,
+            "isolated": n.plan["isolated"],
+            "housekeeping": n.plan["housekeeping"],
+            "cpuset": n.cpuset,
+            "lease_note": n.lease_note,
+            "inference_cpu": n.endpoint.cpu,
+        }
+        for n in nodes
+    ]
+    shared = {c for n in nodes for c in cpulist.parse(n.cpuset)}
+    if all(set(cpulist.parse(n.cpuset)) == shared for n in nodes):
+        say(
+            f"NOTE: every node's cpuset is {cpulist.format(shared)}: the nodes are containers on one "
+            "machine and share its CPUs, so a lease on one node and a lease on another can be the same "
+            "physical CPU; per-node figures here are not independent hosts' figures."
+        )
+        report["cpus_shared_between_nodes"] = cpulist.format(shared)
+    for n in nodes:
+        say(f"{n.host}: {n.lease_note}")
+
+
+def _check_leases(nodes: Sequence[Node], report: dict[str, Any]) -> None:
+    """Every node's allocator holds its own owners' leases only."""
+    audit = lease_audit(nodes)
+    report["leases"] = audit
+    print(
+        table.render(
+            ["node", "owner", "kind", "cpu"],
+            [[r["node"], r["owner"], r["kind"], r["cpu"]] for r in audit],
+            title="leases, per node",
+        )
+    )
+    report["checks"]["leases_per_node"] = all(audit_ok(n, audit) for n in nodes)
+
+
+def _serve_phase(nodes: Sequence[Node], opts: Options, say: Say, report: dict[str, Any]) -> None:
+    """Phase 1: serve on every node."""
+    say(f"serve: {opts.samplers} sampler(s) per node, {opts.seconds:.0f} s")
+    serve = run_phase(nodes, opts.seconds, None, say, wait_s=30)
+    _show("serve: every node's samplers with their own node's inference actor", serve, report, "serve")
+    report["checks"]["answers_from_every_node"] = all(r.samples > 0 and not r.lost for r in serve)
+    # The pinned worker on an isolated CPU of its node's plan wherever the plan isolates any.
+    report["checks"]["inference_on_isolated_cpu"] = all(
+        n.endpoint.cpu in cpulist.parse(n.plan["isolated"]) for n in nodes if n.plan["isolated"]
+    )
+
+
+def _cross_node_phase(nodes: Sequence[Node], say: Say, report: dict[str, Any]) -> None:
+    """Phase 2: a sampler's client on node A given node B's endpoint."""
+    refusals = {}
+    for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
+        if a.node_id != b.node_id:
+            refusals[a.host] = _on(a.node_id, _attach_elsewhere, b.endpoint, timeout_s=60)
+            say(f"cross-node: {a.host} -> {b.host}'s endpoint: {refusals[a.host]}")
+    report["phases"]["cross_node"] = refusals
+    report["checks"]["cross_node_refused"] = all(v.startswith("CrossNodeAttach") for v in refusals.values())
+
+
+def _worker_kill_phase(
+    nodes: Sequence[Node], victim: Node, opts: Options, say: Say, report: dict[str, Any]
+) -> None:
+    """Phase 3: SIGKILL the victim's pinned worker mid-run; it resumes, the other nodes do not notice."""
+    import ray
+
+    killed: dict[str, Any] = {}
+
+    def kill_once(elapsed: float) -> None:
+        if not killed and elapsed >= opts.seconds / 3:
+            killed["pid"] = ray.get(victim.actor.kill_worker.remote(), timeout=30)
+            killed["at_s"] = elapsed
+            say(
+                f"worker-kill: SIGKILL {victim.host}'s inference worker (pid {killed['pid']}) "
+                f"at {elapsed:.1f} s"
+            )
+
+    wk = run_phase(nodes, opts.seconds, kill_once, say, wait_s=30)
+    _show(
+        f"worker-kill: {victim.host}'s pinned worker SIGKILLed at {killed.get('at_s', 0):.1f} s",
+        wk,
+        report,
+        "worker_kill",
+    )
+    # Resumption is measured once the actor reports a live worker again (bounded wait).
+    restarted = wait_restarted(victim, timeout_s=60.0)
+    report["phases"]["worker_kill"]["restart_seen_after_s"] = restarted
+    say(f"worker-kill: {victim.host}'s actor reports a live worker again after {restarted:.1f} s")
+    after = run_phase(nodes, opts.seconds, None, say, wait_s=30)
+    _show("after the worker kill: every node again", after, report, "after_worker_kill")
+    report["phases"]["worker_kill"]["killed"] = killed
+    report["checks"]["worker_kill_node_resumes"] = all(r.samples > 0 for r in after)
+    others = [r for r in wk if r.host != victim.host]
+    report["checks"]["worker_kill_other_nodes_unaffected"] = all(not r.errors and not r.lost for r in others)
+
+
 def run(opts: Options, say: Say) -> dict[str, Any]:
     import ray
 
@@ -435,96 +536,13 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
         t = time.monotonic()
         nodes = set_up(opts, say)
         report["setup_s"] = time.monotonic() - t
-        report["nodes"] = [
-            {
-                "host": n.host,
-                "node_id": n.node_id,
-                "ip": n.ip,
-                "head": n.head,
-                "isolated": n.plan["isolated"],
-                "housekeeping": n.plan["housekeeping"],
-                "cpuset": n.cpuset,
-                "lease_note": n.lease_note,
-                "inference_cpu": n.endpoint.cpu,
-            }
-            for n in nodes
-        ]
-        shared = {c for n in nodes for c in cpulist.parse(n.cpuset)}
-        if all(set(cpulist.parse(n.cpuset)) == shared for n in nodes):
-            say(
-                f"NOTE: every node's cpuset is {cpulist.format(shared)}: the nodes are containers on one "
-                "machine and share its CPUs, so a lease on one node and a lease on another can be the same "
-                "physical CPU; per-node figures here are not independent hosts' figures."
-            )
-            report["cpus_shared_between_nodes"] = cpulist.format(shared)
-        for n in nodes:
-            say(f"{n.host}: {n.lease_note}")
-        audit = lease_audit(nodes)
-        report["leases"] = audit
-        print(
-            table.render(
-                ["node", "owner", "kind", "cpu"],
-                [[r["node"], r["owner"], r["kind"], r["cpu"]] for r in audit],
-                title="leases, per node",
-            )
-        )
-        report["checks"]["leases_per_node"] = all(audit_ok(n, audit) for n in nodes)
-
-        # Phase 1: serve on every node.
-        say(f"serve: {opts.samplers} sampler(s) per node, {opts.seconds:.0f} s")
-        serve = run_phase(nodes, opts.seconds, None, say, wait_s=30)
-        _show("serve: every node's samplers with their own node's inference actor", serve, report, "serve")
-        report["checks"]["answers_from_every_node"] = all(r.samples > 0 and not r.lost for r in serve)
-        # The pinned worker on an isolated CPU of its node's plan wherever the plan isolates any.
-        report["checks"]["inference_on_isolated_cpu"] = all(
-            n.endpoint.cpu in cpulist.parse(n.plan["isolated"]) for n in nodes if n.plan["isolated"]
-        )
-
-        # Phase 2: a sampler's client on node A given node B's endpoint.
-        refusals = {}
-        for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
-            if a.node_id != b.node_id:
-                refusals[a.host] = _on(a.node_id, _attach_elsewhere, b.endpoint, timeout_s=60)
-                say(f"cross-node: {a.host} -> {b.host}'s endpoint: {refusals[a.host]}")
-        report["phases"]["cross_node"] = refusals
-        report["checks"]["cross_node_refused"] = all(
-            v.startswith("CrossNodeAttach") for v in refusals.values()
-        )
-
+        _describe_nodes(nodes, say, report)
+        _check_leases(nodes, report)
+        _serve_phase(nodes, opts, say, report)
+        _cross_node_phase(nodes, say, report)
         if opts.faults:
-            # Phase 3: SIGKILL the pinned worker of the last node (the worker node) mid-run.
-            victim = nodes[-1]
-            killed: dict[str, Any] = {}
-
-            def kill_once(elapsed: float) -> None:
-                if not killed and elapsed >= opts.seconds / 3:
-                    killed["pid"] = ray.get(victim.actor.kill_worker.remote(), timeout=30)
-                    killed["at_s"] = elapsed
-                    say(
-                        f"worker-kill: SIGKILL {victim.host}'s inference worker (pid {killed['pid']}) "
-                        f"at {elapsed:.1f} s"
-                    )
-
-            wk = run_phase(nodes, opts.seconds, kill_once, say, wait_s=30)
-            _show(
-                f"worker-kill: {victim.host}'s pinned worker SIGKILLed at {killed.get('at_s', 0):.1f} s",
-                wk,
-                report,
-                "worker_kill",
-            )
-            # Resumption is measured once the actor reports a live worker again (bounded wait).
-            restarted = wait_restarted(victim, timeout_s=60.0)
-            report["phases"]["worker_kill"]["restart_seen_after_s"] = restarted
-            say(f"worker-kill: {victim.host}'s actor reports a live worker again after {restarted:.1f} s")
-            after = run_phase(nodes, opts.seconds, None, say, wait_s=30)
-            _show("after the worker kill: every node again", after, report, "after_worker_kill")
-            report["phases"]["worker_kill"]["killed"] = killed
-            report["checks"]["worker_kill_node_resumes"] = all(r.samples > 0 for r in after)
-            others = [r for r in wk if r.host != victim.host]
-            report["checks"]["worker_kill_other_nodes_unaffected"] = all(
-                not r.errors and not r.lost for r in others
-            )
-
+            victim = nodes[-1]  # the last node: the worker node
+            _worker_kill_phase(nodes, victim, opts, say, report)
             # Phase 4: the caller kills the worker node when the kill file appears.
             if opts.kill_file and len(nodes) > 1:
                 timeline = node_loss(nodes, victim, opts, say, report)

@@ -440,27 +440,26 @@ def render_listening(listening: list[dict[str, Any]], metrics_port: int | None) 
     return f"Ports: {metrics}; {ray_part}"
 
 
-def render(result: DemoResult) -> str:
-    """The summary tables ``lowtail demo ray`` prints."""
-    parts: list[str] = []
-    parts.append(result.lease_note)
-    rpc = result.rpc_ms
-    parts.append(
-        table.render(
-            ["samples", "seconds", "samples/s", "requests", "errors"],
+def _throughput_table(result: DemoResult) -> str:
+    return table.render(
+        ["samples", "seconds", "samples/s", "requests", "errors"],
+        [
             [
-                [
-                    result.samples,
-                    f"{result.seconds:.1f}",
-                    f"{result.samples_per_s:,.0f}",
-                    result.requests,
-                    ", ".join(f"{k}={v}" for k, v in result.errors.items()) or "0",
-                ]
-            ],
-            title=f"Throughput ({result.options['samplers']} samplers, "
-            f"{result.options['actors']} inference actors)",
-        )
+                result.samples,
+                f"{result.seconds:.1f}",
+                f"{result.samples_per_s:,.0f}",
+                result.requests,
+                ", ".join(f"{k}={v}" for k, v in result.errors.items()) or "0",
+            ]
+        ],
+        title=f"Throughput ({result.options['samplers']} samplers, "
+        f"{result.options['actors']} inference actors)",
     )
+
+
+def _tails_table(result: DemoResult) -> str:
+    """The samplers' round trip and every series the workers report, as tails."""
+    rpc = result.rpc_ms
     rows = [["round trip (sampler)", rpc.n, *_ms(rpc.p50, rpc.p99, rpc.p999, rpc.max)]]
     for series, label in (
         ("queue_wait_ms", "queue wait per request (sampler)"),
@@ -474,40 +473,49 @@ def render(result: DemoResult) -> str:
         s = result.worker.get(series)
         if s is not None:
             rows.append([label, s.n, *_ms(s.p50, s.p99, s.p999, s.max)])
-    parts.append(
-        table.render(
-            ["series", "n", "p50 ms", "p99 ms", "p99.9 ms", "max ms"],
-            rows,
-            title="Latency and deschedule tails",
-        )
+    return table.render(
+        ["series", "n", "p50 ms", "p99 ms", "p99.9 ms", "max ms"], rows, title="Latency and deschedule tails"
     )
-    parts.append(
-        table.render(
-            ["kind", "leases", "owner -> cpu (placement)"],
+
+
+def _leases_table(result: DemoResult) -> str:
+    return table.render(
+        ["kind", "leases", "owner -> cpu (placement)"],
+        [
+            [k, len(v), ", ".join(f"{x['owner']}->{x['cpu']} ({x['placement']})" for x in v) or "-"]
+            for k, v in result.leases_by_kind.items()
+        ],
+        title="Leases by kind",
+    )
+
+
+def _actors_table(result: DemoResult) -> str:
+    return table.render(
+        ["actor", "cpu", "worker restarts", "standby pid", "isolation"],
+        [
             [
-                [k, len(v), ", ".join(f"{x['owner']}->{x['cpu']} ({x['placement']})" for x in v) or "-"]
-                for k, v in result.leases_by_kind.items()
-            ],
-            title="Leases by kind",
-        )
+                a["owner"],
+                a["cpu"],
+                a["restarts"],
+                a.get("standby_pid") or "-",
+                a.get("isolation", {}).get("detail", "-"),
+            ]
+            for a in result.actors
+        ],
+        title="Inference actors",
     )
-    parts.append(
-        table.render(
-            ["actor", "cpu", "worker restarts", "standby pid", "isolation"],
-            [
-                [
-                    a["owner"],
-                    a["cpu"],
-                    a["restarts"],
-                    a.get("standby_pid") or "-",
-                    a.get("isolation", {}).get("detail", "-"),
-                ]
-                for a in result.actors
-            ],
-            title="Inference actors",
-        )
-    )
-    parts.append(render_listening(result.listening, result.metrics_port))
+
+
+def render(result: DemoResult) -> str:
+    """The summary tables ``lowtail demo ray`` prints."""
+    parts = [
+        result.lease_note,
+        _throughput_table(result),
+        _tails_table(result),
+        _leases_table(result),
+        _actors_table(result),
+        render_listening(result.listening, result.metrics_port),
+    ]
     if result.plot:
         parts.append(f"Tail plot: {result.plot}")
     if result.tb_run:

@@ -1,13 +1,12 @@
 """CPU leases: one node's isolated CPUs handed out to exactly one owner each.
 
-This is the predecessor's ``NodeCpuAffinityAllocator`` without Ray (``lowtail.actors.allocator`` wraps it
-in a per-node actor), with what the predecessor system lacked: the pool is the plan's isolated CPUs rather
-than whatever the allocator's own affinity mask happened to be; an owner can ask to be near a CPU or a
+Without Ray (``lowtail.actors.allocator`` wraps it in a per-node actor): the pool is the plan's isolated
+CPUs, not whatever the allocator's own affinity mask happens to be; an owner can ask to be near a CPU or a
 NUMA node (same L3 group first, then same node); dead owners are reclaimed (a process that is gone, a Ray
 actor that is dead); and the table lives in a JSON file on the node so a restarted allocator rebuilds it.
 
-Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>`` (the predecessor's three
-kinds, which the audit line groups by).
+Owners are named ``infer:<hero>:<actor>``, ``sample:<name>`` or ``other:<name>``: three kinds, which the
+audit line groups by.
 
 Concurrency: every operation holds a thread lock and, when the table has a state file, an ``flock`` on
 a lock file next to it, and re-reads the file first. So any number of threads and processes sharing a
@@ -208,6 +207,20 @@ LivenessCheck = Callable[[Lease], bool]
 _PLACEMENT_ORDER = {"same-l3": 0, "same-node": 1, "other-node": 2, "any": 0}
 
 
+def _state_dir(path: Path) -> Path:
+    """The lease table's directory, created if missing; a symlink or a file there is refused."""
+    try:
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as e:
+        raise LeaseStateError(f"lease state directory {path}: cannot create it ({e})") from None
+    if path.is_symlink() or not path.is_dir():
+        raise LeaseStateError(
+            f"lease state directory {path} is a symlink or not a directory: expected a "
+            f"directory of its own (a symlink there could redirect the table anywhere)"
+        )
+    return path
+
+
 class LeaseAllocator:
     """Leases the isolated CPUs of one node's plan.
 
@@ -231,30 +244,7 @@ class LeaseAllocator:
     ) -> None:
         self._places = _places(plan)
         self._isolated = plan.isolated
-        chosen = frozenset(plan.isolated if pool is None else pool)
-        unknown = chosen - self._places.keys()
-        if unknown:
-            raise BadPlacement(
-                f"pool CPUs {cpulist.format(unknown)} are not in the plan; "
-                f"the plan covers {cpulist.format(self._places)}"
-            )
-        self.excluded = frozenset() if allowed is None else chosen - frozenset(allowed)
-        self.pool = chosen - self.excluded
-        if not self.pool:
-            what = "demo pool" if pool is not None else "plan's isolated CPUs"
-            raise PoolMismatch(
-                f"empty lease pool: the {what} {cpulist.format(chosen) or '-'} and the CPUs allowed here "
-                f"{cpulist.format(frozenset(allowed or ())) or '-'} ({allowed_source}) share no CPU; "
-                "expected the cgroup's cpuset to include isolated CPUs of this node's plan (is the plan "
-                "the host's? in a pod, mount /etc/lowtail/plan.json or set LOWTAIL_PLAN)"
-            )
-        if self.excluded:
-            log.warning(
-                "lease pool %s: isolated CPUs %s are outside the CPUs allowed here (%s)",
-                cpulist.format(self.pool),
-                cpulist.format(self.excluded),
-                allowed_source,
-            )
+        self.pool, self.excluded = self._lease_pool(plan, pool, allowed, allowed_source)
         if share < 1:
             raise ValueError(f"share {share}: expected at least 1 owner per CPU")
         self.share = share
@@ -265,22 +255,41 @@ class LeaseAllocator:
         self._last_audit = clock()
         self._lock = threading.RLock()
         self._leases: dict[str, Lease] = {}
-        self.state_dir = None if state_dir is None else Path(state_dir)
-        if self.state_dir is not None:
-            try:
-                self.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-            except OSError as e:
-                raise LeaseStateError(
-                    f"lease state directory {self.state_dir}: cannot create it ({e})"
-                ) from None
-            if self.state_dir.is_symlink() or not self.state_dir.is_dir():
-                raise LeaseStateError(
-                    f"lease state directory {self.state_dir} is a symlink or not a directory: expected a "
-                    f"directory of its own (a symlink there could redirect the table anywhere)"
-                )
+        self.state_dir = None if state_dir is None else _state_dir(Path(state_dir))
         self.dropped_on_start: list[tuple[Lease, str]] = []
         with self._transaction():
             self.dropped_on_start = self._rebuild()
+
+    def _lease_pool(
+        self, plan: Plan, pool: Iterable[int] | None, allowed: Iterable[int] | None, allowed_source: str
+    ) -> tuple[frozenset[int], frozenset[int]]:
+        """The CPUs to lease (the plan's isolated ones, or ``pool``) that are allowed here, and the chosen
+        ones that are not."""
+        chosen = frozenset(plan.isolated if pool is None else pool)
+        unknown = chosen - self._places.keys()
+        if unknown:
+            raise BadPlacement(
+                f"pool CPUs {cpulist.format(unknown)} are not in the plan; "
+                f"the plan covers {cpulist.format(self._places)}"
+            )
+        excluded = frozenset() if allowed is None else chosen - frozenset(allowed)
+        leasable = chosen - excluded
+        if not leasable:
+            what = "demo pool" if pool is not None else "plan's isolated CPUs"
+            raise PoolMismatch(
+                f"empty lease pool: the {what} {cpulist.format(chosen) or '-'} and the CPUs allowed here "
+                f"{cpulist.format(frozenset(allowed or ())) or '-'} ({allowed_source}) share no CPU; "
+                "expected the cgroup's cpuset to include isolated CPUs of this node's plan (is the plan "
+                "the host's? in a pod, mount /etc/lowtail/plan.json or set LOWTAIL_PLAN)"
+            )
+        if excluded:
+            log.warning(
+                "lease pool %s: isolated CPUs %s are outside the CPUs allowed here (%s)",
+                cpulist.format(leasable),
+                cpulist.format(excluded),
+                allowed_source,
+            )
+        return leasable, excluded
 
     # --- persistence -----------------------------------------------------------------------------------
 
@@ -459,15 +468,7 @@ class LeaseAllocator:
         is ``OwnerConflict`` for any other process, whether it gave a pid or not.
         """
         owner_kind(owner)
-        if near_cpu is not None and near_node is not None:
-            raise BadPlacement(f"near_cpu={near_cpu} and near_node={near_node}: give at most one")
-        if near_cpu is not None and near_cpu not in self._places:
-            raise BadPlacement(
-                f"near_cpu={near_cpu}: not a CPU of this node ({cpulist.format(self._places)})"
-            )
-        nodes = {p.node for p in self._places.values()}
-        if near_node is not None and near_node not in nodes:
-            raise BadPlacement(f"near_node={near_node}: this node's NUMA nodes are {sorted(nodes)}")
+        self._check_near(near_cpu, near_node)
         if pid is None:
             pid = os.getpid()
         if type(pid) is not int or not 0 < pid < 1 << 22:
@@ -488,27 +489,51 @@ class LeaseAllocator:
                 held = replace(held, pid=pid, pid_start=start, actor_id=actor_id)
                 self._leases[owner] = held
                 return held
-            choice = self._choose(near_cpu, near_node)
-            if choice is None and self._reclaim_locked():
-                choice = self._choose(near_cpu, near_node)
-            if choice is None:
-                raise LeaseExhausted(f"no free CPU for {owner!r}: {self._exhaustion_detail()}")
-            cpu, placement = choice
-            place = self._places[cpu]
-            lease = Lease(
-                owner=owner,
-                cpu=cpu,
-                node=place.node,
-                l3=place.l3,
-                pid=pid,
-                pid_start=start,
-                actor_id=actor_id,
-                acquired_at=time.time(),
-                placement=placement,
+            return self._lease_new_locked(owner, near_cpu, near_node, pid=pid, start=start, actor_id=actor_id)
+
+    def _check_near(self, near_cpu: int | None, near_node: int | None) -> None:
+        if near_cpu is not None and near_node is not None:
+            raise BadPlacement(f"near_cpu={near_cpu} and near_node={near_node}: give at most one")
+        if near_cpu is not None and near_cpu not in self._places:
+            raise BadPlacement(
+                f"near_cpu={near_cpu}: not a CPU of this node ({cpulist.format(self._places)})"
             )
-            self._leases[owner] = lease
-            log.info("lease %s -> CPU %d (node %d, l3 %d, %s)", owner, cpu, place.node, place.l3, placement)
-            return lease
+        nodes = {p.node for p in self._places.values()}
+        if near_node is not None and near_node not in nodes:
+            raise BadPlacement(f"near_node={near_node}: this node's NUMA nodes are {sorted(nodes)}")
+
+    def _lease_new_locked(
+        self,
+        owner: str,
+        near_cpu: int | None,
+        near_node: int | None,
+        *,
+        pid: int,
+        start: int,
+        actor_id: str | None,
+    ) -> Lease:
+        """A free CPU for a new owner, reclaiming dead owners' CPUs if none is free."""
+        choice = self._choose(near_cpu, near_node)
+        if choice is None and self._reclaim_locked():
+            choice = self._choose(near_cpu, near_node)
+        if choice is None:
+            raise LeaseExhausted(f"no free CPU for {owner!r}: {self._exhaustion_detail()}")
+        cpu, placement = choice
+        place = self._places[cpu]
+        lease = Lease(
+            owner=owner,
+            cpu=cpu,
+            node=place.node,
+            l3=place.l3,
+            pid=pid,
+            pid_start=start,
+            actor_id=actor_id,
+            acquired_at=time.time(),
+            placement=placement,
+        )
+        self._leases[owner] = lease
+        log.info("lease %s -> CPU %d (node %d, l3 %d, %s)", owner, cpu, place.node, place.l3, placement)
+        return lease
 
     def _choose(self, near_cpu: int | None, near_node: int | None) -> tuple[int, str] | None:
         load: dict[int, int] = {}

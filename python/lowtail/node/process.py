@@ -5,8 +5,10 @@ Standard library only (shipped to hosts by Ansible).
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def process_start_time(pid: int, proc_root: str | Path = "/proc") -> int | None:
@@ -30,6 +32,18 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def end_child(proc: subprocess.Popen[Any], timeout_s: float = 5.0) -> None:
+    """SIGTERM (so the child can clean up after itself), SIGKILL if it is still there after ``timeout_s``;
+    reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def end_resource_tracker() -> None:

@@ -75,7 +75,13 @@ from lowtail.shm.layout import (
     WRITING,
     client_lock_byte,
 )
-from lowtail.shm.payload import Arrays, AttachedSlots, NdarraySlot, NdarraySlotPool, PayloadLayout
+from lowtail.shm.payload import (
+    Arrays,
+    AttachedNdarraySegments,
+    NdarraySegment,
+    NdarraySegmentPool,
+    PayloadLayout,
+)
 
 _STATUS_ERRORS: dict[int, type[QueueError]] = {
     ST_FAILED: RequestFailed,
@@ -85,48 +91,28 @@ _STATUS_ERRORS: dict[int, type[QueueError]] = {
     ST_CLIENT_GONE: RequestFailed,
     ST_WITHDRAWN: RequestWithdrawn,
 }
-# A wait spins without system calls, then parks on the futex; it never calls sched_yield: on a CPU shared
-# with a busy task that hands the CPU over until the next scheduler tick (4 ms at HZ=250; a 1 MiB
-# request took 3-4 ms p50 instead of 77 us with 8 busy loops on the samplers' CPUs). It spins the
-# whole budget only when its answer is due within it (just after a predictive sleep, or answers that
-# usually come within the budget), else PURE_SPIN_NS and parks: a woken nice -20 sampler preempts.
-PURE_SPIN_NS = 20_000
+# Waiting (docs/benchmarks.md has the figures behind each constant). A wait spins without system calls,
+# then parks on the futex; it never calls sched_yield, which on a shared CPU gives the CPU away for a tick.
+PURE_SPIN_NS = 20_000  # the spin of a wait whose answer is not predicted within the spin budget
 PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 wake-ups/s, ~0.05% CPU)
 PARK_SLICE_NS = int(PARK_SLICE_S * 1e9)
-# Predictive waiting. A client learns how long its answers take from submit to the worker's answer
-# stamp (a low quantile: the prediction drops at once to a shorter answer and rises by
-# 1/2**PREDICT_UP_SHIFT of the gap after a longer one) and, when the answer is predicted far enough
-# off, sleeps on the futex until MARGIN_NS (plus the futex timeout's learned lateness) before it,
-# then spins until the answer or its spin budget. The answer then usually lands while the
-# client spins, so the worker finds no parked flag and makes no wake system call (10-20 us of the
-# worker's core per answer in ``bench serve --breakdown``), and a client spends about the margin
-# plus the prediction's error spinning instead of the whole budget (16 samplers may share one CPU).
-# A prediction that is too late costs what parking cost before (the worker wakes the client: the
-# Dekker handshake is unchanged); one too early costs at most the spin budget, as before.
-# Round trips shorter than the margin (``bench queue``: ~15 us) never sleep: the spin is the fast path.
-# Waits that vary more than the spin budget (16 samplers sharing a CPU, the worker coalescing) make
-# the prediction a poor guide: a sleep there is followed by the whole spin and a park, two sleeps and
-# a spin where the plain wait had one of each (``bench serve --traffic 16x1``: 120 against 81 us of
-# sampler CPU per request). So a client sleeps predictively only while at most MAX_LATE of its last 8
-# answers came later than prediction + spin budget (judged on every answer, slept or not).
-LATE_WINDOW = 0xFF
-MAX_LATE = 2
-PREDICT_UP_SHIFT = 2
-MARGIN_NS = 50_000
+# Predictive waiting: a client learns how long its answers take and sleeps until just before the next,
+# so the answer lands while it spins and the worker makes no wake-up call.
+LATE_WINDOW = 0xFF  # the last 8 answers, one bit each: was it later than prediction + spin budget
+MAX_LATE = 2  # more late answers than this in the window: waits vary too much to predict, do not sleep
+PREDICT_UP_SHIFT = 2  # the prediction rises by 1/4 of the gap after a longer answer (drops at once)
+MARGIN_NS = 50_000  # wake this long before the predicted answer; shorter round trips never sleep
 MIN_TIMED_PARK_NS = 50_000  # a shorter sleep saves less spinning than its two context switches cost
-OVERSLEEP_SHIFT = 3
-MAX_OVERSLEEP_NS = 1_000_000
+OVERSLEEP_SHIFT = 3  # the futex timeout's learned lateness rises at once and decays by 1/8 per sleep
+MAX_OVERSLEEP_NS = (
+    1_000_000  # one oversleep counts at most this much: a preempted sleep cannot cancel the next
+)
 
 
-# Whether a client spins at all. A spinning sampler on a CPU it shares burns that CPU against whoever
-# shares it: 16 samplers on one CPU spinning up to 200 us each spent 78-102 us of CPU per batch-1
-# request in ``bench serve --traffic 16x1`` and starved the engine of requests. So the default spin
-# budget is the queue's ``client_spin_us`` only for a client that has a CPU of its own, and 0 (park on
-# the futex at once, woken by the worker) for every other. "Its own": the waiting thread's affinity
-# mask is one CPU, that CPU is isolated by the kernel (``/sys/devices/system/cpu/isolated``: what a
-# lowtail lease hands a sampler; no other task is placed there), and no other live client of this
-# queue may run there. Decided once, at attach: a client attaching later onto the same CPU sees the
-# first and parks, the first keeps its budget (pass ``spin_us`` to override the decision).
+# Whether a client spins at all: only a client with an isolated CPU of its own spins (the queue's
+# ``client_spin_us``); every other parks at once, since a spinning sampler burns the CPU it shares.
+# "Its own": the waiting thread's affinity is one CPU, isolated by the kernel, and no other live client
+# of this queue runs there. Decided once at attach (``spin_us`` overrides).
 ISOLATED_CPUS_PATH = "/sys/devices/system/cpu/isolated"
 
 
@@ -480,9 +466,9 @@ class QueueClient:
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
         self._recover_slots()
-        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
-        self._nd_req: dict[int, NdarraySlot] = {}
-        self._attached = AttachedSlots()
+        self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_req: dict[int, NdarraySegment] = {}
+        self._attached = AttachedNdarraySegments()
         # The layout of the last request sent, and whether it fits a slot inline.
         self._layout: PayloadLayout | None = None
         self._layout_inline = False
@@ -600,7 +586,7 @@ class QueueClient:
         self._resp_views = [None] * self._spl
         self._m.q[self._m.geo.lane(self.lane, L_PID)] = 0
         live = self._drop_held()
-        self._attached.close()  # an ndarray slot under a live view stays mapped by that view's export
+        self._attached.close()  # an ndarray segment under a live view stays mapped by that view's export
         self._pool.close()
         if not live:
             self._release_lane()
@@ -714,7 +700,7 @@ class QueueClient:
             self._inflight[ticket.slot] = None
 
     def _write_external(self, s: int, g: int, layout: PayloadLayout, arrays: Mapping[str, Any]) -> int:
-        """A payload too large for the slot: arrays into a pooled ndarray slot, its name in the header."""
+        """A payload too large for the slot: arrays into a pooled ndarray segment, its name in the header."""
         self._req_views[s] = None  # the header written below replaces any cached inline one
         need = layout.ext_bytes
         nd = self._nd_req.pop(s, None)
@@ -737,7 +723,7 @@ class QueueClient:
         if layout.ext_bytes > limit:
             raise PayloadTooLarge(
                 f"request of {layout.ext_bytes} bytes ({spec_text(layout.spec)}) exceeds the "
-                f"{geo.req_bytes}-byte slot and the ndarray-slot limit of {limit} bytes"
+                f"{geo.req_bytes}-byte slot and the ndarray-segment limit of {limit} bytes"
             )
         if payload.inline_nbytes(layout.spec, "x" * 64) > geo.req_bytes:
             raise PayloadTooLarge(
@@ -753,7 +739,7 @@ class QueueClient:
         entered = time.monotonic_ns()
         layout = self._layout
         if layout is None or not layout.matches(arrays):  # a new layout: validated, then checked cheaply
-            layout = payload.layout_of(arrays)
+            layout = payload.validated_layout(arrays)
             inline = layout.inline_end <= self._req_bytes
             if not inline:
                 self._check_size(layout)  # a refused request leaves the cached layout as it was
@@ -958,15 +944,17 @@ class QueueClient:
                 self._free.append(s)
 
     def _hold(self, ticket: Ticket, s: int, si: int, off: int) -> HeldOutputs:
-        """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray slot), held."""
+        """Zero-copy outputs of the answer in slot ``s`` (inline or in an ndarray segment), held."""
         m = self._m
         geo = m.geo
-        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.resp_bytes)
         hit = self._held_layouts.get(raw)
         if hit is None:
-            # Offsets from the start of the memoryview below: the response region, or the ndarray slot.
+            # Offsets from the start of the memoryview below: the response region, or the ndarray segment.
             lay, end = (
-                (layout.inline_layout, layout.inline_end) if ext is None else payload.layout(layout.spec, 0)
+                (layout.inline_layout, layout.inline_end)
+                if ext is None
+                else payload.array_offsets(layout.spec, 0)
             )
             hit = (tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay), end)
             if len(self._held_layouts) >= 64:
@@ -977,7 +965,7 @@ class QueueClient:
             nd = self._answer_slot(ext)
             if end > nd.capacity:
                 raise RequestFailed(
-                    f"corrupt answer: {end}-byte layout in ndarray slot {ext} ({nd.capacity} B)"
+                    f"corrupt answer: {end}-byte layout in ndarray segment {ext} ({nd.capacity} B)"
                 )
             mv = memoryview(nd.segment.mm)[:end]
         else:
@@ -994,8 +982,8 @@ class QueueClient:
         self._held[s] = (weakref.ref(held), mv, weakref.ref(base))
         return held
 
-    def _answer_slot(self, name: str) -> NdarraySlot:
-        """The worker's ndarray slot holding an answer (mapped once, kept): ``AnswerLost`` when gone."""
+    def _answer_slot(self, name: str) -> NdarraySegment:
+        """The worker's ndarray segment holding an answer (mapped once, kept): ``AnswerLost`` when gone."""
         try:
             return self._attached.get(name, self._cfg.shm_dir, self._cfg.mode)
         except SegmentNotFound as e:
@@ -1003,18 +991,18 @@ class QueueClient:
             # sweep a dead one's) before this client mapped it. Never a lost attachment to retry.
             raise AnswerLost(
                 f"request in lane {self.lane} of queue {self.descriptor.name} ran and was answered, but "
-                f"its answer's ndarray slot is gone with its worker ({e}); it is not sent again"
+                f"its answer's ndarray segment is gone with its worker ({e}); it is not sent again"
             ) from None
 
     def _take_other(self, status: int, s: int, si: int, off: int) -> Arrays:
-        """An error, an answer in an ndarray slot, or an inline answer of a layout new to this slot."""
+        """An error, an answer in an ndarray segment, or an inline answer of a layout new to this slot."""
         m = self._m
         geo = m.geo
         if status != ST_OK:
             raise _STATUS_ERRORS.get(status, RequestFailed)(
                 _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
             )
-        ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.resp_bytes)
+        ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.resp_bytes)
         if ext is not None:
             self._resp_views[s] = None
             views = self._answer_slot(ext).arrays(layout.spec)

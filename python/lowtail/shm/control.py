@@ -114,7 +114,7 @@ class QueueConfig:
         )
         check("coalesce_us", 0 <= self.coalesce_us <= 100_000, "0..100000 (a bounded window)")
         check("mode", 0 <= self.mode <= 0o777, "permission bits such as 0o600")
-        check("max_ndslot_bytes", self.max_ndslot_bytes >= 0, ">= 0 (0 disables ndarray slots)")
+        check("max_ndslot_bytes", self.max_ndslot_bytes >= 0, ">= 0 (0 disables ndarray segments)")
         check("client_spin_us", 0 <= self.client_spin_us <= 1_000_000, "0..1000000")
         check("worker_idle_us", 0 <= self.worker_idle_us <= 10_000_000, "0..10000000")
 
@@ -314,7 +314,7 @@ class InferenceQueue:
     def close(self) -> None:
         if not self._m.seg.closed:
             self._m.close()
-            # ndarray slots of a killed worker or client outlive their pool: the queue's end is theirs
+            # ndarray segments of a killed worker or client outlive their pool: the queue's end is theirs
             sweep_dead(self.descriptor.config.shm_dir)
 
     @property

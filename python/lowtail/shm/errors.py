@@ -10,7 +10,7 @@ class QueueError(LowtailError):
 
 
 class PayloadTooLarge(QueueError):
-    """A request or response does not fit its slot and no ndarray slot may carry it."""
+    """A request or response does not fit its slot and no ndarray segment may carry it."""
 
 
 class BadRequest(QueueError):
@@ -43,7 +43,7 @@ class ShmTooSmall(QueueError):
 
 class AnswerLost(QueueError):
     """The request ran and was answered, but its answer went with its worker before it was read (the
-    worker's ndarray slot holding it was unlinked): never send it again. Not a ``SegmentNotFound``,
+    worker's ndarray segment holding it was unlinked): never send it again. Not a ``SegmentNotFound``,
     which callers treat as a lost attachment and retry elsewhere."""
 
 

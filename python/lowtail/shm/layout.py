@@ -36,7 +36,7 @@ Per slot, the client's words sit on the first cache line, the worker's on the se
 ``infer()`` wall time, the samples of the whole call, and the call's deschedule up to the answer
 (wall minus the serving thread's CPU time from the claim to the answer).
   -- request regions at align4096(...), request_bytes each, then response regions -------------
-  payloads in the ``lowtail.shm.payload`` format; a payload that does not fit goes to an ndarray slot.
+  payloads in the ``lowtail.shm.payload`` format; a payload that does not fit goes to an ndarray segment.
 
 Publication: the writer fills the payload and the other words, then stores one sequence word last
 (the doorbell for a request, resp_seq for an answer). This relies on x86-64 TSO: aligned 8-byte

@@ -117,7 +117,7 @@ def _load() -> tuple[ModuleType | None, Implementation]:
     if not is_supported_platform():
         return None, Implementation("python", "the native core is built for x86-64 Linux only")
     try:
-        import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+        import lowtail_native  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError as e:
         return None, Implementation("python", f"the native core is not installed ({e})")
     got = getattr(lowtail_native, "LAYOUT_DIGEST", "")

@@ -1,28 +1,29 @@
-"""Named numpy arrays in shared memory: the payload format of queue slots, and ndarray slots.
+"""Named numpy arrays in shared memory: the payload format of queue slots, and ndarray segments.
 
 A *payload* is a dict of named arrays sharing a leading batch dimension, written into a byte region as
 
     offset 0   u32  header length H
-    offset 4   u32  flags (bit 0: the arrays live in an ndarray slot named in the header)
+    offset 4   u32  flags (bit 0: the arrays live in an ndarray segment named in the header)
     offset 8   H    header, fixed binary (version 1, little-endian, no padding):
-                      u8 version, u8 array count N (1..64), u8 slot-name length E, u8 zero
-                      E bytes: ndarray slot name (ASCII ``lowtail.nd.*``), present iff flags bit 0
+                      u8 version, u8 array count N (1..64), u8 segment-name length E, u8 zero
+                      E bytes: ndarray segment name (ASCII ``lowtail.nd.*``), present iff flags bit 0
                       N times: u8 dtype code, u8 rank R (1..8), u8 name length K (1..255), u8 zero,
                                R x i64 dims (each 0..2^40, the first >= 1 and equal across arrays),
                                K bytes: the array's name (UTF-8)
     align64(8+H)    the arrays, each C-contiguous and 64-byte aligned, in header order: their offsets
-                    are computed from the dims (``layout``), never read from the segment
+                    are computed from the dims (``array_offsets``), never read from the segment
 
 Shared memory holds data, never code: the header is parsed by ``decode_header``, which accepts only
 dtypes of the allow-list ``DTYPES`` and refuses any byte it does not expect (``BadRequest`` naming it);
 the caller then checks the computed end against the region's size. Both sides cache a decoded header
 by its bytes, so a steady stream of same-shaped requests parses nothing.
 
-An *ndarray slot* (the predecessor's SharedNdarraySlot) is a segment of its own holding the arrays of a
-payload too large for a queue slot; its *bundle* (segment name, directory, layout) is plain data
-(str and tuples) passed by the caller, never read back from shared memory; both sides map the same
-pages, so neither side copies more than the writer's one copy in. Slots are pooled by the process
-that created them and reused across requests.
+A *queue slot* is a request's 128-byte control record in the queue segment (``lowtail.shm.layout``)
+with its request/response regions. An *ndarray segment* (the predecessor's SharedNdarraySlot) is a
+shared-memory segment of its own holding the arrays of a payload too large for a queue slot's region;
+its *bundle* (segment name, directory, layout) is plain data (str and tuples) passed by the caller,
+never read back from shared memory; both sides map the same pages, so neither side copies more than
+the writer's one copy in. Ndarray segments are pooled by the process that created them and reused.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ class PayloadLayout:
         h = header(None, spec)
         self.prefix_bytes = _PREFIX.pack(len(h), 0) + h  # written on every request (memoryview: ~0.3 us)
         self.prefix_header: np.ndarray[Any, Any] = np.frombuffer(self.prefix_bytes, np.uint8)
-        self.inline_layout, self.inline_end = layout(spec, 8 + len(h))
-        self.ext_bytes = layout(spec, 0)[1]
+        self.inline_layout, self.inline_end = array_offsets(spec, 8 + len(h))
+        self.ext_bytes = array_offsets(spec, 0)[1]
         self.merge_key = tuple((n, d, shape[1:]) for n, d, shape in spec)  # requests that can be merged
         # What ``matches`` compares: numpy interns the dtypes of the allow-list, so an array of this
         # layout has these very dtype objects (another equal dtype only takes the slow path).
@@ -116,8 +117,8 @@ class PayloadLayout:
         and shapes, nothing else.
 
         The per-request check of a sender whose requests keep one shape: about half the cost of
-        ``layout_of`` (~0.2 against ~0.4 us for one array), which builds and hashes a key. False
-        sends the caller to ``layout_of``, which validates from scratch.
+        ``validated_layout`` (~0.2 against ~0.4 us for one array), which builds and hashes a key. False
+        sends the caller to ``validated_layout``, which validates from scratch.
         """
         try:
             if len(arrays) != len(self.checks):
@@ -127,7 +128,7 @@ class PayloadLayout:
                 if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
                     return False
         except (TypeError, KeyError, AttributeError):
-            return False  # not a mapping of arrays: layout_of says what is wrong
+            return False  # not a mapping of arrays: validated_layout says what is wrong
         return True
 
     def with_batch(self, n: int) -> PayloadLayout:
@@ -136,7 +137,7 @@ class PayloadLayout:
             return self
         hit = self._rows.get(n)
         if hit is None:
-            hit = layout_for(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
+            hit = intern_layout(tuple((name, d, (n, *shape[1:])) for name, d, shape in self.spec))
             self._rows[n] = hit
         return hit
 
@@ -145,7 +146,7 @@ _layouts: dict[Spec, PayloadLayout] = {}
 _fast_layouts: dict[tuple[tuple[Any, ...], ...], PayloadLayout] = {}
 
 
-def layout_for(spec: Spec) -> PayloadLayout:
+def intern_layout(spec: Spec) -> PayloadLayout:
     hit = _layouts.get(spec)
     if hit is None:
         hit = PayloadLayout(spec)
@@ -153,7 +154,7 @@ def layout_for(spec: Spec) -> PayloadLayout:
     return hit
 
 
-def layout_of(arrays: Mapping[str, Any]) -> PayloadLayout:
+def validated_layout(arrays: Mapping[str, Any]) -> PayloadLayout:
     """The (validated) layout of a payload; a shape seen before costs one dict lookup."""
     try:
         key = tuple([(k, a.dtype, a.shape) for k, a in arrays.items()])
@@ -162,7 +163,7 @@ def layout_of(arrays: Mapping[str, Any]) -> PayloadLayout:
         hit, key = None, ()
     if hit is None:
         spec, _ = describe(arrays)
-        hit = layout_for(spec)
+        hit = intern_layout(spec)
         if key:
             _bounded_put(_fast_layouts, key, hit)
     return hit
@@ -222,7 +223,7 @@ def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
 
 
-def layout(spec: Spec, base: int) -> tuple[tuple[ArrayLayout, ...], int]:
+def array_offsets(spec: Spec, base: int) -> tuple[tuple[ArrayLayout, ...], int]:
     """Offsets of each array from ``base`` (64-aligned) and the end offset."""
     key = (spec, base)
     hit = _layout_cache.get(key)
@@ -279,16 +280,16 @@ def decode_header(raw: bytes, external: bool) -> tuple[str | None, Spec]:
     if not 1 <= count <= MAX_ARRAYS:
         raise bad(f"{count} arrays, expected 1..{MAX_ARRAYS}")
     if (ext_len > 0) != external:
-        raise bad(f"slot-name length {ext_len} disagrees with the external flag ({external})")
+        raise bad(f"segment-name length {ext_len} disagrees with the external flag ({external})")
     pos = _HEAD.size + ext_len
     if pos > n:
-        raise bad(f"slot name of {ext_len} bytes runs past the {n}-byte header")
+        raise bad(f"segment name of {ext_len} bytes runs past the {n}-byte header")
     ext_name: str | None = None
     if ext_len:
         ext_name = raw[_HEAD.size : pos].decode("ascii", "replace")
         parts = parse_name(ext_name)
         if parts is None or parts.kind != "nd":
-            raise bad(f"ndarray slot name {ext_name!r} is not a lowtail.nd.* segment name")
+            raise bad(f"ndarray segment name {ext_name!r} is not a lowtail.nd.* segment name")
     spec: list[tuple[str, str, tuple[int, ...]]] = []
     names: set[str] = set()
     for i in range(count):
@@ -326,15 +327,15 @@ def decode_header(raw: bytes, external: bool) -> tuple[str | None, Spec]:
 
 
 def inline_nbytes(spec: Spec, ext_name: str | None = None) -> int:
-    """Bytes a payload takes in a slot region (the arrays included unless they go to an ndarray slot)."""
+    """Bytes a payload takes in a slot region (the arrays included unless they go to an ndarray segment)."""
     base = 8 + len(header(ext_name, spec))
     if ext_name is not None:
         return base
-    return layout(spec, base)[1]
+    return array_offsets(spec, base)[1]
 
 
 def external_nbytes(spec: Spec) -> int:
-    return layout(spec, 0)[1]
+    return array_offsets(spec, 0)[1]
 
 
 _prefixed: dict[tuple[str | None, Spec], bytes] = {}
@@ -359,12 +360,12 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 _header_layouts: dict[bytes, tuple[str | None, PayloadLayout]] = {}
 
 
-def read_layout(
+def read_header(
     mem: memoryview, words: memoryview, off: int, limit: int
 ) -> tuple[str | None, PayloadLayout, bytes]:
     """Parse the payload at byte ``off`` (8-aligned) of ``mem`` (bytes) / ``words`` (the same as u64).
 
-    Returns (ndarray slot name or None, layout, raw prefix and header bytes).
+    Returns (ndarray segment name or None, layout, raw prefix and header bytes).
     """
     word = words[off >> 3]  # the u32 length and the u32 flags of the prefix, in one load
     hlen, flags = word & 0xFFFFFFFF, word >> 32
@@ -377,7 +378,7 @@ def read_layout(
     hit = _header_layouts.get(raw)
     if hit is None:
         ext, spec = decode_header(raw[8:], flags == FLAG_EXTERNAL)
-        hit = (ext, layout_for(spec))
+        hit = (ext, intern_layout(spec))
         _bounded_put(_header_layouts, raw, hit)
     return hit[0], hit[1], raw
 
@@ -396,7 +397,7 @@ def copy_in(dst: dict[str, np.ndarray[Any, Any]], src: Mapping[str, np.ndarray[A
         np.copyto(view, src[name], casting="no")
 
 
-class NdarraySlot:
+class NdarraySegment:
     """A segment holding one payload's arrays: the predecessor's SharedNdarraySlot, with a pooled lifetime."""
 
     # Segments this process created and attached, since it started: the "nothing is mapped per
@@ -409,7 +410,7 @@ class NdarraySlot:
         self.shm_dir = shm_dir
         self.buf: np.ndarray[Any, Any] = np.frombuffer(seg.mm, np.uint8)
         self.capacity = seg.size
-        # The views of each payload shape this slot held, built once (~1.6 us per request otherwise).
+        # The views of each payload shape this segment held, built once (~1.6 us per request otherwise).
         self._views: dict[Spec, Arrays] = {}
 
     @property
@@ -419,37 +420,37 @@ class NdarraySlot:
     @classmethod
     def create(
         cls, nbytes: int, shm_dir: str = SHM_DIR, mode: int = 0o600, numa_node: int | None = None
-    ) -> NdarraySlot:
+    ) -> NdarraySegment:
         def place(mm: Any) -> None:
             if numa_node is not None:
                 numa.bind(mm, numa_node)
 
-        slot = cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
-        NdarraySlot.created += 1
-        return slot
+        segment = cls(create_segment("nd", max(nbytes, 4096), shm_dir, mode, place), shm_dir)
+        NdarraySegment.created += 1
+        return segment
 
     @classmethod
-    def attach(cls, name: str, shm_dir: str = SHM_DIR, mode: int = 0o600) -> NdarraySlot:
-        slot = cls(attach_segment(name, shm_dir, mode), shm_dir)
-        NdarraySlot.attached += 1
-        return slot
+    def attach(cls, name: str, shm_dir: str = SHM_DIR, mode: int = 0o600) -> NdarraySegment:
+        segment = cls(attach_segment(name, shm_dir, mode), shm_dir)
+        NdarraySegment.attached += 1
+        return segment
 
     @classmethod
     def from_arrays(
         cls, arrays: Mapping[str, np.ndarray[Any, Any]], shm_dir: str = SHM_DIR, mode: int = 0o600
-    ) -> tuple[NdarraySlot, dict[str, Any]]:
-        """Create a slot holding a copy of ``arrays``; returns it and its picklable bundle."""
+    ) -> tuple[NdarraySegment, dict[str, Any]]:
+        """Create a segment holding a copy of ``arrays``; returns it and its picklable bundle."""
         spec, _ = describe(arrays)
-        slot = cls.create(external_nbytes(spec), shm_dir, mode)
-        return slot, slot.write(arrays, spec)
+        segment = cls.create(external_nbytes(spec), shm_dir, mode)
+        return segment, segment.write(arrays, spec)
 
     def write(self, arrays: Mapping[str, np.ndarray[Any, Any]], spec: Spec) -> dict[str, Any]:
         cached = self._views.get(spec)
         if cached is None:
-            lay, end = layout(spec, 0)
+            lay, end = array_offsets(spec, 0)
             if end > self.capacity:
                 raise BadRequest(
-                    f"payload of {end} B does not fit ndarray slot {self.name} ({self.capacity} B)"
+                    f"payload of {end} B does not fit ndarray segment {self.name} ({self.capacity} B)"
                 )
             cached = self._cache_views(spec, views(self.buf, lay, 0))
         copy_in(cached, arrays)
@@ -459,25 +460,25 @@ class NdarraySlot:
         """Zero-copy views of the payload ``spec`` (the same dict for the same spec: do not mutate it)."""
         cached = self._views.get(spec)
         if cached is None:
-            lay, end = layout(spec, 0)
+            lay, end = array_offsets(spec, 0)
             if end > self.capacity:
                 raise BadRequest(
-                    f"layout of {end} bytes exceeds ndarray slot {self.name} ({self.capacity} B)"
+                    f"layout of {end} bytes exceeds ndarray segment {self.name} ({self.capacity} B)"
                 )
             cached = self._cache_views(spec, views(self.buf, lay, 0))
         return cached
 
     def _cache_views(self, spec: Spec, got: Arrays) -> Arrays:
         if len(self._views) >= 16:
-            self._views.clear()  # a slot whose shapes vary without bound keeps no more than 16
+            self._views.clear()  # a segment whose shapes vary without bound keeps no more than 16
         self._views[spec] = got
         return got
 
     @classmethod
-    def open_bundle(cls, bundle: Mapping[str, Any]) -> tuple[NdarraySlot, dict[str, np.ndarray[Any, Any]]]:
+    def open_bundle(cls, bundle: Mapping[str, Any]) -> tuple[NdarraySegment, dict[str, np.ndarray[Any, Any]]]:
         """Attach a bundle made by ``from_arrays``/``write``: zero-copy views of the same pages."""
-        slot = cls.attach(bundle["name"], bundle["shm_dir"])
-        return slot, slot.arrays(bundle["spec"])
+        segment = cls.attach(bundle["name"], bundle["shm_dir"])
+        return segment, segment.arrays(bundle["spec"])
 
     def close(self) -> None:
         self._views.clear()  # the views hold the mapping: drop them before it is unmapped
@@ -485,16 +486,16 @@ class NdarraySlot:
         self.segment.close()
 
 
-# Rotation of request slots (``acquire(rotate=True)``, the client's writes). The worker's core read a
-# slot last, so its lines sit in that core's L2 (1 MiB here, 1-2 MiB on current server cores) and the
-# client's stores to them each wait for a cross-core invalidation. A slot is therefore written again
-# only after about ROTATE_BYTES went through the worker's L2 since it read it: the other slots of the
-# rotation, and the worker's copy-in of about one slot. Measured on this 2-vCPU KVM guest (AMD EPYC,
+# Rotation of ndarray segments (``acquire(rotate=True)``, the client's writes). The worker's core read a
+# segment last, so its lines sit in that core's L2 (1 MiB here, 1-2 MiB on current server cores) and the
+# client's stores to them each wait for a cross-core invalidation. A segment is therefore written again
+# only after about ROTATE_BYTES went through the worker's L2 since it read it: the other segments of the
+# rotation, and the worker's copy-in of about one segment. Measured on this 2-vCPU KVM guest (AMD EPYC,
 # 1 MiB L2) with a two-process copy loop (``lowtail bench ndslot`` shows the write per
-# size): the client's write of 1 MiB into the slot the worker just read took 66-95 us (one run
-# 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two slots in turn, as fast as a
+# size): the client's write of 1 MiB into the segment the worker just read took 66-95 us (one run
+# 426 us: the bimodal figure of docs/benchmarks.md), 24 us with two segments in turn, as fast as a
 # private copy; 2 MiB 108 -> 48 us with two; 512 KiB 54 -> 14 us with four. Above ROTATE_MAX_CAP the
-# worker's L2 holds only a slot's tail and a spare costs memory without saving time (4 MiB 143 vs
+# worker's L2 holds only a segment's tail and a spare costs memory without saving time (4 MiB 143 vs
 # 139 us, 8 MiB 375 vs 506 us); below ROTATE_MIN_CAP it takes 8 and more segments (file descriptors
 # held by both processes) to save a few microseconds (256 KiB: 29 -> 7 us with eight).
 ROTATE_BYTES = 2 << 20
@@ -503,28 +504,28 @@ ROTATE_MAX_CAP = 2 << 20
 
 
 def rotation_spares(capacity: int) -> int:
-    """Free slots of ``capacity`` a rotating pool keeps before it reuses one (0: reuse at once)."""
+    """Free segments of ``capacity`` a rotating pool keeps before it reuses one (0: reuse at once)."""
     if not ROTATE_MIN_CAP <= capacity <= ROTATE_MAX_CAP:
         return 0
-    return max(1, -(-ROTATE_BYTES // capacity) - 1)  # the worker's copy-in passes one slot's worth
+    return max(1, -(-ROTATE_BYTES // capacity) - 1)  # the worker's copy-in passes one segment's worth
 
 
-class NdarraySlotPool:
-    """Ndarray slots created by this process, reused by size (power-of-two capacities, at least 64 KiB).
+class NdarraySegmentPool:
+    """Ndarray segments created by this process, reused by size (power-of-two capacities, at least 64 KiB).
 
-    The free slots are taken least recently released first; with ``rotate`` a size class is first
-    grown to ``rotation_spares`` free slots, so the writer cycles through them (see ROTATE_BYTES).
+    The free segments are taken least recently released first; with ``rotate`` a size class is first
+    grown to ``rotation_spares`` free segments, so the writer cycles through them (see ROTATE_BYTES).
     """
 
     def __init__(self, shm_dir: str = SHM_DIR, mode: int = 0o600, numa_node: int | None = None) -> None:
         self.shm_dir = shm_dir
         self.mode = mode
         self.numa_node = numa_node
-        self._free: list[NdarraySlot] = []
-        self._all: list[NdarraySlot] = []
+        self._free: list[NdarraySegment] = []
+        self._all: list[NdarraySegment] = []
 
-    def acquire(self, nbytes: int, rotate: bool = False) -> NdarraySlot:
-        best: NdarraySlot | None = None
+    def acquire(self, nbytes: int, rotate: bool = False) -> NdarraySegment:
+        best: NdarraySegment | None = None
         for s in self._free:  # in release order: the first of the smallest capacity is the oldest
             if s.capacity >= nbytes and (best is None or s.capacity < best.capacity):
                 best = s
@@ -534,15 +535,15 @@ class NdarraySlotPool:
                 self._free.remove(best)
                 return best
         cap = max(1 << 16, 1 << (max(nbytes, 1) - 1).bit_length())
-        slot = NdarraySlot.create(cap, self.shm_dir, self.mode, self.numa_node)
-        self._all.append(slot)
-        return slot
+        segment = NdarraySegment.create(cap, self.shm_dir, self.mode, self.numa_node)
+        self._all.append(segment)
+        return segment
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def release(self, slot: NdarraySlot) -> None:
-        self._free.append(slot)
+    def release(self, segment: NdarraySegment) -> None:
+        self._free.append(segment)
 
     def close(self) -> None:
         for s in self._all:
@@ -551,58 +552,58 @@ class NdarraySlotPool:
         self._free.clear()
 
 
-class AttachedSlots:
-    """Ndarray slots of other processes, attached once by name and kept for reuse.
+class AttachedNdarraySegments:
+    """Ndarray segments of other processes, attached once by name and kept for reuse.
 
-    Bounded by mapped bytes, not by count (a count bound let 14 restarted clients' 4 MiB slots fill
+    Bounded by mapped bytes, not by count (a count bound let 14 restarted clients' 4 MiB segments fill
     a 64 MiB tmpfs: an unlinked file's pages live as long as a mapping does), least recently used
     out first; ``drop_lane`` unmaps what a lane's previous client sent, when the lane changes hands.
     """
 
     def __init__(self, limit_bytes: int = 1 << 30) -> None:
-        self._slots: OrderedDict[str, tuple[NdarraySlot, int]] = OrderedDict()
+        self._segments: OrderedDict[str, tuple[NdarraySegment, int]] = OrderedDict()
         self._limit = limit_bytes
         self.mapped_bytes = 0
 
-    def get(self, name: str, shm_dir: str, mode: int = 0o600, lane: int = 0) -> NdarraySlot:
-        hit = self._slots.get(name)
+    def get(self, name: str, shm_dir: str, mode: int = 0o600, lane: int = 0) -> NdarraySegment:
+        hit = self._segments.get(name)
         if hit is not None:
-            self._slots.move_to_end(name)
+            self._segments.move_to_end(name)
             return hit[0]
-        slot = NdarraySlot.attach(name, shm_dir, mode)
-        self._slots[name] = (slot, lane)
-        self.mapped_bytes += slot.capacity
-        while self.mapped_bytes > self._limit and len(self._slots) > 1:
-            self._evict(next(iter(self._slots)))
-        return slot
+        segment = NdarraySegment.attach(name, shm_dir, mode)
+        self._segments[name] = (segment, lane)
+        self.mapped_bytes += segment.capacity
+        while self.mapped_bytes > self._limit and len(self._segments) > 1:
+            self._evict(next(iter(self._segments)))
+        return segment
 
     def drop_lane(self, lane: int) -> None:
-        for name in [n for n, (_, owner) in self._slots.items() if owner == lane]:
+        for name in [n for n, (_, owner) in self._segments.items() if owner == lane]:
             self._evict(name)
 
     def _evict(self, name: str) -> None:
-        slot, _ = self._slots.pop(name)
-        self.mapped_bytes -= slot.capacity
-        slot.close()
+        segment, _ = self._segments.pop(name)
+        self.mapped_bytes -= segment.capacity
+        segment.close()
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self._segments)
 
     def close(self) -> None:
-        for name in list(self._slots):
+        for name in list(self._segments):
             self._evict(name)
 
 
-class SlotReader:
-    """The worker's side of clients' ndarray slots: read (``preadv``) into the worker's own memory,
+class NdarraySegmentReader:
+    """The worker's side of clients' ndarray segments: read (``preadv``) into the worker's own memory,
     never mapped.
 
-    A client owns its slot file and may truncate, shrink or punch it at any moment. A mapping of it
+    A client owns its segment file and may truncate, shrink or punch it at any moment. A mapping of it
     would then SIGBUS the reader at the first access past the new end (or to a page the tmpfs cannot
     back), and no check before the access closes that window. ``read(2)`` cannot fault that way: on
     a truncated file it returns short (the request is refused), on a hole it copies zeros, whatever
     the interleaving. The cost is one copy of the request into a per-slot buffer the worker keeps.
-    Before any copy a request is refused when it exceeds ``max_ndslot_bytes``, names a slot its
+    Before any copy a request is refused when it exceeds ``max_ndslot_bytes``, names a segment its
     lane's client did not create (the pid in the name is not the lane's), or the file is shorter
     than the layout or sparse (fewer blocks than bytes).
     """
@@ -621,30 +622,30 @@ class SlotReader:
         need = lay.ext_bytes
         if limit_bytes and need > limit_bytes:
             raise PayloadTooLarge(
-                f"request of {need} bytes in ndarray slot {name} exceeds max_ndslot_bytes={limit_bytes}"
+                f"request of {need} bytes in ndarray segment {name} exceeds max_ndslot_bytes={limit_bytes}"
             )
         parts = parse_name(name)
         if parts is None or parts.kind != "nd" or parts.pidns != self._ns or parts.pid != owner_pid:
             raise BadRequest(
-                f"ndarray slot {name!r} is not one the client of lane {lane} (pid {owner_pid}) created "
-                f"in this PID namespace; a request may name only its own client's slots"
+                f"ndarray segment {name!r} is not one the client of lane {lane} (pid {owner_pid}) created "
+                f"in this PID namespace; a request may name only its own client's segments"
             )
         fd = self._fd(name, shm_dir, mode, lane)
         st = os.fstat(fd)
         if st.st_size < need:
-            raise BadRequest(f"ndarray slot {name} holds {st.st_size} bytes, the request needs {need}")
+            raise BadRequest(f"ndarray segment {name} holds {st.st_size} bytes, the request needs {need}")
         if st.st_blocks * 512 < min(st.st_size, need):
             raise BadRequest(
-                f"ndarray slot {name} is sparse ({st.st_blocks * 512} of {st.st_size} bytes backed): "
-                f"expected a slot fully allocated by its creator"
+                f"ndarray segment {name} is sparse ({st.st_blocks * 512} of {st.st_size} bytes backed): "
+                f"expected a segment fully allocated by its creator"
             )
         buf = self._buffer(g, need)
         got = os.preadv(fd, [buf.data[:need]], 0)
         if got != need:
             raise BadRequest(
-                f"ndarray slot {name} shrank to {got} bytes while read; the request needs {need}"
+                f"ndarray segment {name} shrank to {got} bytes while read; the request needs {need}"
             )
-        return views(buf, layout(lay.spec, 0)[0], 0)
+        return views(buf, array_offsets(lay.spec, 0)[0], 0)
 
     def _fd(self, name: str, shm_dir: str, mode: int, lane: int) -> int:
         hit = self._fds.get(name)
@@ -672,7 +673,7 @@ class SlotReader:
         return buf
 
     def lanes(self) -> set[int]:
-        """The lanes whose clients' slots this reader holds fds of."""
+        """The lanes whose clients' segments this reader holds fds of."""
         return {lane for _, lane in self._fds.values()}
 
     def drop_lane(self, lane: int) -> None:
@@ -689,3 +690,31 @@ class SlotReader:
         self._fds.clear()
         self._bufs.clear()
         self._buf_bytes = 0
+
+
+# Names this module used before "segment" came to mean only a queue segment's 128-byte control record and
+# the "layout" functions were named for what they do: kept one release, with a DeprecationWarning.
+_DEPRECATED = {
+    "NdarraySlot": "NdarraySegment",
+    "NdarraySlotPool": "NdarraySegmentPool",
+    "AttachedSlots": "AttachedNdarraySegments",
+    "SlotReader": "NdarraySegmentReader",
+    "layout": "array_offsets",
+    "layout_for": "intern_layout",
+    "layout_of": "validated_layout",
+    "read_layout": "read_header",
+}
+
+
+def __getattr__(name: str) -> Any:
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(
+        f"lowtail.shm.payload.{name} is renamed {new}; the old name will be removed in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

@@ -54,7 +54,7 @@ from lowtail.shm.layout import (
     S_RESP_SEQ,
     S_SUBMIT_NS,
 )
-from lowtail.shm.payload import NdarraySlot
+from lowtail.shm.payload import NdarraySegment
 from lowtail.shm.server import Batch, QueueWorker, WorkerStandby
 
 __all__ = [
@@ -68,7 +68,7 @@ __all__ = [
     "LaneBusy",
     "LaneSnapshot",
     "LaneUnavailable",
-    "NdarraySlot",
+    "NdarraySegment",
     "NumaError",
     "PayloadTooLarge",
     "Pending",

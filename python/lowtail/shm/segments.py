@@ -17,7 +17,7 @@ squatter is named, never trusted); segments are opened relative to its fd (``ope
 
 Names are ``lowtail.<kind>.<pidns>.<pid>.<token>`` (``NAME_RE``, parsed strictly: decimal numbers
 without sign or padding, a pid in 1..``PID_MAX``, a 12-digit hex token): ``kind`` is ``q`` (a
-queue's control segment) or ``nd`` (an ndarray slot), ``pidns`` the inode of the creator's PID
+queue's control segment) or ``nd`` (an ndarray segment), ``pidns`` the inode of the creator's PID
 namespace and ``pid`` the creator's pid in it. Anything else in the directory is ignored and counted.
 The liveness of a segment is the liveness of that pid, which is only meaningful inside the same PID
 namespace: segments of another namespace (a pod sharing ``/dev/shm`` through hostIPC) are listed as

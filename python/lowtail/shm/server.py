@@ -57,11 +57,17 @@ from lowtail.shm.layout import (
     WORKER_LOCK_BYTE,
     client_lock_byte,
 )
-from lowtail.shm.payload import Arrays, NdarraySlot, NdarraySlotPool, PayloadLayout, SlotReader
+from lowtail.shm.payload import (
+    Arrays,
+    NdarraySegment,
+    NdarraySegmentPool,
+    NdarraySegmentReader,
+    PayloadLayout,
+)
 from lowtail.shm.segments import DeadSweep
 
 WORKER_PARK_SLICE_S = 0.25
-# The sweep of dead clients' ndarray slots runs in the worker's idle time, in steps of at most this
+# The sweep of dead clients' ndarray segments runs in the worker's idle time, in steps of at most this
 # long (then the claim returns): a request that arrives meanwhile waits no longer than one step (the
 # whole sweep in one go took 146-162 ms at 20,000 entries). A pass starts at most once a second.
 SWEEP_STEP_NS = 1_000_000
@@ -140,7 +146,7 @@ class Batch:
             self.queue_wait_ns = [it.claim_ns - it.submit_ns]
             self.claimed_ns = it.claim_ns
             if it.inputs is not None:
-                self._inputs = it.inputs  # zero-copy views of the request slot (or ndarray slot)
+                self._inputs = it.inputs  # zero-copy views of the request slot (or ndarray segment)
                 return
         self.sizes = [it.layout.batch for it in items if it.layout is not None]
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
@@ -223,7 +229,7 @@ class Batch:
         sizes = self.sizes
         total = sizes[0] if len(sizes) == 1 else sum(sizes)
         try:
-            layout = payload.layout_of(outputs)
+            layout = payload.validated_layout(outputs)
         except BadRequest as e:
             self.fail(f"worker outputs: {e}")
             raise
@@ -330,9 +336,11 @@ class QueueWorker:
         self._moved_mask = np.zeros(geo.lanes, bool)
         self._leftover: list[int] = []  # lanes the last poll left with requests it did not take
         self._head_of = struct.Struct("<Q").unpack_from
-        self._pool = NdarraySlotPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
-        self._nd_resp: dict[int, NdarraySlot] = {}
-        self._slots_in = SlotReader()  # clients' ndarray slots: read, never mapped (see SlotReader)
+        self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
+        self._nd_resp: dict[int, NdarraySegment] = {}
+        self._slots_in = (
+            NdarraySegmentReader()
+        )  # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
         self._in_views: dict[int, tuple[bytes, Arrays]] = {}
@@ -341,7 +349,7 @@ class QueueWorker:
         self._outstanding: dict[int, _Item] = {}
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
-        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray slots _slots_in holds, per lane
+        self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
         self._active: list[int] = []
         self._rr = 0
         self.counts = WorkerCounts()
@@ -421,7 +429,7 @@ class QueueWorker:
         self._m.close()
 
     def _sweep_departed(self, now_ns: int) -> None:
-        """When idle: close what dead clients' lanes sent and unlink the ndarray slots of dead owners,
+        """When idle: close what dead clients' lanes sent and unlink the ndarray segments of dead owners,
         so a killed client's slots do not hold tmpfs for the queue's whole life. A pass starts at most
         every SWEEP_EVERY_NS and goes on one SWEEP_STEP_NS step per idle claim (``DeadSweep``)."""
         if not self._sweep.in_pass:
@@ -659,7 +667,7 @@ class QueueWorker:
         g = it.g
         off = geo.req_off(g)
         try:
-            ext, layout, raw = payload.read_layout(m.mem, m.q, off, geo.req_bytes)
+            ext, layout, raw = payload.read_header(m.mem, m.q, off, geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
                     self._slots_in.drop_lane(it.lane)
@@ -831,7 +839,7 @@ class QueueWorker:
         if need > limit or payload.inline_nbytes(layout.spec, "x" * 64) > geo.resp_bytes:
             raise PayloadTooLarge(
                 f"answer of {need} bytes ({spec_text(layout.spec)}) exceeds the {geo.resp_bytes}-byte "
-                f"slot and the ndarray-slot limit of {limit} bytes"
+                f"slot and the ndarray-segment limit of {limit} bytes"
             )
         self._out_views.pop(g, None)
         nd = self._nd_resp.get(g)

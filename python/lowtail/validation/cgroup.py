@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
@@ -197,6 +198,50 @@ def _cpu_cgroup(proc_root: Path, cgroup_root: Path, target: Target, name: str) -
     return cg
 
 
+def _throttled_since(stat: CpuStat, before: CpuStat | None) -> CpuStat:
+    """The counters over the window: since ``before``, or the cgroup's whole life without it."""
+    if before is None:
+        return stat
+    return CpuStat(
+        stat.nr_periods - before.nr_periods,
+        stat.nr_throttled - before.nr_throttled,
+        stat.throttled_us - before.throttled_us,
+    )
+
+
+def _throttle_problems(
+    seen: CpuStat,
+    span: str,
+    quotas: list[tuple[Path, int, int]],
+    allowed: frozenset[int],
+    exclusive: frozenset[int],
+) -> list[str]:
+    """Any throttling in the window, and a quota over CPUs that are exclusive."""
+    problems = []
+    if seen.nr_throttled > 0:
+        problems.append(f"throttled {seen.nr_throttled} times ({seen.throttled_us / 1000:.3f} ms) {span}")
+    if quotas and bool(allowed) and allowed <= exclusive:
+        problems.append(
+            f"a CFS quota ({quotas[0][1]}/{quotas[0][2]} us) on CPUs {cpulist.format(allowed)} that are "
+            f"exclusive: {QUOTA_REMEDY}"
+        )
+    return problems
+
+
+def _throttle_data(
+    cg: Cgroup, quotas: list[tuple[Path, int, int]], seen: CpuStat, span: str
+) -> dict[str, Any]:
+    return {
+        "cgroup": cg.path,
+        "version": cg.version,
+        "quota": [{"dir": str(d), "quota_us": q, "period_us": p} for d, q, p in quotas],
+        "nr_throttled": seen.nr_throttled,
+        "throttled_ms": round(seen.throttled_us / 1000, 3),
+        "nr_periods": seen.nr_periods,
+        "window": span,
+    }
+
+
 def check_cfs_throttle(
     proc_root: Path,
     cgroup_root: Path,
@@ -225,37 +270,16 @@ def check_cfs_throttle(
         evidence.append("no CFS quota on this cgroup or its parents")
     if stat is None:
         return skip(name, f"{target.described}: cannot read {cg.dir / 'cpu.stat'}")
-    throttled, throttled_us, periods = stat.nr_throttled, stat.throttled_us, stat.nr_periods
-    if before is not None:
-        throttled -= before.nr_throttled
-        throttled_us -= before.throttled_us
-        periods -= before.nr_periods
+    seen = _throttled_since(stat, before)
     span = f"during the probes ({window_s:.1f} s)" if before is not None and window_s else "since creation"
     evidence.append(
-        f"{cg.dir / 'cpu.stat'}: {throttled} of {periods} periods throttled, {throttled_us / 1000:.3f} ms "
-        f"throttled {span}"
+        f"{cg.dir / 'cpu.stat'}: {seen.nr_throttled} of {seen.nr_periods} periods throttled, "
+        f"{seen.throttled_us / 1000:.3f} ms throttled {span}"
     )
-    data = {
-        "cgroup": cg.path,
-        "version": cg.version,
-        "quota": [{"dir": str(d), "quota_us": q, "period_us": p} for d, q, p in quotas],
-        "nr_throttled": throttled,
-        "throttled_ms": round(throttled_us / 1000, 3),
-        "nr_periods": periods,
-        "window": span,
-    }
+    data = _throttle_data(cg, quotas, seen, span)
     threshold = "no throttled period; no CFS quota on a cgroup whose CPUs are exclusive"
-    value = f"{throttled} throttled, {throttled_us / 1000:.3f} ms"
-    on_exclusive = bool(allowed) and allowed <= exclusive
-    problems = []
-    if throttled > 0:
-        problems.append(f"throttled {throttled} times ({throttled_us / 1000:.3f} ms) {span}")
-    if quotas and on_exclusive:
-        problems.append(
-            f"a CFS quota ({quotas[0][1]}/{quotas[0][2]} us) on CPUs {cpulist.format(allowed)} that are "
-            f"exclusive: {QUOTA_REMEDY}"
-        )
-    if problems:
+    value = f"{seen.nr_throttled} throttled, {seen.throttled_us / 1000:.3f} ms"
+    if problems := _throttle_problems(seen, span, quotas, allowed, exclusive):
         return Check(name, Status.FAIL, value, threshold, evidence, "; ".join(problems), data=data)
     if quotas:
         return Check(

@@ -149,6 +149,52 @@ def _boost(cpu_root: Path, cpus: frozenset[int]) -> str:
     return "not exposed"
 
 
+def _firmware_facts(cpu_root: Path, topo: Topology, cpus: frozenset[int]) -> dict[str, Any]:
+    """The topology's hardware facts with the P-state mode, cpufreq driver, SMT control and boost."""
+    some = min(cpus) if cpus else 0
+    return hardware_facts(topo) | {
+        "smt_control": _read(cpu_root / "smt/control"),
+        "amd_pstate": _read(cpu_root / "amd_pstate/status"),
+        "scaling_driver": _read(cpu_root / f"cpu{some}/cpufreq/scaling_driver"),
+        "boost": _boost(cpu_root, cpus),
+    }
+
+
+def _hardware_mismatches(
+    facts: Mapping[str, Any], expected: Mapping[str, Any]
+) -> tuple[list[str], list[str]]:
+    """Each expected BIOS-visible fact that differs, and the setting to change for it."""
+    problems: list[str] = []
+    fixes: list[str] = []
+    for key, want in expected.items():
+        if key not in HARDWARE_HINTS:
+            continue
+        if want is not None and facts[key] != want:
+            problems.append(f"{key} is {facts[key]!r}, expected {want!r} (check {HARDWARE_HINTS[key]})")
+            fixes.append(f"change {HARDWARE_HINTS[key]} so {key} is {want!r}")
+    return problems, fixes
+
+
+def _pstate_not_in_effect(wanted_mode: str, facts: Mapping[str, Any], cmdline: str) -> tuple[str, str, str]:
+    """(problem, fix, pending) when the plan's amd_pstate mode is not in effect: a problem if the kernel
+    booted with it, else pending until the next boot."""
+    pstate, driver = facts["amd_pstate"], facts["scaling_driver"]
+    have = f"amd_pstate is {pstate or 'not loaded'} ({driver or 'no cpufreq driver'})"
+    if f"amd_pstate={wanted_mode}" in cmdline.split():
+        # Booted with it and still not in effect: the firmware offers no CPPC (BIOS "CPPC" setting).
+        return (
+            f"{have} although the kernel booted with amd_pstate={wanted_mode}: CPPC is off in the BIOS",
+            "enable CPPC in the BIOS (the kernel already asks for amd_pstate)",
+            "",
+        )
+    return (
+        "",
+        f"add amd_pstate={wanted_mode} to the kernel command line (the plan's kernel arguments, "
+        "roles/lowtail_kernel) and reboot",
+        f"{have}; the plan asks amd_pstate={wanted_mode}, not on this boot's command line yet",
+    )
+
+
 def check_firmware(
     sys_root: Path,
     topo: Topology,
@@ -161,44 +207,20 @@ def check_firmware(
     """Fail on BIOS settings that differ from what the plan assumes; warn when the P-state mode is only
     missing because the node has not booted with the plan's arguments yet (kernel_args reports that)."""
     name = "firmware"
-    cpu_root = sys_root / "devices/system/cpu"
-    facts = hardware_facts(topo)
-    pstate = _read(cpu_root / "amd_pstate/status")
-    some = min(cpus) if cpus else 0
-    driver = _read(cpu_root / f"cpu{some}/cpufreq/scaling_driver")
-    facts |= {
-        "smt_control": _read(cpu_root / "smt/control"),
-        "amd_pstate": pstate,
-        "scaling_driver": driver,
-        "boost": _boost(cpu_root, cpus),
-    }
+    facts = _firmware_facts(sys_root / "devices/system/cpu", topo, cpus)
     evidence = [f"{k}: {v if v is not None else 'not exposed'}" for k, v in facts.items()]
-    problems: list[str] = []
-    fixes: list[str] = []
-    for key, want in expected.items():
-        if key not in HARDWARE_HINTS:
-            continue
-        if want is not None and facts[key] != want:
-            problems.append(f"{key} is {facts[key]!r}, expected {want!r} (check {HARDWARE_HINTS[key]})")
-            fixes.append(f"change {HARDWARE_HINTS[key]} so {key} is {want!r}")
+    problems, fixes = _hardware_mismatches(facts, expected)
     wanted_mode = next((a.partition("=")[2] for a in plan.kernel_args if a.startswith("amd_pstate=")), None)
     pending = ""
     pending_fix = ""
-    if wanted_mode and topo.vendor == "AuthenticAMD" and pstate != wanted_mode:
-        have = f"amd_pstate is {pstate or 'not loaded'} ({driver or 'no cpufreq driver'})"
-        if f"amd_pstate={wanted_mode}" in cmdline.split():
-            # Booted with it and still not in effect: the firmware offers no CPPC (BIOS "CPPC" setting).
-            problems.append(
-                f"{have} although the kernel booted with amd_pstate={wanted_mode}: CPPC is off in the BIOS"
-            )
-            fixes.append("enable CPPC in the BIOS (the kernel already asks for amd_pstate)")
+    if wanted_mode and topo.vendor == "AuthenticAMD" and facts["amd_pstate"] != wanted_mode:
+        problem, fix, pending = _pstate_not_in_effect(wanted_mode, facts, cmdline)
+        if problem:
+            problems.append(problem)
+            fixes.append(fix)
         else:
-            pending = f"{have}; the plan asks amd_pstate={wanted_mode}, not on this boot's command line yet"
-            pending_fix = (
-                f"add amd_pstate={wanted_mode} to the kernel command line (the plan's kernel arguments, "
-                "roles/lowtail_kernel) and reboot"
-            )
-        evidence.append(f"amd_pstate: plan {wanted_mode}, in effect {pstate or '-'}")
+            pending_fix = fix
+        evidence.append(f"amd_pstate: plan {wanted_mode}, in effect {facts['amd_pstate'] or '-'}")
     threshold = "SMT/NPS/sockets/L3 as lowtail_expected_hardware; amd_pstate mode as the plan's kernel args"
     if expected:
         evidence.append(f"expected: {dict(expected)}")
@@ -273,6 +295,54 @@ def read_smi_count(dev_root: Path, cpu: int) -> int | None:
         os.close(fd)
 
 
+def _hwlat_unavailable(sys_root: Path, tracefs: Path | None) -> str:
+    """Why the hwlat tracer cannot run here (empty: it can)."""
+    if tracefs is None:
+        return (
+            f"tracefs is not mounted at {sys_root}/kernel/tracing (mount -t tracefs nodev "
+            "/sys/kernel/tracing, as hwlatdetect does)"
+        )
+    if "hwlat" not in (_read(tracefs / "available_tracers") or "").split():
+        return f"the kernel has no hwlat tracer ({tracefs}/available_tracers; CONFIG_HWLAT_TRACER)"
+    if (_read(tracefs / "current_tracer") or "nop") != "nop":
+        return (
+            f"{tracefs}/current_tracer is {_read(tracefs / 'current_tracer')}: "
+            "someone else is tracing; not taking it over"
+        )
+    return ""
+
+
+def _trace_hwlat(tracefs: Path, settings: Mapping[str, str], duration_s: float, bar: Progress) -> list[Gap]:
+    """Run the tracer with ``settings`` for ``duration_s``; every setting it touched is restored."""
+    saved = {k: _read(tracefs / k) for k in (*settings, "tracing_on")}
+    try:
+        (tracefs / "trace").write_text("")
+        log.debug("hwlat tracer at %s with %s for %g s", tracefs, settings, duration_s)
+        for key, value in settings.items():
+            (tracefs / key).write_text(value)
+        (tracefs / "current_tracer").write_text("hwlat")
+        (tracefs / "tracing_on").write_text("1")
+        t0 = time.monotonic()
+        while (elapsed := time.monotonic() - t0) < duration_s:
+            bar.update(elapsed)
+            time.sleep(min(0.5, duration_s - elapsed))
+        return parse_hwlat(_read(tracefs / "trace") or "")
+    finally:
+        (tracefs / "current_tracer").write_text("nop")
+        for key, old in saved.items():
+            if old is not None:
+                (tracefs / key).write_text(old)
+        bar.finish()
+
+
+def _smi_evidence(vendor: str, dev_root: Path, smi_cpu: int, smi0: int | None, smi1: int | None) -> str:
+    if smi0 is not None and smi1 is not None:
+        return f"MSR_SMI_COUNT on CPU {smi_cpu}: +{smi1 - smi0} SMIs during the run"
+    if vendor == "AuthenticAMD":
+        return "SMI count: AMD has no MSR_SMI_COUNT; count with `perf stat -e ls_smi_rx -a`"
+    return f"SMI count: {dev_root}/cpu/{smi_cpu}/msr not readable (modprobe msr)"
+
+
 def probe_hwlat(
     sys_root: Path,
     cpus: frozenset[int],
@@ -286,26 +356,9 @@ def probe_hwlat(
     """Run the hwlat tracer on ``cpus`` for ``duration_s`` and restore every setting it touched."""
     name = "hwlat"
     tracefs = find_tracefs(sys_root)
-    if tracefs is None:
-        return skip(
-            name,
-            f"tracefs is not mounted at {sys_root}/kernel/tracing (mount -t tracefs nodev "
-            "/sys/kernel/tracing, as hwlatdetect does)",
-            "probe",
-        )
-    if "hwlat" not in (_read(tracefs / "available_tracers") or "").split():
-        return skip(
-            name,
-            f"the kernel has no hwlat tracer ({tracefs}/available_tracers; CONFIG_HWLAT_TRACER)",
-            "probe",
-        )
-    if (_read(tracefs / "current_tracer") or "nop") != "nop":
-        return skip(
-            name,
-            f"{tracefs}/current_tracer is {_read(tracefs / 'current_tracer')}: "
-            "someone else is tracing; not taking it over",
-            "probe",
-        )
+    if why := _hwlat_unavailable(sys_root, tracefs):
+        return skip(name, why, "probe")
+    assert tracefs is not None
     smi_cpu = min(cpus)
     smi0 = read_smi_count(dev_root, smi_cpu) if vendor == "GenuineIntel" else None
     settings = {
@@ -314,26 +367,7 @@ def probe_hwlat(
         "hwlat_detector/width": "500000",  # hwlatdetect's defaults: sample 0.5 s of every 1 s
         "hwlat_detector/window": "1000000",
     }
-    saved = {k: _read(tracefs / k) for k in (*settings, "tracing_on")}
-    bar = Progress(name, duration_s, enabled=progress)
-    try:
-        (tracefs / "trace").write_text("")
-        log.debug("hwlat tracer at %s with %s for %g s", tracefs, settings, duration_s)
-        for key, value in settings.items():
-            (tracefs / key).write_text(value)
-        (tracefs / "current_tracer").write_text("hwlat")
-        (tracefs / "tracing_on").write_text("1")
-        t0 = time.monotonic()
-        while (elapsed := time.monotonic() - t0) < duration_s:
-            bar.update(elapsed)
-            time.sleep(min(0.5, duration_s - elapsed))
-        gaps = parse_hwlat(_read(tracefs / "trace") or "")
-    finally:
-        (tracefs / "current_tracer").write_text("nop")
-        for key, old in saved.items():
-            if old is not None:
-                (tracefs / key).write_text(old)
-        bar.finish()
+    gaps = _trace_hwlat(tracefs, settings, duration_s, Progress(name, duration_s, enabled=progress))
     smi1 = read_smi_count(dev_root, smi_cpu) if smi0 is not None else None
     worst_us = max((g.us for g in gaps), default=0)
     evidence = [
@@ -343,12 +377,7 @@ def probe_hwlat(
     evidence += [
         f"CPU {g.cpu}: inner {g.inner_us} us / outer {g.outer_us} us (x{g.count})" for g in gaps[:10]
     ]
-    if smi0 is not None and smi1 is not None:
-        evidence.append(f"MSR_SMI_COUNT on CPU {smi_cpu}: +{smi1 - smi0} SMIs during the run")
-    elif vendor == "AuthenticAMD":
-        evidence.append("SMI count: AMD has no MSR_SMI_COUNT; count with `perf stat -e ls_smi_rx -a`")
-    else:
-        evidence.append(f"SMI count: {dev_root}/cpu/{smi_cpu}/msr not readable (modprobe msr)")
+    evidence.append(_smi_evidence(vendor, dev_root, smi_cpu, smi0, smi1))
     return graded(
         name,
         worst_us / 1000,

@@ -193,7 +193,8 @@ def latency_histogram(
 
 
 def ratio_bars(labels: Iterable[str], before: Sequence[float], after: Sequence[float], title: str) -> bytes:
-    """Before/after bars on a log axis (the write-up's gap is four orders of magnitude)."""
+    """Before/after bars on a log axis (a throttled and an isolated CPU differ by four orders of
+    magnitude)."""
     names = list(labels)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names) + 2), 4.5))
     xs = range(len(names))

@@ -77,8 +77,8 @@ def calibrate(iteration_us: float) -> int:
 
 
 def run_deschedule(samples: int, iteration_us: float) -> dict[str, Any]:
-    """Per iteration of a fixed compute loop: wall time minus this thread's CPU time (the write-up's
-    deschedule_ms, with thread CPU instead of process CPU so other threads cannot hide it)."""
+    """Per iteration of a fixed compute loop: wall time minus this thread's CPU time (deschedule_ms,
+    with thread CPU instead of process CPU so other threads cannot hide it)."""
     loops = calibrate(iteration_us)
     wall_clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     out: list[int] = []

@@ -44,7 +44,7 @@ class ProbeError(LowtailError, RuntimeError):
     """A probe process failed or reported something unreadable."""
 
 
-# Defaults in ms. deschedule: 0.1 / 1 ms (the predecessor's write-up: its good run was 0.02 ms, its bad one
+# Defaults in ms. deschedule: 0.1 / 1 ms (an isolated CPU measures about 0.02 ms, a throttled RT budget
 # 400-470 ms). Timer wake-up through Python and ctypes costs a few us by itself, hence the same scale.
 DEFAULT_LIMITS: dict[str, Limits] = {
     "deschedule": Limits(0.1, 1.0),
@@ -126,6 +126,52 @@ def run_pinned(
     return results
 
 
+def _grade_cpu(
+    cpu: int, xs: list[float], limits: Limits, extra: Callable[[int], tuple[dict[str, Any], str]] | None
+) -> tuple[dict[str, Any], str]:
+    """One CPU's tail statistics with its own status, and its evidence line."""
+    stats = tail_stats(xs, over=limits.pass_max)
+    note = ""
+    if extra is not None:
+        more, note = extra(cpu)
+        stats.update(more)
+    cpu_status = limits.grade(stats["p999"])
+    if cpu_status is Status.PASS and shortfall(stats["n"], 0.999):
+        cpu_status = Status.WARN
+    stats["status"] = str(cpu_status)
+    line = (
+        f"cpu{cpu}: n={stats['n']} p50={fmt(stats['p50'])} p99={fmt(stats['p99'])} "
+        f"p99.9={fmt(stats['p999'])} max={fmt(stats['max'])} ms, {stats['over']} over "
+        f"{limits.pass_max:g} ms, p99.9 rests on {beyond(stats['n'], 0.999)} beyond it{note}"
+    )
+    return stats, line
+
+
+def _pooled(
+    per_cpu_ms: Mapping[int, list[float]], per_cpu: dict[int, dict[str, Any]], limits: Limits
+) -> dict[str, Any]:
+    """Statistics over every CPU's samples together."""
+    everything = [x for xs in per_cpu_ms.values() for x in xs]
+    overall = {**tail_stats(everything, over=limits.pass_max), **pooled_top(per_cpu)}
+    pooled = sorted((m for xs in per_cpu_ms.values() for m in block_maxima(xs)), reverse=True)
+    overall["block_p50"] = upper_median(pooled)  # exact here: every CPU's samples are at hand
+    overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
+    return overall
+
+
+def _fewest_samples(per_cpu: dict[int, dict[str, Any]], limits: Limits) -> tuple[str, str]:
+    """Every CPU is graded, so the CPU with the fewest samples decides whether the p99.9 is evidence:
+    its shortfall (empty: enough) and the note that says so."""
+    fewest = min(per_cpu, key=lambda c: per_cpu[c]["n"])
+    short = shortfall(per_cpu[fewest]["n"], 0.999)
+    if not short:
+        return "", ""
+    return short, (
+        f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
+        f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)"
+    )
+
+
 def grade(
     name: str,
     per_cpu_ms: Mapping[int, list[float]],
@@ -137,29 +183,12 @@ def grade(
     per_cpu: dict[int, dict[str, Any]] = {}
     evidence = []
     for cpu, xs in sorted(per_cpu_ms.items()):
-        stats = tail_stats(xs, over=limits.pass_max)
-        note = ""
-        if extra is not None:
-            more, note = extra(cpu)
-            stats.update(more)
-        cpu_status = limits.grade(stats["p999"])
-        if cpu_status is Status.PASS and shortfall(stats["n"], 0.999):
-            cpu_status = Status.WARN
-        stats["status"] = str(cpu_status)
-        per_cpu[cpu] = stats
-        evidence.append(
-            f"cpu{cpu}: n={stats['n']} p50={fmt(stats['p50'])} p99={fmt(stats['p99'])} "
-            f"p99.9={fmt(stats['p999'])} max={fmt(stats['max'])} ms, {stats['over']} over "
-            f"{limits.pass_max:g} ms, p99.9 rests on {beyond(stats['n'], 0.999)} beyond it{note}"
-        )
+        per_cpu[cpu], line = _grade_cpu(cpu, xs, limits, extra)
+        evidence.append(line)
     worst_cpu = max(per_cpu, key=lambda c: per_cpu[c]["p999"])
     value = per_cpu[worst_cpu]["p999"]
     status = limits.grade(value)
-    everything = [x for xs in per_cpu_ms.values() for x in xs]
-    overall = {**tail_stats(everything, over=limits.pass_max), **pooled_top(per_cpu)}
-    pooled = sorted((m for xs in per_cpu_ms.values() for m in block_maxima(xs)), reverse=True)
-    overall["block_p50"] = upper_median(pooled)  # exact here: every CPU's samples are at hand
-    overall["ladder_worst_cpu"] = merge_ladders(per_cpu)
+    overall = _pooled(per_cpu_ms, per_cpu, limits)
     ci = worst_cpu_interval({c: sorted(xs) for c, xs in per_cpu_ms.items()})
     evidence.append(
         f"worst CPU's p99.9 {fmt(value)} ms, 95% interval {fmt_interval(ci)} (order statistics; "
@@ -169,16 +198,10 @@ def grade(
     reason = ""
     if status is not Status.PASS:
         reason = f"{what} p99.9 {fmt(value)} ms on CPU {worst_cpu} (n={w['n']}, max {fmt(w['max'])} ms)"
-    # Every CPU is graded, so the CPU with the fewest samples decides whether the p99.9 is evidence.
-    fewest = min(per_cpu, key=lambda c: per_cpu[c]["n"])
-    short = shortfall(per_cpu[fewest]["n"], 0.999)
+    short, note = _fewest_samples(per_cpu, limits)
     if short:
         if status is Status.PASS:
             status = Status.WARN
-        note = (
-            f"{short} (CPU {fewest}: its p99.9 rests on {beyond(per_cpu[fewest]['n'], 0.999)} "
-            f"samples beyond it; {per_cpu[fewest]['over']} samples over {limits.pass_max:g} ms)"
-        )
         # The cause first: a value over the limit is the finding, the sample count only a footnote.
         reason = "; ".join(x for x in (reason, note) if x)
     return Check(

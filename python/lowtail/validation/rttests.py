@@ -21,6 +21,7 @@ from typing import Any
 
 from lowtail.errors import LowtailError
 from lowtail.node import cpulist
+from lowtail.node.process import end_child
 from lowtail.render.progress import Progress
 from lowtail.validation.check import (
     Check,
@@ -143,13 +144,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     cyclictest keeps its running statistics in ``/dev/shm/cyclictest<pid>`` and unlinks it in its SIGINT
     and SIGTERM handler: ask with SIGTERM first, so it cleans up itself, and only then SIGKILL; the
     segment of a killed run is removed here."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    end_child(proc)
     for stream in (proc.stdout, proc.stderr):
         if stream:
             stream.close()

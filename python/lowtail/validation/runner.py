@@ -369,22 +369,117 @@ def summarize(
     return summary
 
 
-def run(opts: Options) -> Report:
+def _topology_and_plan(opts: Options) -> tuple[Topology, Plan, str]:
+    """The machine as read (or given) and the plan to judge it by, with where the plan came from."""
     from lowtail.node.topology import TopologyError, read_topology
 
-    t0 = time.monotonic()
     try:
         topo = opts.topo or read_topology(opts.src.sys_root, opts.src.proc_root)
     except (TopologyError, cpulist.CpuListError) as e:
         raise ValidationError(str(e)) from None
     try:
         if opts.plan_path is not None:
-            plan, plan_source = load_plan(opts.plan_path), str(opts.plan_path)
-        else:
-            plan = make_plan(topo, opts.housekeeping)
-            plan_source = f"computed from this topology (housekeeping {opts.housekeeping})"
+            return topo, load_plan(opts.plan_path), str(opts.plan_path)
+        plan = make_plan(topo, opts.housekeeping)
+        return topo, plan, f"computed from this topology (housekeeping {opts.housekeeping})"
     except PlanError as e:
         raise ValidationError(str(e)) from None
+
+
+def _settings(opts: Options, names: tuple[str, ...]) -> dict[str, Any]:
+    """What the probes are asked to do, as the report states it."""
+    return {
+        "checks": list(names),
+        "samples_per_cpu": opts.samples or (QUICK_SAMPLES if opts.quick else DEFAULT_SAMPLES),
+        "duration_s": opts.duration_s or (QUICK_DURATION_S if opts.quick else DEFAULT_DURATION_S),
+        "quick": opts.quick,
+        "rounds": opts.rounds,
+        "limits_ms": {k: [v.pass_max, v.warn_max] for k, v in {**THRESHOLDS, **opts.limits}.items()},
+    }
+
+
+def _run_probe(name: str, runner: Callable[[], Check], rounds: int) -> Check:
+    """One probe (``rounds`` times where the spread means something); one that cannot run fails alone."""
+    try:
+        if rounds > 1 and name in ROUND_PROBES:
+            return repeat(runner, rounds)
+        return runner()
+    except (ProbeError, RtTestsError, QueueError, OSError) as e:
+        # One probe that cannot run (e.g. move_pages refused by a container's seccomp
+        # profile) fails alone; the others and the report still come out.
+        return Check(name, Status.FAIL, None, "", [str(e)], reason=f"probe could not run: {e}", kind="probe")
+
+
+def _run_probes(
+    opts: Options,
+    topo: Topology,
+    plan: Plan,
+    cpus: frozenset[int],
+    *,
+    probe_names: list[str],
+    settings: dict[str, Any],
+    checks: list[Check],
+) -> None:
+    """Run the probes in order, appending each verdict to ``checks`` as it comes (an interrupt keeps
+    those), with the validator kept off the CPUs it measures."""
+    limits = {**THRESHOLDS, **opts.limits}
+    popts = ProbeOptions(
+        cpus=cpus,
+        samples=settings["samples_per_cpu"],
+        duration_s=settings["duration_s"],
+        main_cpu=_main_cpu(topo, cpus),
+        limits=limits,
+        progress=opts.progress,
+        proc_root=opts.src.proc_root,
+    )
+    runners = _probe_runners(popts, _fifo_permitted)
+    runners["hwlat"] = lambda: probe_hwlat(
+        opts.src.sys_root,
+        cpus,
+        topo.vendor,
+        duration_s=popts.duration_s,
+        limits=limits["hwlat"],
+        progress=opts.progress,
+    )
+    runners["core_to_core"] = lambda: probe_core_to_core(topo, plan, progress=opts.progress)
+    saved = os.sched_getaffinity(0)
+    housekeeping = topo.online - cpus
+    sampler: Sampler | None = None
+    try:
+        # Keep the validator itself (progress, pipes) off the CPUs it measures.
+        if housekeeping:
+            os.sched_setaffinity(0, housekeeping)
+        if "leased_threads" in probe_names:
+            sampler, leases, why = _leased_sampler(opts.src)
+            runners["leased_threads"] = lambda: _leased_check(
+                sampler,
+                leases,
+                why,
+                limits["leased_threads"],
+                min_window_s=popts.duration_s,
+                progress=opts.progress,
+                nohz_full=topo.nohz_full,
+            )
+        for name in probe_names:
+            checks.append(_run_probe(name, runners[name], opts.rounds))
+    finally:
+        if sampler is not None:
+            sampler.stop()  # a probe raised before leased_threads was judged: no thread left behind
+        os.sched_setaffinity(0, saved)
+
+
+def _skip_interrupted(checks: list[Check], order: list[str]) -> None:
+    """Ctrl-C: what ran is kept; the check that was running and those after it say so."""
+    done = {c.name for c in checks}
+    pending = [n for n in order if n not in done]
+    for i, name in enumerate(pending):
+        why = "interrupted while it ran: no verdict" if i == 0 else "not run: interrupted"
+        checks.append(skip(name, why, "probe" if name in PROBES else "static"))
+
+
+def run(opts: Options) -> Report:
+    t0 = time.monotonic()
+    topo, plan, plan_source = _topology_and_plan(opts)
     cpus, how = select_cpus(topo, plan, opts.cpus)
     names = opts.only or ALL_CHECKS
     if opts.no_probes:
@@ -401,106 +496,29 @@ def run(opts: Options) -> Report:
     )
     host = host_info(opts.src, topo, plan, plan_source)
     host["probe_cpus"] = {"cpus": cpulist.format(cpus), "chosen_as": how}
-
-    settings: dict[str, Any] = {
-        "checks": list(names),
-        "samples_per_cpu": opts.samples or (QUICK_SAMPLES if opts.quick else DEFAULT_SAMPLES),
-        "duration_s": opts.duration_s or (QUICK_DURATION_S if opts.quick else DEFAULT_DURATION_S),
-        "quick": opts.quick,
-        "rounds": opts.rounds,
-        "limits_ms": {k: [v.pass_max, v.warn_max] for k, v in {**THRESHOLDS, **opts.limits}.items()},
-    }
+    settings = _settings(opts, names)
     target = ctx.cgroup_target
     throttle_before = cpu_stat_of(opts.src.proc_root, opts.src.cgroup_root, target) if opts.src.live else None
     t_before = time.monotonic()
     checks: list[Check] = []
     # leased_threads last: its sampler watches the leased CPUs while every other probe runs.
     probe_names = sorted((n for n in names if n in PROBES), key=lambda n: n == "leased_threads")
-    order = [n for n in names if n in STATIC_CHECKS] + probe_names
     interrupted = False
     try:
         for name in names:
             if name in STATIC_CHECKS:
                 checks.append(STATIC_CHECKS[name](ctx))
-
         if probe_names and not opts.src.live:
             checks += [
                 skip(n, "static checks read a fixture tree; probes measure only the running machine", "probe")
                 for n in probe_names
             ]
         elif probe_names:
-            limits = {**THRESHOLDS, **opts.limits}
-            popts = ProbeOptions(
-                cpus=cpus,
-                samples=settings["samples_per_cpu"],
-                duration_s=settings["duration_s"],
-                main_cpu=_main_cpu(topo, cpus),
-                limits=limits,
-                progress=opts.progress,
-                proc_root=opts.src.proc_root,
-            )
-            runners = _probe_runners(popts, _fifo_permitted)
-            runners["hwlat"] = lambda: probe_hwlat(
-                opts.src.sys_root,
-                cpus,
-                topo.vendor,
-                duration_s=popts.duration_s,
-                limits=limits["hwlat"],
-                progress=opts.progress,
-            )
-            runners["core_to_core"] = lambda: probe_core_to_core(topo, plan, progress=opts.progress)
-            saved = os.sched_getaffinity(0)
-            housekeeping = topo.online - cpus
-            sampler: Sampler | None = None
-            try:
-                # Keep the validator itself (progress, pipes) off the CPUs it measures.
-                if housekeeping:
-                    os.sched_setaffinity(0, housekeeping)
-                if "leased_threads" in probe_names:
-                    sampler, leases, why = _leased_sampler(opts.src)
-                    runners["leased_threads"] = lambda: _leased_check(
-                        sampler,
-                        leases,
-                        why,
-                        limits["leased_threads"],
-                        min_window_s=popts.duration_s,
-                        progress=opts.progress,
-                        nohz_full=topo.nohz_full,
-                    )
-                for name in probe_names:
-                    try:
-                        if opts.rounds > 1 and name in ROUND_PROBES:
-                            checks.append(repeat(runners[name], opts.rounds))
-                        else:
-                            checks.append(runners[name]())
-                    except (ProbeError, RtTestsError, QueueError, OSError) as e:
-                        # One probe that cannot run (e.g. move_pages refused by a container's seccomp
-                        # profile) fails alone; the others and the report still come out.
-                        checks.append(
-                            Check(
-                                name,
-                                Status.FAIL,
-                                None,
-                                "",
-                                [str(e)],
-                                reason=f"probe could not run: {e}",
-                                kind="probe",
-                            )
-                        )
-            finally:
-                if sampler is not None:
-                    sampler.stop()  # a probe raised before leased_threads was judged: no thread left behind
-                os.sched_setaffinity(0, saved)
-
+            _run_probes(opts, topo, plan, cpus, probe_names=probe_names, settings=settings, checks=checks)
     except KeyboardInterrupt:
-        # Ctrl-C: the probe's children are gone (each probe ends its own on the way out); what ran is
-        # kept, the check that was running and those after it say so.
+        # The probe's children are gone (each probe ends its own on the way out).
         interrupted = True
-        done = {c.name for c in checks}
-        pending = [n for n in order if n not in done]
-        for i, name in enumerate(pending):
-            why = "interrupted while it ran: no verdict" if i == 0 else "not run: interrupted"
-            checks.append(skip(name, why, "probe" if name in PROBES else "static"))
+        _skip_interrupted(checks, [n for n in names if n in STATIC_CHECKS] + probe_names)
     if "cfs_throttle" in names:
         window = time.monotonic() - t_before if throttle_before is not None else None
         checks.append(

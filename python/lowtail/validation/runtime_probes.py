@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from lowtail.node import cpulist
+from lowtail.node.process import end_child
 from lowtail.render.progress import Progress
 from lowtail.validation.check import Check, Status, skip, tail_stats
 from lowtail.validation.probes import ProbeError, ProbeOptions, grade
@@ -46,6 +47,56 @@ def _two_cpus(opts: ProbeOptions) -> tuple[int, int] | None:
     return None
 
 
+def _start_echo_server(worker_cpu: int, client_cpu: int, descriptor: bytes) -> subprocess.Popen[bytes]:
+    """The echo server pinned to ``worker_cpu``, attached to the queue and ready."""
+    cmd = [sys.executable, "-m", "lowtail.validation.echo_server", str(worker_cpu)]
+    log.debug("running %s (client on CPU %d)", shlex.join(cmd), client_cpu)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(descriptor)
+        proc.stdin.close()
+        if proc.stdout.readline().strip() != b"ready":
+            raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    end_child(proc)
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def _round_trips(
+    queue: Any, descriptor: Any, client_cpu: int, worker_cpu: int, opts: ProbeOptions
+) -> list[float]:
+    """``opts.samples`` closed-loop round trips (ms) from ``client_cpu``, after a warm-up."""
+    import numpy as np
+
+    samples: list[float] = []
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {client_cpu})
+        obs = np.zeros((1, 64), dtype=np.float32)
+        bar = Progress(f"shm_rtt cpus {client_cpu}->{worker_cpu}", opts.samples, enabled=opts.progress)
+        with queue.QueueClient.attach(descriptor) as client:
+            for _ in range(200):  # warm-up: page faults, first futex waits
+                client.infer({"obs": obs}, timeout_s=5.0)
+            for i in range(opts.samples):
+                t0 = time.perf_counter_ns()
+                client.infer({"obs": obs}, timeout_s=5.0)
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
+                if i % 500 == 0:
+                    bar.update(i)
+        bar.finish()
+    finally:
+        os.sched_setaffinity(0, saved)
+    return samples
+
+
 def probe_shm_rtt(opts: ProbeOptions) -> Check:
     missing = _missing("lowtail.shm.queue")
     if missing:
@@ -57,50 +108,15 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
     pair = _two_cpus(opts)
     if pair is None:
         return skip("shm_rtt", "needs two CPUs: the worker's and the client's", kind="probe")
-    import numpy as np
-
     queue = importlib.import_module("lowtail.shm.queue")
     worker_cpu, client_cpu = pair
     cfg = queue.QueueConfig(lanes=2, slots_per_lane=4, request_bytes=4096, response_bytes=4096)
-    samples: list[float] = []
-    saved = os.sched_getaffinity(0)
     with queue.InferenceQueue.create(cfg) as server:
-        cmd = [sys.executable, "-m", "lowtail.validation.echo_server", str(worker_cpu)]
-        log.debug("running %s (client on CPU %d)", shlex.join(cmd), client_cpu)
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
+        proc = _start_echo_server(worker_cpu, client_cpu, server.descriptor.to_bytes())
         try:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(server.descriptor.to_bytes())
-            proc.stdin.close()
-            if proc.stdout.readline().strip() != b"ready":
-                raise ProbeError(f"the shm_rtt echo worker on CPU {worker_cpu} exited with {proc.wait()}")
-            os.sched_setaffinity(0, {client_cpu})
-            obs = np.zeros((1, 64), dtype=np.float32)
-            bar = Progress(f"shm_rtt cpus {client_cpu}->{worker_cpu}", opts.samples, enabled=opts.progress)
-            with queue.QueueClient.attach(server.descriptor) as client:
-                for _ in range(200):  # warm-up: page faults, first futex waits
-                    client.infer({"obs": obs}, timeout_s=5.0)
-                for i in range(opts.samples):
-                    t0 = time.perf_counter_ns()
-                    client.infer({"obs": obs}, timeout_s=5.0)
-                    samples.append((time.perf_counter_ns() - t0) / 1e6)
-                    if i % 500 == 0:
-                        bar.update(i)
-            bar.finish()
+            samples = _round_trips(queue, server.descriptor, client_cpu, worker_cpu, opts)
         finally:
-            os.sched_setaffinity(0, saved)
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
+            _stop(proc)
     check = grade("shm_rtt", {client_cpu: samples}, opts.limit("shm_rtt"), "queue round trip")
     check.evidence.insert(
         0, f"client on CPU {client_cpu}, echo worker on CPU {worker_cpu}; 1 x 64 float32 request, closed loop"
@@ -110,7 +126,7 @@ def probe_shm_rtt(opts: ProbeOptions) -> Check:
 
 
 INFERENCE_MAX_CPUS = 4  # a worker compiles the model once per CPU: a spread sample, not every core
-INFERENCE_BATCH = 16  # the predecessor system's max batch
+INFERENCE_BATCH = 16  # a full engine batch (QueueConfig.max_batch_samples)
 INFERENCE_STEP = 25  # calls between two moves of the progress bar (a call is about a millisecond)
 
 
@@ -124,34 +140,37 @@ def spread(cpus: frozenset[int], k: int) -> list[int]:
     )
 
 
-def probe_inference(opts: ProbeOptions) -> Check:
-    """The pinned OpenVINO worker on the generated model: per engine call, the write-up's deschedule
-    (wall - process CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
-    missing = _missing("lowtail.serve.worker_process", "lowtail.serve.model", "lowtail.shm.queue")
-    if missing:
-        return skip(
-            "inference",
-            f"{missing} is not installed (lowtail's pinned OpenVINO inference worker and the shared-memory "
-            "queue it serves)",
-            kind="probe",
-        )
-    worker = importlib.import_module("lowtail.serve.worker_process")
-    measure = getattr(worker, "measure_pinned", None)
-    if measure is None:
-        return skip(
-            "inference", "lowtail.serve.worker_process has no measure_pinned() entry point", kind="probe"
-        )
-    metrics = importlib.import_module("lowtail.serve.call_stats")
-    col = metrics.COL
-    cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
-    client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
-    calls = opts.samples  # each a batch of 16 through the queue, the worker and OpenVINO
+def _worker_figures(m: Any, col: dict[str, int]) -> tuple[dict[str, Any], str]:
+    """What one CPU's measurement adds beside its deschedule samples, and the evidence note for it."""
+    rows = m.rows
+    wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])
+    iso = m.isolation
+    extra = {
+        "wall_ms_p50": wall["p50"],
+        "wall_ms_p999": wall["p999"],
+        "wall_ms_max": wall["max"],
+        "run_delay_ms_total": round(float(rows[:, col["run_delay_ms"]].sum()), 3),
+        "nonvoluntary_switches": int(rows[:, col["nivcsw"]].sum()),
+        "sched_fifo": bool(m.report.sched_fifo),
+        "threads": iso.threads,
+        "isolated": bool(iso.ok),
+        "isolation": iso.detail,
+    }
+    note = (
+        f"; wall p50 {extra['wall_ms_p50']:.3f} p999 {extra['wall_ms_p999']:.3f} ms, "
+        f"sched_fifo={extra['sched_fifo']}, {iso.threads} threads, isolation: {iso.detail}"
+    )
+    return extra, note
+
+
+def _measure_each_cpu(
+    worker: Any, cpus: list[int], client_cpu: int | None, calls: int, progress: Progress
+) -> tuple[dict[int, list[float]], dict[int, dict[str, Any]], dict[int, str]]:
+    """Measure the pinned worker on each CPU in turn: deschedule samples, figures and notes per CPU."""
+    col = importlib.import_module("lowtail.serve.call_stats").COL
     per_cpu: dict[int, list[float]] = {}
     notes: dict[int, str] = {}
     extra: dict[int, dict[str, Any]] = {}
-    # Counted in calls (the bar's ETA then holds once the first CPU's model is compiled); each CPU
-    # first compiles its model, named as a phase so a long compile does not look like a hang.
-    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus) * calls, enabled=opts.progress)
     for i, cpu in enumerate(cpus):
         quiet = worker.WorkerConfig(name="measure", log_level="WARNING")  # info lines would break the bar
         base = i * calls
@@ -163,29 +182,38 @@ def probe_inference(opts: ProbeOptions) -> Check:
             if k % INFERENCE_STEP == 0 or k == calls:
                 progress.update(base + k, f"CPU {cpu}: {k}/{calls} calls")
 
-        m = measure(
+        m = worker.measure_pinned(
             cpu, client_cpu=client_cpu, batch=INFERENCE_BATCH, calls=calls, config=quiet, on_call=advance
         )
-        rows = m.rows
-        per_cpu[cpu] = [float(x) for x in rows[:, col["deschedule_ms"]]]
-        wall = tail_stats([float(x) for x in rows[:, col["wall_ms"]]])
-        iso = m.isolation
-        extra[cpu] = {
-            "wall_ms_p50": wall["p50"],
-            "wall_ms_p999": wall["p999"],
-            "wall_ms_max": wall["max"],
-            "run_delay_ms_total": round(float(rows[:, col["run_delay_ms"]].sum()), 3),
-            "nonvoluntary_switches": int(rows[:, col["nivcsw"]].sum()),
-            "sched_fifo": bool(m.report.sched_fifo),
-            "threads": iso.threads,
-            "isolated": bool(iso.ok),
-            "isolation": iso.detail,
-        }
-        notes[cpu] = (
-            f"; wall p50 {extra[cpu]['wall_ms_p50']:.3f} p999 {extra[cpu]['wall_ms_p999']:.3f} ms, "
-            f"sched_fifo={extra[cpu]['sched_fifo']}, {iso.threads} threads, isolation: {iso.detail}"
-        )
+        per_cpu[cpu] = [float(x) for x in m.rows[:, col["deschedule_ms"]]]
+        extra[cpu], notes[cpu] = _worker_figures(m, col)
     progress.finish()
+    return per_cpu, extra, notes
+
+
+def probe_inference(opts: ProbeOptions) -> Check:
+    """The pinned OpenVINO worker on the generated model: per engine call, the deschedule (wall - process
+    CPU) graded on p99.9, with wall time, run_delay, switches and isolation alongside."""
+    missing = _missing("lowtail.serve.worker_process", "lowtail.serve.model", "lowtail.shm.queue")
+    if missing:
+        return skip(
+            "inference",
+            f"{missing} is not installed (lowtail's pinned OpenVINO inference worker and the shared-memory "
+            "queue it serves)",
+            kind="probe",
+        )
+    worker = importlib.import_module("lowtail.serve.worker_process")
+    if getattr(worker, "measure_pinned", None) is None:
+        return skip(
+            "inference", "lowtail.serve.worker_process has no measure_pinned() entry point", kind="probe"
+        )
+    cpus = spread(opts.cpus, INFERENCE_MAX_CPUS)
+    client_cpu = opts.main_cpu if opts.main_cpu not in cpus else None
+    calls = opts.samples  # each a batch of 16 through the queue, the worker and OpenVINO
+    # Counted in calls (the bar's ETA then holds once the first CPU's model is compiled); each CPU
+    # first compiles its model, named as a phase so a long compile does not look like a hang.
+    progress = Progress(f"inference cpus {cpulist.format(cpus)}", len(cpus) * calls, enabled=opts.progress)
+    per_cpu, extra, notes = _measure_each_cpu(worker, cpus, client_cpu, calls, progress)
     check = grade(
         "inference",
         per_cpu,

@@ -4,7 +4,7 @@ Everything is read under configurable roots, so a fixture tree can stand in for 
 
     {proc}/cmdline                                       kernel arguments in effect
     {sys}/devices/system/cpu/{isolated,nohz_full}        what the running kernel isolated
-    {proc}/sys/kernel/sched_rt_{runtime,period}_us       the RT budget (the write-up's 500000 vs 950000)
+    {proc}/sys/kernel/sched_rt_{runtime,period}_us       the RT budget (500000 throttles; default 950000)
     {proc}/sys/kernel/numa_balancing                     automatic NUMA balancing
     {proc}/irq/N/{effective_affinity_list,smp_affinity_list}
     {sys}/devices/system/cpu/cpuN/cpufreq/scaling_governor
@@ -37,7 +37,7 @@ from lowtail.validation.check import Check, Status, skip
 from lowtail.validation.firmware import check_cstates, check_firmware
 from lowtail.validation.threads import LEASE_STATE
 
-# The kernel default (and what the write-up's good VMware run had): 950000 of 1000000 us.
+# The kernel default: 950000 of 1000000 us.
 RT_RUNTIME_DEFAULT_SHARE = 0.95
 # QueueConfig's defaults (lowtail.shm.control): 16 lanes x 16 slots x (36 KiB request + 12 KiB response).
 SHM_BYTES_PER_WORKER = 16 * 16 * (36864 + 12288)

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,19 +200,12 @@ def _descendants(roots: Iterable[int], threads: dict[int, ThreadSample]) -> set[
     return out
 
 
-def check_leased_threads(
-    sampler: Sampler,
-    leases: list[Lease],
-    own_pids: Iterable[int] = (),
-    limits: Limits = DEFAULT_LIMITS,
-    nohz_full: frozenset[int] = frozenset(),
-) -> Check:
-    name = "leased_threads"
-    window = sampler.window_s
-    if sampler.samples < 2 or window <= 0:
-        return skip(name, "the thread sampler took fewer than two samples", "probe")
+def _foreign_time(
+    sampler: Sampler, by_cpu: Mapping[int, Lease], own_pids: Iterable[int], nohz_full: frozenset[int]
+) -> tuple[dict[int, list[tuple[int, ThreadSample]]], dict[int, list[tuple[int, ThreadSample]]]]:
+    """Run time (ns) on each leased CPU of threads that are neither the owner's nor the validator's: the
+    foreign ones, and apart from them the per-CPU kthreads bound to a nohz_full CPU (they cannot move)."""
     threads = sampler.threads
-    by_cpu: dict[int, Lease] = {lease.cpu: lease for lease in leases if lease.cpu in sampler.cpus}
     excused_pids = _descendants(own_pids, threads)
     owners = {cpu: _descendants([lease.pid or 0], threads) for cpu, lease in by_cpu.items()}
     foreign: dict[int, list[tuple[int, ThreadSample]]] = defaultdict(list)
@@ -226,6 +219,56 @@ def check_leased_threads(
             pinned_kthreads[cpu].append((ns, s))
         else:
             foreign[cpu].append((ns, s))
+    return foreign, pinned_kthreads
+
+
+def _leased_cpu(
+    cpu: int,
+    lease: Lease,
+    foreign: list[tuple[int, ThreadSample]],
+    pinned_kthreads: list[tuple[int, ThreadSample]],
+    window: float,
+) -> tuple[float, dict[str, Any], str]:
+    """One leased CPU: foreign ms per second, its report entry and its evidence line."""
+    top = sorted(foreign, key=lambda x: -x[0])
+    ms_per_s = sum(ns for ns, _ in top) / 1e6 / window
+    kt = sorted(pinned_kthreads, key=lambda x: -x[0])
+    entry = {
+        "owner": lease.owner,
+        "owner_pid": lease.pid,
+        "foreign_ms_per_s": round(ms_per_s, 3),
+        "top": [
+            {"pid": s.pid, "tid": s.tid, "comm": s.comm, "kthread": s.kthread, "ms": round(ns / 1e6, 3)}
+            for ns, s in top[:TOP]
+        ],
+        "bound_kthreads_ms": round(sum(ns for ns, _ in kt) / 1e6, 3),
+    }
+    line = f"CPU {cpu} ({lease.owner}, pid {lease.pid}): foreign {ms_per_s:.3f} ms/s"
+    if top:
+        line += "; top: " + ", ".join(
+            f"{s.comm}[{s.pid}/{s.tid}]{' (kthread)' if s.kthread else ''} {ns / 1e6:.2f} ms"
+            for ns, s in top[:TOP]
+        )
+    if kt:
+        line += "; per-CPU kthreads (cannot move): " + ", ".join(
+            f"{s.comm} {ns / 1e6:.2f} ms" for ns, s in kt[:TOP]
+        )
+    return ms_per_s, entry, line
+
+
+def check_leased_threads(
+    sampler: Sampler,
+    leases: list[Lease],
+    own_pids: Iterable[int] = (),
+    limits: Limits = DEFAULT_LIMITS,
+    nohz_full: frozenset[int] = frozenset(),
+) -> Check:
+    name = "leased_threads"
+    window = sampler.window_s
+    if sampler.samples < 2 or window <= 0:
+        return skip(name, "the thread sampler took fewer than two samples", "probe")
+    by_cpu: dict[int, Lease] = {lease.cpu: lease for lease in leases if lease.cpu in sampler.cpus}
+    foreign, pinned_kthreads = _foreign_time(sampler, by_cpu, own_pids, nohz_full)
     per_cpu: dict[str, Any] = {}
     evidence = [
         f"{sampler.samples} samples of every thread over {window:.2f} s; leased CPUs "
@@ -233,31 +276,10 @@ def check_leased_threads(
     ]
     worst = 0.0
     for cpu in sorted(by_cpu):
-        lease = by_cpu[cpu]
-        top = sorted(foreign[cpu], key=lambda x: -x[0])
-        ms_per_s = sum(ns for ns, _ in top) / 1e6 / window
+        ms_per_s, per_cpu[str(cpu)], line = _leased_cpu(
+            cpu, by_cpu[cpu], foreign[cpu], pinned_kthreads[cpu], window
+        )
         worst = max(worst, ms_per_s)
-        kt = sorted(pinned_kthreads[cpu], key=lambda x: -x[0])
-        per_cpu[str(cpu)] = {
-            "owner": lease.owner,
-            "owner_pid": lease.pid,
-            "foreign_ms_per_s": round(ms_per_s, 3),
-            "top": [
-                {"pid": s.pid, "tid": s.tid, "comm": s.comm, "kthread": s.kthread, "ms": round(ns / 1e6, 3)}
-                for ns, s in top[:TOP]
-            ],
-            "bound_kthreads_ms": round(sum(ns for ns, _ in kt) / 1e6, 3),
-        }
-        line = f"CPU {cpu} ({lease.owner}, pid {lease.pid}): foreign {ms_per_s:.3f} ms/s"
-        if top:
-            line += "; top: " + ", ".join(
-                f"{s.comm}[{s.pid}/{s.tid}]{' (kthread)' if s.kthread else ''} {ns / 1e6:.2f} ms"
-                for ns, s in top[:TOP]
-            )
-        if kt:
-            line += "; per-CPU kthreads (cannot move): " + ", ".join(
-                f"{s.comm} {ns / 1e6:.2f} ms" for ns, s in kt[:TOP]
-            )
         evidence.append(line)
     return graded(
         name,

@@ -1,7 +1,7 @@
 """Differential fuzzing of the payload header decoder: the native core's (``lowtail_native.decode_header``,
 Rust) against the Python reference (``lowtail.shm.payload.decode_header``) on bytes a hostile process
 could write. Both must accept the same inputs with the same result and refuse the same ones; the native
-one must never crash. The ndarray slot-name decoding is part of the header, so it is fuzzed with it.
+one must never crash. The ndarray segment-name decoding is part of the header, so it is fuzzed with it.
 
 Two engines:
 - ``run(seconds)``: a seeded mutation fuzzer (flips, interesting bytes and dims, inserts, deletes,
@@ -10,7 +10,7 @@ Two engines:
 - ``python tests/shm/fuzz/header_fuzz.py [-max_total_time=N] tests/shm/fuzz/corpus``: coverage-guided
   with atheris (PyPI) when it is installed; new inputs it finds can be kept in the corpus.
 
-The first byte of an input is the external flag (odd: the payload claims an ndarray slot); the rest is
+The first byte of an input is the external flag (odd: the payload claims an ndarray segment); the rest is
 the header.
 """
 

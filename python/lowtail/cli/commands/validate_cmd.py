@@ -49,6 +49,17 @@ def register(sub: Any) -> None:
         description="Checks: " + ", ".join(ALL_CHECKS),
     )
     add_root_args(p)
+    _add_outputs(p)
+    _add_probe_options(p)
+    _add_judging_options(p)
+    _add_target_options(p)
+    _add_static_inputs(p)
+    add_no_progress(p)
+    p.set_defaults(func=run_validate)
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    """Where the report goes."""
     # The CLI convention (lowtail.options): output paths are checked before any probe runs.
     add_json(p, "the report")
     add_html(p, "the report with plots")
@@ -58,6 +69,10 @@ def register(sub: Any) -> None:
         type=output_path(),
         help="write each check as a JUnit XML test case (fail a failure, skip skipped) for CI",
     )
+
+
+def _add_probe_options(p: argparse.ArgumentParser) -> None:
+    """Which checks run, on which CPUs, for how long."""
     p.add_argument(
         "--quick",
         action="store_true",
@@ -97,6 +112,10 @@ def register(sub: Any) -> None:
         help="run each probe N times and report the spread (mean, deviation, outlier rounds); the report "
         "keeps the median round (default: 1)",
     )
+
+
+def _add_judging_options(p: argparse.ArgumentParser) -> None:
+    """What the node is judged against: its plan, the limits."""
     p.add_argument("--plan", metavar="FILE", help="plan JSON (`lowtail plan --json FILE`); default: computed")
     p.add_argument(
         "--housekeeping",
@@ -116,6 +135,10 @@ def register(sub: Any) -> None:
         + ", ".join(f"{k}={v.pass_max:g}:{v.warn_max:g}" for k, v in THRESHOLDS.items())
         + "; cstates in us of exit latency, leased_threads in ms of foreign run time per second)",
     )
+
+
+def _add_target_options(p: argparse.ArgumentParser) -> None:
+    """The process cfs_throttle and affinity look at."""
     target = p.add_mutually_exclusive_group()
     target.add_argument(
         "--pid",
@@ -131,6 +154,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--lease-state", default=str(LEASE_STATE), metavar="FILE", help="the lease allocator's state file"
     )
+
+
+def _add_static_inputs(p: argparse.ArgumentParser) -> None:
+    """What the static checks read and expect."""
     p.add_argument(
         "--expected-hardware",
         metavar="JSON",
@@ -156,8 +183,6 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="the CPU manager checkpoint the kubelet check reads",
     )
-    add_no_progress(p)
-    p.set_defaults(func=run_validate)
 
 
 def _limits(items: list[str]) -> dict[str, Limits]:
