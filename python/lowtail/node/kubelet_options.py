@@ -444,13 +444,12 @@ def _cpu_millis(value: Fraction) -> int:
 
 
 def _reserved_problems(
-    cfg: Mapping[str, object], reserved_cpus: int = 0
-) -> tuple[list[str], dict[str, Fraction]]:
+    cfg: Mapping[str, object], reserved_cpus: int, problems: list[str]
+) -> dict[str, Fraction]:
     """kubeReserved and systemReserved as cmd/kubelet/app parseResourceList reads them, and the
     memory (bytes, exact) and CPU (millis) they reserve together. With ``reserved_cpus`` CPUs in
     reservedSystemCPUs kubelet first drops kubeReserved's cpu and sets systemReserved's to that count
-    (cmd/kubelet/app/server.go run), so neither CPU value is ever parsed."""
-    problems: list[str] = []
+    (cmd/kubelet/app/server.go run), so neither CPU value is ever parsed. Problems go to ``problems``."""
     total = {"cpu": Fraction(reserved_cpus * 1000), "memory": Fraction(0)}
     for key in ("kubeReserved", "systemReserved"):
         for name, value in _map(cfg, key).items():
@@ -472,7 +471,7 @@ def _reserved_problems(
                 total["cpu"] += _cpu_millis(q)
             elif name == "memory":
                 total["memory"] += q
-    return problems, total
+    return total
 
 
 def _json_number(value: float) -> str:
@@ -549,6 +548,28 @@ def _eviction_memory(cfg: Mapping[str, object], problems: list[str], memory_byte
     return reserved
 
 
+def _reserved_limit(what: str, value: object, problems: list[str]) -> Fraction | None:
+    """A reservedMemory limit as Quantity's UnmarshalJSON decodes it (a JSON number or string, spaces
+    around it trimmed) and as the memory manager converts it (Quantity.AsInt64); None after a problem."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        problems.append(f"{what} is {value!r}; expected {QUANTITY_FORMS}")
+        return None
+    text = _json_number(value) if isinstance(value, float) else str(value).strip()
+    try:
+        n = k8s_quantity(text)
+    except QuantityError:
+        problems.append(f"{what} is {value!r}; expected {QUANTITY_FORMS}")
+        return None
+    if not k8s_quantity_is_int64(text):
+        problems.append(
+            f"{what} is {value!r}, which kubelet's memory manager cannot convert to an int64 (it takes a "
+            "whole number with at most 18 digits, and no fraction with a binary suffix); write it in bytes "
+            "or as such as '1536Mi'"
+        )
+        return None
+    return n
+
+
 def _memory_problems(
     cfg: Mapping[str, object], numa_nodes: int, reserved: Fraction, eviction: Fraction
 ) -> list[str]:
@@ -582,22 +603,8 @@ def _memory_problems(
                     f"reservedMemory: the limit type {name!r} for NUMA node {node} is not supported"
                 )
                 continue
-            # Quantity's UnmarshalJSON: a JSON number or string, spaces around it trimmed.
-            if isinstance(value, bool) or not isinstance(value, str | int | float):
-                problems.append(f"reservedMemory[{node}].{name} is {value!r}; expected {QUANTITY_FORMS}")
-                continue
-            text = _json_number(value) if isinstance(value, float) else str(value).strip()
-            try:
-                n = k8s_quantity(text)
-            except QuantityError:
-                problems.append(f"reservedMemory[{node}].{name} is {value!r}; expected {QUANTITY_FORMS}")
-                continue
-            if not k8s_quantity_is_int64(text):
-                problems.append(
-                    f"reservedMemory[{node}].{name} is {value!r}, which kubelet's memory manager cannot "
-                    "convert to an int64 (it takes a whole number with at most 18 digits, and no fraction "
-                    "with a binary suffix); write it in bytes or as such as '1536Mi'"
-                )
+            n = _reserved_limit(f"reservedMemory[{node}].{name}", value, problems)
+            if n is None:
                 continue
             if n == 0:
                 problems.append(f"reserved memory may not be zero for NUMA node {node} and resource {name!r}")
@@ -633,7 +640,7 @@ def check_config(
 ) -> ConfigCheck:
     """Every reason kubelet ``version`` would refuse to start with the whole (merged)
     KubeletConfiguration ``cfg`` on a host with ``numa_nodes`` NUMA nodes over ``sockets`` sockets,
-    online ``cpus`` and cgroup ``cgroup_version`` (0 / None: unknown, that check is left out)."""
+    online ``cpus``, cgroup ``cgroup_version`` and ``memory_bytes`` (0 / None: unknown, not checked)."""
     minor = supported_minor(version)
     problems = _decode_problems(cfg)
     warnings: list[str] = []
@@ -668,8 +675,7 @@ def check_config(
             )
         else:
             reserved_cpus = parsed
-    reserve_problems, reserved = _reserved_problems(cfg, len(reserved_cpus))
-    problems += reserve_problems
+    reserved = _reserved_problems(cfg, len(reserved_cpus), problems)
     cpu_policy = _str(cfg, "cpuManagerPolicy", "none")
     options = _map(cfg, "cpuManagerPolicyOptions")
     if cpu_policy not in CPU_POLICIES:
@@ -696,8 +702,8 @@ def check_config(
                 f"option {BY_SOCKET!r} is not compatible with hardware where the sockets ({sockets}) "
                 f"outnumber the NUMA nodes ({numa_nodes})"
             )
-    eviction = _eviction_memory(cfg, problems, memory_bytes)
-    problems += _memory_problems(cfg, numa_nodes, reserved["memory"], eviction)
+    evicted = _eviction_memory(cfg, problems, memory_bytes)  # appends its own problems first
+    problems += _memory_problems(cfg, numa_nodes, reserved["memory"], evicted)
     problems += _topology_problems(minor, cfg, bool_gates, topology_policy, numa_nodes)
     return ConfigCheck(minor, problems, warnings)
 
