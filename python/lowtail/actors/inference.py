@@ -1,14 +1,11 @@
 """Ray inference actors: a leased CPU, a NUMA-bound queue and a pinned OpenVINO worker per actor.
 
-The predecessor system's isolated inference design, with its gaps closed:
-
-- ``InferenceActor`` leases ``infer:<hero>:<actor>`` from its node's allocator, creates the queue bound
-  to the leased CPU's NUMA node (the predecessor left page placement to first touch), spawns the pinned
-  worker (``lowtail.serve.worker_process``), keeps its own threads off the worker's CPU (the predecessor's
-  "release the main thread"), and publishes an ``Endpoint`` (``lowtail.actors.endpoint``) that carries
-  its node id. A supervisor thread restarts a dead worker on the same queue: requests the dead worker
-  held fail with ``WorkerDied``, later ones are served. ``shutdown()`` stops the worker, unlinks the
-  queue and releases the lease.
+- ``InferenceActor`` leases ``infer:<hero>:<actor>`` from its node's allocator, creates the queue bound to the
+  leased CPU's NUMA node (page placement is not left to first touch), spawns the pinned worker
+  (``lowtail.serve.worker_process``), keeps its own threads off the worker's CPU, and publishes an
+  ``Endpoint`` (``lowtail.actors.endpoint``) that carries its node id. A supervisor thread restarts a dead
+  worker on the same queue: requests the dead worker held fail with ``WorkerDied``, later ones are served.
+  ``shutdown()`` stops the worker, unlinks the queue and releases the lease.
 - The sampler side is ``lowtail.actors.inference_client`` (``InferenceClient``) and an example sampler
   actor is ``lowtail.actors.sampler``.
 

@@ -10,7 +10,7 @@ SLOW_ENGINE_CPU_MS = 100.0
 SLOW_TOTAL_MS = 200.0
 
 # "work": SCHED_FIFO while requests keep coming, dropped before any idle wait (default: no system call
-# between back-to-back batches). "call": around each batch (the predecessor's toggle, two system calls per
+# between back-to-back batches). "call": around each batch (two system calls per
 # batch). "busy": also through the idle spin and park of a claim timeout after the last batch.
 FIFO_SCOPES = ("work", "call", "busy")
 

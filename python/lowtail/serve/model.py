@@ -35,8 +35,8 @@ DEFAULT_HEADS: tuple[tuple[str, int], ...] = (
     ("skill", 8),
     ("target", 10),
 )
-# Three wide layers: at batch 16 one call costs ~1 ms of one core here, the order of the predecessor system's
-# per-call engine time, so queue overhead is measured against a realistic amount of work.
+# Three wide layers: at batch 16 one call costs ~1 ms of one core here, the order of a small policy
+# network's per-call engine time, so queue overhead is measured against a realistic amount of work.
 DEFAULT_HIDDEN: tuple[int, ...] = (1024, 1024, 512)
 DEFAULT_FEATURES = 512
 

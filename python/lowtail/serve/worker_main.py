@@ -5,7 +5,7 @@ CPU before numpy or OpenVINO are imported, so every thread they create inherits 
 OpenVINO sizes its pool from it. Everything that needs numpy is imported inside ``main`` after pinning,
 and the queue descriptor arrives as bytes (``QueueDescriptor.to_bytes``, JSON) for the same reason.
 
-Order of work (the predecessor system, plus what it lacked):
+Order of work:
  1. pin to the CPU (and verify), nice -20 where permitted, timer slack 1 ns, SCHED_FIFO detection;
  2. import numpy/OpenVINO, compile with one thread and an explicit precision (checked), bind tensors;
  3. attach to the queue as its single consumer, freeze the GC, report ready to the parent; a standby

@@ -100,7 +100,7 @@ class IsolationReport:
     masks: dict[str, int]  # cpulist -> threads with that mask
     all_on_cpu: bool  # every thread of the worker may run only on its CPU
     serving_thread_share: float  # the serving thread's share of the process's CPU time
-    # process CPU / thread CPU inside infer(): ~1.0 when isolated, the predecessor's test of its subprocess
+    # process CPU / thread CPU inside infer(): ~1.0 when isolated (no other thread ran in the call)
     engine_cpu_ratio: float
     engine_calls: int
     ok: bool
@@ -265,7 +265,7 @@ class WorkerProcess:
         )
 
     def isolation(self) -> IsolationReport:
-        """The worker's threads, their CPU masks and the predecessor's 1:1 test (process CPU ~ thread CPU)."""
+        """The worker's threads, their CPU masks and the 1:1 test (process CPU ~ thread CPU)."""
         s = self._segment()
         masks: dict[str, int] = {}
         cpu_s: dict[int, float] = {}  # utime + stime per thread, as psutil reads /proc/PID/task/TID/stat

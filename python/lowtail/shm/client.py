@@ -333,7 +333,7 @@ _AnswerLayout = tuple[
 
 
 class Pending:
-    """The predecessor's two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
+    """The two-phase async form: ``client.start(...)`` returns at once, ``finish`` waits."""
 
     __slots__ = ("client", "ticket")
 

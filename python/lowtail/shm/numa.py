@@ -1,7 +1,7 @@
 """NUMA placement of shared memory through raw syscalls (no libnuma): bind, pre-fault, report.
 
-The predecessor system pinned CPUs but left memory to first touch: a segment zeroed by whichever
-thread created it lands on that thread's node for good. Here a segment's range is bound with
+Pinning CPUs is not enough: left to first touch, a segment zeroed by whichever thread created it
+lands on that thread's node for good. Here a segment's range is bound with
 ``mbind(MPOL_BIND)`` before its pages are allocated, then touched by a thread pinned to the node's CPUs
 (so the page tables are populated and any page allocated by touch also obeys the node), and placement
 is verified with ``move_pages(pid, n, pages, NULL, status, 0)``, which only reports (``nodes=NULL``)
