@@ -127,7 +127,9 @@ def test_bench_queue_interrupted_exits_130_with_a_partial_report(
     assert main([*argv, "--json", str(out)]) == 130
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is True and doc["complete"] is False and doc["transports"] == {}
-    assert "INTERRUPTED" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # every bench names the files it wrote, after its table ('JSON report: FILE', docs/cli.md)
+    assert printed.index("INTERRUPTED") < printed.index(f"JSON report: {out}"), printed
 
 
 # ---- claims the docs make about the files and the play ---------------------------------------------
@@ -178,3 +180,81 @@ def test_the_readme_command_list_names_every_subcommand() -> None:
     commands = {p.prog.split()[1] for p in all_parsers() if len(p.prog.split()) == 2}
     missing = commands - listed - {"--help"}
     assert not missing, missing
+
+
+def test_the_design_names_every_module_of_our_own_in_library() -> None:
+    """It said 'two modules of our own' when there were three: the names are listed, and checked."""
+    design = " ".join((ROOT / "docs/design.md").read_text().split())
+    sentence = design.split("plus the modules of our own in `library/`:", 1)[1].split(".", 1)[0]
+    named = set(re.findall(r"`(\w+)`", sentence))
+    assert named == {p.stem for p in (ROOT / "library").glob("*.py")}, sentence
+
+
+def test_the_testing_doc_gives_no_test_count_that_drifts() -> None:
+    """docs/testing.md once gave the fast set's size as a figure that was stale a day later."""
+    testing = " ".join((ROOT / "docs/testing.md").read_text().split())
+    at = testing.index('pytest --collect-only -q -m "not slow" | tail -1')
+    around = testing[at - 300 : at + 200]
+    assert not re.search(r"\d+ of \d+|\d+ tests|two thirds|half of the tests", around), around
+
+
+def _report_after_table(out: str, path: Path, table_line: str, schema: str) -> None:
+    """'The table is printed before any file is written', the file named, and the file starts with its
+    schema stamp."""
+    assert out.index(table_line) < out.index(f"JSON report: {path}"), out
+    doc = json.loads(path.read_text())
+    assert list(doc)[:3] == ["schema", "schema_version", "lowtail_version"], list(doc)[:5]
+    assert doc["schema"] == f"lowtail.{schema}"
+
+
+def test_every_report_starts_with_its_schema_and_is_named_after_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for action, line in (("ls", "lowtail segments in"), ("gc", "removed 0 segment(s)")):
+        report = tmp_path / f"shm-{action}.json"
+        assert main(["shm", action, "--dir", str(shm), "--json", str(report)]) == 0
+        _report_after_table(capsys.readouterr().out, report, line, f"shm.{action}")
+
+    report = tmp_path / "model.json"
+    argv = [
+        "model",
+        "build",
+        "--out",
+        str(tmp_path / "m"),
+        "--features",
+        "8",
+        "--hidden",
+        "8",
+        "--heads",
+        "a:2",
+    ]
+    assert main([*argv, "--json", str(report)]) == 0
+    _report_after_table(capsys.readouterr().out, report, "hidden layers:", "model.build")
+
+    from tests.fixtures.machines import MACHINES, write_machine
+
+    sys_root, proc_root = write_machine(tmp_path / "machine", MACHINES["epyc9634_2s"])
+    roots = ["--sysfs-root", str(sys_root), "--procfs-root", str(proc_root)]
+    for command, line in (("topology", "L3 groups"), ("plan", "Kernel arguments:")):
+        report = tmp_path / f"{command}.json"
+        assert main([command, *roots, "--json", str(report)]) == 0
+        _report_after_table(capsys.readouterr().out, report, line, command)
+    report = tmp_path / "tb.json"
+    assert main(["tb-report", str(ROOT / "docs/tb-report-example/vmware"), "--json", str(report)]) == 0
+    _report_after_table(capsys.readouterr().out, report, "learner waits for samples", "tb-report")
+
+    from lowtail.demo import local
+
+    class Result:  # the demo's figures are tested in tests/demo; here only what the command does with them
+        samples = 1
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"samples": 1}
+
+    monkeypatch.setattr(local, "run_demo", lambda opts, progress: Result())
+    monkeypatch.setattr(local, "render", lambda result: "demo table")
+    report = tmp_path / "demo.json"
+    assert main(["demo", "ray", "--seconds", "1", "--no-progress", "--json", str(report)]) == 0
+    _report_after_table(capsys.readouterr().out, report, "demo table", "demo.ray")

@@ -74,3 +74,18 @@ def test_targets_a_run_did_not_ask_for_are_left_out_of_the_tables_and_counted() 
     title, _, rows = tables(report)[-1]
     assert rows == [] and title.startswith("targets (") and "not asked for" in title
     assert all(t["why"] for t in report["targets"])  # the JSON keeps every target, with why
+
+
+def test_the_fifo_target_is_left_out_at_another_priority_whatever_the_sample_count() -> None:
+    """At the default priority a quick run's fifo-only target read 'too few samples' and was listed,
+    as if more samples would decide it: it is not this run's to decide at all."""
+    from lowtail.benchmarks.queue_bench import tables, targets
+
+    lt = {"n": 300, "p50_us": 10.0, "p99_us": 20.0, "p999_us": 25.0, "max_us": 90.0}
+    report = {"transports": {"lowtail": lt}, "targets": targets({"lowtail": lt}, priority="nice")}
+    _, _, rows = tables(report)[-1]
+    assert not [r for r in rows if "fifo" in r[0]], rows
+    fifo = next(t for t in report["targets"] if "fifo" in t["target"])
+    assert fifo["met"] is None and fifo["why"] == "decided under --priority fifo only"
+    at_fifo = next(t for t in targets({"lowtail": lt}, priority="fifo") if "fifo" in t["target"])
+    assert at_fifo["why"].startswith("too few samples"), at_fifo

@@ -13,12 +13,25 @@ from lowtail.validation import plots
 
 
 def _texts(fig: Any) -> list[tuple[str, Any]]:
+    """The texts a draw of ``fig`` really draws (a tick label outside the view limits exists, with a
+    stale position, but is never drawn), with their boxes."""
     from matplotlib.text import Text
 
-    fig.canvas.draw()
+    drawn: dict[int, Any] = {}
+    draw = Text.draw
+
+    def record(self: Any, renderer: Any) -> Any:
+        drawn[id(self)] = self
+        return draw(self, renderer)
+
+    Text.draw = record  # type: ignore[method-assign]
+    try:
+        fig.canvas.draw()
+    finally:
+        Text.draw = draw  # type: ignore[method-assign]
     renderer = fig.canvas.get_renderer()
     out = []
-    for t in fig.findobj(Text):
+    for t in drawn.values():
         if t.get_visible() and t.get_text().strip() and t.get_figure() is not None:
             box = t.get_window_extent(renderer)
             if box.width > 0 and box.height > 0:
@@ -110,3 +123,100 @@ def test_the_validate_histogram_has_n_limits_and_the_graded_value_without_overpr
     text = _all_text(fig)
     assert "cpu1 (n=3000)" in text and "pass <= 0.1 ms" in text and "graded p99.9 0.07 ms" in text
     assert "latency (ms, log)" in text
+
+
+# ---- the bench figures: built inside plot() from a run's results, kept open here to inspect ---------
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The figures a bench's plot() closes after saving its PNG, kept open instead."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs: list[Any] = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    yield figs
+    for f in figs:
+        close(f)
+
+
+def _serve_results() -> list[Any]:
+    from lowtail.benchmarks.serve_run import DesignResult
+    from lowtail.serve.call_stats import percentiles
+
+    rng = random.Random(7)
+
+    def lat(base: float, n: int) -> Any:
+        return percentiles([base * (1 + rng.expovariate(4)) for _ in range(n)])
+
+    def breakdown() -> dict[str, Any]:
+        return {k: percentiles([2.0 + rng.random() for _ in range(50)]) for k in serve_breakdown()}
+
+    bare = DesignResult("bare", 0, 16, samples_per_s=20_000.0, latency_ms=lat(0.8, 4000))
+    served = [
+        DesignResult("served", n, 16, samples_per_s=19_500.0 - 300 * n, latency_ms=lat(0.9, 4000),
+                     ratio_to_bare=0.97, breakdown_us=breakdown(), overhead_us_mean=12.0)
+        for n in (2, 4)
+    ]  # fmt: skip
+    traffic = DesignResult("traffic", 16, 1, samples_per_s=17_000.0, latency_ms=lat(1.1, 3000),
+                           ratio_to_bare=0.85, breakdown_us=breakdown(), overhead_us_mean=15.0,
+                           limits={"batches": 0.95, "worker": 1.2, "full_batches": 0.9})  # fmt: skip
+    return [bare, *served, traffic]
+
+
+def serve_breakdown() -> tuple[str, ...]:
+    from lowtail.benchmarks.serve_run import BREAKDOWN
+
+    return BREAKDOWN
+
+
+def test_bench_serve_figure_states_n_and_its_reference_lines_without_overprinting(kept: list[Any]) -> None:
+    from lowtail.benchmarks import serve_report
+
+    results = _serve_results()
+    serve_report.plot(results)
+    (fig,) = kept
+    assert overprints(fig) == []
+    text = _all_text(fig)
+    assert "n=3,000-4,000 per bar group" in text and "ms per call / request" in text
+    latency = fig.axes[1]
+    lines = {line.get_label(): line for line in latency.get_lines()}
+    floor = next(v for k, v in lines.items() if k.startswith("bare p50"))
+    assert floor.get_ydata()[0] == pytest.approx(results[0].latency_ms.p50)  # the floor drawn where it is
+    assert "no latency target" in latency.get_title()
+    assert "target 20 us" in text and "95% of bare" in text
+
+
+def test_bench_queue_figure_states_n_and_unit_without_overprinting(kept: list[Any]) -> None:
+    import numpy as np
+
+    from lowtail.benchmarks import queue_bench
+
+    rng = np.random.default_rng(3)
+    samples = {
+        name: rng.pareto(3.0, 3000) * scale + scale
+        for name, scale in (
+            ("lowtail", 20.0),
+            ("iceoryx2_busy", 18.0),
+            ("mp_pipe", 600.0),
+            ("ray_actor", 5000.0),
+        )
+    }
+    fair = {
+        "clients": 4,
+        "per_client": [
+            {"client": i, "answered": 900 + i, "wait_p50_us": 30.0 + i, "wait_p999_us": 400.0 + 50 * i}
+            for i in range(4)
+        ],
+    }
+    workload = {"request": "obs: float32[16, 512] (32 KiB)", "response": "logits: float32[16, 64] (4 KiB)",
+                "client_cpu": 0, "worker_cpu": 1}  # fmt: skip
+    queue_bench.plot(samples, {"workload": workload, "fairness": fair})
+    (fig,) = kept
+    assert overprints(fig) == []
+    text = _all_text(fig)
+    assert "lowtail (n=3000)" in text and "round trip (us)" in text and "µs" not in text

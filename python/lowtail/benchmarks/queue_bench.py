@@ -313,9 +313,12 @@ def targets(res: dict[str, dict[str, Any]], priority: str = "fifo") -> list[dict
     # p99.9 within 3x of lowtail's own p50: a target under --priority fifo only (at nice the other
     # tenants' CPU time is the tail); shown at every priority, decided at fifo.
     own = round(float(lt["p999_us"]) / float(lt["p50_us"]), 2) if lt else None
-    why = "not measured" if lt is None else _too_few("p999_us", lt)
-    if not why and priority != "fifo":
+    if lt is None:
+        why = "not measured"
+    elif priority != "fifo":  # before the sample count: more samples at this priority decide nothing
         why = "decided under --priority fifo only"
+    else:
+        why = _too_few("p999_us", lt)
     out.append({
         "target": "lowtail p99.9 within 3x of its own p50 under --priority fifo",
         "ratio": own,

@@ -490,16 +490,14 @@ def _leases_table(result: DemoResult) -> str:
 
 
 def _actors_table(result: DemoResult) -> str:
+    owners_per_cpu: dict[int, int] = {}
+    for leases in result.leases_by_kind.values():
+        for x in leases:
+            owners_per_cpu[x["cpu"]] = owners_per_cpu.get(x["cpu"], 0) + 1
     return table.render(
-        ["actor", "cpu", "worker restarts", "standby pid", "isolation"],
+        ["actor", "cpu", "worker restarts", "standby pid", "worker threads (checked)"],
         [
-            [
-                a["owner"],
-                a["cpu"],
-                a["restarts"],
-                a.get("standby_pid") or "-",
-                a.get("isolation", {}).get("detail", "-"),
-            ]
+            [a["owner"], a["cpu"], a["restarts"], a.get("standby_pid") or "-", _pinning(a, owners_per_cpu)]
             for a in result.actors
         ],
         title="Inference actors",
@@ -521,6 +519,19 @@ def render(result: DemoResult) -> str:
     if result.tb_run:
         parts.append(f"TensorBoard run: {result.tb_run}")
     return "\n\n".join(parts)
+
+
+def _pinning(actor: dict[str, Any], owners_per_cpu: dict[int, int]) -> str:
+    """What the worker's check found, in words: its threads' CPU affinity, and whether other lease owners
+    share that CPU (the demo override). Pinned is not isolated: a shared CPU still runs the others."""
+    rep = actor.get("isolation") or {}
+    if not rep:
+        return "-"
+    if not rep.get("ok"):
+        return str(rep.get("detail", "-"))
+    text = f"all {rep.get('threads', '?')} threads pinned to CPU {actor['cpu']}"
+    others = owners_per_cpu.get(actor["cpu"], 1) - 1
+    return text + (f"; {others} other lease owner(s) on that CPU (demo override)" if others > 0 else "")
 
 
 def _ms(*values: float) -> list[str]:

@@ -1,10 +1,12 @@
-"""Process and boot identity read from procfs: what tells a live owner from a recycled pid or a reboot.
+"""Process and boot identity read from procfs: what tells a live owner from a recycled pid or a reboot;
+and ending the children a command started (a probe, the resource tracker) before it returns.
 
 Standard library only (shipped to hosts by Ansible).
 """
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +59,25 @@ def end_resource_tracker() -> None:
     module = sys.modules.get("multiprocessing.resource_tracker")
     if module is None:
         return  # nothing was spawned: no tracker to end
+    # A stopped tracker unlinks every semaphore still registered with it; the Event (five semaphores)
+    # of an object that outlived its child then fails in its own finalizer at exit (sem_unlink:
+    # FileNotFoundError) and the tracker reports it leaked. Objects only a reference cycle keeps are
+    # collected first, which unlinks and unregisters theirs; any still alive keep the tracker running
+    # until this process exits, as Python does by default.
+    gc.collect()
+    if _semaphores_alive():
+        return
     stop = getattr(module._resource_tracker, "_stop", None)  # CPython 3.8+; private, so looked up
     if stop is not None:
         stop()
+
+
+def _semaphores_alive() -> bool:
+    """Whether a multiprocessing semaphore of this process still waits for its cleanup (the finalizer
+    ``SemLock`` registers when it creates a named semaphore)."""
+    synchronize = sys.modules.get("multiprocessing.synchronize")
+    if synchronize is None:
+        return False
+    util = sys.modules["multiprocessing.util"]  # imported by synchronize; its registry is private
+    cleanup = synchronize.SemLock._cleanup
+    return any(getattr(f, "_callback", None) is cleanup for f in list(util._finalizer_registry.values()))

@@ -15,8 +15,9 @@ is drawn again at its next update).
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 _LEVELS = {QUIET: logging.ERROR, NORMAL: logging.WARNING, VERBOSE: logging.DEBUG}
@@ -71,3 +72,21 @@ def info(text: str, stream: TextIO | None = None) -> None:
     """A note beside the result ("JSON report: FILE"): printed unless quiet (stdout by default)."""
     if not quiet():
         print(text, file=stream if stream is not None else sys.stdout, flush=True)
+
+
+# The output options every command shares (lowtail.options: --json, --plot, --html, --junit), with the
+# name its note gives the file.
+OUTPUTS = (("json", "JSON report"), ("plot", "PNG plot"), ("png", "PNG plot"), ("html", "HTML report"),
+           ("junit", "JUnit report"))  # fmt: skip
+
+
+def wrote(args: Any) -> None:
+    """One note per output file the command wrote ("JSON report: FILE"), to stdout, or to stderr when
+    ``--json -`` keeps stdout for the JSON; a file not written (an interrupted run) gets no note."""
+    stream = sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+    seen = set()
+    for dest, what in OUTPUTS:
+        path = getattr(args, dest, None)
+        if isinstance(path, str) and path != "-" and path not in seen and os.path.isfile(path):
+            seen.add(path)
+            info(f"{what}: {path}", stream)

@@ -34,7 +34,7 @@ from lowtail.node.topology import Topology
 from lowtail.render.progress import Progress
 from lowtail.render.schema import stamp
 from lowtail.shm.errors import QueueError
-from lowtail.validation.cgroup import Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
+from lowtail.validation.cgroup import CpuStat, Target, allowed_cpus, check_cfs_throttle, cpu_stat_of
 from lowtail.validation.check import Check, Limits, Status, skip, worst
 from lowtail.validation.core_to_core import probe_core_to_core
 from lowtail.validation.firmware import HWLAT_LIMITS, probe_hwlat
@@ -410,6 +410,20 @@ def _run_probe(name: str, runner: Callable[[], Check], rounds: int) -> Check:
         return Check(name, Status.FAIL, None, "", [str(e)], reason=f"probe could not run: {e}", kind="probe")
 
 
+def _probe_options(
+    opts: Options, topo: Topology, cpus: frozenset[int], settings: dict[str, Any], limits: dict[str, Limits]
+) -> ProbeOptions:
+    return ProbeOptions(
+        cpus=cpus,
+        samples=settings["samples_per_cpu"],
+        duration_s=settings["duration_s"],
+        main_cpu=_main_cpu(topo, cpus),
+        limits=limits,
+        progress=opts.progress,
+        proc_root=opts.src.proc_root,
+    )
+
+
 def _run_probes(
     opts: Options,
     topo: Topology,
@@ -423,15 +437,7 @@ def _run_probes(
     """Run the probes in order, appending each verdict to ``checks`` as it comes (an interrupt keeps
     those), with the validator kept off the CPUs it measures."""
     limits = {**THRESHOLDS, **opts.limits}
-    popts = ProbeOptions(
-        cpus=cpus,
-        samples=settings["samples_per_cpu"],
-        duration_s=settings["duration_s"],
-        main_cpu=_main_cpu(topo, cpus),
-        limits=limits,
-        progress=opts.progress,
-        proc_root=opts.src.proc_root,
-    )
+    popts = _probe_options(opts, topo, cpus, settings, limits)
     runners = _probe_runners(popts, _fifo_permitted)
     runners["hwlat"] = lambda: probe_hwlat(
         opts.src.sys_root,
@@ -477,6 +483,16 @@ def _skip_interrupted(checks: list[Check], order: list[str]) -> None:
         checks.append(skip(name, why, "probe" if name in PROBES else "static"))
 
 
+def _cfs_throttle(
+    opts: Options, target: Target, plan: Plan, before: CpuStat | None, t_before: float
+) -> Check:
+    """Judged over the whole run: cpu.stat now against ``before``, read when the checks began."""
+    window = time.monotonic() - t_before if before is not None else None
+    return check_cfs_throttle(
+        opts.src.proc_root, opts.src.cgroup_root, target, plan.isolated, before=before, window_s=window
+    )
+
+
 def run(opts: Options) -> Report:
     t0 = time.monotonic()
     topo, plan, plan_source = _topology_and_plan(opts)
@@ -520,16 +536,6 @@ def run(opts: Options) -> Report:
         interrupted = True
         _skip_interrupted(checks, [n for n in names if n in STATIC_CHECKS] + probe_names)
     if "cfs_throttle" in names:
-        window = time.monotonic() - t_before if throttle_before is not None else None
-        checks.append(
-            check_cfs_throttle(
-                opts.src.proc_root,
-                opts.src.cgroup_root,
-                target,
-                plan.isolated,
-                before=throttle_before,
-                window_s=window,
-            )
-        )
+        checks.append(_cfs_throttle(opts, target, plan, throttle_before, t_before))
     summary = summarize(checks, cpus, time.monotonic() - t0, interrupted)
     return Report(host=host, checks=checks, summary=summary, settings=settings)

@@ -12,11 +12,12 @@ import argparse
 import ast
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from lowtail import benchmarks
+from lowtail.render import console
 
 SUFFIX = "_bench"
 
@@ -47,6 +48,18 @@ def _declared(path: Path) -> list[tuple[str, str]]:
     return found
 
 
+def _noting(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The benchmark's run, then a note naming each file it wrote ("JSON report: FILE"), once here for
+    every benchmark."""
+
+    def run_and_note(args: argparse.Namespace) -> int:
+        code = run(args)
+        console.wrote(args)
+        return code
+
+    return run_and_note
+
+
 class _LazyBenchmarks(argparse._SubParsersAction):  # type: ignore[type-arg]
     """Imports a benchmark's module and lets it register its real parsers when one of them is chosen."""
 
@@ -72,7 +85,9 @@ class _LazyBenchmarks(argparse._SubParsersAction):  # type: ignore[type-arg]
                 raise RuntimeError(f"{module}.register() did not add the benchmarks {sorted(missing)}")
             for name in names:
                 chosen = self.choices[name]
-                chosen.set_defaults(command_name=chosen.prog, command_parser=chosen)
+                chosen.set_defaults(
+                    command_name=chosen.prog, command_parser=chosen, func=_noting(chosen.get_default("func"))
+                )
         super().__call__(parser, namespace, values, option_string)
 
 

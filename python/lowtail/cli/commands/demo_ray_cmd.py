@@ -15,6 +15,7 @@ from lowtail.options import (
     positive,
     write_json,
 )
+from lowtail.render.schema import stamp
 
 
 def demo_subparsers(sub: Any) -> Any:
@@ -108,11 +109,8 @@ def run(args: argparse.Namespace) -> int:
         bar.finish(f"samples {result.samples}")
     except DemoError as e:
         raise UsageError(str(e)) from None
-    if json_to_stdout(args):
-        write_json(args.json, result.to_dict())
-        return 0
-    print(render(result))
-    if args.json:
-        write_json(args.json, result.to_dict())
-        console.info(f"JSON summary: {args.json}")
+    if not json_to_stdout(args):
+        print(render(result))
+    write_json(args.json, {**stamp("demo.ray"), **result.to_dict()})
+    console.wrote(args)
     return 0

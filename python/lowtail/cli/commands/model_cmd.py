@@ -8,7 +8,8 @@ from typing import Any
 
 from lowtail.errors import UsageError
 from lowtail.options import add_json, json_to_stdout, output_dir, write_json
-from lowtail.render import table
+from lowtail.render import console, table
+from lowtail.render.schema import stamp
 
 
 def register(sub: Any) -> None:
@@ -44,12 +45,12 @@ def run_build(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     xml = model.write_model(args.out, spec)
     meta = json.loads((xml.parent / "model.json").read_text())
-    write_json(args.json, {"xml": str(xml), **meta})
-    if json_to_stdout(args):
-        return 0
-    rows = [[model.INPUT_NAME, "input", f"[batch, {spec.features}] float32"]]
-    rows += [[n, "softmax head", f"[batch, {s}]"] for n, s in spec.heads]
-    rows.append([model.VALUE_NAME, "value head", "[batch, 1]"])
-    print(table.render(["tensor", "role", "shape"], rows, title=f"wrote {xml} (seed {spec.seed})"))
-    print(f"hidden layers: {list(spec.hidden)}; weights sha256 {meta['bin_sha256'][:16]}...")
+    if not json_to_stdout(args):  # the table first: a file that cannot be written never hides it
+        rows = [[model.INPUT_NAME, "input", f"[batch, {spec.features}] float32"]]
+        rows += [[n, "softmax head", f"[batch, {s}]"] for n, s in spec.heads]
+        rows.append([model.VALUE_NAME, "value head", "[batch, 1]"])
+        print(table.render(["tensor", "role", "shape"], rows, title=f"wrote {xml} (seed {spec.seed})"))
+        print(f"hidden layers: {list(spec.hidden)}; weights sha256 {meta['bin_sha256'][:16]}...")
+    write_json(args.json, {**stamp("model.build"), "xml": str(xml), **meta})
+    console.wrote(args)
     return 0

@@ -9,7 +9,8 @@ from typing import Any
 
 from lowtail.errors import UsageError
 from lowtail.options import add_json, json_to_stdout, write_json
-from lowtail.render import table
+from lowtail.render import console, table
+from lowtail.render.schema import stamp
 from lowtail.shm import segments
 
 
@@ -74,27 +75,38 @@ def run_ls(args: argparse.Namespace) -> int:
     _check_dir(args.dir)
     found = segments.scan(args.dir)
     infos = found.segments
+    if not json_to_stdout(args):  # the table first: a file that cannot be written never hides it
+        title = f"lowtail segments in {found.dir}: {len(infos)}"
+        if found.ignored:
+            title += f" ({found.ignored} other entries ignored)"
+        print(table.render(HEADERS, _rows(infos), title=title))
     write_json(
         args.json,
-        {"dir": found.dir, "segments": [s.to_dict() for s in infos], "ignored_entries": found.ignored},
+        {
+            **stamp("shm.ls"),
+            "dir": found.dir,
+            "segments": [s.to_dict() for s in infos],
+            "ignored_entries": found.ignored,
+        },
     )
-    if json_to_stdout(args):
-        return 0
-    title = f"lowtail segments in {found.dir}: {len(infos)}"
-    if found.ignored:
-        title += f" ({found.ignored} other entries ignored)"
-    print(table.render(HEADERS, _rows(infos), title=title))
+    console.wrote(args)
     return 0
 
 
 def run_gc(args: argparse.Namespace) -> int:
     _check_dir(args.dir)
     removed = segments.sweep_dead(args.dir, dry_run=args.dry_run)
+    if not json_to_stdout(args):
+        verb = "would remove" if args.dry_run else "removed"
+        print(table.render(HEADERS, _rows(removed), title=f"{verb} {len(removed)} segment(s) of dead owners"))
     write_json(
-        args.json, {"dir": args.dir, "dry_run": args.dry_run, "removed": [s.to_dict() for s in removed]}
+        args.json,
+        {
+            **stamp("shm.gc"),
+            "dir": args.dir,
+            "dry_run": args.dry_run,
+            "removed": [s.to_dict() for s in removed],
+        },
     )
-    if json_to_stdout(args):
-        return 0
-    verb = "would remove" if args.dry_run else "removed"
-    print(table.render(HEADERS, _rows(removed), title=f"{verb} {len(removed)} segment(s) of dead owners"))
+    console.wrote(args)
     return 0

@@ -7,6 +7,7 @@ from typing import Any
 
 from lowtail.errors import UsageError
 from lowtail.options import add_json, json_to_stdout, write_json
+from lowtail.render import console
 
 
 def register(sub: Any) -> None:
@@ -35,6 +36,7 @@ def run_tbreport(args: argparse.Namespace) -> int:
         if not json_to_stdout(args):
             print(tbreport.render(first))
         write_json(args.json, {**stamp("tb-report"), **first})
+        console.wrote(args)
         return 0
     cmp = tbreport.compare(first, second)
     if not json_to_stdout(args):
@@ -44,4 +46,5 @@ def run_tbreport(args: argparse.Namespace) -> int:
         print()
         print(tbreport.render_compare(cmp))
     write_json(args.json, {**stamp("tb-report"), "before": first, "after": second, "compare": cmp})
+    console.wrote(args)
     return 0

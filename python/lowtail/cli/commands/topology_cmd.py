@@ -7,10 +7,10 @@ from typing import Any
 
 from lowtail.errors import UsageError
 from lowtail.node import cpulist
-from lowtail.node.plan import PlanError, make_plan
+from lowtail.node.plan import Plan, PlanError, make_plan
 from lowtail.node.topology import Topology, TopologyError, read_topology
 from lowtail.options import add_json, json_to_stdout, write_json
-from lowtail.render import table
+from lowtail.render import console, table
 from lowtail.render.schema import stamp
 
 
@@ -47,9 +47,14 @@ def register(sub: Any) -> None:
 def run_topology(args: argparse.Namespace) -> int:
     topo = load_topology(args)
     d = topo.to_dict()
+    if not json_to_stdout(args):  # the table first: a file that cannot be written never hides it
+        _print_topology(topo, d)
     write_json(args.json, {**stamp("topology"), **d})
-    if json_to_stdout(args):
-        return 0
+    console.wrote(args)
+    return 0
+
+
+def _print_topology(topo: Topology, d: dict[str, Any]) -> None:
     print(
         table.render(
             ["model", "vendor", "sockets", "numa nodes", "cores/socket", "threads/core", "online"],
@@ -87,7 +92,6 @@ def run_topology(args: argparse.Namespace) -> int:
         )
     else:
         print("no sign of virtualization")
-    return 0
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -98,9 +102,14 @@ def run_plan(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     # Stamped like every report; plan readers (Plan.from_dict, hence validate --plan and the lease
     # allocator) read their fields by name and ignore the stamp.
+    if not json_to_stdout(args):
+        _print_plan(plan)
     write_json(args.json, {**stamp("plan"), **plan.to_dict()})
-    if json_to_stdout(args):
-        return 0
+    console.wrote(args)
+    return 0
+
+
+def _print_plan(plan: Plan) -> None:
     print(
         table.render(
             ["node", "housekeeping", "isolated"],
@@ -124,4 +133,3 @@ def run_plan(args: argparse.Namespace) -> int:
     print("Kernel arguments:")
     for arg in plan.kernel_args:
         print(f"  {arg}")
-    return 0
