@@ -2,18 +2,15 @@
 
 Filters run on the controller. The small pieces of logic here (comparing a kernel command line or the
 bootloader's entries with the plan, which kubelet fields changed) have no counterpart in the lowtail
-package; a CPU list is read by ``lowtail.node.cpulist`` (through ``module_utils/lowtail``), the one parser
-the plan, the kernel arguments and the lease pool use, never expanded by hand in a template.
+package. The filters backed by the lowtail package (a CPU list read by ``lowtail.node.cpulist``, the
+kubelet's rules) live in lowtail_kubelet.py, which alone loads the package.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
-import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -116,30 +113,6 @@ def systemd_quote(value: Any, exec_line: bool = False) -> str:
     return f'"{text}"'
 
 
-def _cpulist() -> Any:
-    """``lowtail.node.cpulist`` from ``module_utils/lowtail`` (the node package: standard library only), under
-    the package name the kubelet filters load it by, so both plugins share one copy."""
-    package = "_lowtail_node_for_filters"
-    if package not in sys.modules:
-        root = Path(__file__).resolve().parent.parent / "module_utils" / "lowtail"
-        spec = importlib.util.spec_from_file_location(
-            package, root / "__init__.py", submodule_search_locations=[str(root)]
-        )
-        assert spec and spec.loader
-        sys.modules[package] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[package])
-    return importlib.import_module(f"{package}.cpulist")
-
-
-def cpus(cpulist: str) -> list[int]:
-    """The CPUs of a kernel cpulist (``0-3,8``) in ascending order; a malformed list is an error naming it."""
-    module = _cpulist()
-    try:
-        return sorted(module.parse(str(cpulist)))
-    except module.CpuListError as e:
-        raise AnsibleFilterError(f"lowtail_cpus: {e}") from e
-
-
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -149,5 +122,4 @@ class FilterModule:
             "lowtail_boot_entries_present": boot_entries_present,
             "lowtail_args_dropped": args_dropped,
             "lowtail_systemd_quote": systemd_quote,
-            "lowtail_cpus": cpus,
         }

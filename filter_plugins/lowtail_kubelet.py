@@ -1,6 +1,7 @@
 """Jinja filters backed by lowtail.node: what a kubelet of a given version accepts, which flags override
 lowtail's settings, whether the OCI runtime resets inherited CPU affinity, which kernel arguments are
-not shell-inert.
+not shell-inert, the CPUs of a cpulist (``lowtail_cpus``: the one parser the plan, the kernel arguments
+and the lease pool use, never expanded by hand in a template).
 
 The rules live once, in lowtail.node (kubelet_options, kubelet_flags, kubelet_runtime, kernel_args),
 which preflight's module and the stand-in kubelet of the molecule scenario read too. Filters run on
@@ -34,6 +35,15 @@ def _module(name: str) -> ModuleType:
         sys.modules[_PACKAGE] = package
         spec.loader.exec_module(package)
     return importlib.import_module(f"{_PACKAGE}.{name}")
+
+
+def cpus(cpulist: str) -> list[int]:
+    """The CPUs of a kernel cpulist (``0-3,8``) in ascending order; a malformed list is an error naming it."""
+    module = _module("cpulist")
+    try:
+        return sorted(module.parse(str(cpulist)))
+    except module.CpuListError as e:
+        raise AnsibleFilterError(f"lowtail_cpus: {e}") from e
 
 
 def kubelet_policy(
@@ -152,6 +162,20 @@ def runtime_affinity_problems(runtimes: Mapping[str, str], kernel_release: str) 
     return list(_module("kubelet_runtime").affinity_problems(dict(runtimes), str(kernel_release)))
 
 
+def containerd_support(engines: Mapping[str, str], kubelet_version: str) -> dict[str, list[str]]:
+    """{problems, warnings} for the node's containerd (engines: name -> its ``--version`` output) under
+    this kubelet; none without containerd or for a kubelet lowtail does not claim (refused elsewhere)."""
+    ko = _module("kubelet_options")
+    try:
+        minor = ko.supported_minor(str(kubelet_version))
+    except ko.KubeletVersionError:
+        return {"problems": [], "warnings": []}
+    if "containerd" not in engines:
+        return {"problems": [], "warnings": []}
+    problems, warnings = _module("kubelet_runtime").containerd_support(str(engines["containerd"]), minor)
+    return {"problems": list(problems), "warnings": list(warnings)}
+
+
 def kubelet_unit_env_files(unit_text: str) -> list[str]:
     """The EnvironmentFile= paths of kubelet's unit (``systemctl cat`` output)."""
     return list(_module("kubelet_flags").env_files(str(unit_text or "")))
@@ -256,6 +280,7 @@ def kernel_args_unsafe(args: list[Any]) -> list[Any]:
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "lowtail_cpus": cpus,
             "lowtail_kubelet_policy": kubelet_policy,
             "lowtail_kubelet_config_check": kubelet_config_check,
             "lowtail_kubelet_files_check": kubelet_files_check,
@@ -263,6 +288,7 @@ class FilterModule:
             "lowtail_kubelet_config_dir_supported": kubelet_config_dir_supported,
             "lowtail_kubelet_flag_overrides": kubelet_flag_overrides,
             "lowtail_runtime_affinity_problems": runtime_affinity_problems,
+            "lowtail_containerd_support": containerd_support,
             "lowtail_kernel_args_unsafe": kernel_args_unsafe,
             "lowtail_kubelet_unit_env_files": kubelet_unit_env_files,
             "lowtail_kubelet_command_line": kubelet_command_line,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from types import ModuleType
 
 import pytest
@@ -94,14 +93,3 @@ def test_dropped_arguments_are_those_whose_key_left_the_plan(filters: ModuleType
     new = ["nohz_full=8-83", "nosoftlockup"]
     # nohz_full changed value (the new one replaces it); processor.max_cstate left the plan.
     assert filters.args_dropped(old, new) == ["processor.max_cstate=1"]
-
-
-def test_cpus_expands_a_cpulist_with_the_package_parser(filters: ModuleType) -> None:
-    assert filters.cpus("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert filters.cpus("") == []
-
-
-@pytest.mark.parametrize("bad", ["3-1", "0-3,,8", "a", "0-15:2"])
-def test_cpus_refuses_a_malformed_cpulist_naming_it(filters: ModuleType, bad: str) -> None:
-    with pytest.raises(AnsibleFilterError, match=r"lowtail_cpus: .*" + re.escape(bad)):
-        filters.cpus(bad)

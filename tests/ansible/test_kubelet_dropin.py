@@ -27,6 +27,8 @@ import yaml
 
 from tests.ansible.conftest import ROOT, local_node_inventory, run_ansible
 from tests.ansible.test_kubelet_preflight import KUBEADM, KUBEADM_UNIT, STANDIN, node, run_preflight
+from tests.fixtures.machines import MACHINES, write_machine
+from tests.kubelet.oracle_minors import MINORS, oracle_path
 
 pytestmark = pytest.mark.slow
 
@@ -171,13 +173,14 @@ class Node:
         for d in (self.config_dir, self.root, self.state, tmp_path / "bin", tmp_path / "lib"):
             d.mkdir(parents=True, exist_ok=True)
         (self.state / "kubelet-version").write_text("1.36.3\n")
-        # The stand-in counts NUMA nodes from its sysfs as cadvisor does: two, as reservedMemory names.
-        (tmp_path / "sys/devices/system/node").mkdir(parents=True)
-        (tmp_path / "sys/devices/system/node/online").write_text("0-1\n")
+        # The stand-in's oracle reads the machine from this sysfs as cadvisor does: two NUMA nodes, as
+        # reservedMemory names, on cgroup v2 (kubeadm's file has no failCgroupV1).
+        write_machine(tmp_path, MACHINES["epyc9634_2s_cgroup2"])
         (tmp_path / "lib/lowtail_node").symlink_to(ROOT / "python/lowtail/node")
         kubelet = tmp_path / "kubelet"
         kubelet.write_text(
             f"#!/bin/sh\nLOWTAIL_STANDIN_PREFIX={tmp_path} PYTHONPATH={tmp_path / 'lib'} "
+            f"LOWTAIL_STANDIN_ORACLE_DIR={oracle_path(MINORS[0]).parent} "
             f'exec {sys.executable} {STANDIN} "$@"\n'
         )
         kubelet.chmod(0o755)
@@ -358,6 +361,8 @@ def test_failed_health_gate_removes_a_first_drop_in_and_leaves_the_main_file(tmp
     assert f"lowtail's drop-in {n.dropin} was removed (there was none before this run)" in words, out
     assert not n.dropin.exists()
     assert n.config.read_bytes() == main_before
+    # The stand-in still fails with the earlier configuration: the same gate says so.
+    assert "but kubelet did not pass the health gate with it either" in words, out
     assert not (tmp_path / "previous").exists()
 
 
@@ -391,3 +396,15 @@ def test_rollback_removes_the_drop_in_through_the_health_gate(tmp_path: Path, n:
     assert calls.index("systemctl stop kubelet") < calls.index("systemctl start kubelet"), calls
     assert any(c.startswith("systemctl show kubelet") for c in calls), calls
     assert '"policyName": "none"' in (n.root / "cpu_manager_state").read_text()
+
+
+@pytest.mark.parametrize("value", ["false", "true"])
+def test_apply_given_as_an_extra_var_string_acts_as_the_yaml_boolean(n: Node, value: str) -> None:
+    """`-e lowtail_kubelet_apply=false` arrives as the string "false": it must only write the file."""
+    rc, out = n.run("main", "-e", f"lowtail_kubelet_apply={value}")
+    assert rc == 0, out
+    assert yaml.safe_load(n.dropin.read_text())["cpuManagerPolicy"] == "static"
+    stopped = [c for c in n.calls() if c.split()[1:2] in (["stop"], ["restart"], ["start"])]
+    assert bool(stopped) is (value == "true"), n.calls()
+    gate = "TASK [lowtail_kubelet : Check that kubelet stayed up without restarting]"
+    assert (gate in out) is (value == "true"), out[-3000:]

@@ -3,9 +3,11 @@ and the OCI runtime's CPU-affinity fix."""
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from lowtail.node.kubelet_flags import overrides
 from lowtail.node.kubelet_runtime import affinity_problems, resets_affinity
@@ -178,3 +180,14 @@ def test_files_check_filter_judges_the_main_file_and_drop_ins_as_kubelet_loads_t
         "drop-in /etc/kubernetes/kubelet.conf.d/50-x.conf has apiVersion None and kind None; expected "
         "kubelet.config.k8s.io/v1beta1 KubeletConfiguration (kubelet fails to load it)"
     ]
+
+
+def test_cpus_expands_a_cpulist_with_the_package_parser(kf: ModuleType) -> None:
+    assert kf.cpus("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert kf.cpus("") == []
+
+
+@pytest.mark.parametrize("bad", ["3-1", "0-3,,8", "a", "0-15:2"])
+def test_cpus_refuses_a_malformed_cpulist_naming_it(kf: ModuleType, bad: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=r"lowtail_cpus: .*" + re.escape(bad)):
+        kf.cpus(bad)

@@ -18,16 +18,37 @@ MI, GI = 2**20, 2**30
 
 @pytest.mark.parametrize(
     ("text", "n"),
-    [("1Gi", GI), ("100Mi", 100 * MI), ("512Ki", 512 * 1024), ("1G", 10**9), ("7", 7), (4096, 4096)],
+    [
+        ("1Gi", GI),
+        ("100Mi", 100 * MI),
+        ("512Ki", 512 * 1024),
+        ("1G", 10**9),
+        ("7", 7),
+        (4096, 4096),
+        # Every form resource.ParseQuantity takes (the oracle differential test checks them against kubelet).
+        ("1.5Gi", GI + GI // 2),
+        (".5Gi", GI // 2),
+        ("1e9", 10**9),
+        ("1E3", 1000),
+        ("+1Gi", GI),
+        ("1500000m", 1500),
+        ("Gi", 0),
+    ],
 )
 def test_quantities_parse_to_bytes(text: str | int, n: int) -> None:
     assert parse_quantity(text) == n
 
 
-@pytest.mark.parametrize("bad", ["1.5Gi", "1gb", "-1Gi", "", "Gi", True, -5])
+@pytest.mark.parametrize("bad", ["1gb", "-1Gi", "", "1K", "1 Gi", "10%", "100m", "1.5", True, -5])
 def test_bad_quantity_names_the_value(bad: object) -> None:
-    with pytest.raises(MemoryReservationError, match="expected"):
+    with pytest.raises(MemoryReservationError, match="expected") as e:
         parse_quantity(bad, "kube_reserved")  # type: ignore[arg-type]
+    assert f"kube_reserved {bad!r}" in str(e.value)
+
+
+def test_a_fraction_of_a_byte_is_named_as_such() -> None:
+    with pytest.raises(MemoryReservationError, match="expected a whole number of bytes"):
+        parse_quantity("100m", "kube_reserved")
 
 
 def test_format_uses_the_largest_exact_binary_suffix() -> None:

@@ -358,3 +358,38 @@ def test_a_flip_of_the_pod_level_resource_managers_gate_resets_the_checkpoints(
     assert result.returncode == 0, out
     wanted = '["featureGates.PodLevelResourceManagers"]' if reset else "[]"
     assert f"changes {wanted}" in out, out
+
+
+@pytest.mark.parametrize(
+    ("version", "containerd", "rc", "message"),
+    [
+        # Debian 12's containerd: a branch past its end of life, not recommended for 1.36.
+        (
+            "1.36.3",
+            "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1",
+            2,
+            "containerd 1.6.20 is a release branch past its end of life; containerd recommends 2.3.0+, "
+            "2.2.0+ for Kubernetes 1.36",
+        ),
+        # Supported, but older than containerd recommends for 1.37: a warning, preflight passes.
+        (
+            "1.37.2",
+            "containerd containerd.io v2.2.1 abc",
+            0,
+            "WARNING containerd 2.2.1 is older than what containerd recommends 2.4.0+, 2.3.0+ for "
+            "Kubernetes 1.37",
+        ),
+        ("1.37.2", "containerd github.com/containerd/containerd/v2 v2.3.7 abc", 0, None),
+    ],
+    ids=["end_of_life", "older_than_recommended", "recommended"],
+)
+def test_containerd_is_checked_against_containerds_matrix(
+    tmp_path: Path, version: str, containerd: str, rc: int, message: str | None
+) -> None:
+    versions = {"kernel_release": "6.1.0-28-amd64", "oci_runtimes": {}, "engines": {"containerd": containerd}}
+    code, out = run_preflight(tmp_path, version, KUBEADM, lowtail_versions=versions)
+    assert code == rc, out
+    if message:
+        assert message in out, out
+    else:
+        assert "WARNING containerd" not in out, out

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lowtail.demo.cluster import Node, NodeRun, audit_ok, plot, total
 
@@ -45,3 +49,39 @@ def test_plot_draws_every_node_and_phase(tmp_path: Path) -> None:
     out = tmp_path / "tails.png"
     plot(report, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tear_down_removes_the_model_each_live_node_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generated model goes into each node's own /tmp; on real nodes (not the demo's containers) it
+    stayed there after the demo. A node that is gone is not asked."""
+    from lowtail.demo import cluster
+
+    live, gone = node("a"), node("b")
+    live.samplers, gone.samplers = [], []
+    live.model_dir, gone.model_dir = cluster._write_model(8), cluster._write_model(8)
+    asked: list[str] = []
+
+    def on_node(node_id: str, fn: Any, *args: Any, timeout_s: float = 120.0) -> Any:
+        asked.append(node_id)
+        return fn(*args)
+
+    monkeypatch.setattr(cluster, "_on", on_node)
+    monkeypatch.setattr(cluster, "ray_nodes", lambda: [{"NodeID": live.node_id, "Alive": True}])
+    monkeypatch.setattr("lowtail.actors.allocator.stop_node_allocator", lambda *a, **k: None)
+    try:
+        cluster.tear_down([live, gone])
+        assert not Path(live.model_dir).exists()
+        assert asked == [live.node_id]
+    finally:
+        shutil.rmtree(gone.model_dir, ignore_errors=True)
+        shutil.rmtree(live.model_dir, ignore_errors=True)
+
+
+def test_removing_a_model_touches_only_a_directory_the_demo_made(tmp_path: Path) -> None:
+    from lowtail.demo import cluster
+
+    other = tmp_path / "lt-cluster-model-elsewhere"
+    other.mkdir()
+    with pytest.raises(ValueError, match="not a model directory the demo made"):
+        cluster._remove_model(str(other))
+    assert other.exists()

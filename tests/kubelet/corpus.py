@@ -12,6 +12,7 @@ manager's reservations, drop-ins, malformed files and lowtail's own rendered fil
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,6 +313,8 @@ def cases(version: str, machines: dict[str, Machine]) -> Iterator[Case]:
         ours = {**lowtail_dropin, "failCgroupV1": False} if cgroup == 1 else lowtail_dropin
         yield Case(f"dropin/{label}/v{cgroup}", KUBEADM, epyc, cgroup, [("90-lowtail.conf", ours), *extra])
 
+    yield from quantity_cases(base["epyc9634_2s"], epyc)
+
     # Malformed main files.
     malformed: dict[str, Any] = {
         "no-kind": {k: v for k, v in base["epyc9634_2s"].items() if k != "kind"},
@@ -325,6 +328,92 @@ def cases(version: str, machines: dict[str, Machine]) -> Iterator[Case]:
     }
     for label, content in malformed.items():
         yield Case(f"malformed/{label}", content, epyc, 2)
+
+
+# Quantity spellings: every form resource.ParseQuantity takes or refuses at its edges.
+SPELLINGS = (
+    "1Gi", "1.5Gi", "1536Mi", "1610612736", "1.610612736G", "1610612736e0", "+1.5Gi", "1.50Gi", ".5Gi",
+    "1.Gi", "0.5Gi", "100m", "1e9", "1E9", "1e+9", "1e-3", "1E", "1k", "1K", "1Ki", "1ki", "1n", "0.1n",
+    "1 Gi", " 1Gi", "1Gi ", "1GiB", "1.5", "0", "0Gi", "-1Gi", "-0", "", "+", ".", "1e", "1ee3", "10%",
+    "abc", "1_000", "0x10", "1..5Gi", "1Gi5", "9223372036854775807", "9223372036854775808", "8Ei",
+    "16Ei", "1e4294967296", "00001Mi", "1.0000000001",
+)  # fmt: skip
+PERCENTAGES = (
+    "10%", "0%", "100%", "100.0%", "0.5%", "5.5%", "-1%", "101%", "1e1%", "%", "abc%", "10%%", "nan%",
+    "inf%", "0x1p-2%", "1_0%", "100.000001%", " 5%",
+)  # fmt: skip
+NODE_MEMORY = 64 * 2**30  # what the oracle gives each NUMA node of a fixture without node meminfo
+
+
+def quantity_cases(rendered_file: dict[str, Any], m: Machine) -> Iterator[Case]:
+    """kubeReserved, evictionHard and reservedMemory quantities, as parseResourceList, the eviction
+    thresholds and Quantity decoding read them, and sums the memory manager compares exactly."""
+    for case in _quantity_cases(rendered_file, m):
+        # Every string quoted: Go's YAML reads an unquoted 1e9, 0x10 or 1_000 as a number, PyYAML as a
+        # string, and these cases are about the quantities, not YAML.
+        yield Case(case.id, yaml.safe_dump(case.main, default_style='"'), case.machine, case.cgroup)
+
+
+def _quantity_cases(rendered_file: dict[str, Any], m: Machine) -> Iterator[Case]:
+    no_memory_manager = _with(rendered_file, memoryManagerPolicy="None", reservedMemory=_DROP)
+    for q in SPELLINGS:
+        yield Case(f"quantity/kube-memory/{q!r}", _with(no_memory_manager, kubeReserved={"memory": q}), m, 2)
+        yield Case(f"quantity/system-cpu/{q!r}", _with(no_memory_manager, systemReserved={"cpu": q}), m, 2)
+        eviction = {**rendered_file["evictionHard"], "memory.available": q}
+        yield Case(f"quantity/eviction/{q!r}", _with(no_memory_manager, evictionHard=eviction), m, 2)
+        # Static: kube 1Gi + system 1Gi + eviction 100Mi, all reserved on node 0 as spelt here.
+        static = _with(
+            rendered_file,
+            reservedMemory=[{"numaNode": 0, "limits": {"memory": q}}],
+            kubeReserved={"memory": q},
+            systemReserved=_DROP,
+            evictionHard={"memory.available": "0%"},
+        )
+        yield Case(f"quantity/reserved-equal/{q!r}", static, m, 2)
+        # The same value spelt as whole bytes on the other side: equal only where kubelet's value is.
+        try:
+            as_bytes = str(int(kubelet_memory.k8s_quantity(q)))
+        except (kubelet_memory.QuantityError, ValueError):
+            continue
+        yield Case(
+            f"quantity/reserved-bytes/{q!r}",
+            _with(static, reservedMemory=[{"numaNode": 0, "limits": {"memory": as_bytes}}]),
+            m,
+            2,
+        )
+    for pct in PERCENTAGES:
+        for signal in ("memory.available", "nodefs.available", "pid.available"):
+            eviction = {**rendered_file["evictionHard"], signal: pct}
+            yield Case(f"percentage/{signal}/{pct!r}", _with(no_memory_manager, evictionHard=eviction), m, 2)
+    yield Case(
+        "eviction/unknown-signal",
+        _with(no_memory_manager, evictionHard={"memory.availble": "100Mi"}),
+        m,
+        2,
+    )
+    # A percentage of memory.available with the Static policy: reservedMemory must include it.
+    capacity = NODE_MEMORY * m.numa_nodes
+    for pct in ("1%", "0.5%", "5.5%", "0%", "100%"):
+        f32 = struct.unpack("f", struct.pack("f", float(pct[:-1])))[0]
+        f32 = struct.unpack("f", struct.pack("f", f32 / 100))[0]
+        evicted = 0 if pct in ("0%", "100%") else int(float(capacity) * f32)
+        total = 2 * 2**30 + evicted
+        cfg = _with(
+            rendered_file,
+            evictionHard={"memory.available": pct},
+            reservedMemory=[{"numaNode": 0, "limits": {"memory": str(total)}}],
+        )
+        yield Case(f"percentage/static/{pct}", cfg, m, 2)
+        yield Case(
+            f"percentage/static-off-by-one/{pct}",
+            _with(cfg, reservedMemory=[{"numaNode": 0, "limits": {"memory": str(total + 1)}}]),
+            m,
+            2,
+        )
+    # reservedMemory limits as YAML numbers (Quantity decodes a JSON number too) and padded strings.
+    for limit in (2 * 2**30 + 100 * 2**20, float(2 * 2**30 + 100 * 2**20), " 2148Mi ", "2148Mi", True):
+        cfg = _with(rendered_file, reservedMemory=[{"numaNode": 0, "limits": {"memory": limit}}])
+        yield Case(f"quantity/reserved-number/{limit!r}", cfg, m, 2)
 
 
 def lowtail_verdict(version: str, case: Case) -> tuple[bool, str]:
@@ -341,6 +430,13 @@ def lowtail_verdict(version: str, case: Case) -> tuple[bool, str]:
         return False, f"not YAML: {e}"
     m = case.machine
     result = ko.check_files(
-        version, main, dropins, m.numa_nodes, sockets=m.sockets, cpus=m.cpus, cgroup_version=case.cgroup
+        version,
+        main,
+        dropins,
+        m.numa_nodes,
+        sockets=m.sockets,
+        cpus=m.cpus,
+        cgroup_version=case.cgroup,
+        memory_bytes=NODE_MEMORY * m.numa_nodes,
     )
     return not result.problems, "; ".join(result.problems)

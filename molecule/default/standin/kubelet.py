@@ -1,33 +1,25 @@
 #!/usr/bin/python3
-"""A stand-in kubelet as strict as a real one about its configuration (lowtail's molecule scenario).
+"""A stand-in kubelet that starts or refuses exactly as the real kubelet of its version would (molecule).
 
-It reports a version (``--version``) and builds its configuration the way kubelet does: ``--config``,
-then every ``*.conf`` file of ``--config-dir`` in lexical order merged over it (maps key by key, lists
-replaced; kubernetes.io "Kubelet Configuration Directory Merging", KEP-3983). It exits non-zero, as
-kubelet does at start (its unit restarts it, Type=simple/Restart=always like the packaged
-kubelet.service), on:
-  * a file that is not a KubeletConfiguration of kubelet.config.k8s.io/v1beta1, or a drop-in directory
-    on 1.28/1.29 without KUBELET_CONFIG_DROPIN_DIR_ALPHA in the environment (kubelet-config-file docs);
-  * everything lowtail.node.kubelet_options.check_config refuses, the same table preflight uses: CPU
-    manager options this version lacks, alpha/beta options without their gate, refused pairs,
-    align-by-socket with single-numa-node (pkg/kubelet/cm/cpumanager/policy_options.go), options with
-    the none policy (policy_none.go), gates locked to the other value, gates the binary no longer has
-    and non-boolean gate values (component-base featuregate, pkg/features/kube_features.go),
-    topologyManagerPolicyOptions (pkg/kubelet/cm/topologymanager/policy_options.go) and more NUMA nodes
-    than the topology manager allows (topology_manager.go NewManager: 8 unless
-    max-allowable-numa-nodes raises it) - the NUMA nodes are read from sysfs like cadvisor does;
-  * memoryManagerPolicy Static whose reservedMemory does not sum to kubeReserved + systemReserved +
-    evictionHard memory.available (kubelet resource managers docs; lowtail.node.kubelet_memory);
+Whether a configuration starts is decided by upstream's code alone: the stand-in hands its --config
+file, every file of --config-dir and the machine (the sysfs tree of LOWTAIL_STANDIN_SYSFS, the
+fixture's when the node is one, and that tree's cgroup version) to the kubelet oracle of its minor
+(tests/kubelet/oracle, built by ``make oracle`` from k8s.io/kubernetes at that release): decoding
+with the kubelet's codec, the drop-in merge, feature gates, ValidateKubeletConfiguration and the CPU,
+topology and memory managers' start-up checks. The oracle's refusal is the stand-in's, word for word.
+Without the oracle of its minor the stand-in does not start at all (exit 2, naming the missing file):
+judging with lowtail's own table would let the table prove itself right, which is what it must not do.
+
+What the oracle does not model, the stand-in keeps:
   * a checkpoint (cpu_manager_state, memory_manager_state) written under another policy ("could not
-    restore state from checkpoint", cpu-management-policies docs);
+    restore state from checkpoint", cpu-management-policies docs): the oracle starts from an empty
+    state directory;
   * /etc/lowtail-standin/fail-always existing (a kubelet that never becomes healthy for a reason no
-    table knows).
-A field KubeletConfiguration does not have is what kubelet's strict decoder rejects; for v1beta1 kubelet
-then decodes leniently, logs "Using lenient decoding as strict decoding failed" and drops the field
-(pkg/kubelet/kubeletconfig/util/codec/codec.go DecodeKubeletConfiguration): so does this stand-in, and
-the dropped field is missing from /configz.
+    check knows).
 Started, it writes the checkpoints of its policies (as kubelet does), publishes its running
-configuration for the stand-in kubectl's /configz, and runs until SIGTERM.
+configuration for the stand-in kubectl's /configz (the files merged as kubelet merges them, a field
+KubeletConfiguration does not have dropped with kubelet's lenient-decoding message), and runs until
+SIGTERM. Its unit restarts it (Type=simple/Restart=always like the packaged kubelet.service).
 """
 
 from __future__ import annotations
@@ -36,6 +28,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -44,20 +37,21 @@ sys.path.insert(0, "/usr/local/lib/lowtail-standin")
 
 # PyYAML is copied next to lowtail_node: the image has no python3-yaml.
 import yaml
-from lowtail_node import cpulist, kubelet_memory, kubelet_options
+from lowtail_node import kubelet_options
 
 # LOWTAIL_STANDIN_PREFIX lets tests/ansible run the stand-in against a temporary tree.
 _PREFIX = os.environ.get("LOWTAIL_STANDIN_PREFIX", "")
 STATE = _PREFIX + "/etc/lowtail-standin"
 RUN = _PREFIX + "/run/lowtail-standin"
 ROOT = _PREFIX + "/var/lib/kubelet"
-# The NUMA nodes come from this sysfs tree: a fixture machine's (LOWTAIL_STANDIN_SYSFS) when the node is one.
-NODE_ONLINE = os.environ.get("LOWTAIL_STANDIN_SYSFS", _PREFIX + "/sys") + "/devices/system/node/online"
+# The machine the oracle judges: a fixture machine's sysfs (LOWTAIL_STANDIN_SYSFS) when the node is one.
+SYSFS = os.environ.get("LOWTAIL_STANDIN_SYSFS", _PREFIX + "/sys")
+# One oracle per claimed minor, kubelet-oracle-1.<minor>, as make oracle names them.
+ORACLE_DIR = os.environ.get("LOWTAIL_STANDIN_ORACLE_DIR", "/usr/local/lib/lowtail-standin/oracle")
 
 API_VERSION, KIND = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
 # The top-level fields of KubeletConfiguration (json names in staging/src/k8s.io/kubelet/config/v1beta1/
-# types.go at kubernetes 001332b0; newer than every version lowtail supports, so a field a given
-# version lacks passes here: lenient either way).
+# types.go at kubernetes 001332b0), for /configz only: whether a file starts is the oracle's answer.
 FIELDS = frozenset(
     """apiVersion kind enableServer staticPodPath podLogsDir syncFrequency fileCheckFrequency
     httpCheckFrequency staticPodURL staticPodURLHeader address port readOnlyPort tlsCertFile
@@ -114,20 +108,72 @@ def flag(name: str) -> str | None:
     return None
 
 
-def decode(path: str) -> dict[str, Any]:
-    """One configuration file, decoded as kubelet decodes it (see the module docstring)."""
+def broken(msg: str) -> None:
+    """The stand-in itself cannot judge: not a kubelet refusal, so a different exit status."""
+    print(f"E lowtail stand-in kubelet cannot run: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_text(path: str) -> str:
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
+            return f.read()
+    except OSError as e:
         refuse(f"failed to load Kubelet config file {path}, error: {e}")
-    if not isinstance(doc, dict):
-        refuse(f"failed to load Kubelet config file {path}, error: Object 'Kind' is missing in '{doc!r}'")
-    if doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
-        refuse(
-            f"failed to load Kubelet config file {path}, error: no kind {doc.get('kind')!r} is registered "
-            f"for version {doc.get('apiVersion')!r}; expected {KIND} of {API_VERSION}"
+    raise AssertionError("unreachable")
+
+
+def config_files() -> tuple[str, str | None, list[str]]:
+    """The main file, the drop-in directory and its files (every regular file: kubelet picks *.conf)."""
+    main = flag("config") or f"{ROOT}/config.yaml"
+    config_dir = flag("config-dir")
+    if not config_dir:
+        return main, None, []
+    try:
+        names = sorted(n for n in os.listdir(config_dir) if os.path.isfile(os.path.join(config_dir, n)))
+    except OSError as e:
+        refuse(f"failed to read the drop-in directory {config_dir}: {e}")
+    return main, config_dir, names
+
+
+def cgroup_version() -> int:
+    # The unified hierarchy's root has cgroup.controllers; preflight reads the same file of the same tree.
+    return 2 if os.path.exists(f"{SYSFS}/fs/cgroup/cgroup.controllers") else 1
+
+
+def ask_oracle(minor: int, main: str, config_dir: str | None, names: list[str]) -> None:
+    """Refuse with the kubelet's own reason when that release's start-up code refuses the files."""
+    oracle = f"{ORACLE_DIR}/kubelet-oracle-1.{minor}"
+    if not os.access(oracle, os.X_OK):
+        broken(
+            f"no kubelet 1.{minor} oracle at {oracle} (make oracle builds it): this stand-in judges a "
+            "configuration only with that release's own code"
         )
+    case = {
+        "id": "standin",
+        "config": read_text(main),
+        "dropins": [[n, read_text(os.path.join(config_dir, n))] for n in names] if config_dir else [],
+        "sysfs": SYSFS,
+        "cgroup": cgroup_version(),
+    }
+    try:
+        done = subprocess.run(
+            [oracle], input=json.dumps(case) + "\n", capture_output=True, text=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        broken(f"the kubelet 1.{minor} oracle {oracle} did not answer: {e}")
+    if done.returncode != 0 or not done.stdout.strip():
+        broken(
+            f"the kubelet 1.{minor} oracle {oracle} failed (exit {done.returncode}): {done.stderr[-2000:]}"
+        )
+    answer = json.loads(done.stdout)
+    if not answer["accept"]:
+        refuse(answer["reason"])
+
+
+def decode(path: str) -> dict[str, Any]:
+    """A file the oracle accepted, for /configz: unknown fields dropped as kubelet's lenient decoding does."""
+    doc = yaml.safe_load(read_text(path))
     unknown = sorted(set(doc) - FIELDS)
     if unknown:
         info(
@@ -138,49 +184,12 @@ def decode(path: str) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k in FIELDS}
 
 
-def load_config(minor: int) -> dict[str, Any]:
-    cfg = decode(flag("config") or f"{ROOT}/config.yaml")
-    config_dir = flag("config-dir")
-    if not config_dir:
-        return cfg
-    # 1.28 and 1.29 read --config-dir only with this variable set (alpha of KEP-3983).
-    if minor < kubelet_options.CONFIG_DIR_MIN_MINOR and "KUBELET_CONFIG_DROPIN_DIR_ALPHA" not in os.environ:
-        refuse("--config-dir needs the KUBELET_CONFIG_DROPIN_DIR_ALPHA environment variable on this kubelet")
-    try:
-        names = sorted(n for n in os.listdir(config_dir) if n.endswith(".conf"))
-    except OSError as e:
-        refuse(f"failed to read the drop-in directory {config_dir}: {e}")
+def running_config(main: str, config_dir: str | None, names: list[str]) -> dict[str, Any]:
+    cfg = decode(main)
     for name in names:
-        cfg = kubelet_options.merge_dropin(cfg, decode(os.path.join(config_dir, name)))
+        if config_dir and name.endswith(".conf"):
+            cfg = kubelet_options.merge_dropin(cfg, decode(os.path.join(config_dir, name)))
     return cfg
-
-
-def numa_nodes() -> int:
-    """The machine's NUMA nodes, from sysfs as cadvisor reads them (no node directory: one node)."""
-    try:
-        with open(NODE_ONLINE) as f:
-            return len(cpulist.parse(f.read())) or 1
-    except OSError:
-        return 1
-
-
-def check_memory(cfg: dict[str, Any]) -> None:
-    if cfg.get("memoryManagerPolicy", "None") != "Static":
-        return
-    want = sum(
-        kubelet_memory.parse_quantity(str(v), k)
-        for k, v in (
-            ("kubeReserved", (cfg.get("kubeReserved") or {}).get("memory", "0")),
-            ("systemReserved", (cfg.get("systemReserved") or {}).get("memory", "0")),
-            ("evictionHard", (cfg.get("evictionHard") or {}).get("memory.available", "100Mi")),
-        )
-    )
-    have = sum(
-        kubelet_memory.parse_quantity(str((r.get("limits") or {}).get("memory", "0")), "reservedMemory")
-        for r in cfg.get("reservedMemory") or []
-    )
-    if have != want:
-        refuse(f"the total amount of reserved memory {have} is not equal to the value {want} of type memory")
 
 
 def check_checkpoint(name: str, policy: str) -> None:
@@ -200,17 +209,15 @@ def main() -> None:
     if "--version" in sys.argv:
         print(f"Kubernetes v{version()}")
         return
-    ver = f"v{version()}"
-    minor = kubelet_options.supported_minor(ver)
-    cfg = load_config(minor)
+    try:
+        minor = kubelet_options.supported_minor(f"v{version()}")
+    except kubelet_options.KubeletVersionError as e:
+        broken(f"{e}: there is no oracle to judge with")
+    main_file, config_dir, names = config_files()
+    ask_oracle(minor, main_file, config_dir, names)
     if os.path.exists(f"{STATE}/fail-always"):
         refuse("stand-in told to fail (fail-always)")
-    result = kubelet_options.check_config(ver, cfg, numa_nodes())
-    for warning in result.warnings:
-        info(warning)
-    if result.problems:
-        refuse("; ".join(result.problems))
-    check_memory(cfg)
+    cfg = running_config(main_file, config_dir, names)
     cpu_policy = cfg.get("cpuManagerPolicy", "none")
     mem_policy = cfg.get("memoryManagerPolicy", "None")
     check_checkpoint("cpu_manager_state", cpu_policy)

@@ -72,6 +72,7 @@ class Node:
     actor: Any = None
     samplers: list[Any] = field(default_factory=list)
     endpoint: Any = None
+    model_dir: str | None = None  # the generated model in that node's /tmp, removed by tear_down
 
 
 Say = Callable[[str], None]
@@ -105,6 +106,17 @@ def _write_model(features: int) -> str:
     out = Path(tempfile.mkdtemp(prefix="lt-cluster-model-"))
     write_model(out, ModelSpec(features=features))
     return str(out)
+
+
+def _remove_model(path: str) -> None:
+    """Runs on a node: remove the model _write_model made there, and nothing else."""
+    import shutil
+    import tempfile
+
+    p = Path(path)
+    if p.parent != Path(tempfile.gettempdir()) or not p.name.startswith("lt-cluster-model-"):
+        raise ValueError(f"{path!r} is not a model directory the demo made (lt-cluster-model-* in /tmp)")
+    shutil.rmtree(p, ignore_errors=True)
 
 
 def _attach_elsewhere(endpoint: Any) -> str:
@@ -206,7 +218,7 @@ def set_up(opts: Options, say: Say) -> list[Node]:
         node = nodes[-1]
         say(f"{node.host}: plan isolated {cpulist.format(plan.isolated) or '-'}, cpuset {node.cpuset}")
         node.allocator = get_node_allocator(nid, cfg)
-        model = _on(nid, _write_model, opts.features)
+        model = node.model_dir = _on(nid, _write_model, opts.features)
         tag = node.host.replace("_", "-")
         node.actor = start_inference_actor(
             InferenceSpec(hero=tag, index=0, model_dir=model, allocator=cfg), nid
@@ -389,6 +401,9 @@ def tear_down(nodes: Sequence[Node]) -> None:
         if n.node_id in alive:
             with contextlib.suppress(Exception):
                 stop_node_allocator(n.node_id, remove_state=True)
+            if n.model_dir is not None:
+                with contextlib.suppress(Exception):
+                    _on(n.node_id, _remove_model, n.model_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,57 +11,156 @@ Stdlib only and relative imports only: the Ansible preflight module ships it as 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from .errors import LowtailError
 
-# Binary and decimal suffixes of resource.Quantity that make sense for memory (no milli-bytes).
-_SUFFIX: dict[str, int] = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-_QUANTITY = re.compile(r"^\s*([0-9]+)\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|)\s*\Z")
+# resource.ParseQuantity's suffixes (k8s.io/apimachinery pkg/api/resource suffix.go newSuffixer): decimal
+# powers of ten first, then binary powers of two.
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_SUFFIX_CHARS = frozenset("eEinumkKMGTP")
+_DIGITS = frozenset("0123456789")
+_NANO = Fraction(1, 10**9)
+_MAX_INT64 = 2**63 - 1
+QUANTITY_FORMS = (
+    "a number with an optional sign and decimal point and a suffix Ki, Mi, Gi, Ti, Pi, Ei (powers of 2), "
+    "n, u, m, k, M, G, T, P, E (powers of 10) or an exponent e<N>, as Kubernetes quantities are: "
+    "'1Gi', '1.5Gi', '100Mi', '512M', '1e9'"
+)
 
 
 class MemoryReservationError(LowtailError, ValueError):
     """Memory reservations that kubelet would reject: unparsable, unknown NUMA node, or unbalanced."""
 
 
+class QuantityError(LowtailError, ValueError):
+    """A string resource.ParseQuantity refuses."""
+
+
+def _parse(text: str) -> tuple[bool, str, str, int, bool]:
+    """parseQuantityString and the suffix lookup: (negative, numerator digits without leading zeros,
+    decimal digits, exponent, binary)."""
+    if text == "":
+        raise QuantityError("quantities must match the regular expression (empty string)")
+    s, end, pos, negative = text, len(text), 0, False
+    if s[0] in "+-":
+        negative, pos = s[0] == "-", 1
+    while pos < end and s[pos] == "0":
+        pos += 1
+    start = pos
+    while pos < end and s[pos] in _DIGITS:
+        pos += 1
+    num, denom = s[start:pos] or "0", ""
+    if pos < end and s[pos] == ".":
+        pos += 1
+        start = pos
+        while pos < end and s[pos] in _DIGITS:
+            pos += 1
+        denom = s[start:pos]
+    start = pos
+    while pos < end and s[pos] in _SUFFIX_CHARS:
+        pos += 1
+    if pos < end:
+        if s[pos] in "+-":
+            pos += 1
+        while pos < end and s[pos] in _DIGITS:
+            pos += 1
+        if pos < end:
+            raise QuantityError(f"quantities must match the regular expression ({text!r})")
+    suffix = s[start:]
+    if suffix in _DECIMAL:
+        return negative, num, denom, _DECIMAL[suffix], False
+    if suffix in _BINARY:
+        return negative, num, denom, _BINARY[suffix], True
+    parsed = _go_int64(suffix[1:]) if len(suffix) > 1 and suffix[0] in "eE" else None
+    if parsed is None:
+        raise QuantityError(f"unable to parse quantity's suffix ({text!r})")
+    return negative, num, denom, (parsed + 2**31) % 2**32 - 2**31, False  # int32(parsed): it wraps
+
+
+def k8s_quantity(text: str) -> Fraction:
+    """The exact value resource.ParseQuantity gives ``text`` (k8s.io/apimachinery v0.35-v0.37
+    pkg/api/resource quantity.go parseQuantityString and ParseQuantity: an optional sign, digits with an
+    optional decimal point - "1.", ".5" and a bare sign included -, then a suffix; non-zero values
+    rounded away from zero to a multiple of 1n; binary values above 2^63-1 capped there)."""
+    negative, num, denom, exponent, binary = _parse(text)
+    value = Fraction(int(num + denom), 10 ** len(denom))
+    value *= Fraction(2) ** exponent if binary else Fraction(10) ** exponent
+    if value:
+        value = -((-value) // _NANO) * _NANO  # up to the next multiple of 1n
+    if binary and value > _MAX_INT64:
+        value = Fraction(_MAX_INT64)
+    return -value if negative else value
+
+
+def k8s_quantity_is_int64(text: str) -> bool:
+    """Whether Quantity.AsInt64 succeeds on what ParseQuantity makes of ``text``: only a value kept in
+    its int64 form (ParseQuantity's fast path: at most 18 digits, no fraction on a binary suffix, 1n or
+    coarser, no overflow) with a scale of 0 or more (int64Amount.AsInt64 refuses a negative one: '100m',
+    '1.5', even '1000m')."""
+    if text == "0":
+        return True
+    _, num, denom, exponent, binary = _parse(text)
+    mantissa, scale = 1, exponent
+    if binary:
+        if exponent < 0 or denom:
+            return False
+        mantissa, scale = 2**exponent, 0
+        # 15 - len(num) - int32(float32(exponent)*3/10) - 1
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+    else:
+        precision = 18 - len(num) - len(denom)
+    if precision < 0:
+        return False
+    scale -= len(denom)
+    if scale < -9:
+        return False
+    result = int(num + denom) * mantissa
+    if result > _MAX_INT64:
+        return False
+    return scale >= 0 and result * 10**scale <= _MAX_INT64
+
+
+def _go_int64(text: str) -> int | None:
+    """strconv.ParseInt(text, 10, 64): an optional sign and decimal digits that fit 64 bits."""
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if not body or any(c not in _DIGITS for c in body):
+        return None
+    n = int(text)
+    return n if -(2**63) <= n <= _MAX_INT64 else None
+
+
 def parse_quantity(value: str | int, what: str = "quantity") -> int:
-    """Bytes in a Kubernetes memory quantity such as ``1Gi``, ``100Mi``, ``512M`` or ``1073741824``."""
+    """Bytes in a Kubernetes memory quantity (``1Gi``, ``1.5Gi``, ``100Mi``, ``512M``, ``1e9``), every
+    form resource.ParseQuantity accepts, refused when it is negative or not a whole number of bytes."""
     if isinstance(value, bool):
         raise MemoryReservationError(f"{what} {value!r}: expected a memory quantity such as '1Gi'")
     if isinstance(value, int):
         if value < 0:
             raise MemoryReservationError(f"{what} {value!r}: expected a non-negative number of bytes")
         return value
-    m = _QUANTITY.match(str(value))
-    if not m:
+    try:
+        n = k8s_quantity(str(value))
+    except QuantityError:
+        raise MemoryReservationError(f"{what} {value!r}: expected {QUANTITY_FORMS}") from None
+    if n < 0:
+        raise MemoryReservationError(f"{what} {value!r}: expected a non-negative memory quantity")
+    if n.denominator != 1:
         raise MemoryReservationError(
-            f"{what} {value!r}: expected an integer with an optional suffix "
-            "Ki, Mi, Gi, Ti (or k, M, G, T), e.g. '1Gi' or '100Mi'"
+            f"{what} {value!r} is {float(n)} bytes; expected a whole number of bytes (such as '1.5Gi', "
+            "not '100m')"
         )
-    return int(m.group(1)) * _SUFFIX[m.group(2)]
+    return int(n)
 
 
 def format_quantity(n_bytes: int) -> str:
     """The largest binary suffix that represents ``n_bytes`` exactly (``1124Mi``, ``1536Ki``, ``7``)."""
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        unit = _SUFFIX[suffix]
+        unit = 2 ** _BINARY[suffix]
         if n_bytes and n_bytes % unit == 0:
             return f"{n_bytes // unit}{suffix}"
     return str(n_bytes)

@@ -27,15 +27,19 @@ Stdlib only and no imports outside this package: Ansible ships it to hosts as mo
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 
 from .errors import LowtailError
 from .kubelet_gates import DEPENDS as GATE_DEPENDS
 from .kubelet_gates import GATES as RELEASE_GATES
 from .kubelet_gates import SOURCES as GATE_SOURCES
-from .kubelet_memory import MemoryReservationError, parse_quantity
+from .kubelet_memory import QUANTITY_FORMS, QuantityError, k8s_quantity, k8s_quantity_is_int64
 
 ALPHA, BETA, GA = "alpha", "beta", "GA"
 ALPHA_GATE = "CPUManagerPolicyAlphaOptions"
@@ -377,7 +381,21 @@ _STRINGS = (
 )
 # cmd/kubelet/app parseResourceList: the resources kubeReserved and systemReserved may name.
 _RESERVABLE = ("cpu", "memory", "ephemeral-storage", "pid")
-_CPU_QUANTITY = re.compile(r"^([0-9]+)(m?)$")
+# The signals eviction.ParseThresholdConfig accepts (pkg/kubelet/eviction/api/types.go and helpers.go
+# signalToResource, the same in 1.35.4, 1.36.3 and 1.37.2).
+EVICTION_SIGNALS = frozenset(
+    {
+        "memory.available",
+        "allocatableMemory.available",
+        "nodefs.available",
+        "nodefs.inodesFree",
+        "imagefs.available",
+        "imagefs.inodesFree",
+        "containerfs.available",
+        "containerfs.inodesFree",
+        "pid.available",
+    }
+)
 
 
 def _decode_problems(cfg: Mapping[str, object]) -> list[str]:
@@ -419,56 +437,142 @@ def _str(cfg: Mapping[str, object], key: str, default: str) -> str:
     return value if isinstance(value, str) and value != "" else default
 
 
-def _cpu_millis(value: str) -> int | None:
-    m = _CPU_QUANTITY.match(value)
-    if not m:
-        return None
-    return int(m[1]) if m[2] else int(m[1]) * 1000
+def _cpu_millis(value: Fraction) -> int:
+    """parseResourceList's CPU: q.SetMilli((q.ScaledValue(resource.Micro) + 500) / 1000)."""
+    micro = -((-value * 10**6) // 1)  # ScaledValue rounds up
+    return int((micro + 500) // 1000)
 
 
-def _reserved_problems(cfg: Mapping[str, object]) -> tuple[list[str], dict[str, int]]:
-    """kubeReserved and systemReserved as cmd/kubelet/app parseResourceList reads them, and the bytes
-    of memory and the CPU millis they reserve together."""
-    problems: list[str] = []
-    total = {"cpu": 0, "memory": 0}
+def _reserved_problems(
+    cfg: Mapping[str, object], reserved_cpus: int, problems: list[str]
+) -> dict[str, Fraction]:
+    """kubeReserved and systemReserved as cmd/kubelet/app parseResourceList reads them, and the
+    memory (bytes, exact) and CPU (millis) they reserve together. With ``reserved_cpus`` CPUs in
+    reservedSystemCPUs kubelet first drops kubeReserved's cpu and sets systemReserved's to that count
+    (cmd/kubelet/app/server.go run), so neither CPU value is ever parsed. Problems go to ``problems``."""
+    total = {"cpu": Fraction(reserved_cpus * 1000), "memory": Fraction(0)}
     for key in ("kubeReserved", "systemReserved"):
         for name, value in _map(cfg, key).items():
+            if name == "cpu" and reserved_cpus:
+                continue
             if not isinstance(value, str):
                 continue  # a decode problem already
             if name not in _RESERVABLE:
                 problems.append(f'{key}: cannot reserve "{name}" resource')
+                continue
+            try:
+                q = k8s_quantity(value)
+            except QuantityError:
+                problems.append(f"{key}.{name} is {value!r}; expected {QUANTITY_FORMS}")
+                continue
+            if q < 0:
+                problems.append(f'{key}: resource quantity for "{name}" cannot be negative: {value}')
             elif name == "cpu":
-                millis = _cpu_millis(value)
-                if millis is None:
-                    problems.append(f"{key}.cpu is {value!r}; expected a CPU quantity such as '2' or '500m'")
-                else:
-                    total["cpu"] += millis
+                total["cpu"] += _cpu_millis(q)
             elif name == "memory":
-                try:
-                    total["memory"] += parse_quantity(value, f"{key}.memory")
-                except MemoryReservationError as e:
-                    problems.append(str(e))
-    return problems, total
+                total["memory"] += q
+    return total
 
 
-def _eviction_memory(cfg: Mapping[str, object], problems: list[str]) -> int:
-    """Bytes evictionHard memory.available reserves (kubelet's Linux default 100Mi when the file sets
-    no evictionHard; 0 when it sets evictionHard without memory.available)."""
-    if "evictionHard" not in cfg or cfg.get("evictionHard") is None:
-        return 100 * 2**20
-    value = _map(cfg, "evictionHard").get("memory.available")
-    if value is None:
-        return 0
-    if not isinstance(value, str):
-        return 0
+def _json_number(value: float) -> str:
+    """How Go's encoding/json writes a YAML float on its way to Quantity: without an exponent between
+    1e-6 and 1e21 (2252341248.0 is '2252341248'), else with a short one ('1e-7', '1e+21')."""
+    if value != 0 and not 1e-6 <= abs(value) < 1e21:
+        mantissa, _, exponent = repr(value).partition("e")
+        return f"{mantissa}e{exponent[0]}{exponent[1:].lstrip('0')}"
+    return format(Decimal(repr(value)).normalize(), "f")
+
+
+def go_float32(text: str) -> float | None:
+    """float32(strconv.ParseFloat(text, 32)): decimal or hexadecimal, inf and nan; None when Go refuses."""
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if body.lower() in ("inf", "infinity", "nan"):
+        value = float(text)
+    elif re.fullmatch(r"(?:{d}\.?(?:{d})?|\.{d})(?:[eE][+-]?{d})?".format(d="[0-9](?:_?[0-9])*"), body):
+        value = float(text)  # Python's float takes underscores between digits, as Go's ParseFloat does
+    elif re.fullmatch(r"0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+", body):
+        value = float.fromhex(text)
+    else:
+        return None
     try:
-        return parse_quantity(value, "evictionHard memory.available")
-    except MemoryReservationError as e:
-        problems.append(str(e))
-        return 0
+        return float(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return None  # out of float32's range: Go's ParseFloat reports ErrRange
 
 
-def _memory_problems(cfg: Mapping[str, object], numa_nodes: int, reserved: int, eviction: int) -> list[str]:
+def _eviction_memory(cfg: Mapping[str, object], problems: list[str], memory_bytes: int | None) -> Fraction:
+    """What evictionHard reserves of memory, its statements parsed as eviction.ParseThresholdConfig
+    parses them (pkg/kubelet/eviction/helpers.go parseThresholdStatement): kubelet's Linux default 100Mi
+    when the file sets no evictionHard, 0 when it sets evictionHard without memory.available; a
+    percentage is of the machine's memory, as GetThresholdQuantity takes it ("0%" and "100%" are
+    ignored); ``memory_bytes`` None: the machine's memory is unknown."""
+    if "evictionHard" not in cfg or cfg.get("evictionHard") is None:
+        return Fraction(100 * 2**20)
+    reserved = Fraction(0)
+    for signal, value in _map(cfg, "evictionHard").items():
+        if not isinstance(value, str):
+            continue  # a decode problem already
+        if signal not in EVICTION_SIGNALS:
+            problems.append(f"evictionHard: unsupported eviction signal {signal}")
+            continue
+        if value.endswith("%"):
+            if value in ("0%", "100%"):
+                continue
+            fraction = go_float32(value.rstrip("%"))
+            if fraction is None:
+                problems.append(f"evictionHard {signal} is {value!r}; expected a percentage such as '10%'")
+                continue
+            fraction = float(struct.unpack("f", struct.pack("f", fraction / 100))[0])
+            if fraction < 0:
+                problems.append(f"eviction percentage threshold {signal} must be >= 0%: {value}")
+            elif fraction > 1:
+                problems.append(f"eviction percentage threshold {signal} must be <= 100%: {value}")
+            elif signal == "memory.available":
+                if memory_bytes is None:
+                    problems.append(
+                        f"evictionHard memory.available is {value!r}, a percentage of the machine's memory, "
+                        "which lowtail does not know here: give it in bytes (such as '100Mi')"
+                    )
+                elif not math.isnan(fraction):
+                    reserved = Fraction(int(float(memory_bytes) * fraction))
+            continue
+        try:
+            q = k8s_quantity(value)
+        except QuantityError:
+            problems.append(f"evictionHard {signal} is {value!r}; expected a percentage or {QUANTITY_FORMS}")
+            continue
+        if q <= 0:
+            problems.append(f"eviction threshold {signal} must be positive: {value}")
+        elif signal == "memory.available":
+            reserved = q
+    return reserved
+
+
+def _reserved_limit(what: str, value: object, problems: list[str]) -> Fraction | None:
+    """A reservedMemory limit as Quantity's UnmarshalJSON decodes it (a JSON number or string, spaces
+    around it trimmed) and as the memory manager converts it (Quantity.AsInt64); None after a problem."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        problems.append(f"{what} is {value!r}; expected {QUANTITY_FORMS}")
+        return None
+    text = _json_number(value) if isinstance(value, float) else str(value).strip()
+    try:
+        n = k8s_quantity(text)
+    except QuantityError:
+        problems.append(f"{what} is {value!r}; expected {QUANTITY_FORMS}")
+        return None
+    if not k8s_quantity_is_int64(text):
+        problems.append(
+            f"{what} is {value!r}, which kubelet's memory manager cannot convert to an int64 (it takes a "
+            "whole number with at most 18 digits, and no fraction with a binary suffix); write it in bytes "
+            "or as such as '1536Mi'"
+        )
+        return None
+    return n
+
+
+def _memory_problems(
+    cfg: Mapping[str, object], numa_nodes: int, reserved: Fraction, eviction: Fraction
+) -> list[str]:
     """reservedMemory as validateReservedMemoryConfiguration and, with the Static policy, as
     memorymanager.NewManager check it."""
     problems: list[str] = []
@@ -479,7 +583,7 @@ def _memory_problems(cfg: Mapping[str, object], numa_nodes: int, reserved: int, 
     if not isinstance(raw, Sequence) or isinstance(raw, str):
         return [*problems, f"reservedMemory is {raw!r}; expected a list of {{numaNode, limits}}"]
     seen: set[tuple[int, str]] = set()
-    total = 0
+    total = Fraction(0)
     for entry in raw:
         node = entry.get("numaNode") if isinstance(entry, Mapping) else None
         limits = entry.get("limits") if isinstance(entry, Mapping) else None
@@ -499,12 +603,8 @@ def _memory_problems(cfg: Mapping[str, object], numa_nodes: int, reserved: int, 
                     f"reservedMemory: the limit type {name!r} for NUMA node {node} is not supported"
                 )
                 continue
-            try:
-                n = parse_quantity(
-                    value if isinstance(value, str | int) else str(value), f"reservedMemory[{node}]"
-                )
-            except MemoryReservationError as e:
-                problems.append(str(e))
+            n = _reserved_limit(f"reservedMemory[{node}].{name}", value, problems)
+            if n is None:
                 continue
             if n == 0:
                 problems.append(f"reserved memory may not be zero for NUMA node {node} and resource {name!r}")
@@ -536,10 +636,11 @@ def check_config(
     sockets: int = 0,
     cpus: set[int] | frozenset[int] | None = None,
     cgroup_version: int | None = None,
+    memory_bytes: int | None = None,
 ) -> ConfigCheck:
     """Every reason kubelet ``version`` would refuse to start with the whole (merged)
     KubeletConfiguration ``cfg`` on a host with ``numa_nodes`` NUMA nodes over ``sockets`` sockets,
-    online ``cpus`` and cgroup ``cgroup_version`` (0 / None: unknown, that check is left out)."""
+    online ``cpus``, cgroup ``cgroup_version`` and ``memory_bytes`` (0 / None: unknown, not checked)."""
     minor = supported_minor(version)
     problems = _decode_problems(cfg)
     warnings: list[str] = []
@@ -574,8 +675,7 @@ def check_config(
             )
         else:
             reserved_cpus = parsed
-    reserve_problems, reserved = _reserved_problems(cfg)
-    problems += reserve_problems
+    reserved = _reserved_problems(cfg, len(reserved_cpus), problems)
     cpu_policy = _str(cfg, "cpuManagerPolicy", "none")
     options = _map(cfg, "cpuManagerPolicyOptions")
     if cpu_policy not in CPU_POLICIES:
@@ -602,8 +702,8 @@ def check_config(
                 f"option {BY_SOCKET!r} is not compatible with hardware where the sockets ({sockets}) "
                 f"outnumber the NUMA nodes ({numa_nodes})"
             )
-    eviction = _eviction_memory(cfg, problems)
-    problems += _memory_problems(cfg, numa_nodes, reserved["memory"], eviction)
+    evicted = _eviction_memory(cfg, problems, memory_bytes)  # appends its own problems first
+    problems += _memory_problems(cfg, numa_nodes, reserved["memory"], evicted)
     problems += _topology_problems(minor, cfg, bool_gates, topology_policy, numa_nodes)
     return ConfigCheck(minor, problems, warnings)
 

@@ -1,4 +1,5 @@
-"""Does the node's OCI runtime reset the CPU affinity a container inherits from systemd?
+"""Does the node's OCI runtime reset the CPU affinity a container inherits from systemd, and is its
+containerd one containerd recommends for its kubelet?
 
 lowtail pins systemd (``systemd.cpu_affinity=`` and ``CPUAffinity=``) to the housekeeping CPUs. Since
 Linux 6.2 (kernel commit da019032819a, "sched: Enforce user requested affinity") moving a task into a
@@ -69,3 +70,44 @@ def affinity_problems(runtimes: dict[str, str], kernel_release: str) -> list[str
                 f"housekeeping CPUs only); expected {name} >= {wanted}"
             )
     return problems
+
+
+# containerd's recommendation for each Kubernetes minor lowtail claims: RELEASES.md, "Kubernetes
+# Support", of github.com/containerd/containerd/v2 v2.4.2 (the Go module, as the proxy serves it). Each
+# entry is the first recommended release of a containerd branch; a release of a newer branch than the
+# row's newest is taken as recommended too (the file lists only released branches). kubelet enforces
+# none of it: it logs and falls back when the runtime lacks what it asks (KEP-4033).
+CONTAINERD_SOURCE = "containerd's RELEASES.md (github.com/containerd/containerd/v2 v2.4.2)"
+CONTAINERD_FOR_KUBELET: dict[int, tuple[tuple[int, int, int], ...]] = {
+    35: ((2, 2, 0), (2, 1, 5), (1, 7, 28)),
+    36: ((2, 3, 0), (2, 2, 0)),
+    37: ((2, 4, 0), (2, 3, 0)),
+}
+# The same file's "Current State of containerd Releases": branches past their end of life, which get no
+# fixes at all (1.6 and older; 2.1 since July 3, 2026).
+CONTAINERD_END_OF_LIFE = frozenset({(2, 1)})
+CONTAINERD_LAST_END_OF_LIFE_1X = (1, 6)
+
+
+def containerd_support(output: str, kubelet_minor: int) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for the containerd whose ``--version`` printed ``output`` under kubelet
+    1.``kubelet_minor``: a branch past its end of life that containerd does not recommend for this
+    kubelet is a problem; any other release outside the recommendation is a warning."""
+    wanted = CONTAINERD_FOR_KUBELET.get(kubelet_minor)
+    if wanted is None:
+        return [], []
+    m = re.search(r"\bv?(\d+)\.(\d+)\.(\d+)", output or "")
+    if m is None:
+        return [f"containerd --version printed {output!r}; expected a version such as 'v2.3.7'"], []
+    version = (int(m[1]), int(m[2]), int(m[3]))
+    text = ".".join(map(str, version))
+    listed = ", ".join(".".join(map(str, w)) + "+" for w in wanted)
+    advice = f"containerd recommends {listed} for Kubernetes 1.{kubelet_minor} ({CONTAINERD_SOURCE})"
+    # A release branch past its end of life that this row does not list: no fixes, not recommended.
+    same_branch = [w for w in wanted if w[:2] == version[:2]]
+    if version[:2] > max(wanted)[:2] or (same_branch and version >= same_branch[0]):
+        return [], []
+    end_of_life = version[:2] <= CONTAINERD_LAST_END_OF_LIFE_1X or version[:2] in CONTAINERD_END_OF_LIFE
+    if end_of_life and not same_branch:
+        return [f"containerd {text} is a release branch past its end of life; {advice}"], []
+    return [], [f"containerd {text} is older than what {advice}"]

@@ -50,6 +50,12 @@ def test_window_changes_the_kubelet_and_a_failed_gate_puts_the_previous_file_bac
 
     ok = playbook("window.yml", extra, path_dir)
     assert ok.returncode == 0, ok.stdout[-6000:]
+    # Without a drain delegate the gate asked the kubelet itself.
+    for task in (
+        "Check that kubelet reported healthy",
+        "Check that kubelet served its running configuration",
+    ):
+        assert f"TASK [lowtail_kubelet : {task}]" in ok.stdout, ok.stdout[-6000:]
     written = yaml.safe_load(config.read_text())
     assert written["cpuManagerPolicy"] == "static"
     assert written["reservedSystemCPUs"] == plan["housekeeping"]
@@ -76,4 +82,24 @@ def test_window_changes_the_kubelet_and_a_failed_gate_puts_the_previous_file_bac
     assert running["cpuManagerPolicy"] == "static"
     assert "lowtail-no-such-option" not in running.get("cpuManagerPolicyOptions", {})
     assert json.loads(good_state)["policyName"] == kube.cpu_manager_state()["policyName"] == "static"
+
+    # Without a drain delegate the gate reads /configz on the node: a kubelet that answers it only to
+    # authenticated clients (anonymous off here), given no client certificate, fails the gate by name
+    # and the change goes back, though the kubelet runs healthy with it.
+    no_anonymous = {"anonymous": {"enabled": False}, "webhook": {"enabled": False}}
+    locked = {**yaml.safe_load(config.read_text()), "authentication": no_anonymous}
+    config.write_text(yaml.safe_dump(locked, sort_keys=True))
+    assert kube.systemctl("restart", UNIT).returncode == 0
+    wait_for("the kubelet without anonymous access", lambda: kube.healthz() == "ok", 180)
+    locked_bytes = config.read_bytes()
+    unread = playbook(
+        "window.yml",
+        {**extra, "lowtail_kubelet_topology_manager_policy": "restricted"},
+        path_dir,
+    )
+    assert unread.returncode != 0, unread.stdout[-6000:]
+    assert "Check that kubelet served its running configuration" in unread.stdout, unread.stdout[-6000:]
+    assert "answered 401" in unread.stdout and "lowtail_kubelet_configz_client_cert" in unread.stdout
+    assert config.read_bytes() == locked_bytes
+    wait_for("the kubelet on the restored file", lambda: kube.healthz() == "ok", 180)
     assert kube.systemctl("stop", UNIT).returncode == 0
