@@ -35,7 +35,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/benchmarks/soak_bench.py::build_report": (95, NOT_YET),
     "python/lowtail/benchmarks/soak_roles.py::client_main": (81, NOT_YET),
     "python/lowtail/benchmarks/soak_roles.py::actor_main": (61, NOT_YET),
-    "python/lowtail/serve/worker_process.py::measure_pinned": (66, NOT_YET),
 }
 
 
