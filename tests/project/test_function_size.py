@@ -31,12 +31,9 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/benchmarks/queue_bench.py::register": (62, "an argparse option table, read in order"),
     "python/lowtail/serve/worker_main.py::main": (136, NOT_YET),
     "python/lowtail/benchmarks/queue_bench.py::run": (131, NOT_YET),
-    "python/lowtail/benchmarks/queue_bench.py::tables": (68, NOT_YET),
     "python/lowtail/benchmarks/soak_bench.py::build_report": (95, NOT_YET),
     "python/lowtail/benchmarks/soak_roles.py::client_main": (81, NOT_YET),
     "python/lowtail/benchmarks/soak_roles.py::actor_main": (61, NOT_YET),
-    "python/lowtail/node/kubelet_options.py::check_config": (78, NOT_YET),
-    "python/lowtail/serve/worker_process.py::measure_pinned": (66, NOT_YET),
 }
 
 

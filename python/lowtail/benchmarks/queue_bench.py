@@ -352,9 +352,24 @@ def rounds_target(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any
     return [{"target": desc, "ratio": share, "figure": f"{ahead}/{len(both)} rounds", "met": met, "why": why}]
 
 
-def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]]]:
+Table = tuple[str, list[str], list[list[Any]]]  # (title, headers, rows)
+
+
+def tables(report: dict[str, Any]) -> list[Table]:
     """(title, headers, rows) of each table: the terminal and the HTML show the same."""
-    res = report["transports"]
+    parts = [_round_trip_table(report["transports"])]
+    tp = report.get("throughput", {})
+    if tp:
+        parts.append(_throughput_table(tp))
+    fair = report.get("fairness")
+    if fair:
+        parts.append(_fairness_table(fair))
+    parts.append(_targets_table(report["targets"]))
+    return parts
+
+
+def _round_trip_table(res: dict[str, Any]) -> Table:
+    """One row per transport measured, in ORDER, with its tails against lowtail's."""
     lt = res.get("lowtail")
     rows = []
     for name in ORDER:
@@ -365,61 +380,64 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[Any]]
         x999 = f"{r['p999_us'] / lt['p999_us']:.1f}x" if lt else "-"
         delay = r.get("client_run_delay_ms")
         rows.append([name, r["n"], r["p50_us"], r["p99_us"], r["p999_us"], r["max_us"], x50, x999, delay])
-    parts: list[tuple[str, list[str], list[list[Any]]]] = [
-        (
-            "round trip, 16x512 float32 in, 16x64 float32 out (closed loop)",
-            [
-                "transport",
-                "n",
-                "p50 us",
-                "p99 us",
-                "p99.9 us",
-                "max us",
-                "p50 vs lowtail",
-                "p99.9 vs lowtail",
-                "client run_delay ms",
-            ],
-            rows,
-        )
-    ]
-    tp = report.get("throughput", {})
-    if tp:
-        base = tp.get("lowtail", {}).get("requests_per_s")
-        trows = [
-            [
-                k,
-                v["clients"],
-                round(v["requests_per_s"]),
-                f"{v['requests_per_s'] / base:.2f}x" if base else "-",
-            ]
-            for k, v in tp.items()
+    return (
+        "round trip, 16x512 float32 in, 16x64 float32 out (closed loop)",
+        [
+            "transport",
+            "n",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "max us",
+            "p50 vs lowtail",
+            "p99.9 vs lowtail",
+            "client run_delay ms",
+        ],
+        rows,
+    )
+
+
+def _throughput_table(tp: dict[str, Any]) -> Table:
+    """Requests per second of each transport, against lowtail's."""
+    base = tp.get("lowtail", {}).get("requests_per_s")
+    trows = [
+        [
+            k,
+            v["clients"],
+            round(v["requests_per_s"]),
+            f"{v['requests_per_s'] / base:.2f}x" if base else "-",
         ]
-        parts.append(("throughput", ["transport", "clients", "requests/s", "vs lowtail"], trows))
-    fair = report.get("fairness")
-    if fair:
-        frows = [
-            [c["client"], c["answered"], c["unanswered"], c.get("wait_p50_us", "-"),
-             c.get("wait_p999_us", "-"), c.get("wait_max_us", "-")]
-            for c in fair["per_client"]
-        ]  # fmt: skip
-        lost = sum(c["unanswered"] for c in fair["per_client"])
-        frows.append(["all", fair.get("n", 0), lost, fair.get("p50_us", "-"), fair.get("p999_us", "-"),
-                      fair.get("max_us", "-")])  # fmt: skip
-        parts.append(
-            (
-                f"fairness: queue wait of a ready request, {fair['clients']} saturating clients x "
-                f"{fair['depth']} in flight, {fair['seconds']} s (starved: {fair['starved_clients']})",
-                ["client", "answered", "unanswered", "wait p50 us", "wait p99.9 us", "wait max us"],
-                frows,
-            )
-        )
-    keep, note = shown(report["targets"])
+        for k, v in tp.items()
+    ]
+    return ("throughput", ["transport", "clients", "requests/s", "vs lowtail"], trows)
+
+
+def _fairness_table(fair: dict[str, Any]) -> Table:
+    """Each saturating client's answered, unanswered and queue waits, then all of them."""
+    frows = [
+        [c["client"], c["answered"], c["unanswered"], c.get("wait_p50_us", "-"),
+         c.get("wait_p999_us", "-"), c.get("wait_max_us", "-")]
+        for c in fair["per_client"]
+    ]  # fmt: skip
+    lost = sum(c["unanswered"] for c in fair["per_client"])
+    frows.append(["all", fair.get("n", 0), lost, fair.get("p50_us", "-"), fair.get("p999_us", "-"),
+                  fair.get("max_us", "-")])  # fmt: skip
+    return (
+        f"fairness: queue wait of a ready request, {fair['clients']} saturating clients x "
+        f"{fair['depth']} in flight, {fair['seconds']} s (starved: {fair['starved_clients']})",
+        ["client", "answered", "unanswered", "wait p50 us", "wait p99.9 us", "wait max us"],
+        frows,
+    )
+
+
+def _targets_table(targets: list[dict[str, Any]]) -> Table:
+    """The targets shown (see ``shown``), each with its figure or ratio and its verdict."""
+    keep, note = shown(targets)
     trows = [
         [t["target"], t.get("figure") or ("-" if t["ratio"] is None else f"{t['ratio']}x"), verdict(t)]
         for t in keep
     ]
-    parts.append(("targets" + note, ["target", "measured", "verdict"], trows))
-    return parts
+    return ("targets" + note, ["target", "measured", "verdict"], trows)
 
 
 def render_tables(report: dict[str, Any]) -> str:

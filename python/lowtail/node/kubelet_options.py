@@ -647,65 +647,106 @@ def check_config(
     gates = _map(cfg, "featureGates")
     problems += _gate_problems(minor, gates)
     bool_gates = {k: v for k, v in gates.items() if isinstance(v, bool)}
-    if cgroup_version == 1 and cfg.get("failCgroupV1", True) is not False:
-        problems.append(
-            f"kubelet 1.{minor} is configured to not run on a host using cgroup v1 (failCgroupV1 defaults to "
-            "true) and this host runs cgroup v1; set failCgroupV1: false (lowtail writes it on cgroup v1 "
-            "hosts) or boot the host with the unified hierarchy (systemd.unified_cgroup_hierarchy=1)"
-        )
+    problems += _cgroup_problems(minor, cfg, cgroup_version)
     topology_policy = _str(cfg, "topologyManagerPolicy", "none")
     if topology_policy not in TOPOLOGY_POLICIES:
         problems.append(f"topologyManagerPolicy {topology_policy!r} must be one of {list(TOPOLOGY_POLICIES)}")
     scope = _str(cfg, "topologyManagerScope", "container")
     if scope not in TOPOLOGY_SCOPES:
         problems.append(f"topologyManagerScope {scope!r} must be one of {list(TOPOLOGY_SCOPES)}")
-    reserved_text = cfg.get("reservedSystemCPUs")
-    reserved_cpus: set[int] = set()
-    if isinstance(reserved_text, str):
-        parsed = go_cpuset(reserved_text)
-        if parsed is None:
-            problems.append(
-                f"reservedSystemCPUs {reserved_text!r} is not a CPU list; expected e.g. '0-6,84-90' "
-                "(no spaces)"
-            )
-        elif cpus is not None and not parsed <= set(cpus):
-            problems.append(
-                f"reservedSystemCPUs {reserved_text!r} names CPUs this host does not have online: "
-                f"{sorted(parsed - set(cpus))[:8]}"
-            )
-        else:
-            reserved_cpus = parsed
+    reserved_cpus = _reserved_cpus(cfg, cpus, problems)
     reserved = _reserved_problems(cfg, len(reserved_cpus), problems)
-    cpu_policy = _str(cfg, "cpuManagerPolicy", "none")
-    options = _map(cfg, "cpuManagerPolicyOptions")
-    if cpu_policy not in CPU_POLICIES:
-        problems.append(f"cpuManagerPolicy {cpu_policy!r} is unknown; expected one of {list(CPU_POLICIES)}")
-    elif cpu_policy == "none" and options:
-        # policy_none.go: the none policy refuses any option.
-        problems.append(f"None policy: received unsupported options {sorted(options)}")
-    elif cpu_policy == "static":
-        if not reserved_cpus and reserved["cpu"] == 0 and not reserved_text:
-            problems.append(
-                "the static CPU manager policy requires reservedSystemCPUs or systemReserved.cpu + "
-                "kubeReserved.cpu greater than zero"
-            )
-        effective = {g: gate_value(minor, g, bool_gates) for g in (ALPHA_GATE, BETA_GATE)}
-        problems += check(version, options, effective, topology_policy).problems
-        if (
-            go_bool(options.get(BY_SOCKET)) is True
-            and sockets
-            and numa_nodes
-            and sockets > numa_nodes
-            and topology_policy != "single-numa-node"
-        ):
-            problems.append(
-                f"option {BY_SOCKET!r} is not compatible with hardware where the sockets ({sockets}) "
-                f"outnumber the NUMA nodes ({numa_nodes})"
-            )
+    reserved_any = bool(reserved_cpus) or reserved["cpu"] != 0 or bool(cfg.get("reservedSystemCPUs"))
+    problems += _cpu_policy_problems(
+        version,
+        minor,
+        cfg,
+        bool_gates,
+        topology_policy=topology_policy,
+        reserved_any=reserved_any,
+        sockets=sockets,
+        numa_nodes=numa_nodes,
+    )
     evicted = _eviction_memory(cfg, problems, memory_bytes)  # appends its own problems first
     problems += _memory_problems(cfg, numa_nodes, reserved["memory"], evicted)
     problems += _topology_problems(minor, cfg, bool_gates, topology_policy, numa_nodes)
     return ConfigCheck(minor, problems, warnings)
+
+
+def _cgroup_problems(minor: int, cfg: Mapping[str, object], cgroup_version: int | None) -> list[str]:
+    """The refusal of a kubelet left to fail on a cgroup v1 host (none when the version is unknown)."""
+    if cgroup_version == 1 and cfg.get("failCgroupV1", True) is not False:
+        return [
+            f"kubelet 1.{minor} is configured to not run on a host using cgroup v1 (failCgroupV1 defaults to "
+            "true) and this host runs cgroup v1; set failCgroupV1: false (lowtail writes it on cgroup v1 "
+            "hosts) or boot the host with the unified hierarchy (systemd.unified_cgroup_hierarchy=1)"
+        ]
+    return []
+
+
+def _reserved_cpus(
+    cfg: Mapping[str, object], cpus: set[int] | frozenset[int] | None, problems: list[str]
+) -> set[int]:
+    """The CPUs reservedSystemCPUs names (empty if unset or refused); appends why it is refused."""
+    reserved_text = cfg.get("reservedSystemCPUs")
+    if not isinstance(reserved_text, str):
+        return set()
+    parsed = go_cpuset(reserved_text)
+    if parsed is None:
+        problems.append(
+            f"reservedSystemCPUs {reserved_text!r} is not a CPU list; expected e.g. '0-6,84-90' (no spaces)"
+        )
+        return set()
+    if cpus is not None and not parsed <= set(cpus):
+        problems.append(
+            f"reservedSystemCPUs {reserved_text!r} names CPUs this host does not have online: "
+            f"{sorted(parsed - set(cpus))[:8]}"
+        )
+        return set()
+    return parsed
+
+
+def _cpu_policy_problems(
+    version: str,
+    minor: int,
+    cfg: Mapping[str, object],
+    bool_gates: Mapping[str, bool],
+    *,
+    topology_policy: str,
+    reserved_any: bool,
+    sockets: int,
+    numa_nodes: int,
+) -> list[str]:
+    """Why the CPU manager would refuse its policy and options; ``reserved_any``: some CPU is reserved."""
+    cpu_policy = _str(cfg, "cpuManagerPolicy", "none")
+    options = _map(cfg, "cpuManagerPolicyOptions")
+    if cpu_policy not in CPU_POLICIES:
+        return [f"cpuManagerPolicy {cpu_policy!r} is unknown; expected one of {list(CPU_POLICIES)}"]
+    if cpu_policy == "none" and options:
+        # policy_none.go: the none policy refuses any option.
+        return [f"None policy: received unsupported options {sorted(options)}"]
+    if cpu_policy != "static":
+        return []
+    problems: list[str] = []
+    if not reserved_any:
+        problems.append(
+            "the static CPU manager policy requires reservedSystemCPUs or systemReserved.cpu + "
+            "kubeReserved.cpu greater than zero"
+        )
+    effective = {g: gate_value(minor, g, bool_gates) for g in (ALPHA_GATE, BETA_GATE)}
+    problems += check(version, options, effective, topology_policy).problems
+    if (
+        go_bool(options.get(BY_SOCKET)) is True
+        and sockets
+        and numa_nodes
+        and sockets > numa_nodes
+        and topology_policy != "single-numa-node"
+    ):
+        problems.append(
+            f"option {BY_SOCKET!r} is not compatible with hardware where the sockets ({sockets}) "
+            f"outnumber the NUMA nodes ({numa_nodes})"
+        )
+    return problems
 
 
 def _topology_problems(

@@ -36,10 +36,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -52,6 +52,9 @@ from lowtail.serve import worker_main
 from lowtail.serve.config import WorkerConfig
 from lowtail.serve.model import find_model_xml
 from lowtail.serve.pinning import start_pinned
+
+if TYPE_CHECKING:
+    from lowtail.shm.queue import QueueConfig
 
 __all__ = [
     "BadMeasurement",
@@ -372,7 +375,7 @@ def measure_pinned(
     import numpy as np
 
     from lowtail.serve.model import ModelSpec, feature_input, write_model
-    from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
+    from lowtail.shm.queue import InferenceQueue
 
     if calls < 1 or batch < 1:
         raise BadMeasurement(f"calls={calls}, batch={batch}: expected both >= 1")
@@ -380,16 +383,7 @@ def measure_pinned(
         spec = ModelSpec()
         xml = find_model_xml(model_dir) if model_dir is not None else write_model(tmp, spec)
         name, features = feature_input(xml)
-        payload = batch * features * 4 + 4096
-        payload += -payload % 64
-        cfg = QueueConfig(
-            lanes=1,
-            slots_per_lane=2,
-            request_bytes=payload,
-            response_bytes=payload,
-            max_batch_samples=batch,
-            min_batch_samples=1,
-        )
+        cfg = _measure_queue_config(batch, features)
         x = {name: np.random.default_rng(0).standard_normal((batch, features), dtype=np.float32)}
         saved = os.sched_getaffinity(0)
         with InferenceQueue.create(cfg) as queue:
@@ -398,23 +392,53 @@ def measure_pinned(
                 ready = w.wait_ready(120)
                 if client_cpu is not None:
                     os.sched_setaffinity(0, {client_cpu})
-                warm = min(100, calls)  # page faults, first futex waits
-                with QueueClient.attach(queue.descriptor) as client:
-                    for _ in range(warm):
-                        client.infer(x, timeout_s=30)
-                    # One request per engine call (one client, closed loop); the worker writes a call's
-                    # row just after answering it, so wait for the row before taking the cursor.
-                    cursor = _wait_for_rows(w, warm)
-                    for k in range(1, calls + 1):
-                        client.infer(x, timeout_s=30)
-                        if on_call is not None:
-                            on_call(k)
-                    _wait_for_rows(w, warm + calls)
+                cursor = _drive_calls(w, queue.descriptor, x, calls, on_call)
                 rows = w.calls(cursor).rows
                 return PinnedMeasurement(rows, w.report(cursor), w.isolation(), ready)
             finally:
                 os.sched_setaffinity(0, saved)
                 w.stop()
+
+
+def _measure_queue_config(batch: int, features: int) -> QueueConfig:
+    """One lane of two slots, each large enough for ``batch`` float32 samples of ``features``."""
+    from lowtail.shm.queue import QueueConfig
+
+    payload = batch * features * 4 + 4096
+    payload += -payload % 64
+    return QueueConfig(
+        lanes=1,
+        slots_per_lane=2,
+        request_bytes=payload,
+        response_bytes=payload,
+        max_batch_samples=batch,
+        min_batch_samples=1,
+    )
+
+
+def _drive_calls(
+    w: WorkerProcess,
+    descriptor: Any,
+    x: Mapping[str, Any],
+    calls: int,
+    on_call: Callable[[int], None] | None,
+) -> int:
+    """Warm the worker up, then send ``calls`` requests of ``x``; the cursor where the measured rows start."""
+    from lowtail.shm.queue import QueueClient
+
+    warm = min(100, calls)  # page faults, first futex waits
+    with QueueClient.attach(descriptor) as client:
+        for _ in range(warm):
+            client.infer(x, timeout_s=30)
+        # One request per engine call (one client, closed loop); the worker writes a call's
+        # row just after answering it, so wait for the row before taking the cursor.
+        cursor = _wait_for_rows(w, warm)
+        for k in range(1, calls + 1):
+            client.infer(x, timeout_s=30)
+            if on_call is not None:
+                on_call(k)
+        _wait_for_rows(w, warm + calls)
+    return cursor
 
 
 def _wait_for_rows(w: WorkerProcess, count: int, timeout_s: float = 10.0) -> int:
