@@ -81,21 +81,12 @@ def read_endpoint(registry: str, actor: str) -> Endpoint | None:
 # -- the inference actor ----------------------------------------------------------------------------------
 
 
-def actor_main(
-    *, hero: str, index: int, cpu: int, model_dir: str, registry: str, worker: Any, queue: Any
-) -> None:
-    """Create the queue, start the worker and its standby, publish the endpoint, supervise until SIGTERM."""
-    from lowtail.actors.inference import InferenceActorImpl, InferenceSpec
+def _actor_without_ray(spec: Any, cpu: int) -> Any:
+    """The Ray actor's class without Ray: its supervisor and endpoint() are the code under test; only its
+    constructor (lease from the node allocator, Ray's runtime context) is replaced by these fields."""
+    from lowtail.actors.inference import InferenceActorImpl
     from lowtail.shm.queue import InferenceQueue
-    from lowtail.shm.segments import sweep_dead
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the soak: the soak stops us (SIGTERM)
-    sweep_dead(kinds=("q",))  # a killed incarnation's queue, as the Ray actor does on a restart
-    spec = InferenceSpec(hero=hero, index=index, model_dir=model_dir, worker=worker, queue=queue)
-    # The Ray actor's class without Ray: its supervisor and endpoint() are the code under test; only its
-    # constructor (lease from the node allocator, Ray's runtime context) is replaced by these fields.
     impl = InferenceActorImpl.__new__(InferenceActorImpl)
     impl._init_error = None
     impl._spec, impl._node, impl._nice, impl._metrics = spec, NODE, None, None
@@ -104,8 +95,24 @@ def actor_main(
     impl._worker = impl._standby = impl._standby_starter = impl._failed = None
     impl._restarts, impl._kills = [], []
     impl._deaths = impl._promotions = impl._cursor = 0
-    impl._queue = InferenceQueue.create(queue)
-    impl._worker_cfg = worker
+    impl._queue = InferenceQueue.create(spec.queue)
+    impl._worker_cfg = spec.worker
+    return impl
+
+
+def actor_main(
+    *, hero: str, index: int, cpu: int, model_dir: str, registry: str, worker: Any, queue: Any
+) -> None:
+    """Create the queue, start the worker and its standby, publish the endpoint, supervise until SIGTERM."""
+    from lowtail.actors.inference import InferenceSpec
+    from lowtail.shm.segments import sweep_dead
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the soak: the soak stops us (SIGTERM)
+    sweep_dead(kinds=("q",))  # a killed incarnation's queue, as the Ray actor does on a restart
+    spec = InferenceSpec(hero=hero, index=index, model_dir=model_dir, worker=worker, queue=queue)
+    impl = _actor_without_ray(spec, cpu)
     status = Path(registry) / f"{hero}.{index}.status"
     last: tuple[Any, ...] = ()
     try:
