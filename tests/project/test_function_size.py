@@ -32,7 +32,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/serve/worker_main.py::main": (136, NOT_YET),
     "python/lowtail/benchmarks/queue_bench.py::run": (131, NOT_YET),
     "python/lowtail/benchmarks/soak_bench.py::build_report": (95, NOT_YET),
-    "python/lowtail/benchmarks/soak_roles.py::client_main": (81, NOT_YET),
 }
 
 

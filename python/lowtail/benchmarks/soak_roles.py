@@ -245,8 +245,6 @@ def client_main(
     """Send ``refs`` inputs at ``plan.rate_hz`` to the hero's replicas until ``leave_after_s``; every
     request ends in exactly one record (or the process is killed)."""
     from lowtail.actors.endpoint import EndpointDown
-    from lowtail.errors import LowtailError
-    from lowtail.shm.errors import QueueError, QueueTimeout
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the soak: we leave by its stop file
@@ -294,32 +292,38 @@ def client_main(
                 rec.add(seq, WITHDRAWN, 0, intended, time.monotonic())
                 seq += 1
                 continue
-            try:
-                out = client.finish(p)
-            except QueueTimeout:
-                client.abandon(p)
-                rec.add(seq, LOST, 0, intended, time.monotonic())
-            except (QueueError, LowtailError) as e:
-                name = type(e).__name__
-                rec.add(
-                    seq,
-                    FAILED,
-                    ERRORS.index(name) if name in ERRORS else len(ERRORS) - 1,
-                    intended,
-                    time.monotonic(),
-                )
-            else:
-                done = time.monotonic()
-                ok = set(out) == set(expected) and all(
-                    out[n].shape == v.shape and np.allclose(out[n], v, rtol=1e-3, atol=1e-4)
-                    for n, v in expected.items()
-                )
-                rec.add(seq, ANSWERED if ok else WRONG, 0, intended, done)
+            _settle(client, p, expected, rec, seq=seq, intended=intended)
             seq += 1
     finally:
         rec.add(seq, BYE, 0, float(skipped), time.monotonic())
         rec.flush()
         client.close()
+
+
+def _settle(
+    client: Any, p: Any, expected: dict[str, np.ndarray], rec: _Records, *, seq: int, intended: float
+) -> None:
+    """Wait for one request and record how it ended: answered (checked against ``expected``), wrong,
+    lost (abandoned after its timeout) or failed with a named error."""
+    from lowtail.errors import LowtailError
+    from lowtail.shm.errors import QueueError, QueueTimeout
+
+    try:
+        out = client.finish(p)
+    except QueueTimeout:
+        client.abandon(p)
+        rec.add(seq, LOST, 0, intended, time.monotonic())
+    except (QueueError, LowtailError) as e:
+        name = type(e).__name__
+        code = ERRORS.index(name) if name in ERRORS else len(ERRORS) - 1
+        rec.add(seq, FAILED, code, intended, time.monotonic())
+    else:
+        done = time.monotonic()
+        ok = set(out) == set(expected) and all(
+            out[n].shape == v.shape and np.allclose(out[n], v, rtol=1e-3, atol=1e-4)
+            for n, v in expected.items()
+        )
+        rec.add(seq, ANSWERED if ok else WRONG, 0, intended, done)
 
 
 def vandal_main(*, descriptor: Any, x: np.ndarray, seconds: float, seed: int, fd: int, cid: int) -> None:
