@@ -31,7 +31,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/benchmarks/queue_bench.py::register": (62, "an argparse option table, read in order"),
     "python/lowtail/serve/worker_main.py::main": (136, NOT_YET),
     "python/lowtail/benchmarks/queue_bench.py::run": (131, NOT_YET),
-    "python/lowtail/benchmarks/soak_bench.py::build_report": (95, NOT_YET),
 }
 
 

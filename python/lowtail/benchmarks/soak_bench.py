@@ -38,6 +38,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -725,57 +726,66 @@ def grade_windows(windows: list[dict[str, Any]], baseline_ms: np.ndarray) -> tup
     return not worse, figure, ""
 
 
-def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dict[str, Any]:
-    from collections import Counter
+@dataclass
+class _Tally:
+    """How the requests of the well-behaved clients ended (a vandal's are its own)."""
 
-    from lowtail.benchmarks.soak_roles import ERRORS, FAILED, KIND_NAMES, LOST, SENT, WRONG
+    outcomes: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    twice: int = 0
+    no_outcome: int = 0
+    cut: int = 0  # no outcome because its client was killed with it in flight
+    unsent: int = 0  # an outcome of a request never recorded as sent: cannot happen in order
+
+
+def _tally(s: Soak) -> _Tally:
+    from lowtail.benchmarks.soak_roles import ERRORS, FAILED, KIND_NAMES, SENT
 
     vandals = {c.cid for c in s.clients.values() if c.vandal}
     killed = {c.cid for c in s.clients.values() if c.killed}
-    outcomes: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    twice = no_outcome = cut = unsent = 0
+    t = _Tally()
     for (cid, _seq), (_t0, kinds, codes, _sent) in s.requests.items():
         if cid in vandals:
             continue
         if not kinds or kinds[0] != SENT:
-            unsent += 1  # an outcome of a request never recorded as sent: cannot happen in order
+            t.unsent += 1
         ends = [k for k in kinds if k != SENT]
         if len(ends) > 1:
-            twice += 1
+            t.twice += 1
         if not ends:
             if cid in killed:
-                cut += 1
+                t.cut += 1
             else:
-                no_outcome += 1
+                t.no_outcome += 1
             continue
-        outcomes[KIND_NAMES[ends[0]]] += 1
+        t.outcomes[KIND_NAMES[ends[0]]] += 1
         for k, code in zip(ends, codes, strict=True):
             if k == FAILED:
-                errors[ERRORS[code]] += 1
-    windows = [summarize_window(w, s.faults) for w in s.windows]
-    baseline = np.asarray([x for w in s.windows if w.kind == "baseline" for x in w.latencies_ms])
-    t0 = s.windows[0].start_s if s.windows else 0.0
-    for w in windows:
-        w["start_s"] -= t0
-        w["end_s"] -= t0
-    faults = [dict(f, at_s=f["at_s"] - t0) for f in s.faults]
+                t.errors[ERRORS[code]] += 1
+    return t
+
+
+def _targets(
+    s: Soak, t: _Tally, windows: list[dict[str, Any]], baseline: np.ndarray, left: dict[str, Any]
+) -> list[dict[str, Any]]:
+    from lowtail.benchmarks.soak_roles import KIND_NAMES, LOST, WRONG
+
     targets: list[dict[str, Any]] = []
 
     def target(name: str, met: bool | None, figure: str, why: str = "") -> None:
         targets.append({"target": name, "met": met, "figure": figure, "why": why})
 
-    lost = outcomes[KIND_NAMES[LOST]] + no_outcome
+    lost = t.outcomes[KIND_NAMES[LOST]] + t.no_outcome
     target(
         "every request answered or failed exactly once: none twice, none lost",
-        twice == 0 and lost == 0 and unsent == 0,
-        f"{sum(outcomes.values())} settled, {twice} twice, {lost} lost ({no_outcome} without an outcome), "
-        f"{cut} cut by their client's kill",
+        t.twice == 0 and lost == 0 and t.unsent == 0,
+        f"{sum(t.outcomes.values())} settled, {t.twice} twice, {lost} lost ({t.no_outcome} without an "
+        f"outcome), {t.cut} cut by their client's kill",
     )
     target(
         "no answer is another request's",
-        outcomes[KIND_NAMES[WRONG]] == 0,
-        f"{outcomes[KIND_NAMES[WRONG]]} wrong",
+        t.outcomes[KIND_NAMES[WRONG]] == 0,
+        f"{t.outcomes[KIND_NAMES[WRONG]]} wrong",
     )
     target(
         "no process died but those the soak killed",
@@ -793,18 +803,31 @@ def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dic
     )
     met, figure, why = grade_windows(windows, baseline)
     target("each steady window's p99.9 as before the faults", met, figure, why)
-    verdict = "failed" if any(t["met"] is False for t in targets) else "passed"
-    if s.interrupted:
-        verdict = "interrupted"
+    return targets
+
+
+def build_report(s: Soak, load_before: list[float], left: dict[str, Any]) -> dict[str, Any]:
     from lowtail.benchmarks.report import json_safe
 
+    t = _tally(s)
+    windows = [summarize_window(w, s.faults) for w in s.windows]
+    baseline = np.asarray([x for w in s.windows if w.kind == "baseline" for x in w.latencies_ms])
+    t0 = s.windows[0].start_s if s.windows else 0.0
+    for w in windows:
+        w["start_s"] -= t0
+        w["end_s"] -= t0
+    faults = [dict(f, at_s=f["at_s"] - t0) for f in s.faults]
+    targets = _targets(s, t, windows, baseline, left)
+    verdict = "failed" if any(x["met"] is False for x in targets) else "passed"
+    if s.interrupted:
+        verdict = "interrupted"
     doc: dict[str, Any] = json_safe(
         {
             "verdict": verdict,
             "targets": targets,
-            "outcomes": dict(outcomes),
-            "errors": dict(errors),
-            "cut_by_client_kill": cut,
+            "outcomes": dict(t.outcomes),
+            "errors": dict(t.errors),
+            "cut_by_client_kill": t.cut,
             "claimed_by_killed_workers": s.claimed_at_kills,
             "sends_skipped_by_late_clients": s.skipped,
             "vandal_clients": [{"answered": a, "refused_or_failed": r} for a, r in s.vandal_counts],
