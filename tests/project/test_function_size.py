@@ -30,7 +30,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/shm/payload.py::decode_header": (62, "one bounded parse of a header from shared memory"),
     "python/lowtail/benchmarks/queue_bench.py::register": (62, "an argparse option table, read in order"),
     "python/lowtail/serve/worker_main.py::main": (136, NOT_YET),
-    "python/lowtail/benchmarks/queue_bench.py::run": (131, NOT_YET),
 }
 
 

@@ -515,6 +515,46 @@ def write_html(path: str, report: dict[str, Any], png: bytes) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    names = _checked_transports(args)
+    client_cpu, worker_cpu = _cpus()
+    prio = args.priority if os.geteuid() == 0 else "normal"
+    if prio == "fifo" and worker_cpu is None:
+        raise UsageError("--priority fifo needs two CPUs (a SCHED_FIFO spinner would starve its peer on one)")
+    mode = "quick" if args.quick else "full"
+    seconds = args.throughput_seconds or (0.5 if args.quick else 3.0)
+    report = _new_report(client_cpu, worker_cpu, prio, mode)
+    tenant_cpus = sorted({c for c in (client_cpu, worker_cpu) if c is not None})
+    tenant_cpus = tenant_cpus or [min(os.sched_getaffinity(0))]
+    tenants = contextlib.ExitStack()
+    if args.co_tenant:
+        report["workload"]["co_tenant"] = {"cpus": tenant_cpus, "priority": "SCHED_OTHER nice 0", "pids": []}
+    samples: dict[str, np.ndarray[Any, Any]] = {}
+    saved = os.sched_getaffinity(0)
+    saved_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        try:
+            if args.co_tenant:  # before the first transport starts, stopped after the last run
+                report["workload"]["co_tenant"]["pids"] = tenants.enter_context(co_tenants(tenant_cpus))
+            _round_trips(
+                args, names, report, samples, (client_cpu, worker_cpu, prio), saved=(saved, saved_nice)
+            )
+            restore_priority(saved_nice)  # the parent only coordinates the throughput runs
+            os.sched_setaffinity(0, saved)
+            _throughput_and_fairness(args, names, report, seconds, (client_cpu, worker_cpu, prio))
+        finally:
+            tenants.close()  # the co-tenant loops end here, Ctrl-C and errors included
+            restore_priority(saved_nice)
+            os.sched_setaffinity(0, saved)
+        report["complete"] = True
+    except KeyboardInterrupt:  # keep the transports that finished; exit 130 below
+        report["interrupted"] = True
+    report["targets"] = targets(report["transports"], prio) + rounds_target(report["rounds"])
+    _write_outputs(args, report, samples)
+    return 130 if report["interrupted"] else exit_code(args, report["targets"])
+
+
+def _checked_transports(args: argparse.Namespace) -> list[str]:
+    """The transports asked for, and every option a run would otherwise trip over late."""
     names = [n.strip() for n in args.transports.split(",") if n.strip()]
     if absent := [n for n in names if n in MISSING]:
         pkgs = sorted({PEER_PACKAGES[n] for n in absent})
@@ -534,15 +574,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rounds {args.rounds}: expected at least 1")
     if args.clients < 1:
         raise UsageError(f"--clients {args.clients}: expected at least 1")
-    client_cpu, worker_cpu = _cpus()
-    prio = args.priority if os.geteuid() == 0 else "normal"
-    if prio == "fifo" and worker_cpu is None:
-        raise UsageError("--priority fifo needs two CPUs (a SCHED_FIFO spinner would starve its peer on one)")
-    mode = "quick" if args.quick else "full"
-    counts = QUICK_N if args.quick else FULL_N
-    seconds = args.throughput_seconds or (0.5 if args.quick else 3.0)
+    return names
+
+
+def _new_report(client_cpu: int | None, worker_cpu: int | None, prio: str, mode: str) -> dict[str, Any]:
     cfg = lowtail_config()
-    report: dict[str, Any] = {
+    return {
         **stamp("bench.queue"),
         "complete": False,  # true once every transport and run finished
         "interrupted": False,
@@ -568,71 +605,70 @@ def run(args: argparse.Namespace) -> int:
         "transports": {},
         "rounds": [],  # each round's percentiles per transport (--rounds), in the order they ran
     }  # fmt: skip
-    tenant_cpus = sorted({c for c in (client_cpu, worker_cpu) if c is not None})
-    tenant_cpus = tenant_cpus or [min(os.sched_getaffinity(0))]
-    tenants = contextlib.ExitStack()
-    if args.co_tenant:
-        report["workload"]["co_tenant"] = {"cpus": tenant_cpus, "priority": "SCHED_OTHER nice 0", "pids": []}
-    samples: dict[str, np.ndarray[Any, Any]] = {}
-    saved = os.sched_getaffinity(0)
-    saved_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        try:
-            if args.co_tenant:  # before the first transport starts, stopped after the last run
-                report["workload"]["co_tenant"]["pids"] = tenants.enter_context(co_tenants(tenant_cpus))
-            per_round: dict[str, list[np.ndarray[Any, Any]]] = {}
-            for rnd in range(args.rounds):
-                tag = f"round {rnd + 1}/{args.rounds} " if args.rounds > 1 else ""
-                report["rounds"].append({})
-                for i, name in enumerate(n for n in ORDER if n in names):
-                    n = args.n or counts[name]
-                    t = TRANSPORTS[name](worker_cpu, prio)
-                    console.info(f"{tag}[{i + 1}/{len(names)}] {name}: starting", sys.stderr)
-                    try:
-                        t.start()  # before pinning: servers (and Ray's daemons) must not inherit our CPU
-                        prepare(client_cpu, prio)
-                        label = f"{tag}[{i + 1}/{len(names)}] {name}: round trips"
-                        bar = Progress(label, n, enabled=not args.no_progress)
-                        got, sched = measure(t, n, WARMUP[mode], bar)
-                    finally:
-                        t.stop()
-                    per_round.setdefault(name, []).append(got)
-                    report["rounds"][-1][name] = percentiles(got)
-                    # every round's samples together: the table, the plot and the ratio targets
-                    samples[name] = np.concatenate(per_round[name])
-                    report["transports"][name] = {**percentiles(samples[name]), **sched}
-                restore_priority(saved_nice)  # between rounds the parent only coordinates
-                os.sched_setaffinity(0, saved)
-            restore_priority(saved_nice)  # the parent only coordinates the throughput runs
-            os.sched_setaffinity(0, saved)
-            report["throughput"] = {}
-            for kind in ("lowtail", "seed_flock_poll"):
-                if kind in names:
-                    console.info(
-                        f"throughput: {kind} with {args.clients} clients for {seconds} s", sys.stderr
-                    )
-                    rps = throughput(kind, args.clients, seconds, worker_cpu, client_cpu, prio)
-                    report["throughput"][kind] = {
-                        "clients": args.clients,
-                        "seconds": seconds,
-                        "requests_per_s": round(rps, 1),
-                    }
-            if "lowtail" in names and args.fairness_clients > 0:
-                console.info(
-                    f"fairness: {args.fairness_clients} saturating clients for {seconds} s", sys.stderr
-                )
-                per_client = fairness(
-                    args.fairness_clients, FAIRNESS_DEPTH, seconds, worker_cpu, client_cpu, prio
-                )
-                report["fairness"] = fairness_report(per_client, seconds)
-        finally:
-            tenants.close()  # the co-tenant loops end here, Ctrl-C and errors included
-            restore_priority(saved_nice)
-            os.sched_setaffinity(0, saved)
-        report["complete"] = True
-    except KeyboardInterrupt:  # keep the transports that finished; exit 130 below
-        report["interrupted"] = True
-    report["targets"] = targets(report["transports"], prio) + rounds_target(report["rounds"])
+
+
+Where = tuple[int | None, int | None, str]  # client CPU, worker CPU, priority
+
+
+def _round_trips(
+    args: argparse.Namespace,
+    names: list[str],
+    report: dict[str, Any],
+    samples: dict[str, np.ndarray[Any, Any]],
+    where: Where,
+    *,
+    saved: tuple[set[int], int],
+) -> None:
+    """Each round runs every transport in ORDER; the samples of all rounds so far pool per transport."""
+    client_cpu, worker_cpu, prio = where
+    mode = "quick" if args.quick else "full"
+    counts = QUICK_N if args.quick else FULL_N
+    per_round: dict[str, list[np.ndarray[Any, Any]]] = {}
+    for rnd in range(args.rounds):
+        tag = f"round {rnd + 1}/{args.rounds} " if args.rounds > 1 else ""
+        report["rounds"].append({})
+        for i, name in enumerate(n for n in ORDER if n in names):
+            n = args.n or counts[name]
+            t = TRANSPORTS[name](worker_cpu, prio)
+            console.info(f"{tag}[{i + 1}/{len(names)}] {name}: starting", sys.stderr)
+            try:
+                t.start()  # before pinning: servers (and Ray's daemons) must not inherit our CPU
+                prepare(client_cpu, prio)
+                label = f"{tag}[{i + 1}/{len(names)}] {name}: round trips"
+                bar = Progress(label, n, enabled=not args.no_progress)
+                got, sched = measure(t, n, WARMUP[mode], bar)
+            finally:
+                t.stop()
+            per_round.setdefault(name, []).append(got)
+            report["rounds"][-1][name] = percentiles(got)
+            # every round's samples together: the table, the plot and the ratio targets
+            samples[name] = np.concatenate(per_round[name])
+            report["transports"][name] = {**percentiles(samples[name]), **sched}
+        restore_priority(saved[1])  # between rounds the parent only coordinates
+        os.sched_setaffinity(0, saved[0])
+
+
+def _throughput_and_fairness(
+    args: argparse.Namespace, names: list[str], report: dict[str, Any], seconds: float, where: Where
+) -> None:
+    client_cpu, worker_cpu, prio = where
+    report["throughput"] = {}
+    for kind in ("lowtail", "seed_flock_poll"):
+        if kind in names:
+            console.info(f"throughput: {kind} with {args.clients} clients for {seconds} s", sys.stderr)
+            rps = throughput(kind, args.clients, seconds, worker_cpu, client_cpu, prio)
+            report["throughput"][kind] = {
+                "clients": args.clients,
+                "seconds": seconds,
+                "requests_per_s": round(rps, 1),
+            }
+    if "lowtail" in names and args.fairness_clients > 0:
+        console.info(f"fairness: {args.fairness_clients} saturating clients for {seconds} s", sys.stderr)
+        per_client = fairness(args.fairness_clients, FAIRNESS_DEPTH, seconds, worker_cpu, client_cpu, prio)
+        report["fairness"] = fairness_report(per_client, seconds)
+
+
+def _write_outputs(args: argparse.Namespace, report: dict[str, Any], samples: dict[str, Any]) -> None:
     if not json_to_stdout(args):  # the table first: a file that cannot be written never hides it
         print(render_tables(report))
         if report["interrupted"]:
@@ -644,4 +680,3 @@ def run(args: argparse.Namespace) -> int:
             write_text(args.png, png)
         if args.html:
             write_html(args.html, report, png)
-    return 130 if report["interrupted"] else exit_code(args, report["targets"])
