@@ -95,50 +95,9 @@ def main(
     idle_class = False
     try:
         # 1. Before any heavy import.
-        ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
-        pinning.pin_thread_to_cpu(cpu)
-        ready["affinity"] = sorted(os.sched_getaffinity(0))
-        nice = pinning.raise_priority(cfg.nice)
-        ready["nice"] = {"requested": nice.requested, "achieved": nice.achieved, "error": nice.error}
-        ready["timer_slack_ns"] = pinning.set_timer_slack_ns(1)
-        fifo = pinning.SchedFifo(cfg.fifo_priority, budget_share=pinning.rt_budget_share())
-        if cfg.sched_fifo:
-            fifo.detect()
-        else:
-            fifo.reason = "disabled by configuration"
-        ready["sched_fifo"] = fifo.available
-        ready["sched_fifo_reason"] = fifo.reason
-        if standby:
-            # Import and compile in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
-            # was granted: leaving SCHED_IDLE before parking needs the same permission.
-            why = (
-                pinning.enter_idle_class()
-                if nice.error is None
-                else f"not entered: leaving it again needs the permission nice {cfg.nice} lacked"
-            )
-            idle_class = why is None
-            ready["standby_sched_idle"] = idle_class
-            ready["standby_sched_idle_reason"] = why or "entered"
-
+        nice, fifo, idle_class = _pin(cpu, cfg, standby, ready)
         # 2. Heavy imports, now pinned.
-        from lowtail.serve.engine import Engine
-        from lowtail.serve.stats_segment import StatsSegment
-
-        stats = StatsSegment.attach(stats_fd.fd)
-        engine = Engine(model_path, precision=cfg.precision, max_batch=cfg.max_batch)
-        ready["precision"] = engine.precision
-        ready["compiled"] = engine.properties()
-        ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
-        ready["outputs"] = engine.output_names
-        if cfg.warm_up:
-            t_warm = time.monotonic()
-            warm_up(engine, cfg.max_batch)
-            ready["warm_up_s"] = round(time.monotonic() - t_warm, 3)
-        if cfg.probe_cpu_view:
-            # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
-            probe = engine.core.compile_model(str(engine.xml), "CPU")
-            ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
-            del probe
+        stats, engine = _load(model_path, stats_fd, cfg, ready)
 
         # 3. Attach (as the worker, or as its standby) and report.
         from lowtail.shm.queue import QueueDescriptor, QueueWorker
@@ -155,6 +114,21 @@ def main(
         conn.close()
         sys.exit(1)
 
+    _settle_in(holder, stats, standby=standby, idle_class=idle_class, nice=nice, ready=ready, ppid=ppid)
+    from lowtail.serve import stats_segment as ws
+
+    stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
+    conn.send({"ready": True, **ready})
+    conn.close()
+    code = _run(holder, engine, stats, fifo, cpu=cpu, config=cfg, ready=ready, ppid=ppid)
+    sys.exit(code)
+
+
+def _settle_in(
+    holder: Any, stats: Any, *, standby: bool, idle_class: bool, nice: Any, ready: dict[str, Any], ppid: int
+) -> None:
+    """Between a successful start and the ready report: freeze the GC, say which queue core runs, leave
+    SCHED_IDLE (a standby), and exit if the parent went while this process started."""
     gc.collect()
     gc.freeze()  # everything built so far stays out of every later collection
     from lowtail.shm import native  # after pinning: it imports numpy
@@ -178,9 +152,83 @@ def main(
         holder.close()
         stats.close()
         sys.exit(0)
-    stats.header[ws.STATE] = ws.STANDBY if standby else ws.SERVING  # before ready: serving() is true then
-    conn.send({"ready": True, **ready})
-    conn.close()
+
+
+def _pin(cpu: int, cfg: WorkerConfig, standby: bool, ready: dict[str, Any]) -> tuple[Any, Any, bool]:
+    """Pin to the CPU, raise the priority, detect SCHED_FIFO and (a standby) enter SCHED_IDLE, before any
+    heavy import; what was achieved goes into ``ready``. Returns (nice, fifo, in the idle class)."""
+    idle_class = False
+    ready["preloaded_before_pin"] = sorted(m for m in ("numpy", "openvino") if m in sys.modules)
+    pinning.pin_thread_to_cpu(cpu)
+    ready["affinity"] = sorted(os.sched_getaffinity(0))
+    nice = pinning.raise_priority(cfg.nice)
+    ready["nice"] = {"requested": nice.requested, "achieved": nice.achieved, "error": nice.error}
+    ready["timer_slack_ns"] = pinning.set_timer_slack_ns(1)
+    fifo = pinning.SchedFifo(cfg.fifo_priority, budget_share=pinning.rt_budget_share())
+    if cfg.sched_fifo:
+        fifo.detect()
+    else:
+        fifo.reason = "disabled by configuration"
+    ready["sched_fifo"] = fifo.available
+    ready["sched_fifo_reason"] = fifo.reason
+    if standby:
+        # Import and compile in SCHED_IDLE: the primary on this CPU keeps it. Only when the nice value
+        # was granted: leaving SCHED_IDLE before parking needs the same permission.
+        why = (
+            pinning.enter_idle_class()
+            if nice.error is None
+            else f"not entered: leaving it again needs the permission nice {cfg.nice} lacked"
+        )
+        idle_class = why is None
+        ready["standby_sched_idle"] = idle_class
+        ready["standby_sched_idle_reason"] = why or "entered"
+
+    return nice, fifo, idle_class
+
+
+def _load(
+    model_path: str, stats_fd: InheritedFd, cfg: WorkerConfig, ready: dict[str, Any]
+) -> tuple[Any, Any]:
+    """Attach the stats segment and compile the model (warmed up where asked), now pinned."""
+    from lowtail.serve.engine import Engine
+    from lowtail.serve.stats_segment import StatsSegment
+
+    stats = StatsSegment.attach(stats_fd.fd)
+    engine = Engine(model_path, precision=cfg.precision, max_batch=cfg.max_batch)
+    ready["precision"] = engine.precision
+    ready["compiled"] = engine.properties()
+    ready["inputs"] = {k: [str(d), list(s)] for k, (d, s) in engine.inputs.items()}
+    ready["outputs"] = engine.output_names
+    if cfg.warm_up:
+        t_warm = time.monotonic()
+        warm_up(engine, cfg.max_batch)
+        ready["warm_up_s"] = round(time.monotonic() - t_warm, 3)
+    if cfg.probe_cpu_view:
+        # How many threads OpenVINO would choose by itself: 1 when it sees only the pinned CPU.
+        probe = engine.core.compile_model(str(engine.xml), "CPU")
+        ready["openvino_default_threads"] = int(probe.get_property("INFERENCE_NUM_THREADS"))
+        del probe
+
+    return stats, engine
+
+
+def _run(
+    holder: Any,
+    engine: Any,
+    stats: Any,
+    fifo: Any,
+    *,
+    cpu: int,
+    config: WorkerConfig,
+    ready: dict[str, Any],
+    ppid: int,
+) -> int:
+    """Serve (a standby first waits to take over) until stopped; the exit code. The queue and the stats
+    segment are closed and the final state written whatever happens."""
+    from lowtail.serve import stats_segment as ws
+    from lowtail.shm.queue import QueueWorker
+
+    cfg = config
     code = 0
     qworker = holder if isinstance(holder, QueueWorker) else None
     try:
@@ -188,7 +236,7 @@ def main(
             log.info("standby on CPU %d: model compiled, queue attached, parked", cpu)
             qworker = wait_to_take_over(holder, stats, ppid)
             if qworker is None:
-                return
+                return code  # stopped, or its parent went, before a takeover
             log.info(
                 "took over the queue: %d requests the dead worker had claimed answered WorkerDied",
                 qworker.restarted_failed,
@@ -202,7 +250,7 @@ def main(
         (qworker or holder).close()
         stats.header[ws.STATE] = ws.FAILED_STATE if code else ws.STOPPED
         stats.close()
-    sys.exit(code)
+    return code
 
 
 def warm_up(engine: Engine, max_batch: int) -> None:
