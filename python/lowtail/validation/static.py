@@ -487,7 +487,8 @@ def check_rt_group_sched(ctx: Context) -> Check:
 
 def check_queue_core(ctx: Context) -> Check:
     """Which implementation of the queue's hot path this installation runs: the native core, or the
-    Python path (a warning: it works, at several times the round trip and the worker's cost per call)."""
+    Python path (a warning: it works, at a higher round trip and worker cost per call: about 10% and 20%
+    in docs/benchmarks.md's runs of the native core's second step)."""
     from lowtail.shm import native
 
     impl = native.implementation()
