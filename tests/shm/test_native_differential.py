@@ -1,7 +1,8 @@
 """The native core against the Python reference: every pairing of client and worker path runs the same
 random streams, and the answers, errors, slot states and counters must be identical.
 
-A stream mixes request sizes (inline and ndarray-segment payloads), batch shapes (several requests merged
+A stream mixes request sizes (inline and ndarray-segment payloads, contiguous or strided inputs), answers
+copied out or held zero-copy, batch shapes (several requests merged
 into one call, a batch cut by the sample limit), withdrawals before and after the claim, a client that
 leaves with requests in flight (its successor's lane gen fences them), and a worker that stops holding
 a claimed batch (the next worker answers what it had claimed). One process drives both sides step by
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from lowtail.shm import native
+from lowtail.shm.client import HeldOutputs
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.implementation().reason)
@@ -36,6 +38,10 @@ def _outcome(fn: Any) -> Any:
         return ("error", type(e).__name__, str(e).split(" (pid")[0])
     if isinstance(out, dict):
         return ("ok", {k: v.tobytes() for k, v in sorted(out.items())})
+    if isinstance(out, HeldOutputs):  # zero-copy: read, then the slot given back
+        got = {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(out.items())}
+        out.release()
+        return ("held", got)
     return ("value", out)
 
 
@@ -72,6 +78,8 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                     rows = rnd.choice([1, 2, 3, 5, 8])
                     width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray segment
                     x = np.full((rows, width), float(step * 10 + len(tickets)), np.float32)
+                    if rnd.random() < 0.15:  # a strided view: the core leaves its copy to Python
+                        x = np.repeat(x, 2, axis=1)[:, ::2]
                     t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
                     if t[0] == "value":
                         tickets.append((c, t[1]))
@@ -106,8 +114,10 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                             b.complete(_model(b.inputs["x"]))
                 for c, t in tickets:
                     if not t.consumed:
-                        log.append(("answer", _outcome(lambda c=c, t=t: c.wait(t, 1.0))))
-                log.append(("state", _state(q)))
+                        copy = rnd.random() < 0.8  # else zero-copy (HeldOutputs)
+                        log.append(("answer", _outcome(lambda c=c, t=t, cp=copy: c.wait(t, 1.0, copy=cp))))
+                        log.append(("stamps", t.stamps is not None and t.timing is not None))
+                log.append(("state", _state(q), [c.wait_counts for c in clients]))
         finally:
             for c in clients:
                 c.close()
