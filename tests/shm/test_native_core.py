@@ -179,7 +179,7 @@ def test_the_core_copies_refuse_what_runs_past_a_region_or_an_array_and_answer_n
         with pytest.raises((IndexError, ValueError), match=why):
             seg.answer_rows(items, plans, src, 0, 0)
         assert q[geo.slot_word(1) + W_RESP_SEQ] == 0  # nothing published
-    assert seg.answer_rows([item], cases[0][1], src, 0, 0) == [0]  # the first fits exactly
+    assert seg.answer_rows([item], cases[0][1], src, 0, 0) == ([0], 0, 0)  # fits exactly; none parked
     assert q[geo.slot_word(1) + W_RESP_SEQ] == 7
     dst = [np.zeros((4, 2), np.float32)]
     with pytest.raises(IndexError, match="outside the 256-byte request region"):

@@ -332,6 +332,8 @@ def serve(
         T1,
         TH0,
         TH1,
+        WK,
+        WN,
         CallRecorder,
         stamps,
     )  # fmt: skip
@@ -369,6 +371,7 @@ def serve(
     # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
     claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
+    wakes = qworker.wakes  # the futex wakes of parked samplers, reported on their own
     enter, leave = fifo.enter, fifo.leave
     per_call = config.fifo_scope == "call"
     drop_when_idle = config.fifo_scope == "work"
@@ -431,6 +434,7 @@ def serve(
                     st[E1] = e1 = clock()
                     st[ET1] = et1 = ttime()
                     st[EC1] = ptime() if sampled else 0
+                    wk0, wn0 = wakes()
                     st[A0] = a0 = clock()
                     # Every answer carries its call's engine time and its deschedule so far (wall - thread
                     # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
@@ -442,6 +446,8 @@ def serve(
                 st[TH1] = ttime()
                 st[C1] = ptime() if sampled else 0
                 st[T1] = clock()
+                wk1, wn1 = wakes()  # after T1: its cost is in the next row's record_us
+                st[WK], st[WN] = wk1 - wk0, wn1 - wn0
                 record(batch.queue_wait_ns, batch.claimed_ns, n, st)
             except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()

@@ -151,6 +151,7 @@ SEGMENT_CALLS = (
     "answer",
     "answer_rows",
     "wake_lanes",
+    "wakes",
 )
 
 

@@ -372,6 +372,7 @@ class QueueWorker:
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
         self._active: list[int] = []
         self._rr = 0
+        self._wake_ns = self._woken = 0  # the Python path's wakes() (the native core counts its own)
         self.counts = WorkerCounts()
         self._closed = False
         self.counts.orphans_failed = self._fail_orphans(prev)
@@ -1002,6 +1003,15 @@ class QueueWorker:
         nd.write(arrays, layout.spec)
         return payload.write_header(self._m.buf, geo.resp_off(g), nd.name, layout.spec)
 
+    def wakes(self) -> tuple[int, int]:
+        """What waking parked clients cost this worker so far: (ns spent in the futex-wake system calls,
+        lanes woken). Reported on their own (``bench serve --breakdown``): the first wake of a halted
+        vCPU costs the waker tens of us, the scheduler's price, not the queue's."""
+        nat = self._native
+        if nat is not None:
+            return nat.wakes()  # type: ignore[no-any-return]
+        return self._wake_ns, self._woken
+
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
             return
@@ -1016,11 +1026,18 @@ class QueueWorker:
         if len(items) == 1:
             lane = items[0].lane
             if q[parked_i[lane]]:
-                futex_wake_all(wake[lane])
+                self._wake_timed(wake[lane])
             return
         for lane in {it.lane for it in items}:
             if q[parked_i[lane]]:
-                futex_wake_all(wake[lane])
+                self._wake_timed(wake[lane])
+
+    def _wake_timed(self, handle: Any) -> None:
+        """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the same)."""
+        t0 = time.monotonic_ns()
+        futex_wake_all(handle)
+        self._wake_ns += time.monotonic_ns() - t0
+        self._woken += 1
 
 
 class WorkerStandby:
