@@ -10,6 +10,7 @@
 
 mod header;
 mod layout;
+mod poll;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -665,6 +666,7 @@ fn decode_header(py: Python<'_>, raw: &[u8], external: bool) -> PyResult<PyObjec
 #[pymodule]
 fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Segment>()?;
+    m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;
     m.add("LAYOUT_DIGEST", LAYOUT_DIGEST)?;

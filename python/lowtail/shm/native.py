@@ -129,6 +129,8 @@ def _load() -> tuple[ModuleType | None, Implementation]:
         )
     version = str(getattr(lowtail_native, "VERSION", ""))
     missing = [name for name in SEGMENT_CALLS if not hasattr(getattr(lowtail_native, "Segment", None), name)]
+    poller_class = getattr(lowtail_native, "Poller", None)
+    missing += [f"Poller.{name}" for name in POLLER_CALLS if not hasattr(poller_class, name)]
     if missing:
         return None, Implementation(
             "python",
@@ -153,6 +155,7 @@ SEGMENT_CALLS = (
     "wake_lanes",
     "wakes",
 )
+POLLER_CALLS = ("poll", "resume", "accept")
 
 
 _module, _impl = _load()
@@ -199,3 +202,11 @@ def segment(buffer: Any, geo: layout.Geometry) -> Any:
     if mod is None:
         return None
     return mod.Segment(buffer, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total)
+
+
+def poller(tails: list[int], spl: int) -> Any:
+    """The worker's poll in the core (``lowtail_native.Poller``) from the lanes' tails, for a worker whose
+    mapping has a native ``Segment``."""
+    if _module is None:
+        raise RuntimeError(f"the native core is not available: {_impl.reason}")
+    return _module.Poller(tails, spl)
