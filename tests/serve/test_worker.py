@@ -23,7 +23,14 @@ from lowtail.serve.worker_process import (
     WorkerReport,
     WorkerStartFailed,
 )
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, RequestFailed, WorkerDied
+from lowtail.shm.queue import (
+    InferenceQueue,
+    QueueClient,
+    QueueConfig,
+    QueueTimeout,
+    RequestFailed,
+    WorkerDied,
+)
 from tests.serve.conftest import write_slow_model
 
 
@@ -231,8 +238,10 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
     assert set(os.listdir("/proc/self/fd")) <= fds_before
 
 
-def _start_worker_then_die(desc: object, model: str, conn: object, wait_ready: bool) -> None:
-    w = WorkerProcess.start(desc, CPU, model)
+def _start_worker_then_die(
+    desc: object, model: str, conn: object, wait_ready: bool, config: WorkerConfig | None = None
+) -> None:
+    w = WorkerProcess.start(desc, CPU, model, config)
     if wait_ready:
         w.wait_ready(120)
     conn.send(w.pid)  # type: ignore[attr-defined]
@@ -269,6 +278,43 @@ def test_worker_exits_when_its_parent_dies(small_model: Path, wait_ready: bool) 
             if worker_pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker_pid, signal.SIGKILL)  # a failing run leaves no orphan on CPU 1
+
+
+def test_a_busy_worker_exits_when_its_parent_dies(small_model: Path) -> None:
+    """The parent dies while clients keep the worker busy (a claim never comes back empty): the orphan
+    still exits, within its housekeeping interval, instead of serving on until its clients go away
+    (the chaos soak saw a killed actor's worker serve for 15 s). A claim that waits up to 30 s never
+    comes back empty here, so only a check on the busy path can see the parent go."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    worker_pid = 0
+    x = example_inputs(64, 1)
+    with small_queue() as queue, QueueClient.attach(queue.descriptor) as c:
+        config = WorkerConfig(claim_timeout_s=30.0)
+        middle = ctx.Process(
+            target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child, True, config)
+        )
+        middle.start()
+        try:
+            assert parent.poll(120)
+            worker_pid = parent.recv()
+            middle.join(30)
+            # Two requests in flight at all times: the worker always finds one when it claims.
+            pending = [c.start(x), c.start(x)]
+            deadline = time.monotonic() + 20  # generous: the claim's 30 s is what it must not wait for
+            while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+                assert time.monotonic() < deadline, "the orphaned worker kept serving"
+                with contextlib.suppress(WorkerDied, RequestFailed, QueueTimeout):
+                    pending.pop(0).finish(timeout_s=5)  # once the worker left: failed, never a hang
+                pending.append(c.start(x))
+            for p in pending:
+                p.withdraw()
+        finally:
+            if worker_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker_pid, signal.SIGKILL)
 
 
 def _state(pid: int) -> str:

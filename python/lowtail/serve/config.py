@@ -25,7 +25,7 @@ class WorkerConfig:
     fifo_scope: str = "work"  # see FIFO_SCOPES
     slow_engine_cpu_ms: float = SLOW_ENGINE_CPU_MS
     slow_total_ms: float = SLOW_TOTAL_MS
-    claim_timeout_s: float = 0.05  # bounded wait per claim: the loop checks stop/parent at least this often
+    claim_timeout_s: float = 0.05  # bounded wait per claim: an idle loop checks stop at least this often
     max_batch: int = 16  # initial size of the bound input buffers (grows if a batch is larger)
     ring_capacity: int = 65536  # per-call rows kept for percentiles
     # Process CPU clock and scheduler counters cost ~3-6 us per read on a KVM guest (bench serve

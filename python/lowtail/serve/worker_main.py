@@ -270,6 +270,10 @@ def warm_up(engine: Engine, max_batch: int) -> None:
         engine.infer({k: np.zeros((n, *shape), dtype) for k, (dtype, shape) in engine.inputs.items()}, n)
 
 
+# The serving loop's housekeeping (heartbeat and thread count when idle, the parent always) at most this
+# often: a killed actor's worker leaves within it, idle or busy.
+HOUSEKEEPING_NS = 500_000_000
+
 # A standby checks for stop requests and its parent this often while it waits (no CPU in between).
 STANDBY_CHECK_S = 0.25
 
@@ -393,12 +397,11 @@ def serve(
                     h[ws.FIFO_SWITCHES] = fifo.switches
                     now = clock()
                     if now >= next_check:  # idle housekeeping, at most twice a second
-                        next_check = now + 500_000_000
+                        next_check = now + HOUSEKEEPING_NS
                         h[ws.HEARTBEAT] = now
                         rec.threads = thread_count()
                         h[ws.THREADS] = rec.threads
-                        if os.getppid() != ppid:
-                            log.warning("parent %d is gone; exiting", ppid)
+                        if _orphaned(ppid):
                             return
                     continue
 
@@ -449,6 +452,10 @@ def serve(
                 wk1, wn1 = wakes()  # after T1: its cost is in the next row's record_us
                 st[WK], st[WN] = wk1 - wk0, wn1 - wn0
                 record(batch.queue_wait_ns, batch.claimed_ns, n, st)
+                if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
+                    next_check = t0 + HOUSEKEEPING_NS
+                    if _orphaned(ppid):
+                        return
             except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()
                 h[ws.FAILED] += batch.failed
@@ -457,6 +464,14 @@ def serve(
                 )
     finally:
         rec.close()
+
+
+def _orphaned(ppid: int) -> bool:
+    """Whether the parent that started this worker is gone (its actor was killed): then it exits."""
+    if os.getppid() == ppid:
+        return False
+    log.warning("parent %d is gone; exiting", ppid)
+    return True
 
 
 def fail_malformed(batch: Any, error: Exception) -> int:
