@@ -316,10 +316,11 @@ class Batch:
 class WorkerCounts:
     """What a worker did besides serving (diagnostics, tests)."""
 
-    __slots__ = ("fenced", "orphans_failed", "withdrawn")
+    __slots__ = ("fenced", "orphans_failed", "wake_ns", "withdrawn", "woken")
 
     def __init__(self) -> None:
         self.fenced = self.orphans_failed = self.withdrawn = 0
+        self.wake_ns = self.woken = 0  # the Python path's wakes() (the native core counts its own)
 
 
 class QueueWorker:
@@ -376,7 +377,6 @@ class QueueWorker:
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
         self._active: list[int] = []
         self._rr = 0
-        self._wake_ns = self._woken = 0  # the Python path's wakes() (the native core counts its own)
         self.counts = WorkerCounts()
         self._closed = False
         self.counts.orphans_failed = self._fail_orphans(prev)
@@ -1045,7 +1045,7 @@ class QueueWorker:
         nat = self._native
         if nat is not None:
             return nat.wakes()  # type: ignore[no-any-return]
-        return self._wake_ns, self._woken
+        return self.counts.wake_ns, self.counts.woken
 
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
@@ -1071,8 +1071,9 @@ class QueueWorker:
         """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the same)."""
         t0 = time.monotonic_ns()
         futex_wake_all(handle)
-        self._wake_ns += time.monotonic_ns() - t0
-        self._woken += 1
+        counts = self.counts
+        counts.wake_ns += time.monotonic_ns() - t0
+        counts.woken += 1
 
 
 class WorkerStandby:
