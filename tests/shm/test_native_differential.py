@@ -55,6 +55,22 @@ def _attach(desc: Any, use_native: bool, what: type) -> Any:
     return x
 
 
+def _submit_some(
+    rnd: random.Random, clients: list[QueueClient], n: int, widths: list[int], *, tag: int, log: list[Any]
+) -> list[tuple[QueueClient, Any]]:
+    """``n`` requests from random clients, of random rows and widths, each logged; the tickets."""
+    tickets: list[tuple[QueueClient, Any]] = []
+    for _ in range(n):
+        c = rnd.choice(clients)
+        rows, width = rnd.choice([1, 2, 3, 5, 8]), rnd.choice(widths)
+        x = np.full((rows, width), float(tag + len(tickets)), np.float32)
+        t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
+        if t[0] == "value":
+            tickets.append((c, t[1]))
+        log.append(("submit", t if t[0] == "error" else "ok"))
+    return tickets
+
+
 def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]:
     """Run stream ``seed`` with the given paths; returns the log of every outcome and state."""
     rnd = random.Random(seed)
@@ -70,16 +86,8 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
         try:
             for step in range(40):
                 op = rnd.random()
-                tickets: list[tuple[QueueClient, Any]] = []
-                for _ in range(rnd.randint(1, 7)):
-                    c = rnd.choice(clients)
-                    rows = rnd.choice([1, 2, 3, 5, 8])
-                    width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray segment
-                    x = np.full((rows, width), float(step * 10 + len(tickets)), np.float32)
-                    t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
-                    if t[0] == "value":
-                        tickets.append((c, t[1]))
-                    log.append(("submit", t if t[0] == "error" else "ok"))
+                # width 200 x 8 rows x 4 B: past the slot, an ndarray segment
+                tickets = _submit_some(rnd, clients, rnd.randint(1, 7), [4, 16, 200], tag=step * 10, log=log)
                 for c, t in tickets:
                     if rnd.random() < 0.2:
                         log.append(("withdraw", _outcome(lambda c=c, t=t: c.withdraw(t))))
@@ -148,14 +156,7 @@ def run_garbage_stream(seed: int, worker_native: bool) -> list[Any]:
         worker = _attach(q.descriptor, worker_native, QueueWorker)
         try:
             for step in range(30):
-                tickets: list[tuple[QueueClient, Any]] = []
-                for _ in range(rnd.randint(1, 6)):
-                    c = rnd.choice(clients)
-                    x = np.full((rnd.choice([1, 2, 3, 5, 8]), 4), float(step), np.float32)
-                    t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
-                    if t[0] == "value":
-                        tickets.append((c, t[1]))
-                    log.append(("submit", t if t[0] == "error" else "ok"))
+                tickets = _submit_some(rnd, clients, rnd.randint(1, 6), [4], tag=step * 10, log=log)
                 if rnd.random() < 0.4:
                     lane = rnd.choice(clients).lane
                     if rnd.random() < 0.5:
