@@ -8,6 +8,7 @@
 //! Words are accessed as atomics (plain `mov` on x86-64, the TSO the protocol is written for); the
 //! Dekker handshakes use a SeqCst fence (`mfence`).
 
+mod client;
 mod header;
 mod layout;
 mod poll;
@@ -666,6 +667,10 @@ fn decode_header(py: Python<'_>, raw: &[u8], external: bool) -> PyResult<PyObjec
 #[pymodule]
 fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Segment>()?;
+    m.add_class::<client::RequestPlan>()?;
+    m.add_class::<client::AnswerPlan>()?;
+    m.add_function(wrap_pyfunction!(client::send, m)?)?;
+    m.add_function(wrap_pyfunction!(client::receive, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;

@@ -4,10 +4,12 @@ geometry or an index it does not own."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import struct
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,10 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     mod, impl = native._load()
     assert mod is None and impl.name == "python"
     assert "0.1.0" in impl.reason and "take" in impl.reason and "make native" in impl.reason
+    # every Segment call there, but not the client's round trip on the module
+    fake.Segment = type("Segment", (), dict.fromkeys(native.SEGMENT_CALLS))  # type: ignore[attr-defined]
+    mod, impl = native._load()
+    assert mod is None and "send, receive, RequestPlan, AnswerPlan" in impl.reason
 
 
 def test_lowtail_pure_python_forces_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,6 +199,90 @@ def test_the_core_copies_refuse_what_runs_past_a_region_or_an_array_and_answer_n
     q.release()
     seg.close()
     mm.close()
+
+
+@contextlib.contextmanager
+def _mapped(lanes: int, spl: int, req: int, resp: int) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
+    """``_anon_segment`` with its words (``q``) and the core module; all closed at the end."""
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    geo, mm, seg = _anon_segment(lanes, spl, req, resp)
+    q = memoryview(mm).cast("Q")
+    try:
+        yield geo, mm, seg, q, lowtail_native
+    finally:
+        q.release()
+        seg.close()
+        mm.close()
+
+
+@needs_native
+def test_send_refuses_what_runs_past_the_request_region_and_writes_nothing() -> None:
+    from lowtail.shm.layout import W_REQ_SEQ, W_REQ_STATE
+
+    with _mapped(2, 2, 256, 256) as (geo, mm, seg, q, core):
+        prefix = b"\x07" * 64
+        x = {"x": np.arange(8, dtype=np.float32).reshape(4, 2)}  # 32 bytes
+        fits = core.RequestPlan(prefix, [("x", 224, 32)])  # ends exactly at the region's end
+        assert fits.end == 256
+        cases = [
+            (lambda: core.RequestPlan(prefix, [("x", 232, 32)]), 0, "264-byte request in a 256-byte"),
+            (lambda: core.RequestPlan(prefix, [("x", 64, 36)]), 0, "32 bytes, its layout has 36"),
+            (lambda: fits, 2, "lane 2"),
+        ]
+        region = slice(geo.req_off(1), geo.req_off(1) + 256)
+        for plan, lane, why in cases:
+            with pytest.raises((IndexError, ValueError), match=why):
+                core.send(seg, lane, 1, 0, plan(), x)
+            assert q[geo.slot_word(1) + W_REQ_SEQ] == 0 and q[geo.slot_word(1) + W_REQ_STATE] == 0
+            assert mm[region] == bytes(256)  # nothing written
+        with pytest.raises(ValueError, match="overlaps the 64-byte header"):
+            core.RequestPlan(prefix, [("x", 32, 32)])
+        with pytest.raises(ValueError, match="overflows"):
+            core.RequestPlan(prefix, [("x", 64, (1 << 64) - 8)])
+        strided = {"x": np.arange(16, dtype=np.float32).reshape(4, 4)[:, ::2]}
+        assert core.send(seg, 0, 1, 0, fits, strided) is None  # the caller copies a strided array
+        assert mm[region] == bytes(256)
+        seq, _ = core.send(seg, 0, 1, 0, fits, x)
+        assert seq == 1 and q[geo.slot_word(1) + W_REQ_SEQ] == 1
+        assert mm[region][:64] == prefix and mm[region][224:] == x["x"].tobytes()
+
+
+@needs_native
+def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_region() -> None:
+    from lowtail.shm.layout import ST_FAILED, W_RESP_SEQ, W_RESP_STATUS
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key = b"\x05" * 64
+        y = np.arange(8, dtype=np.float32).reshape(4, 2)
+        off = geo.resp_off(1)
+        mm[off : off + 64] = key
+        mm[off + 224 : off + 256] = y.tobytes()
+        si = geo.slot_word(1)
+
+        def plan(k: bytes, at: int, shape: tuple[int, ...] = (4, 2)) -> Any:
+            return core.AnswerPlan(k, [("y", at, 32, shape, np.dtype(np.float32))], np.empty)
+
+        assert core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)[0] is False  # not answered
+        assert core.receive(seg, 0, 1, 3, 1, plan(key, 224), True)[0] is False  # spun until 1 ns
+        q[si + W_RESP_SEQ] = 3
+        got = core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)
+        assert got[0] is True and got[2] == 0
+        assert got[7]["y"].tobytes() == y.tobytes() and got[7]["y"].shape == (4, 2)
+        assert core.receive(seg, 0, 1, 3, 0, plan(key, 224), False)[7] is True  # held: ours to map
+        # a header another process changed, a layout past the region, no plan: nothing read
+        assert core.receive(seg, 0, 1, 3, 0, plan(b"\x06" * 64, 224), True)[7] is None
+        assert core.receive(seg, 0, 1, 3, 0, plan(key, 232), True)[7] is None
+        assert core.receive(seg, 0, 1, 3, 0, None, True)[7] is None
+        with pytest.raises(ValueError, match="a fresh array of 16 bytes, its layout has 32"):
+            core.receive(seg, 0, 1, 3, 0, plan(key, 224, (2, 2)), True)
+        with pytest.raises(ValueError, match="4-byte key"):
+            core.AnswerPlan(b"\x05" * 4, [], np.empty)
+        with pytest.raises(ValueError, match="overlaps the 64-byte header"):
+            plan(key, 32)
+        q[si + W_RESP_STATUS] = ST_FAILED  # an error: its message is read by Python
+        got = core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)
+        assert got[2] == ST_FAILED and got[7] is None
 
 
 @needs_native

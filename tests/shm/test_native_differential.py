@@ -3,7 +3,8 @@ random streams, and the answers, errors, slot states and counters must be identi
 batch's composition: the lanes its requests came from, in the order the poll took them, and their sizes
 (the round-robin's fairness and the batch limits, applied by the Python poll or the core's).
 
-A stream mixes request sizes (inline and ndarray-segment payloads), batch shapes (several requests merged
+A stream mixes request sizes (inline and ndarray-segment payloads, contiguous or strided inputs), answers
+copied out or held zero-copy, batch shapes (several requests merged
 into one call, a batch cut by the sample limit), withdrawals before and after the claim, a client that
 leaves with requests in flight (its successor's lane gen fences them), and a worker that stops holding
 a claimed batch (the next worker answers what it had claimed). One process drives both sides step by
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from lowtail.shm import native
+from lowtail.shm.client import HeldOutputs
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.implementation().reason)
@@ -40,6 +42,10 @@ def _outcome(fn: Any) -> Any:
         return ("error", type(e).__name__, re.sub(r"within [\d.]+ s", "within <t> s", text))  # a clock read
     if isinstance(out, dict):
         return ("ok", {k: v.tobytes() for k, v in sorted(out.items())})
+    if isinstance(out, HeldOutputs):  # zero-copy: read, then the slot given back
+        got = {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(out.items())}
+        out.release()
+        return ("held", got)
     return ("value", out)
 
 
@@ -56,14 +62,24 @@ def _attach(desc: Any, use_native: bool, what: type) -> Any:
 
 
 def _submit_some(
-    rnd: random.Random, clients: list[QueueClient], n: int, widths: list[int], *, tag: int, log: list[Any]
+    rnd: random.Random,
+    clients: list[QueueClient],
+    n: int,
+    widths: list[int],
+    *,
+    tag: int,
+    log: list[Any],
+    strided: float = 0.0,
 ) -> list[tuple[QueueClient, Any]]:
-    """``n`` requests from random clients, of random rows and widths, each logged; the tickets."""
+    """``n`` requests from random clients, of random rows and widths (a ``strided`` share of them
+    strided views), each logged; the tickets."""
     tickets: list[tuple[QueueClient, Any]] = []
     for _ in range(n):
         c = rnd.choice(clients)
         rows, width = rnd.choice([1, 2, 3, 5, 8]), rnd.choice(widths)
         x = np.full((rows, width), float(tag + len(tickets)), np.float32)
+        if strided and rnd.random() < strided:  # a strided view: the core leaves its copy to Python
+            x = np.repeat(x, 2, axis=1)[:, ::2]
         t = _outcome(lambda c=c, x=x: c.submit({"x": x}))
         if t[0] == "value":
             tickets.append((c, t[1]))
@@ -87,7 +103,9 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
             for step in range(40):
                 op = rnd.random()
                 # width 200 x 8 rows x 4 B: past the slot, an ndarray segment
-                tickets = _submit_some(rnd, clients, rnd.randint(1, 7), [4, 16, 200], tag=step * 10, log=log)
+                tickets = _submit_some(
+                    rnd, clients, rnd.randint(1, 7), [4, 16, 200], tag=step * 10, log=log, strided=0.15
+                )
                 for c, t in tickets:
                     if rnd.random() < 0.2:
                         log.append(("withdraw", _outcome(lambda c=c, t=t: c.withdraw(t))))
@@ -118,8 +136,10 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                             b.complete(_model(b.inputs["x"]))
                 for c, t in tickets:
                     if not t.consumed:
-                        log.append(("answer", _outcome(lambda c=c, t=t: c.wait(t, 1.0))))
-                log.append(("state", _state(q)))
+                        copy = rnd.random() < 0.8  # else zero-copy (HeldOutputs)
+                        log.append(("answer", _outcome(lambda c=c, t=t, cp=copy: c.wait(t, 1.0, copy=cp))))
+                        log.append(("stamps", t.stamps is not None and t.timing is not None))
+                log.append(("state", _state(q), [c.wait_counts for c in clients]))
         finally:
             for c in clients:
                 c.close()

@@ -17,7 +17,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from lowtail.shm import ofd_lock, payload
+from lowtail.shm import native, ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import (
     AnswerLost,
@@ -322,13 +322,15 @@ def _views_of(
 
 # An answer's layout as a client reads it: its prefix and header bytes (the cache key), the worker's
 # ndarray segment or None (inline), each array's (name, dtype, shape, byte offset, nbytes), the
-# payload's end, and for an inline answer the views of its arrays in the response region.
+# payload's end, for an inline answer the views of its arrays in the response region, and on the native
+# core its ``AnswerPlan`` (None on the Python path).
 _AnswerLayout = tuple[
     bytes,
     str | None,
     tuple[tuple[str, Any, Any, int, int], ...],
     int,
     tuple[tuple[str, np.ndarray[Any, Any]], ...],
+    Any,
 ]
 
 
@@ -432,13 +434,6 @@ class _Prediction:
         self.oversleep_ns = 0  # how late a timed futex wait returns, learned
         self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
 
-    def learn(self, latency_ns: int, spin_ns: int) -> None:
-        """An answer came ``latency_ns`` after its submit (the worker's stamp)."""
-        # Would a sleep have ended with the answer beyond the spin budget (spin it all, then park)?
-        late = latency_ns > self.predicted_ns + spin_ns
-        self.late = ((self.late << 1) | late) & LATE_WINDOW
-        self.predicted_ns = next_prediction_ns(self.predicted_ns, latency_ns)
-
 
 class _WaitCounts:
     """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
@@ -485,6 +480,9 @@ class QueueClient:
         self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._waiter = FutexWaiter(m.addr(self._count_i))
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
+        core = None if m.native is None else native.core_of(m.native)
+        self._send: Any = core and core.send  # the core's round trip (lowtail_native's client.rs)
+        self._receive: Any = core and core.receive
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -498,6 +496,7 @@ class QueueClient:
         # The layout of the last request sent, and whether it fits a slot inline.
         self._layout: PayloadLayout | None = None
         self._layout_inline = False
+        self._req_plan: Any = None  # on the native core: what it copies for that layout (RequestPlan)
         # Per slot: the inline layout written there last and the views of its arrays, and the layout
         # of the last answer read there (``_answer_layout``).
         self._req_views: list[tuple[PayloadLayout, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
@@ -763,45 +762,37 @@ class QueueClient:
         entered = time.monotonic_ns()
         layout = self._layout
         if layout is None or not layout.matches(arrays):  # a new layout: validated, then checked cheaply
-            layout = payload.validated_layout(arrays)
-            inline = layout.inline_end <= self._req_bytes
-            if not inline:
-                self._check_size(layout)  # a refused request leaves the cached layout as it was
-            self._layout, self._layout_inline = layout, inline
+            layout = self._new_layout(arrays)
         q = self._q
         s = self._free.pop() if self._free else self._take_slot()
         si = self._si[s]
-        q[si + W_REQ_STATE] = WRITING
+        head = self._head
         try:
-            if self._layout_inline:
-                off = self._req_off[s]
-                # Written every time (~0.1 us): a header another process overwrote heals at once.
-                self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
-                cached = self._req_views[s]
-                if cached is None or cached[0] is not layout:
-                    cached = (layout, tuple(payload.views(self._m.buf, layout.inline_layout, off).items()))
-                    self._req_views[s] = cached
-                    nd = self._nd_req.pop(s, None)
-                    if nd is not None:
-                        self._pool.release(nd)
-                for name, view in cached[1]:
-                    # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
-                    # (np.copyto(..., casting="no") costs ~0.25 us more per array for its arguments).
-                    view[...] = arrays[name]
-                nbytes = layout.inline_end
-            else:
-                nbytes = self._write_external(s, self._g0 + s, layout, arrays)
+            # On the native core the copy-in and the publication are one call (None: the copy is ours).
+            sent = self._req_plan and self._send(self._native, self.lane, s, head, self._req_plan, arrays)
+            if sent is None:
+                q[si + W_REQ_STATE] = WRITING
+                if self._layout_inline:
+                    off = self._req_off[s]
+                    # Written every time (~0.1 us): a header another process overwrote heals at once.
+                    self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                    cached = self._req_views[s]
+                    if cached is None or cached[0] is not layout:
+                        got = payload.views(self._m.buf, layout.inline_layout, off)
+                        cached = self._req_views[s] = (layout, tuple(got.items()))
+                        self._drop_nd_req(s)
+                    for name, view in cached[1]:
+                        # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
+                        view[...] = arrays[name]  # (np.copyto(..., casting="no"): ~0.25 us more per array)
+                    nbytes = layout.inline_end
+                else:
+                    nbytes = self._write_external(s, self._g0 + s, layout, arrays)
         except BaseException:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        head = self._head
         nat = self._native
-        if nat is not None:
-            # The same stores, barrier and wake as below, in one call (lowtail.shm.native).
-            seq, now = nat.publish(self.lane, s, nbytes, head)
-            self._head = head + 1
-        else:
+        if nat is None:
             seq = q[si + W_REQ_SEQ] + 1
             now = time.monotonic_ns()
             q[si + W_REQ_LEN] = nbytes
@@ -809,15 +800,41 @@ class QueueClient:
             q[si + W_REQ_SEQ] = seq
             q[si + W_REQ_STATE] = READY
             q[self._ring_i + head % self._spl] = s
-            self._head = head + 1
             q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
             full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
             if q[HW_WORKER_SLEEP]:
                 q[HW_WORKER_SLEEP] = 0
                 futex_wake(self._m.addr(HW_WORKER_SLEEP))
+        elif sent is None:
+            seq, now = nat.publish(self.lane, s, nbytes, head)  # the stores, barrier and wake above
+        else:
+            seq, now = sent
+            if self._nd_req:
+                self._drop_nd_req(s)
+        self._head = head + 1
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
+
+    def _drop_nd_req(self, s: int) -> None:
+        """Slot ``s`` holds an inline request now: its last one's ndarray segment goes back to the pool."""
+        nd = self._nd_req.pop(s, None)
+        if nd is not None:
+            self._pool.release(nd)
+
+    def _new_layout(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> PayloadLayout:
+        """A request layout new to this client: validated, its size checked, kept for the next requests
+        with, on the native core, what the core copies for it (when it fits a slot inline)."""
+        layout = payload.validated_layout(arrays)
+        inline = layout.inline_end <= self._req_bytes
+        if not inline:
+            self._check_size(layout)  # a refused request leaves the cached layout as it was
+        plan = None
+        if inline and self._native is not None:
+            fields = [(a.name, a.offset, a.nbytes) for a in layout.inline_layout]
+            plan = native.core_of(self._native).RequestPlan(layout.prefix_bytes, fields)
+        self._layout, self._layout_inline, self._req_plan = layout, inline, plan
+        return layout
 
     def ready(self, ticket: Ticket) -> bool:
         """Whether ``ticket``'s answer is there (``wait`` returns at once); never blocks."""
@@ -876,103 +893,133 @@ class QueueClient:
         q = self._q
         s = ticket.slot
         si = self._si[s]
-        resp_i, seq = si + W_RESP_SEQ, ticket.seq
-        clock = time.monotonic_ns
-        if q[resp_i] == seq:
-            now = clock()
+        ans = self._answers[s]  # the layout of the last answer read in this slot
+        got = None
+        if q[si + W_RESP_SEQ] == ticket.seq:
+            now = time.monotonic_ns()
             self._counts.immediate += 1
         else:
-            now = clock()
-            answered, deadline = False, 0
-            # (a prediction below the margin never parks: the fast path skips the call; with no spin
-            # budget a sleep that ends before the answer would only be followed by a second one)
-            if (
-                self._spin_ns
-                and self._pred.predicted_ns > MARGIN_NS
-                and self._pred.late.bit_count() <= MAX_LATE
-                and (
-                    until := park_until_ns(
-                        ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
-                    )
-                )
-            ):
-                self._counts.timed_parks += 1
-                deadline = deadline_ns(now, timeout_s)
-                answered = self._park(ticket, si, min(until, deadline), deadline)
-                now = clock()
-            if answered:
-                self._counts.parked += 1
-            else:
-                # The whole budget when the answer is due within it (a predictive sleep just ended
-                # before it, or answers usually come that fast); else a round trip's worth, then park.
-                due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
-                spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
-                nat = self._native
-                if nat is not None and self._spin_ns:
-                    # The spin in native code: the answer seen within ~0.1 us, the GIL released.
-                    seen, now = nat.spin(self.lane, s, seq, spin_end)
-                    if seen:
-                        self._counts.spinning += 1
-                    else:
-                        deadline = deadline or deadline_ns(now, timeout_s)
-                        self._park(ticket, si, deadline, deadline)
-                        self._counts.parked += 1
-                        now = clock()
-                while nat is None or not self._spin_ns:
-                    now = clock()  # read before the check that sees the answer: the time it came
-                    if q[resp_i] == seq:
-                        self._counts.spinning += 1
-                        break
-                    if now > spin_end:
-                        deadline = deadline or deadline_ns(now, timeout_s)
-                        self._park(ticket, si, deadline, deadline)
-                        self._counts.parked += 1
-                        now = clock()
-                        break
-        # -- take the answer
-        status = q[si + W_RESP_STATUS]
-        done_ns = q[si + W_DONE_NS]
-        claim_ns = q[si + W_CLAIM_NS]
+            now, got = self._await(ticket, si, timeout_s, ans, copy)
+        # -- take the answer (on the native core: its words, header check and copy-out in one call)
+        nat = self._native
+        if nat is None:
+            status, claim_ns, done_ns = q[si + W_RESP_STATUS], q[si + W_CLAIM_NS], q[si + W_DONE_NS]
+            engine_ns, call, out = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
+            if ans is not None and status == ST_OK:
+                off = self._resp_off[s]
+                # The prefix and header as the last answer in this slot had them: its layout holds (the
+                # worker writes them with every answer; anything else is parsed again).
+                if self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
+                    ans = None
+                elif copy and ans[1] is None:  # the common case, without a call: an inline copy-out
+                    out = {}
+                    for name, view in ans[4]:  # a loop, not a comprehension: no frame of its own (3.11)
+                        out[name] = view.copy()
+        else:
+            got = got or self._receive(nat, self.lane, s, ticket.seq, 0, ans and ans[5], copy)
+            _, _, status, claim_ns, done_ns, engine_ns, call, out = got
+            if out is None:
+                ans = None  # another header (or an error): parsed again
+            elif out is True:
+                out = None  # the header is ``ans``'s; the copy (held, or in an ndarray segment) is ours
         self._timing = (ticket.submit_ns, claim_ns, done_ns, now)
         # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
-        # sleep: a parked client is still woken by the answer, and the deadline bounds every sleep.
-        latency = done_ns - ticket.submit_ns
-        self._pred.learn(latency, self._spin_ns)
+        # sleep (a parked client is still woken by the answer, and the deadline bounds every sleep).
+        # ``late``: would a sleep have ended with the answer beyond the spin budget (spin it all, park)?
+        pred, latency = self._pred, done_ns - ticket.submit_ns
+        pred.late = ((pred.late << 1) | (latency > pred.predicted_ns + self._spin_ns)) & LATE_WINDOW
+        pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
         held = False
         try:
-            out = self._take_answer(ticket, status, s, si, copy)
+            if out is not None:
+                return out
+            taken = self._take_answer(ticket, status, s, copy, ans)
             held = not copy
-            return out
+            return taken
         finally:
-            ticket.stamps = (claim_ns, done_ns, q[si + W_CALL_ENGINE_NS], q[si + W_CALL], now, clock())
+            ticket.stamps = (claim_ns, done_ns, engine_ns, call, now, time.monotonic_ns())
             ticket.consumed = True
             self._inflight.pop(s, None)
             if not held:
                 q[si + W_REQ_STATE] = FREE
                 self._free.append(s)
 
-    def _take_answer(self, ticket: Ticket, status: int, s: int, si: int, copy: bool) -> Arrays | HeldOutputs:
+    def _await(
+        self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, copy: bool
+    ) -> tuple[int, Any]:
+        """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
+        spin, then the park. Returns when it was seen and, when the core's spin saw it, the core's read
+        of it (``receive``; None otherwise)."""
+        q = self._q
+        resp_i, seq = si + W_RESP_SEQ, ticket.seq
+        clock = time.monotonic_ns
+        now = clock()
+        deadline = 0
+        # (a prediction below the margin never parks: the fast path skips the call; with no spin
+        # budget a sleep that ends before the answer would only be followed by a second one)
+        if (
+            self._spin_ns
+            and self._pred.predicted_ns > MARGIN_NS
+            and self._pred.late.bit_count() <= MAX_LATE
+            and (
+                until := park_until_ns(
+                    ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
+                )
+            )
+        ):
+            self._counts.timed_parks += 1
+            deadline = deadline_ns(now, timeout_s)
+            if self._park(ticket, si, min(until, deadline), deadline):
+                self._counts.parked += 1
+                return clock(), None
+            now = clock()
+        # The whole budget when the answer is due within it (a predictive sleep just ended before it,
+        # or answers usually come that fast); else a round trip's worth, then park.
+        due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
+        spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
+        nat = self._native
+        if nat is not None and self._spin_ns:
+            # The spin in native code (the answer seen within ~0.1 us, the GIL released) and its read.
+            got = self._receive(nat, self.lane, ticket.slot, seq, spin_end, ans and ans[5], copy)
+            if got[0]:
+                self._counts.spinning += 1
+                return got[1], got
+            now = got[1]
+        else:
+            while True:
+                now = clock()  # read before the check that sees the answer: the time it came
+                if q[resp_i] == seq:
+                    self._counts.spinning += 1
+                    return now, None
+                if now > spin_end:
+                    break
+        deadline = deadline or deadline_ns(now, timeout_s)
+        self._park(ticket, si, deadline, deadline)
+        self._counts.parked += 1
+        return clock(), None
+
+    def _take_answer(
+        self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
+    ) -> Arrays | HeldOutputs:
         """The one way an answer is read, whoever waited for it (``wait``, ``Pending.finish``, the
-        actors' ``InferenceClient.finish``): an error status raises; else the answer's layout (cached per
-        slot) gives its arrays in the response region or in the worker's ndarray segment, copied out
-        or, with ``copy=False``, held zero-copy until released."""
+        actors' ``InferenceClient.finish``): an error status raises; else the answer's layout (``ans``,
+        the slot's cached one when its header is unchanged, else parsed here) gives its arrays in the
+        response region or in the worker's ndarray segment, copied out or, with ``copy=False``, held
+        zero-copy until released. (``wait`` copies an inline answer of the cached layout itself.)"""
         m = self._m
         if status != ST_OK:
             raise _STATUS_ERRORS.get(status, RequestFailed)(
-                _read_message(m, self._g0 + s, m.q[si + W_RESP_LEN])
+                _read_message(m, self._g0 + s, m.q[self._si[s] + W_RESP_LEN])
             )
         off = self._resp_off[s]
-        ans = self._answers[s]
-        # The prefix and header as the last answer in this slot had them: its layout holds (the worker
-        # writes them with every answer; anything else is parsed again).
-        if ans is None or self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
+        if ans is None:
             ans = self._answer_layout(s, off)
-        _, ext, fields, end, views = ans
+        _, ext, fields, end, views, _ = ans
         if ext is None:
             if copy:
                 out: Arrays = {}
-                for name, view in views:  # a loop, not a comprehension: no frame of its own (3.11)
+                for name, view in views:
                     out[name] = view.copy()
                 return out
             mv = self._mem[off : off + end]
@@ -1010,7 +1057,11 @@ class QueueClient:
             raise RequestFailed(f"corrupt answer: {end}-byte layout in a {geo.resp_bytes} B slot")
         fields = tuple((a.name, a.dtype, a.shape, a.offset, a.nbytes) for a in lay)
         views = () if ext is not None else tuple(_views_of(m.buf[off : off + end], fields).items())
-        ans = (raw, ext, fields, end, views)
+        plan = None
+        if self._native is not None:  # what the core checks and copies out for this layout
+            arrays = [(a.name, a.offset, a.nbytes, tuple(a.shape), a.dtype) for a in lay]
+            plan = native.core_of(self._native).AnswerPlan(raw, arrays if ext is None else [], np.empty)
+        ans = (raw, ext, fields, end, views, plan)
         self._answers[s] = ans
         return ans
 

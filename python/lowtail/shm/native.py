@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -129,6 +130,7 @@ def _load() -> tuple[ModuleType | None, Implementation]:
         )
     version = str(getattr(lowtail_native, "VERSION", ""))
     missing = [name for name in SEGMENT_CALLS if not hasattr(getattr(lowtail_native, "Segment", None), name)]
+    missing += [name for name in MODULE_CALLS if not hasattr(lowtail_native, name)]
     poller_class = getattr(lowtail_native, "Poller", None)
     missing += [f"Poller.{name}" for name in POLLER_CALLS if not hasattr(poller_class, name)]
     if missing:
@@ -156,6 +158,11 @@ SEGMENT_CALLS = (
     "wakes",
 )
 POLLER_CALLS = ("poll", "resume", "accept")
+
+
+# And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
+# and copy-out) and the plans those take.
+MODULE_CALLS = ("send", "receive", "RequestPlan", "AnswerPlan")
 
 
 _module, _impl = _load()
@@ -202,6 +209,11 @@ def segment(buffer: Any, geo: layout.Geometry) -> Any:
     if mod is None:
         return None
     return mod.Segment(buffer, geo.lanes, geo.spl, geo.req_bytes, geo.resp_bytes, geo.total)
+
+
+def core_of(seg: Any) -> ModuleType:
+    """The native module a ``Segment`` (``segment``) comes from: its round-trip calls and plans."""
+    return sys.modules[type(seg).__module__]
 
 
 def poller(tails: list[int], spl: int) -> Any:

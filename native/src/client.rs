@@ -1,0 +1,187 @@
+//! The client's round trip in the core: a request's copy-in and publication in one call (`send`), and
+//! an answer's words, the check of its header against the one the client parsed last in that slot,
+//! and the copy-out into fresh arrays in one call (`receive`, which may spin for the answer first).
+//!
+//! What to copy comes from plans the Python side builds once per payload layout (`RequestPlan`,
+//! `AnswerPlan`) and checks nothing against the mapping: every offset and length is bounded here, at
+//! each call, by the slot's region before the first byte is written or read. Bytes of the mapping are
+//! written and read through raw pointers (other processes share them), never as Rust slices.
+
+use pyo3::types::{PyDict, PyString, PyTuple};
+
+use super::*;
+
+/// Bounds shared by both plans: every array at or after the prefix/key and within `end`.
+fn check_arrays(head: usize, arrays: &[(u64, u64)]) -> PyResult<u64> {
+    let mut end = head as u64;
+    for (k, &(off, n)) in arrays.iter().enumerate() {
+        let e = off.checked_add(n).ok_or_else(|| PyValueError::new_err(format!("array {k}: {off}+{n} overflows")))?;
+        if off < head as u64 {
+            return Err(PyValueError::new_err(format!("array {k} at {off} overlaps the {head}-byte header")));
+        }
+        end = end.max(e);
+    }
+    Ok(end)
+}
+
+/// What `send` copies for one request layout: the prefix and header bytes, then each array by name
+/// to its offset from the start of the request region.
+#[pyclass(module = "lowtail_native", frozen)]
+pub struct RequestPlan {
+    prefix: Vec<u8>,
+    arrays: Vec<(Py<PyString>, u64, u64)>,
+    end: u64,
+}
+
+#[pymethods]
+impl RequestPlan {
+    /// `arrays`: (name, offset, nbytes) in header order.
+    #[new]
+    fn new(prefix: Vec<u8>, arrays: Vec<(Py<PyString>, u64, u64)>) -> PyResult<Self> {
+        let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
+        let end = check_arrays(prefix.len(), &spans)?;
+        Ok(RequestPlan { prefix, arrays, end })
+    }
+    /// The payload's end: the bytes a request of this layout takes in its region.
+    #[getter]
+    fn end(&self) -> u64 {
+        self.end
+    }
+}
+
+/// How `receive` reads an answer whose prefix and header bytes are `key` (what the client parsed last
+/// in that slot): each array by name, its offset from the start of the response region and bytes, and
+/// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
+/// ndarray segment, whose key alone is checked.
+#[pyclass(module = "lowtail_native", frozen)]
+pub struct AnswerPlan {
+    key: Vec<u8>,
+    arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>,
+    end: u64,
+    empty: PyObject,
+}
+
+#[pymethods]
+impl AnswerPlan {
+    #[new]
+    fn new(key: Vec<u8>, arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>, empty: PyObject) -> PyResult<Self> {
+        if key.len() < 8 {
+            return Err(PyValueError::new_err(format!("a {}-byte key, expected the 8-byte prefix and a header", key.len())));
+        }
+        let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
+        let end = check_arrays(key.len(), &spans)?;
+        Ok(AnswerPlan { key, arrays, end, empty })
+    }
+}
+
+/// Copy a request of `plan`'s layout from `arrays` (a mapping of C-contiguous arrays, each exactly its
+/// bytes in the plan) into `slot` of `lane` and publish it as ring position `head` (`Segment.publish`).
+/// Returns (seq, now), or None when an array does not export C-contiguous bytes (nothing written: the
+/// caller copies it). Everything is checked before the first byte is written.
+#[pyfunction]
+pub fn send(
+    seg: PyRef<'_, Segment>,
+    lane: u64,
+    slot: u64,
+    head: u64,
+    plan: PyRef<'_, RequestPlan>,
+    arrays: &Bound<'_, PyAny>,
+) -> PyResult<Option<(u64, u64)>> {
+    seg.check_lane(lane)?;
+    seg.check_slot(slot)?;
+    let g = &seg.geo;
+    if plan.end > g.req_bytes {
+        return Err(PyIndexError::new_err(format!("a {}-byte request in a {}-byte request region", plan.end, g.req_bytes)));
+    }
+    let mut bufs = Vec::with_capacity(plan.arrays.len());
+    for (name, _, n) in &plan.arrays {
+        let obj = arrays.get_item(name.bind(arrays.py()))?;
+        let Ok(b) = RawBuffer::get(&obj) else {
+            return Ok(None); // not C-contiguous (a strided view): the caller's copy handles any strides
+        };
+        if b.bytes().len() as u64 != *n {
+            let name = name.bind(arrays.py());
+            return Err(PyValueError::new_err(format!("array {name}: {} bytes, its layout has {n}", b.bytes().len())));
+        }
+        bufs.push(b);
+    }
+    let region = g.req_base + (lane * g.spl + slot) * g.req_bytes;
+    seg.st(g.slot_word(lane * g.spl + slot) + (S_REQ_STATE >> 3), WRITING)?;
+    seg.write_bytes(region, &plan.prefix)?;
+    for ((_, off, _), b) in plan.arrays.iter().zip(&bufs) {
+        seg.write_bytes(region + off, b.bytes())?;
+    }
+    drop(bufs);
+    seg.publish(lane, slot, plan.end, head).map(Some)
+}
+
+/// The answer in `slot` of `lane`, once its resp_seq is `seq`: spins for it (the GIL released) until
+/// `spin_end_ns` first when that is not 0. Returns (answered, now, status, claim_ns, done_ns,
+/// engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and header are the plan's
+/// key, a dict of fresh arrays copied out of the response region when `copy` and the plan has arrays,
+/// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
+/// for an error status, or without a plan.
+#[pyfunction]
+#[pyo3(signature = (seg, lane, slot, seq, spin_end_ns, plan, copy))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn receive(
+    py: Python<'_>,
+    seg: PyRef<'_, Segment>,
+    lane: u64,
+    slot: u64,
+    seq: u64,
+    spin_end_ns: u64,
+    plan: Option<PyRef<'_, AnswerPlan>>,
+    copy: bool,
+) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject)> {
+    let (answered, now) = if spin_end_ns != 0 {
+        seg.spin(py, lane, slot, seq, spin_end_ns)?
+    } else {
+        seg.check_lane(lane)?;
+        seg.check_slot(slot)?;
+        (seg.ld(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_RESP_SEQ >> 3))? == seq, now_ns())
+    };
+    if !answered {
+        return Ok((false, now, 0, 0, 0, 0, 0, py.None()));
+    }
+    let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
+    let mut out = py.None();
+    if let (Some(plan), ST_OK) = (plan, status) {
+        out = read_answer(py, &seg, lane * seg.geo.spl + slot, &plan, copy)?;
+    }
+    Ok((true, now, status, claim, done, engine, call, out))
+}
+
+/// The answer of slot `g` by `plan` (see `receive`): None when its header is not the plan's key.
+fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
+    let geo = &seg.geo;
+    let klen = plan.key.len() as u64;
+    if klen > geo.resp_bytes || plan.end > geo.resp_bytes {
+        return Ok(py.None()); // a layout this queue's slots cannot hold: the Python parse says why
+    }
+    let region = geo.resp_base + g * geo.resp_bytes;
+    if seg.read_bytes(region, klen)? != plan.key {
+        return Ok(py.None());
+    }
+    if !copy || plan.arrays.is_empty() {
+        return Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
+    }
+    let out = PyDict::new(py);
+    for (name, off, n, shape, dtype) in &plan.arrays {
+        let arr = plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?;
+        let mut dst = RawBuffer::get(arr.bind(py))?;
+        let d = dst.bytes_mut()?;
+        if d.len() as u64 != *n {
+            let name = name.bind(py);
+            return Err(PyValueError::new_err(format!("array {name}: a fresh array of {} bytes, its layout has {n}", d.len())));
+        }
+        let src = region + off; // off + n <= end <= resp_bytes: within the region, so the mapping
+        if src.checked_add(*n).is_none_or(|e| e > seg.words * 8) || seg.buf.is_none() {
+            return Err(PyIndexError::new_err(format!("bytes {src}+{n} outside the {}-byte segment", seg.words * 8)));
+        }
+        unsafe { std::ptr::copy_nonoverlapping(seg.base.add(src as usize), d.as_mut_ptr(), *n as usize) };
+        drop(dst);
+        out.set_item(name.bind(py), arr)?;
+    }
+    Ok(out.into_any().unbind())
+}
