@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,11 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=native.implementa
 
 PATHS = [(c, w) for c in (False, True) for w in (False, True)]
 SEEDS = range(6)
+# 4 lanes of 4 slots, batches cut at 4 requests or 12 samples: small enough that the streams fill them
+CONFIG = QueueConfig(
+    lanes=4, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
+    max_batch_slots=4, max_batch_samples=12, min_batch_samples=1,
+)  # fmt: skip
 
 
 def _model(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
@@ -90,12 +96,8 @@ def _submit_some(
 def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]:
     """Run stream ``seed`` with the given paths; returns the log of every outcome and state."""
     rnd = random.Random(seed)
-    cfg = QueueConfig(
-        lanes=4, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
-        max_batch_slots=4, max_batch_samples=12, min_batch_samples=1,
-    )  # fmt: skip
     log: list[Any] = []
-    with InferenceQueue.create(cfg) as q:
+    with InferenceQueue.create(CONFIG) as q:
         desc = q.descriptor
         clients = [_attach(desc, client_native, QueueClient) for _ in range(3)]
         worker = _attach(desc, worker_native, QueueWorker)
@@ -165,40 +167,31 @@ def run_garbage_stream(seed: int, worker_native: bool) -> list[Any]:
     from lowtail.shm.layout import HW_DOORBELLS, L_RING
 
     rnd = random.Random(seed)
-    cfg = QueueConfig(
-        lanes=4, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
-        max_batch_slots=4, max_batch_samples=12, min_batch_samples=1,
-    )  # fmt: skip
     log: list[Any] = []
-    with InferenceQueue.create(cfg) as q:
+    with InferenceQueue.create(CONFIG) as q, ExitStack() as stack:  # closed in reverse: worker, then clients
         words, geo = q._m.q, q._m.geo
-        clients = [_attach(q.descriptor, False, QueueClient) for _ in range(3)]
-        worker = _attach(q.descriptor, worker_native, QueueWorker)
-        try:
-            for step in range(30):
-                tickets = _submit_some(rnd, clients, rnd.randint(1, 6), [4], tag=step * 10, log=log)
-                if rnd.random() < 0.4:
-                    lane = rnd.choice(clients).lane
-                    if rnd.random() < 0.5:
-                        head = int(words[HW_DOORBELLS + lane])
-                        words[HW_DOORBELLS + lane] = rnd.choice(
-                            [0, head + geo.spl + 1, 2**63 + 7, max(head - 1, 0)]
-                        )
-                    else:
-                        at = geo.lane(lane, L_RING) + rnd.randrange(geo.spl)
-                        words[at] = rnd.choice([geo.spl, 99, 2**40])
-                while (b := worker.claim(0.005)) is not None:
-                    with b:
-                        log.append(("batch", b.lanes, b.sizes))
-                        b.complete(_model(b.inputs["x"]))
-                for c, t in tickets:
-                    if not t.consumed:
-                        log.append(("answer", _outcome(lambda c=c, t=t: c.wait(t, 0.05))))
-                log.append(("state", _state(q), worker.fenced))
-        finally:
-            for c in clients:
-                c.close()
-            worker.close()
+        clients = [stack.enter_context(_attach(q.descriptor, False, QueueClient)) for _ in range(3)]
+        worker = stack.enter_context(_attach(q.descriptor, worker_native, QueueWorker))
+        for step in range(30):
+            tickets = _submit_some(rnd, clients, rnd.randint(1, 6), [4], tag=step * 10, log=log)
+            if rnd.random() < 0.4:
+                lane = rnd.choice(clients).lane
+                if rnd.random() < 0.5:
+                    head = int(words[HW_DOORBELLS + lane])
+                    words[HW_DOORBELLS + lane] = rnd.choice(
+                        [0, head + geo.spl + 1, 2**63 + 7, max(head - 1, 0)]
+                    )
+                else:
+                    at = geo.lane(lane, L_RING) + rnd.randrange(geo.spl)
+                    words[at] = rnd.choice([geo.spl, 99, 2**40])
+            while (b := worker.claim(0.005)) is not None:
+                with b:
+                    log.append(("batch", b.lanes, b.sizes))
+                    b.complete(_model(b.inputs["x"]))
+            for c, t in tickets:
+                if not t.consumed:
+                    log.append(("answer", _outcome(lambda c=c, t=t: c.wait(t, 0.05))))
+            log.append(("state", _state(q), worker.fenced))
     return log
 
 
