@@ -635,7 +635,12 @@ class QueueWorker:
         q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
         q[self._tail_i[lane]] = tail + 1
-        return self._claimed(it, q[si + W_WITHDRAWN] == seq)
+        if q[si + W_WITHDRAWN] == seq:
+            return self._claimed(it, True)
+        # _claimed's common case, inlined: a call per request on the Python path's hot path
+        self._lane_seen_ns[lane] = now
+        self._decode(it)
+        return it
 
     def _claimed(self, it: _Item, withdrawn: bool) -> _Item | None:
         """A request just claimed: answered ST_WITHDRAWN when its client took it back (never run:
@@ -838,29 +843,56 @@ class QueueWorker:
         *,
         engine_ns: int = 0,
         call: int = 0,
-    ) -> None:
-        """Answer ``it``; ``engine_ns`` and ``call`` are the call's words (Batch.complete), 0 otherwise."""
-        status, n = self._write_answer(it, status, arrays, layout, message)
+        publish: bool = True,
+    ) -> tuple[int, int]:
+        """Answer ``it`` (its payload or error message, then its words, ``engine_ns`` and ``call`` from
+        Batch.complete): (status, bytes). ``publish=False`` writes the payload alone (the native batch)."""
+        m = self._m
+        q, geo, g = m.q, m.geo, it.g
+        n = 0
+        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
+            status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
+        elif status == ST_OK and arrays is not None and layout is not None:
+            try:
+                if layout.inline_end <= geo.resp_bytes:
+                    cached = self._out_views.get(g)
+                    off = geo.resp_off(g)
+                    # Written every time, as the client does: a header another process overwrote heals.
+                    m.mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                    if cached is None or cached[0] is not layout:
+                        cached = (layout, payload.views(m.buf, layout.inline_layout, off))
+                        self._out_views[g] = cached
+                    for name, view in cached[1].items():
+                        np.copyto(view, arrays[name], casting="no")
+                    n = layout.inline_end
+                else:
+                    n = self._answer_external(g, layout, arrays)
+            except Exception as e:  # an answer that cannot be written fails alone
+                # (no inode, EMFILE, ENOMEM, a full tmpfs): it becomes this request's error answer.
+                status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED
+                why = "" if isinstance(e, QueueError) else f"answer not written: {type(e).__name__}: "
+                message = f"{why}{e}"
+        if status != ST_OK:
+            self._out_views.pop(g, None)
+            n = _write_message(m, g, message)
+        if not publish:
+            return status, n
         nat = self._native
-        if nat is not None:
-            # the caller wakes (_wake_parked), once for all it answered
-            nat.answer(
-                [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, status, n)], engine_ns, call, False
-            )
-            it.done = True
-            self._outstanding.pop(it.g, None)
-            return
-        q, si = self._m.q, it.si
-        q[si + W_RESP_LEN] = n
-        q[si + W_RESP_STATUS] = status
-        q[si + W_CALL_ENGINE_NS] = engine_ns
-        q[si + W_CALL] = call
-        q[si + W_DONE_NS] = time.monotonic_ns()
-        q[si + W_RESP_SEQ] = it.seq  # publication of the answer: everything above is visible before it (TSO)
-        ci = self._count_i[it.lane]
-        q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        if nat is None:
+            si = it.si
+            q[si + W_RESP_LEN] = n
+            q[si + W_RESP_STATUS] = status
+            q[si + W_CALL_ENGINE_NS] = engine_ns
+            q[si + W_CALL] = call
+            q[si + W_DONE_NS] = time.monotonic_ns()
+            q[si + W_RESP_SEQ] = it.seq  # publication: everything above is visible before it (TSO)
+            ci = self._count_i[it.lane]
+            q[ci] = (q[ci] + 1) & 0xFFFFFFFF
+        else:  # the caller wakes (_wake_parked), once for all it answered
+            nat.answer([(it.lane, g - it.lane * geo.spl, it.seq, status, n)], engine_ns, call, False)
         it.done = True
-        self._outstanding.pop(it.g, None)
+        self._outstanding.pop(g, None)
+        return status, n
 
     def _plan(self, layout: PayloadLayout) -> tuple[bytes, list[int], list[int], int]:
         """What the core copies for ``layout``: prefix bytes, each array's offset in a slot region and
@@ -972,7 +1004,7 @@ class QueueWorker:
             words: list[tuple[int, int, int, int, int]] = []
             for it, row, n, lay in parts:
                 part = outputs if one else {k: v[row : row + n] for k, v in outputs.items()}
-                status, nbytes = self._write_answer(it, ST_OK, part, lay, "")
+                status, nbytes = self._answer(it, ST_OK, part, lay, "", publish=False)
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
             self._native.answer(words, engine_ns, call)
         for (
@@ -983,46 +1015,6 @@ class QueueWorker:
         ) in parts:  # done once published: an interrupt before leaves them to complete()'s handler
             it.done = True
             self._outstanding.pop(it.g, None)
-
-    def _write_answer(
-        self,
-        it: _Item,
-        status: int,
-        arrays: Mapping[str, np.ndarray[Any, Any]] | None,
-        layout: PayloadLayout | None,
-        message: str,
-    ) -> tuple[int, int]:
-        """The payload (or error message) of ``it``'s answer into its response region: (status, bytes)."""
-        m = self._m
-        q, geo = m.q, m.geo
-        g = it.g
-        n = 0
-        if q[self._gen_i[it.lane]] != it.gen:  # the lane changed hands since the claim: fenced
-            status, message = ST_CLIENT_GONE, "the client that sent this request is gone"
-        elif status == ST_OK and arrays is not None and layout is not None:
-            try:
-                if layout.inline_end <= geo.resp_bytes:
-                    cached = self._out_views.get(g)
-                    off = geo.resp_off(g)
-                    # Written every time, as the client does: a header another process overwrote heals.
-                    m.mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
-                    if cached is None or cached[0] is not layout:
-                        cached = (layout, payload.views(m.buf, layout.inline_layout, off))
-                        self._out_views[g] = cached
-                    for name, view in cached[1].items():
-                        np.copyto(view, arrays[name], casting="no")
-                    n = layout.inline_end
-                else:
-                    n = self._answer_external(g, layout, arrays)
-            except Exception as e:  # an answer that cannot be written fails alone
-                # (no inode, EMFILE, ENOMEM, a full tmpfs): it becomes this request's error answer.
-                status = ST_TOO_LARGE if isinstance(e, PayloadTooLarge) else ST_FAILED
-                why = "" if isinstance(e, QueueError) else f"answer not written: {type(e).__name__}: "
-                message = f"{why}{e}"
-        if status != ST_OK:
-            self._out_views.pop(g, None)
-            n = _write_message(m, g, message)
-        return status, n
 
     def _answer_external(
         self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
