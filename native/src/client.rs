@@ -115,14 +115,15 @@ pub fn send(
     seg.publish(lane, slot, plan.end, head).map(Some)
 }
 
-/// The answer in `slot` of `lane`, once its resp_seq is `seq`: spins for it (the GIL released) until
-/// `spin_end_ns` first when that is not 0. Returns (answered, now, status, claim_ns, done_ns,
-/// engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and header are the plan's
-/// key, a dict of fresh arrays copied out of the response region when `copy` and the plan has arrays,
-/// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
-/// for an error status, or without a plan.
+/// The answer in `slot` of `lane`, once its resp_seq is `seq`. With a spin budget (`spin_ns` > 0) it
+/// spins for it first, the GIL released: the whole budget when the answer is due by then (`due_ns`, the
+/// predicted answer time, at most now + `spin_ns`), else `short_ns`. Returns (answered, now, status,
+/// claim_ns, done_ns, engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and
+/// header are the plan's key, a dict of fresh arrays copied out of the response region when `copy` and
+/// the plan has arrays, else True (the caller's cached layout holds); None when the header differs (the
+/// caller parses it), for an error status, or without a plan.
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, seq, spin_end_ns, plan, copy))]
+#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn receive(
     py: Python<'_>,
@@ -130,12 +131,16 @@ pub fn receive(
     lane: u64,
     slot: u64,
     seq: u64,
-    spin_end_ns: u64,
     plan: Option<PyRef<'_, AnswerPlan>>,
     copy: bool,
+    spin_ns: u64,
+    short_ns: u64,
+    due_ns: u64,
 ) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject)> {
-    let (answered, now) = if spin_end_ns != 0 {
-        seg.spin(py, lane, slot, seq, spin_end_ns)?
+    let (answered, now) = if spin_ns != 0 {
+        let now = now_ns();
+        let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
+        seg.spin(py, lane, slot, seq, now.saturating_add(budget))?
     } else {
         seg.check_lane(lane)?;
         seg.check_slot(slot)?;
