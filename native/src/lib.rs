@@ -11,6 +11,7 @@
 mod client;
 mod header;
 mod layout;
+mod poll;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -101,6 +102,14 @@ struct Segment {
     words: u64,
     geo: Geo,
     headers: Mutex<HeaderCache>,
+    wakes: WakeTotals,
+}
+
+/// What the futex wakes of parked clients cost this mapping's worker so far (`Segment.wakes`).
+#[derive(Default)]
+struct WakeTotals {
+    ns: AtomicU64,
+    lanes: AtomicU64,
 }
 
 /// Request headers decoded by `take`, by their raw bytes (prefix included: the flags are part of the
@@ -258,13 +267,16 @@ impl Segment {
         self.st(ci, (self.ld(ci)? + 1) & 0xFFFF_FFFF)
     }
 
-    /// Wake the client of `lane` when it is parked (after a fence the caller made).
-    fn wake_lane_if_parked(&self, lane: u64) -> PyResult<bool> {
+    /// Wake the client of `lane` when it is parked (after a fence the caller made); the ns the wake's
+    /// system call took, or None when the lane was not parked.
+    fn wake_lane_if_parked(&self, lane: u64) -> PyResult<Option<u64>> {
         if self.ld(self.geo.lane_word(lane, L_PARKED))? != 0 {
-            futex_wake(self.w(self.geo.lane_word(lane, L_RESP_COUNT))?);
-            return Ok(true);
+            let word = self.w(self.geo.lane_word(lane, L_RESP_COUNT))?;
+            let t0 = now_ns();
+            futex_wake(word);
+            return Ok(Some(now_ns().saturating_sub(t0)));
         }
-        Ok(false)
+        Ok(None)
     }
 }
 
@@ -293,7 +305,14 @@ impl Segment {
         if (base as usize) % 64 != 0 {
             return Err(PyValueError::new_err("the segment buffer is not 64-byte aligned"));
         }
-        Ok(Segment { words: geo.total / 8, base, buf: Some(buf), geo, headers: Mutex::new(HeaderCache::default()) })
+        Ok(Segment {
+            words: geo.total / 8,
+            base,
+            buf: Some(buf),
+            geo,
+            headers: Mutex::new(HeaderCache::default()),
+            wakes: WakeTotals::default(),
+        })
     }
 
     /// Release the buffer export (before the mapping is closed); every later call raises.
@@ -432,8 +451,9 @@ impl Segment {
     /// Publish the answers of a batch whose payloads the caller wrote: `items` are (lane, slot, seq,
     /// status, resp_len); every answer carries `engine_ns` and `call`. Each answer's words, resp_seq
     /// last, and its lane's answer count; then (`wake`) one fence and one wake per parked lane.
+    /// Returns what the wakes cost: (ns in their system calls, lanes woken).
     #[pyo3(signature = (items, engine_ns, call, wake=true))]
-    fn answer(&self, items: Vec<(u64, u64, u64, u64, u64)>, engine_ns: u64, call: u64, wake: bool) -> PyResult<()> {
+    fn answer(&self, items: Vec<(u64, u64, u64, u64, u64)>, engine_ns: u64, call: u64, wake: bool) -> PyResult<(u64, u64)> {
         let mut lanes: [u64; 4] = [0; 4]; // lanes up to 256: a bitset
         for &(lane, slot, seq, status, len) in &items {
             self.check_lane(lane)?;
@@ -442,9 +462,9 @@ impl Segment {
             lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
         }
         if wake {
-            self.wake(lanes)?;
+            return self.wake(lanes);
         }
-        Ok(())
+        Ok((0, 0))
     }
 
     /// `claim` and the payload header's decode in one call. Returns (kind, slot, seq, gen, submit_ns,
@@ -514,7 +534,8 @@ impl Segment {
     /// start of the response region, its bytes per row, the payload's end). Per request: rows row0..row0+rows of each
     /// array and the prefix into its response region (or ST_CLIENT_GONE when its lane changed hands
     /// since the claim), its words, resp_seq last, its lane's count; then one fence and one wake per
-    /// parked lane. Returns the statuses written. Every copy is bounded by the source and the region.
+    /// parked lane. Returns (the statuses written, ns in the wakes' system calls, lanes woken). Every
+    /// copy is bounded by the source and the region.
     #[allow(clippy::type_complexity)]
     fn answer_rows(
         &self,
@@ -523,7 +544,7 @@ impl Segment {
         src: Vec<Bound<'_, PyAny>>,
         engine_ns: u64,
         call: u64,
-    ) -> PyResult<Vec<u64>> {
+    ) -> PyResult<(Vec<u64>, u64, u64)> {
         let g = &self.geo;
         let ins: Vec<RawBuffer> = src.iter().map(RawBuffer::get).collect::<PyResult<_>>()?;
         // Everything checked before the first answer is written: a bad call answers nothing.
@@ -574,12 +595,13 @@ impl Segment {
             lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
             statuses.push(status);
         }
-        self.wake(lanes)?;
-        Ok(statuses)
+        let (ns, woken) = self.wake(lanes)?;
+        Ok((statuses, ns, woken))
     }
 
-    /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane.
-    fn wake_lanes(&self, lanes: Vec<u64>) -> PyResult<()> {
+    /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane. Returns
+    /// (ns in those system calls, lanes woken).
+    fn wake_lanes(&self, lanes: Vec<u64>) -> PyResult<(u64, u64)> {
         let mut set: [u64; 4] = [0; 4];
         for lane in lanes {
             self.check_lane(lane)?;
@@ -587,23 +609,39 @@ impl Segment {
         }
         self.wake(set)
     }
+
+    /// What the wakes of parked clients cost since this mapping was made, summed over every call
+    /// above: (ns in their system calls, lanes woken).
+    fn wakes(&self) -> (u64, u64) {
+        (self.wakes.ns.load(Ordering::Relaxed), self.wakes.lanes.load(Ordering::Relaxed))
+    }
 }
 
 impl Segment {
-    fn wake(&self, set: [u64; 4]) -> PyResult<()> {
+    /// Wake the parked clients of the lanes in `set`; (ns in the wakes' system calls, lanes woken),
+    /// timed around each system call alone (the loads of the parked flags are not wakes).
+    fn wake(&self, set: [u64; 4]) -> PyResult<(u64, u64)> {
         if set == [0; 4] {
-            return Ok(());
+            return Ok((0, 0));
         }
         fence(Ordering::SeqCst); // the answers' stores before the loads of client_parked (Dekker)
+        let (mut ns, mut woken) = (0u64, 0u64);
         for (k, bits) in set.iter().enumerate() {
             let mut b = *bits;
             while b != 0 {
                 let lane = (k as u64) * 64 + b.trailing_zeros() as u64;
                 b &= b - 1;
-                self.wake_lane_if_parked(lane)?;
+                if let Some(took) = self.wake_lane_if_parked(lane)? {
+                    ns += took;
+                    woken += 1;
+                }
             }
         }
-        Ok(())
+        if woken != 0 {
+            self.wakes.ns.fetch_add(ns, Ordering::Relaxed);
+            self.wakes.lanes.fetch_add(woken, Ordering::Relaxed);
+        }
+        Ok((ns, woken))
     }
 }
 
@@ -633,6 +671,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::AnswerPlan>()?;
     m.add_function(wrap_pyfunction!(client::send, m)?)?;
     m.add_function(wrap_pyfunction!(client::receive, m)?)?;
+    m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;
     m.add("LAYOUT_DIGEST", LAYOUT_DIGEST)?;

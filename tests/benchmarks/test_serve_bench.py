@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lowtail.benchmarks.serve_run import WAKES
 from lowtail.cli.main import main
 from lowtail.serve.call_stats import CALL_FIELDS
 
@@ -40,7 +41,11 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert r["engine_ms_mean"] > 0 and 0 < r["worker_busy"] <= 1.05
     for r in report["results"][1:]:
         parts = r["breakdown_us"]
-        assert set(parts) == {*BREAKDOWN_PARTS, "overhead_us"}
+        assert set(parts) == {*BREAKDOWN_PARTS, "overhead_us", *WAKES}
+        # the wakes are part of answer; the overhead without them is the overhead less them, call by call
+        assert 0 <= parts["wake_us"]["mean"] <= parts["answer_us"]["mean"] and parts["woken"]["mean"] >= 0
+        less = parts["overhead_us"]["mean"] - parts["wake_us"]["mean"]
+        assert parts["overhead_less_wakes_us"]["mean"] == pytest.approx(less, rel=1e-6)
         # overhead is the sum of the stages, call by call, so the means add up too
         total = sum(parts[k]["mean"] for k in BREAKDOWN_PARTS)
         assert parts["overhead_us"]["mean"] == pytest.approx(total, rel=1e-6)
@@ -134,7 +139,8 @@ def test_coalesce_sets_the_traffic_designs_batching_and_leaves_the_others_alone(
 
 
 def test_call_rows_carry_the_breakdown_columns() -> None:
-    assert CALL_FIELDS[-1] == "overhead_us" and all(k in CALL_FIELDS for k in BREAKDOWN_PARTS)
+    # the columns before overhead_us keep their places; the wake columns were added after it
+    assert CALL_FIELDS[-4:] == ("overhead_us", *WAKES) and all(k in CALL_FIELDS for k in BREAKDOWN_PARTS)
 
 
 def test_rounds_interleave_designs_and_each_ratio_uses_its_own_rounds_bare(
@@ -169,6 +175,32 @@ def test_verdicts_decide_ratio_targets_on_the_median_of_rounds() -> None:
     assert "median of 3 rounds, 0.900-0.990" in line
     rows[3].ratio_to_bare = 0.80  # round 2: 0.99, 0.80, 0.90 has the median 0.90
     assert "NOT met (0.900" in verdicts(rows, 16)[0]
+
+
+def test_the_worker_overhead_target_is_graded_without_the_wakes_of_parked_samplers() -> None:
+    from lowtail.benchmarks.serve_report import targets
+    from lowtail.benchmarks.serve_run import DesignResult
+    from lowtail.telemetry.percentiles import Percentiles
+
+    def served(**us: list[float]) -> DesignResult:
+        r = DesignResult("served", 4, 16, ratio_to_bare=0.9)
+        r.breakdown_us = {k: Percentiles.of(np.array(v)) for k, v in us.items()}
+        return r
+
+    # 35 us p50 with the wakes, 15 without: met, and the figure gives both and the wakes
+    three = {"overhead_us": 35.0, "wake_us": 20.0, "woken": 1.0, "overhead_less_wakes_us": 15.0}
+    rows = [DesignResult("bare", 0, 16), served(**{k: [v] * 3 for k, v in three.items()})]
+    (got,) = [t for t in targets(rows, 16) if t["target"].startswith("worker overhead")]
+    assert got["met"] is True and "without the wakes" in got["target"]
+    assert (
+        got["figure"].startswith("15.0 us p50 without the wakes")
+        and "with the wakes 35.0 us p50" in got["figure"]
+    )
+    assert "the wakes 20.0 us p50" in got["figure"]
+    # rows without the wake columns (an older worker) are graded with the wakes in, and say so
+    rows[1] = served(overhead_us=[35.0] * 3)
+    (got,) = [t for t in targets(rows, 16) if t["target"].startswith("worker overhead")]
+    assert got["met"] is False and "wakes not reported: included" in got["figure"]
 
 
 def test_a_truncated_model_is_a_clean_error_and_the_json_says_so(

@@ -70,11 +70,12 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
             c0, c1 = (70_000, 70_000 + (t1 - t0) - 2_000) if sampled else (0, 0)
             ec0, ec1 = (90_000, 90_000 + (e1 - e0) - 700) if sampled else (0, 0)
             claimed_ns, waits, n = t0 - 4_321, [1_500_000, 2_500_000], 7
+            wk, wn = 2_345 * call, 2 * call  # the futex wakes inside complete(): none in the first call
             rec.record(
                 waits,
                 claimed_ns,
                 n,
-                [t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1],
+                [t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1, wk, wn],
             )
             got = stats.read_calls(call).rows
             assert got.shape == (1, len(CALL_FIELDS))
@@ -98,6 +99,8 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
                 "check_us": (k0 - f0) / 1e3,
                 "fifo_us": ((f0 - m0) + (f1 - a1)) / 1e3,
                 "answer_us": (a1 - a0) / 1e3,
+                "wake_us": wk / 1e3,
+                "woken": wn,
             }
             for name, value in expected.items():
                 assert row[name] == pytest.approx(value), name
@@ -110,12 +113,15 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
             assert row["overhead_us"] == pytest.approx(
                 (4_321 + wall_ns - engine_ns) / 1e3 + read_us + row["record_us"]
             )
+            # the wakes are reported on their own and the overhead without them beside it
+            assert row["overhead_less_wakes_us"] == pytest.approx(row["overhead_us"] - wk / 1e3)
             assert set(expected) | {
                 "run_delay_ms",
                 "nivcsw",
                 "measure_us",
                 "record_us",
                 "overhead_us",
+                "overhead_less_wakes_us",
             } == set(CALL_FIELDS)
         assert rows[0]["record_us"] == 0 and rows[1]["record_us"] > 0  # the first call's, in the second row
         assert stats.word(ws.COUNT) == 2 and stats.word(ws.SAMPLES) == 14

@@ -469,6 +469,33 @@ def test_every_answer_carries_the_timing_of_its_engine_call(
             assert rows[-1, col["batch"]] == batch
 
 
+def test_the_rows_report_the_wakes_of_parked_clients_on_their_own(
+    served: tuple[InferenceQueue, WorkerProcess],
+) -> None:
+    """Whether a client parks depends on the host's timing (its predictive sleep may find the answer
+    first): the rows must agree with what the client did, whatever it did (the queue's own test,
+    tests/shm/test_worker_wakes.py, forces the parked case)."""
+    queue, w = served
+    cursor = w.calls().cursor
+    with QueueClient.attach(queue.descriptor, spin_us=0) as c:  # never spins: sleeps or parks
+        before = c.wait_counts["futex_waits"]
+        for _ in range(20):
+            c.start(example_inputs(64, 1)).finish(timeout_s=30)
+        waits = c.wait_counts["futex_waits"] - before
+    deadline = time.monotonic() + 10
+    while (rows := w.calls(cursor).rows).shape[0] < 20:
+        assert time.monotonic() < deadline, "the calls' rows never appeared"
+        time.sleep(0.001)
+    col = {n: i for i, n in enumerate(CALL_FIELDS)}
+    woken, wake = rows[:, col["woken"]], rows[:, col["wake_us"]]
+    assert woken.sum() <= waits  # a lane is woken only while its client waits on the futex
+    assert set(woken.tolist()) <= {0.0, 1.0}  # one client: at most its lane per call
+    assert (wake[woken == 0] == 0).all() and (wake[woken == 1] > 0).all()
+    assert (wake <= rows[:, col["answer_us"]]).all()  # the wakes are a part of the answer
+    less = rows[:, col["overhead_us"]] - wake
+    assert rows[:, col["overhead_less_wakes_us"]] == pytest.approx(less)
+
+
 def _rows_after(w: WorkerProcess, cursor: int) -> np.ndarray:
     deadline = time.monotonic() + 10
     while (rows := w.calls(cursor).rows).shape[0] == 0:  # the row follows the answer

@@ -186,7 +186,7 @@ def test_the_core_copies_refuse_what_runs_past_a_region_or_an_array_and_answer_n
         with pytest.raises((IndexError, ValueError), match=why):
             seg.answer_rows(items, plans, src, 0, 0)
         assert q[geo.slot_word(1) + W_RESP_SEQ] == 0  # nothing published
-    assert seg.answer_rows([item], cases[0][1], src, 0, 0) == [0]  # the first fits exactly
+    assert seg.answer_rows([item], cases[0][1], src, 0, 0) == ([0], 0, 0)  # fits exactly; none parked
     assert q[geo.slot_word(1) + W_RESP_SEQ] == 7
     dst = [np.zeros((4, 2), np.float32)]
     with pytest.raises(IndexError, match="outside the 256-byte request region"):
@@ -287,3 +287,37 @@ def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_re
         q[si + W_RESP_STATUS] = ST_FAILED  # an error: its message is read by Python
         got = core.receive(seg, 0, 1, 3, plan(key, 224), True)
         assert got[2] == ST_FAILED and got[7] is None
+
+
+@needs_native
+def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_of_turn() -> None:
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    from lowtail.shm.layout import HW_DOORBELLS, L_TAIL
+
+    geo, mm, seg = _anon_segment(2, 4, 256, 256)
+    with pytest.raises(ValueError, match="0 lanes of 4 slots"):
+        lowtail_native.Poller([], 4)
+    poller = lowtail_native.Poller([0, 0], 4)
+    with pytest.raises(ValueError, match="8 doorbell bytes for a poll of 2 lanes"):
+        poller.poll(seg, bytes(8), 0, 0, 4, 16, 1)
+    with pytest.raises(ValueError, match="resume without a stopped poll"):
+        poller.resume(seg, 1)
+    other = _anon_segment(3, 4, 256, 256)
+    with pytest.raises(ValueError, match="for a poll of 2 lanes"):
+        poller.poll(other[2], bytes(16), 0, 0, 4, 16, 1)
+    # a doorbell far past the tail (a garbage word): the lane is fenced, its tail set to the doorbell
+    q = memoryview(mm).cast("Q")
+    q[HW_DOORBELLS + 1] = 1 << 40  # a word index
+    raw = bytes(mm[8 * HW_DOORBELLS : 8 * HW_DOORBELLS + 16])
+    entries, end = poller.poll(seg, raw, 0, 0, 4, 16, 1)
+    assert [e[:4] for e in entries] == [
+        (5, 1, 0, 1 << 40)
+    ] and "doorbell 1099511627776 with tail 0" in entries[0][6]
+    assert end == 0 and poller.tails == [0, 1 << 40] and q[geo.lane(1, L_TAIL)] == 1 << 40
+    assert poller.poll(seg, raw, 0, 0, 4, 16, 1) == ([], 0)  # nothing new: nothing looked at
+    q.release()
+    for s in (seg, other[2]):
+        s.close()
+    mm.close()
+    other[1].close()

@@ -1,5 +1,7 @@
 """The native core against the Python reference: every pairing of client and worker path runs the same
-random streams, and the answers, errors, slot states and counters must be identical.
+random streams, and the answers, errors, slot states and counters must be identical, and so must each
+batch's composition: the lanes its requests came from, in the order the poll took them, and their sizes
+(the round-robin's fairness and the batch limits, applied by the Python poll or the core's).
 
 A stream mixes request sizes (inline and ndarray-segment payloads, contiguous or strided inputs), answers
 copied out or held zero-copy, batch shapes (several requests merged
@@ -61,19 +63,19 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
     """Run stream ``seed`` with the given paths; returns the log of every outcome and state."""
     rnd = random.Random(seed)
     cfg = QueueConfig(
-        lanes=3, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
+        lanes=4, slots_per_lane=4, request_bytes=4096, response_bytes=4096, coalesce_us=0,
         max_batch_slots=4, max_batch_samples=12, min_batch_samples=1,
     )  # fmt: skip
     log: list[Any] = []
     with InferenceQueue.create(cfg) as q:
         desc = q.descriptor
-        clients = [_attach(desc, client_native, QueueClient) for _ in range(2)]
+        clients = [_attach(desc, client_native, QueueClient) for _ in range(3)]
         worker = _attach(desc, worker_native, QueueWorker)
         try:
             for step in range(40):
                 op = rnd.random()
                 tickets: list[tuple[QueueClient, Any]] = []
-                for _ in range(rnd.randint(1, 4)):
+                for _ in range(rnd.randint(1, 7)):
                     c = rnd.choice(clients)
                     rows = rnd.choice([1, 2, 3, 5, 8])
                     width = rnd.choice([4, 16, 200])  # 200 x 8 rows x 4 B: past the slot, an ndarray segment
@@ -90,7 +92,7 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                 if op < 0.1 and tickets:
                     # the worker stops holding a claimed batch; the next one answers what it claimed
                     b = worker.claim(0.2)
-                    log.append(("claimed", None if b is None else sorted(b.sizes)))
+                    log.append(("claimed", None if b is None else (b.lanes, b.sizes)))
                     worker.close()
                     worker = _attach(desc, worker_native, QueueWorker)
                 elif op < 0.2 and tickets:
@@ -104,7 +106,7 @@ def run_stream(seed: int, client_native: bool, worker_native: bool) -> list[Any]
                     if b is None:
                         break
                     with b:
-                        log.append(("batch", sorted(b.sizes), worker.withdrawn))
+                        log.append(("batch", b.lanes, b.sizes, worker.withdrawn))
                         for c, t in tickets:
                             if not t.consumed and rnd.random() < 0.1:  # too late: it runs
                                 log.append(("late withdraw", _outcome(lambda c=c, t=t: c.withdraw(t))))

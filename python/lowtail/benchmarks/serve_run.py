@@ -29,6 +29,9 @@ from lowtail.serve.pinning import (
 
 REPORT_GRACE_S = 120.0  # a sampler or the bare loop that has not reported this long after its window failed
 BREAKDOWN = ("claim_us", "check_us", "fifo_us", "answer_us", "measure_us", "record_us", "overhead_us")
+# The futex wakes of parked samplers, on their own (part of answer_us, not a stage of their own): the
+# system calls' time, the lanes woken, and the overhead without them, which the worker's target grades.
+WAKES = ("wake_us", "woken", "overhead_less_wakes_us")
 # One round trip, stage by stage, from the stamps every answer already carries (``Ticket.stamps``,
 # ``RequestTiming``; CLOCK_MONOTONIC in both processes), in us:
 # - copy_in: ``submit`` entered -> its submit stamp (layout check, slot, the request's copy-in);
@@ -417,7 +420,7 @@ def _served_result(
         res.deschedule_ms = metrics.percentiles(calls[:, col["deschedule_ms"]])
         res.engine_ms_mean = float(engine_ms.mean())
         res.engine_batch_mean = float(calls[:, col["batch"]].mean())
-        res.breakdown_us = metrics.summarize(calls, BREAKDOWN)
+        res.breakdown_us = metrics.summarize(calls, BREAKDOWN + WAKES)
         res.overhead_us_mean = res.breakdown_us["overhead_us"].mean
         res.worker_busy = float(wall_ms.sum() / 1000 / (hi - lo))
     return res
@@ -497,7 +500,7 @@ def run_ray_served(setup: Setup, traffic: Traffic, work: Path) -> DesignResult:
     r.engine_ms_mean = pct["engine_wall_ms"]["mean"]
     r.engine_batch_mean = pct["batch"]["mean"]
     r.overhead_us_mean = pct["overhead_us"]["mean"]
-    r.breakdown_us = {k: metrics.Percentiles(**pct[k]) for k in BREAKDOWN}
+    r.breakdown_us = {k: metrics.Percentiles(**pct[k]) for k in BREAKDOWN + WAKES if k in pct}
     r.worker_busy = float("nan")
     return r
 

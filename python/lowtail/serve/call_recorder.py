@@ -43,9 +43,11 @@ DESCHEDULED_NS = 20_000
 # as ``lowtail.shm.layout`` names the queue's words: T0 claim returned, TH0/C0 thread/process CPU, M0
 # before SCHED_FIFO enter, F0 after it, K0 inputs checked, ET0/EC0/E0 before infer(), E1/ET1/EC1 after
 # it, A0/A1 around complete(), F1 after the SCHED_FIFO leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read
-# only on sampled calls (0 otherwise).
-(T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1) = range(18)
-N_STAMPS = 18
+# only on sampled calls (0 otherwise). The last two are not clocks: WK the ns complete() spent in the
+# futex-wake system calls of parked samplers and WN the lanes it woke (``QueueWorker.wakes`` before and
+# after), last so that the loop sets both as ``st[WK:]``.
+(T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1, WK, WN) = range(20)
+N_STAMPS = 20
 
 
 def stamps() -> list[int]:
@@ -93,14 +95,13 @@ class CallRecorder:
         ``st``: the call's stamps, indexed by ``T0`` ... ``T1`` (above). ``claimed_ns`` is the poll that
         took the first request.
         """
-        t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1 = st
+        t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1, wk, wn = st
         clock = time.monotonic_ns
         sampled = self.sampled
         wall_ns = t1 - t0
         thread_ns = th1 - th0
         cpu_ns = c1 - c0 if sampled else thread_ns
-        engine_ns = e1 - e0
-        engine_thread_ns = et1 - et0
+        engine_ns, engine_thread_ns = e1 - e0, et1 - et0
         engine_cpu_ns = ec1 - ec0 if sampled else engine_thread_ns
         if sampled or wall_ns - thread_ns > DESCHEDULED_NS:
             r0 = clock()
@@ -135,7 +136,8 @@ class CallRecorder:
         r.answer_us = (a1 - a0) / 1e3
         r.measure_us = ((m0 - t0) + (e0 - k0) + (a0 - e1) + (t1 - f1) + read_ns) / 1e3
         r.record_us = record_ns / 1e3
-        r.overhead_us = (claim_ns + wall_ns - engine_ns + read_ns + record_ns) / 1e3
+        r.overhead_us = (overhead_ns := claim_ns + wall_ns - engine_ns + read_ns + record_ns) / 1e3
+        r.wake_us, r.woken, r.overhead_less_wakes_us = wk / 1e3, wn, (overhead_ns - wk) / 1e3
         h = self._words
         h[HEARTBEAT] = t1
         row = call_values(r)

@@ -68,6 +68,12 @@ class CallRow:
     measure_us: float  # reading clocks and scheduler counters inside the call
     record_us: float  # writing the previous call's row and counters (measured there, stored here)
     overhead_us: float  # the sum of the six above: the worker's cost per call beyond infer()
+    # The futex wakes of parked samplers, reported on their own (the first wake of a halted vCPU costs
+    # the waker tens of us: the scheduler's price, not the worker's); after overhead_us, so the columns
+    # before keep their places:
+    wake_us: float  # of answer_us: the futex-wake system calls that woke parked samplers
+    woken: float  # the lanes those wakes woke
+    overhead_less_wakes_us: float  # overhead_us - wake_us: the worker's own cost per call
 
 
 CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRow))

@@ -26,6 +26,7 @@ import time
 import traceback
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
+from operator import sub
 from typing import TYPE_CHECKING, Any
 
 from lowtail.serve import pinning
@@ -336,6 +337,7 @@ def serve(
         T1,
         TH0,
         TH1,
+        WK,
         CallRecorder,
         stamps,
     )  # fmt: skip
@@ -372,7 +374,7 @@ def serve(
     # CLOCK_MONOTONIC for every wall time (perf_counter is the same clock on Linux, and the queue stamps
     # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
-    claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
+    claim, check, infer, record, wakes = qworker.claim, engine.check, engine.infer, rec.record, qworker.wakes
     enter, leave = fifo.enter, fifo.leave
     per_call = config.fifo_scope == "call"
     drop_when_idle = config.fifo_scope == "work"
@@ -395,10 +397,7 @@ def serve(
                     now = clock()
                     if now >= next_check:  # idle housekeeping, at most twice a second
                         next_check = now + HOUSEKEEPING_NS
-                        h[ws.HEARTBEAT] = now
-                        rec.threads = thread_count()
-                        h[ws.THREADS] = rec.threads
-                        if _orphaned(ppid):
+                        if _idle_housekeeping(h, rec, ppid, now):
                             return
                     continue
 
@@ -434,6 +433,7 @@ def serve(
                     st[E1] = e1 = clock()
                     st[ET1] = et1 = ttime()
                     st[EC1] = ptime() if sampled else 0
+                    st[WK:] = wakes()  # the futex wakes of parked samplers so far: (ns, lanes), WK and WN
                     st[A0] = a0 = clock()
                     # Every answer carries its call's engine time and its deschedule so far (wall - thread
                     # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
@@ -445,6 +445,7 @@ def serve(
                 st[TH1] = ttime()
                 st[C1] = ptime() if sampled else 0
                 st[T1] = clock()
+                st[WK:] = map(sub, wakes(), st[WK:])  # complete()'s wakes; read after T1: in record_us
                 record(batch.queue_wait_ns, batch.claimed_ns, n, st)
                 if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
                     next_check = t0 + HOUSEKEEPING_NS
@@ -458,6 +459,16 @@ def serve(
                 )
     finally:
         rec.close()
+
+
+def _idle_housekeeping(h: Any, rec: Any, ppid: int, now: int) -> bool:
+    """The idle loop's bookkeeping (at most twice a second): the heartbeat and the thread count into the
+    stats header; whether the parent is gone (then the worker exits)."""
+    from lowtail.serve import stats_segment as ws
+
+    h[ws.HEARTBEAT] = now
+    h[ws.THREADS] = rec.threads = thread_count()
+    return _orphaned(ppid)
 
 
 def _orphaned(ppid: int) -> bool:

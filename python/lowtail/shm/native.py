@@ -131,6 +131,8 @@ def _load() -> tuple[ModuleType | None, Implementation]:
     version = str(getattr(lowtail_native, "VERSION", ""))
     missing = [name for name in SEGMENT_CALLS if not hasattr(getattr(lowtail_native, "Segment", None), name)]
     missing += [name for name in MODULE_CALLS if not hasattr(lowtail_native, name)]
+    poller_class = getattr(lowtail_native, "Poller", None)
+    missing += [f"Poller.{name}" for name in POLLER_CALLS if not hasattr(poller_class, name)]
     if missing:
         return None, Implementation(
             "python",
@@ -153,7 +155,9 @@ SEGMENT_CALLS = (
     "answer",
     "answer_rows",
     "wake_lanes",
+    "wakes",
 )
+POLLER_CALLS = ("poll", "resume", "accept")
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
@@ -210,3 +214,11 @@ def segment(buffer: Any, geo: layout.Geometry) -> Any:
 def core_of(seg: Any) -> ModuleType:
     """The native module a ``Segment`` (``segment``) comes from: its round-trip calls and plans."""
     return sys.modules[type(seg).__module__]
+
+
+def poller(tails: list[int], spl: int) -> Any:
+    """The worker's poll in the core (``lowtail_native.Poller``) from the lanes' tails, for a worker whose
+    mapping has a native ``Segment``."""
+    if _module is None:
+        raise RuntimeError(f"the native core is not available: {_impl.reason}")
+    return _module.Poller(tails, spl)

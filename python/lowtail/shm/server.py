@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm import ofd_lock, payload
+from lowtail.shm import native, ofd_lock, payload
 from lowtail.shm.control import Mapped, QueueDescriptor, attach_mapped, deadline_ns, spec_text
 from lowtail.shm.errors import BadRequest, BatchClosed, PayloadTooLarge, QueueError
 from lowtail.shm.futex import full_barrier, futex_wait, futex_wake_all, wake_handle
@@ -123,8 +123,9 @@ class _Item:
         self.done = False
 
 
-# What the native claim found at a ring position (lowtail_native.Segment.claim).
-_CLAIMED, _BAD_RING, _SKIPPED, _WITHDRAWN = 0, 1, 2, 3
+# What the native poll did with a request (lowtail_native.Poller.poll), and how the poll ended.
+_APPEND, _CARRY, _POLL_WITHDRAWN, _REFUSED, _DECODE, _FENCE = 0, 1, 2, 3, 4, 5
+_DRAINED, _LEFT, _STOPPED = 0, 1, 2
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -315,10 +316,11 @@ class Batch:
 class WorkerCounts:
     """What a worker did besides serving (diagnostics, tests)."""
 
-    __slots__ = ("fenced", "orphans_failed", "withdrawn")
+    __slots__ = ("fenced", "orphans_failed", "wake_ns", "withdrawn", "woken")
 
     def __init__(self) -> None:
         self.fenced = self.orphans_failed = self.withdrawn = 0
+        self.wake_ns = self.woken = 0  # the Python path's wakes() (the native core counts its own)
 
 
 class QueueWorker:
@@ -344,6 +346,9 @@ class QueueWorker:
         self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
+        if self._native is not None:  # the poll in the core; the Python _poll is the reference
+            self._poller = native.poller(self._tails, geo.spl)
+            self._poll = self._poll_native  # type: ignore[method-assign]
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -606,9 +611,6 @@ class QueueWorker:
         claimable request (a bad request, answered here, or a duplicate).
         """
         q, geo = self._m.q, self._m.geo
-        nat = self._native
-        if nat is not None:
-            return self._take_native(nat, lane, tail, now)
         s = q[self._ring_i[lane] + tail % geo.spl]
         self._tails[lane] = tail + 1
         if s >= geo.spl:
@@ -640,33 +642,66 @@ class QueueWorker:
         self._decode(it)
         return it
 
-    def _take_native(self, nat: Any, lane: int, tail: int, now: int) -> _Item | None:
-        """``_take`` with the ring read, the claim, its barrier, the withdrawn check and the payload
-        header's decode (cached in the core by the header's bytes) in one call."""
-        kind, s, seq, gen, submit_ns, hdr = nat.take(lane, tail, now)
-        self._tails[lane] = tail + 1
-        if kind == _BAD_RING:
-            self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{self._m.geo.spl - 1}")
-            return None
-        if kind == _SKIPPED:
-            return None
-        g = lane * self._m.geo.spl + s
-        it = _Item(lane, g, self._slot_i[g], seq, gen, submit_ns, now)
-        if kind == _WITHDRAWN:
-            return self._claimed(it, True)
-        self._lane_seen_ns[lane] = now
-        if type(hdr) is str:  # the core refused the header: the request fails alone
-            self._fail_decode(it, BadRequest(hdr))
-            return it
-        hit = self._native_headers.get(hdr)
-        if hit is None:
-            try:
-                hit = self._native_header(nat, hdr)
-            except Exception as e:  # a header the Python checks refuse after the core's
-                self._fail_decode(it, e)
+    def _poll_native(self, items: list[_Item]) -> None:
+        """``_poll`` in the core (``lowtail_native.Poller``): the same lanes in the same order within the
+        same limits, every claim and header decode in one call per batch. A request whose header the
+        core has not seen accepted stops it: decoded here, its samples go back with ``resume``."""
+        raw = self._doorbells.tobytes()
+        if raw == self._drained:
+            return
+        cfg, poller, nat = self._cfg, self._poller, self._native
+        now = time.monotonic_ns()
+        samples = _samples(items) if items else 0
+        entries, end = poller.poll(
+            nat, raw, len(items), samples, cfg.max_batch_slots, cfg.max_batch_samples, now
+        )  # fmt: skip
+        while True:
+            last = self._polled(entries, items, now)
+            if end != _STOPPED:
+                break
+            assert last is not None
+            taken, entries, end = poller.resume(nat, None if last.layout is None else last.layout.batch)
+            if taken == _APPEND:
+                items.append(last)
+            elif taken == _CARRY:
+                self._carry.append(last)
+        self._drained = raw if end == _DRAINED else b""
+
+    def _polled(
+        self, entries: list[tuple[int, int, int, int, int, int, Any]], items: list[_Item], now: int
+    ) -> _Item | None:
+        """The native poll's entries into ``_Item``s, in claim order: the batch's, the carried, the
+        answers of withdrawn and refused requests and the fences; the last one to decode, or None."""
+        spl, slot_i = self._m.geo.spl, self._slot_i
+        for what, lane, s, seq, gen, submit_ns, hdr in entries:
+            if what == _FENCE:
+                self._fence(lane, hdr, resync=False)  # the core set the tail (to ``seq``)
+                continue
+            g = lane * spl + s
+            it = _Item(lane, g, slot_i[g], seq, gen, submit_ns, now)
+            if what == _POLL_WITHDRAWN:
+                self._claimed(it, True)
+                continue
+            self._lane_seen_ns[lane] = now
+            if what == _REFUSED:  # the core refused the header: the request fails alone
+                self._fail_decode(it, BadRequest(hdr))
+                continue
+            hit = self._native_headers.get(hdr)
+            if hit is None:
+                try:
+                    hit = self._native_header(self._native, hdr)
+                except Exception as e:  # a header the Python checks refuse after the core's
+                    self._fail_decode(it, e)
+                    hit = None
+            if hit is not None:
+                self._decode(it, hit[0], hit[1], hdr)
+            if what == _DECODE:
+                if it.inline and it.layout is not None:
+                    self._poller.accept(hdr, it.layout.batch)  # counted in the core from now on
                 return it
-        self._decode(it, hit[0], hit[1], hdr)
-        return it
+            if it.layout is not None:  # accepted, so decoded (unless the core's cache was cleared since)
+                (items if what == _APPEND else self._carry).append(it)
+        return None
 
     def _native_header(self, nat: Any, hdr: int) -> tuple[str | None, PayloadLayout]:
         """The layout of a header the core decoded (``take``), cached here by its id."""
@@ -681,7 +716,7 @@ class QueueWorker:
         self._native_headers[hdr] = hit
         return hit
 
-    def _fence(self, lane: int, why: str) -> None:
+    def _fence(self, lane: int, why: str, *, resync: bool = True) -> None:
         """An impossible control word in ``lane``: fail its unanswered requests, resynchronise the tail.
 
         The worker goes on serving the other lanes. A well-behaved client of the lane sees its
@@ -705,8 +740,9 @@ class QueueWorker:
                 q[si + W_CLAIM_SEQ] = seq
                 self._answer(it, ST_BAD_REQUEST, None, None, f"lane {lane} fenced: {why}")
                 failed.append(it)
-        self._tails[lane] = head
-        q[self._tail_i[lane]] = head
+        if resync:  # else the native poll did it: it holds the tails
+            self._tails[lane] = head
+            q[self._tail_i[lane]] = head
         self.counts.fenced += 1
         self._wake_parked(failed)
 
@@ -1002,6 +1038,15 @@ class QueueWorker:
         nd.write(arrays, layout.spec)
         return payload.write_header(self._m.buf, geo.resp_off(g), nd.name, layout.spec)
 
+    def wakes(self) -> tuple[int, int]:
+        """What waking parked clients cost this worker so far: (ns spent in the futex-wake system calls,
+        lanes woken). Reported on their own (``bench serve --breakdown``): the first wake of a halted
+        vCPU costs the waker tens of us, the scheduler's price, not the queue's."""
+        nat = self._native
+        if nat is not None:
+            return nat.wakes()  # type: ignore[no-any-return]
+        return self.counts.wake_ns, self.counts.woken
+
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
             return
@@ -1016,11 +1061,19 @@ class QueueWorker:
         if len(items) == 1:
             lane = items[0].lane
             if q[parked_i[lane]]:
-                futex_wake_all(wake[lane])
+                self._wake_timed(wake[lane])
             return
         for lane in {it.lane for it in items}:
             if q[parked_i[lane]]:
-                futex_wake_all(wake[lane])
+                self._wake_timed(wake[lane])
+
+    def _wake_timed(self, handle: Any) -> None:
+        """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the same)."""
+        t0 = time.monotonic_ns()
+        futex_wake_all(handle)
+        counts = self.counts
+        counts.wake_ns += time.monotonic_ns() - t0
+        counts.woken += 1
 
 
 class WorkerStandby:

@@ -1,0 +1,274 @@
+//! The worker's poll in the core: the round-robin over the lanes' doorbells, the claims and the batch
+//! limits of `lowtail.shm.server.QueueWorker._poll` (the reference), in one call per batch.
+//!
+//! The rule is the Python one, step for step, so both paths take the same requests in the same order:
+//! the lanes whose doorbell moved since the last poll and those the last poll left with work, one
+//! request per lane per round starting after the lane served last, until the batch's slots or samples
+//! are reached; a request that would pass the sample limit after the first is claimed and carried into
+//! the next batch. What only Python can do stays Python: a request whose header this poll has not seen
+//! accepted (its first appearance, an ndarray segment's payload) stops the poll right after its claim;
+//! Python decodes it and `resume` goes on from there with its sample count, so the limits are applied
+//! to what Python accepted. Fences and the answers of withdrawn or refused requests are left to Python,
+//! in the order they happened; the fence's tail resynchronisation is done here, where the tails live.
+
+use std::collections::HashMap;
+
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::layout::*;
+use crate::Segment;
+
+// What `poll` returns per claimed request (or fenced lane): what the worker does with it.
+const APPEND: u8 = 0; // into this batch (its header accepted, its samples counted)
+const CARRY: u8 = 1; // claimed, first in the next batch (it would pass the sample limit)
+const WITHDRAWN: u8 = 2; // withdrawn by its client: answer it ST_WITHDRAWN
+const REFUSED: u8 = 3; // its header refused by the core: answer it ST_BAD_REQUEST (the str says why)
+const DECODE: u8 = 4; // not seen accepted: decode it, then `resume` (always the last entry)
+const FENCE: u8 = 5; // an impossible control word in the lane (slot 0, seq = the tail set, str = why)
+
+// The poll's end: every lane looked at fully taken (the doorbells as given are drained), work left
+// (a lane after the cut, or more published than taken), or stopped at a DECODE entry.
+const DRAINED: u8 = 0;
+const LEFT: u8 = 1;
+const STOPPED: u8 = 2;
+
+const ACCEPTED_MAX: usize = 4096;
+
+type Entry = (u8, u64, u64, u64, u64, u64, PyObject);
+
+/// A poll in progress: its round's lanes and where it stands, kept while Python decodes a request.
+struct Round {
+    heads: HashMap<u64, u64>,
+    look: Vec<u64>,
+    pending: Vec<u64>,
+    next: usize,
+    again: Vec<u64>,
+    full: bool,
+    items: u64,
+    samples: u64,
+    max_slots: u64,
+    max_samples: u64,
+    now: u64,
+    stopped: u64, // the lane of the request Python decodes
+}
+
+/// The poll's state across calls (worker-private): each lane's tail as this worker moved it, the
+/// doorbells seen at the last poll, the lanes it left with work, the lane after the last one served.
+#[pyclass(module = "lowtail_native")]
+pub struct Poller {
+    spl: u64,
+    tails: Vec<u64>,
+    seen: Vec<u64>,
+    leftover: Vec<u64>,
+    rr: u64,
+    accepted: HashMap<u64, u64>, // header id -> samples, for the headers Python decoded inline
+    round: Option<Round>,
+}
+
+fn word(raw: &[u8], lane: u64) -> u64 {
+    let at = (lane * 8) as usize;
+    u64::from_le_bytes(raw[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[pymethods]
+impl Poller {
+    /// A poll over lanes whose tails are `tails` (the words as the worker found them), `spl` slots each.
+    #[new]
+    fn new(tails: Vec<u64>, spl: u64) -> PyResult<Self> {
+        if tails.is_empty() || tails.len() as u64 > MAX_LANES || spl == 0 {
+            return Err(PyValueError::new_err(format!("{} lanes of {spl} slots: out of range", tails.len())));
+        }
+        let lanes = tails.len();
+        Ok(Poller { spl, tails, seen: vec![0; lanes], leftover: Vec::new(), rr: 0, accepted: HashMap::new(), round: None })
+    }
+
+    /// The tails as this poll moved them (diagnostics, tests).
+    #[getter]
+    fn tails(&self) -> Vec<u64> {
+        self.tails.clone()
+    }
+
+    /// Header `id` (from `take`/`poll`) decoded by Python into an inline payload of `samples` rows:
+    /// later requests with it are counted here, without stopping.
+    fn accept(&mut self, id: u64, samples: u64) {
+        if self.accepted.len() >= ACCEPTED_MAX {
+            self.accepted.clear(); // shapes that vary without bound must not grow memory without bound
+        }
+        self.accepted.insert(id, samples);
+    }
+
+    /// Take published requests within the limits, fairly across lanes, from the doorbells `raw` (the
+    /// doorbell words as bytes, read once by the caller); `items` and `samples` are what the batch
+    /// holds already. Returns (entries, end): entries (what, lane, slot, seq, gen, submit_ns, header)
+    /// in claim order, header an id or a str; end DRAINED, LEFT or STOPPED (decode the last entry,
+    /// then `resume`). Never blocks.
+    #[allow(clippy::too_many_arguments)]
+    fn poll(
+        &mut self,
+        py: Python<'_>,
+        seg: PyRef<'_, Segment>,
+        raw: &[u8],
+        items: u64,
+        samples: u64,
+        max_slots: u64,
+        max_samples: u64,
+        now: u64,
+    ) -> PyResult<(Vec<Entry>, u8)> {
+        let lanes = self.tails.len() as u64;
+        if raw.len() as u64 != 8 * lanes || seg.geo.lanes != lanes || seg.geo.spl != self.spl {
+            return Err(PyValueError::new_err(format!(
+                "{} doorbell bytes for a poll of {lanes} lanes ({} x {} in the segment)",
+                raw.len(),
+                seg.geo.lanes,
+                seg.geo.spl
+            )));
+        }
+        if self.round.is_some() {
+            return Err(PyValueError::new_err("poll while a stopped poll waits for resume"));
+        }
+        let mut look: Vec<u64> = self.leftover.clone();
+        for lane in 0..lanes {
+            let w = word(raw, lane);
+            if w != self.seen[lane as usize] {
+                if !look.contains(&lane) {
+                    look.push(lane);
+                }
+                self.seen[lane as usize] = w;
+            }
+        }
+        let heads: HashMap<u64, u64> = look.iter().map(|&l| (l, word(raw, l))).collect();
+        let mut order: Vec<u64> = look.iter().copied().filter(|l| heads[l] != self.tails[*l as usize]).collect();
+        order.sort_unstable();
+        let start = self.rr;
+        let pending: Vec<u64> =
+            order.iter().copied().filter(|&l| l >= start).chain(order.iter().copied().filter(|&l| l < start)).collect();
+        let round = Round {
+            heads,
+            look,
+            pending,
+            next: 0,
+            again: Vec::new(),
+            full: false,
+            items,
+            samples,
+            max_slots,
+            max_samples,
+            now,
+            stopped: 0,
+        };
+        self.run(py, &seg, round, Vec::new())
+    }
+
+    /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
+    /// it failed, answered already). Returns (what became of it: APPEND or CARRY, or 255 when not
+    /// taken; entries; end) as `poll`.
+    #[pyo3(signature = (seg, samples))]
+    fn resume(&mut self, py: Python<'_>, seg: PyRef<'_, Segment>, samples: Option<u64>) -> PyResult<(u8, Vec<Entry>, u8)> {
+        let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume without a stopped poll"))?;
+        let lane = round.stopped;
+        let taken = match samples {
+            Some(n) => Self::count(&mut round, n),
+            None => 255,
+        };
+        self.served(&mut round, lane);
+        round.next += 1;
+        let (entries, end) = self.run(py, &seg, round, Vec::new())?;
+        Ok((taken, entries, end))
+    }
+}
+
+impl Poller {
+    /// The batch limits for a request of `n` samples: into this batch, or carried (the batch is full).
+    fn count(round: &mut Round, n: u64) -> u8 {
+        if round.items > 0 && round.samples + n > round.max_samples {
+            round.full = true;
+            CARRY
+        } else {
+            round.items += 1;
+            round.samples += n;
+            APPEND
+        }
+    }
+
+    /// After a take in `lane`: the next round starts after it, and it goes again while it has work.
+    fn served(&mut self, round: &mut Round, lane: u64) {
+        self.rr = (lane + 1) % self.tails.len() as u64;
+        if self.tails[lane as usize] != round.heads[&lane] {
+            round.again.push(lane);
+        }
+    }
+
+    /// The fence's part that is the poll's: the lane's tail set to its doorbell as read now.
+    fn resync(&mut self, seg: &Segment, lane: u64) -> PyResult<u64> {
+        let head = seg.ld((H_DOORBELLS >> 3) + lane)?;
+        self.tails[lane as usize] = head;
+        seg.st(seg.geo.lane_word(lane, L_TAIL), head)?;
+        Ok(head)
+    }
+
+    fn run(&mut self, py: Python<'_>, seg: &Segment, mut round: Round, mut out: Vec<Entry>) -> PyResult<(Vec<Entry>, u8)> {
+        let spl = self.spl;
+        loop {
+            while round.next < round.pending.len() {
+                let lane = round.pending[round.next];
+                if lane >= self.tails.len() as u64 {
+                    return Err(PyIndexError::new_err(format!("lane {lane} of {}", self.tails.len())));
+                }
+                if round.items >= round.max_slots || round.samples >= round.max_samples {
+                    round.full = true;
+                    break;
+                }
+                let (head, tail) = (round.heads[&lane], self.tails[lane as usize]);
+                if head <= tail || head - tail > spl {
+                    // more published than the lane has slots, or a doorbell behind the tail: impossible
+                    let why = format!("doorbell {head} with tail {tail} and {spl} slots per lane");
+                    let set = self.resync(seg, lane)?;
+                    out.push((FENCE, lane, 0, set, 0, 0, why.into_pyobject(py)?.into_any().unbind()));
+                    round.next += 1;
+                    continue;
+                }
+                let (kind, s, seq, gen, submit) = seg.claim(lane, tail, round.now)?;
+                self.tails[lane as usize] = tail.wrapping_add(1);
+                match kind {
+                    1 => {
+                        let why = format!("ring entry {s} at position {tail}, expected a slot 0..{}", spl - 1);
+                        let set = self.resync(seg, lane)?;
+                        out.push((FENCE, lane, 0, set, 0, 0, why.into_pyobject(py)?.into_any().unbind()));
+                    }
+                    2 => {} // claimed or answered already: never twice
+                    3 => out.push((WITHDRAWN, lane, s, seq, gen, submit, py.None())),
+                    _ => match seg.header_id(lane * spl + s)? {
+                        Err(why) => out.push((REFUSED, lane, s, seq, gen, submit, why.into_pyobject(py)?.into_any().unbind())),
+                        Ok(id) => {
+                            let hdr = id.into_pyobject(py)?.into_any().unbind();
+                            match self.accepted.get(&id) {
+                                Some(&n) => {
+                                    let what = Self::count(&mut round, n);
+                                    out.push((what, lane, s, seq, gen, submit, hdr));
+                                }
+                                None => {
+                                    out.push((DECODE, lane, s, seq, gen, submit, hdr));
+                                    round.stopped = lane;
+                                    self.round = Some(round);
+                                    return Ok((out, STOPPED));
+                                }
+                            }
+                        }
+                    },
+                }
+                self.served(&mut round, lane);
+                round.next += 1;
+            }
+            if round.full || round.again.is_empty() {
+                break;
+            }
+            round.pending = std::mem::take(&mut round.again);
+            round.next = 0;
+        }
+        let tails = &self.tails;
+        self.leftover = round.look.iter().copied().filter(|l| round.heads[l] != tails[*l as usize]).collect();
+        let left = round.full || !round.again.is_empty();
+        Ok((out, if left { LEFT } else { DRAINED }))
+    }
+}
