@@ -53,10 +53,13 @@ impl RequestPlan {
 /// in that slot): each array by name, its offset from the start of the response region and bytes, and
 /// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
 /// ndarray segment, whose key alone is checked.
+/// An answer array: its name, offset from the start of the response region, bytes, shape and dtype.
+type AnswerArray = (Py<PyString>, u64, u64, Py<PyTuple>, PyObject);
+
 #[pyclass(module = "lowtail_native", frozen)]
 pub struct AnswerPlan {
     key: Vec<u8>,
-    arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>,
+    arrays: Vec<AnswerArray>,
     end: u64,
     empty: PyObject,
 }
@@ -64,7 +67,7 @@ pub struct AnswerPlan {
 #[pymethods]
 impl AnswerPlan {
     #[new]
-    fn new(key: Vec<u8>, arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>, empty: PyObject) -> PyResult<Self> {
+    fn new(key: Vec<u8>, arrays: Vec<AnswerArray>, empty: PyObject) -> PyResult<Self> {
         if key.len() < 8 {
             return Err(PyValueError::new_err(format!("a {}-byte key, expected the 8-byte prefix and a header", key.len())));
         }
