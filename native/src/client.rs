@@ -1,6 +1,6 @@
 //! The client's round trip in the core: a request's copy-in and publication in one call (`send`), and
 //! an answer's words, the check of its header against the one the client parsed last in that slot,
-//! and the copy-out into fresh arrays in one call (`receive`, which may spin for the answer first).
+//! and the copy-out into fresh arrays in one call (`receive_answer`, which may spin for the answer first).
 //!
 //! What to copy comes from plans the Python side builds once per payload layout (`RequestPlan`,
 //! `AnswerPlan`) and checks nothing against the mapping: every offset and length is bounded here, at
@@ -49,7 +49,7 @@ impl RequestPlan {
     }
 }
 
-/// How `receive` reads an answer whose prefix and header bytes are `key` (what the client parsed last
+/// How `receive_answer` reads an answer whose prefix and header bytes are `key` (what the client parsed last
 /// in that slot): each array by name, its offset from the start of the response region and bytes, and
 /// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
 /// ndarray segment, whose key alone is checked.
@@ -128,7 +128,7 @@ pub fn send(
 #[pyfunction]
 #[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn receive(
+pub fn receive_answer(
     py: Python<'_>,
     seg: PyRef<'_, Segment>,
     lane: u64,
@@ -160,7 +160,7 @@ pub fn receive(
     Ok((true, now, status, claim, done, engine, call, out))
 }
 
-/// The answer of slot `g` by `plan` (see `receive`): None when its header is not the plan's key.
+/// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.
 fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
     let geo = &seg.geo;
     let klen = plan.key.len() as u64;

@@ -482,7 +482,7 @@ class QueueClient:
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         core = None if m.native is None else native.core_of(m.native)
         self._send: Any = core and core.send  # the core's round trip (lowtail_native's client.rs)
-        self._receive: Any = core and core.receive
+        self._receive: Any = core and core.receive_answer
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -950,7 +950,7 @@ class QueueClient:
     ) -> tuple[int, Any]:
         """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
         spin, then the park. Returns when it was seen and, when the core's spin saw it, the core's read
-        of it (``receive``; None otherwise)."""
+        of it (``receive_answer``; None otherwise)."""
         q = self._q
         resp_i, seq = si + W_RESP_SEQ, ticket.seq
         clock = time.monotonic_ns
