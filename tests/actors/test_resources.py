@@ -39,7 +39,12 @@ def settles_at(expected: tuple[float, float], timeout_s: float = 30.0) -> bool:
 def test_while_leases_are_held_rays_available_cpu_and_isolated_cpu_reflect_them(
     ray_nodes: RayNodes, model: Path, alloc_cfg: AllocatorConfig
 ) -> None:
-    base_cpu, base_iso = available()
+    # The base is the cluster's totals: every holder but a lease asks for 0 CPU. An earlier test's lease
+    # may still show as held for a heartbeat after its actor stopped; reading available() here once took
+    # that as the base, and the two leases below then looked like one (7.75, not 7.625, of 8).
+    totals = ray.cluster_resources()
+    base_cpu, base_iso = round(totals.get("CPU", 0.0), 4), round(totals.get(ISOLATED_RESOURCE, 0.0), 4)
+    assert settles_at((base_cpu, base_iso)), f"held before the test: {available()} of {(base_cpu, base_iso)}"
     per_lease = 1.0 / alloc_cfg.share
     actors: list[Any] = []
     try:

@@ -611,6 +611,8 @@ class QueueWorker:
         claimable request (a bad request, answered here, or a duplicate).
         """
         q, geo = self._m.q, self._m.geo
+        if self._native is not None:  # the native path claims in its poll, in the core (_poll_native)
+            raise QueueError("QueueWorker._take on the native path: its poll claims in the core")
         s = q[self._ring_i[lane] + tail % geo.spl]
         self._tails[lane] = tail + 1
         if s >= geo.spl:
