@@ -57,12 +57,17 @@ from lowtail.shm.layout import (
     WORKER_LOCK_BYTE,
     client_lock_byte,
 )
+
+# read_header and validated_layout run per request and per batch: bound here, because CPython 3.11 does
+# not specialise an attribute load from a module with a __getattr__ (payload's deprecated names).
 from lowtail.shm.payload import (
     Arrays,
     NdarraySegment,
     NdarraySegmentPool,
     NdarraySegmentReader,
     PayloadLayout,
+    read_header,
+    validated_layout,
 )
 from lowtail.shm.segments import DeadSweep
 
@@ -246,7 +251,7 @@ class Batch:
         sizes = self.sizes
         total = sizes[0] if len(sizes) == 1 else sum(sizes)
         try:
-            layout = payload.validated_layout(outputs)
+            layout = validated_layout(outputs)
         except BadRequest as e:
             self.fail(f"worker outputs: {e}")
             raise
@@ -759,7 +764,7 @@ class QueueWorker:
         g = it.g
         try:
             if layout is None:
-                ext, layout, key = payload.read_header(m.mem, m.q, geo.req_off(g), geo.req_bytes)
+                ext, layout, key = read_header(m.mem, m.q, geo.req_off(g), geo.req_bytes)
             if ext is not None:
                 if self._lane_gen[it.lane] != it.gen:  # a new client: unmap what the last one sent
                     self._slots_in.drop_lane(it.lane)
