@@ -1,6 +1,6 @@
 //! The client's round trip in the core: a request's copy-in and publication in one call (`send`), and
 //! an answer's words, the check of its header against the one the client parsed last in that slot,
-//! and the copy-out into fresh arrays in one call (`receive`, which may spin for the answer first).
+//! and the copy-out into fresh arrays in one call (`receive_answer`, which may spin for the answer first).
 //!
 //! What to copy comes from plans the Python side builds once per payload layout (`RequestPlan`,
 //! `AnswerPlan`) and checks nothing against the mapping: every offset and length is bounded here, at
@@ -49,14 +49,17 @@ impl RequestPlan {
     }
 }
 
-/// How `receive` reads an answer whose prefix and header bytes are `key` (what the client parsed last
+/// How `receive_answer` reads an answer whose prefix and header bytes are `key` (what the client parsed last
 /// in that slot): each array by name, its offset from the start of the response region and bytes, and
 /// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
 /// ndarray segment, whose key alone is checked.
+/// An answer array: its name, offset from the start of the response region, bytes, shape and dtype.
+type AnswerArray = (Py<PyString>, u64, u64, Py<PyTuple>, PyObject);
+
 #[pyclass(module = "lowtail_native", frozen)]
 pub struct AnswerPlan {
     key: Vec<u8>,
-    arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>,
+    arrays: Vec<AnswerArray>,
     end: u64,
     empty: PyObject,
 }
@@ -64,7 +67,7 @@ pub struct AnswerPlan {
 #[pymethods]
 impl AnswerPlan {
     #[new]
-    fn new(key: Vec<u8>, arrays: Vec<(Py<PyString>, u64, u64, Py<PyTuple>, PyObject)>, empty: PyObject) -> PyResult<Self> {
+    fn new(key: Vec<u8>, arrays: Vec<AnswerArray>, empty: PyObject) -> PyResult<Self> {
         if key.len() < 8 {
             return Err(PyValueError::new_err(format!("a {}-byte key, expected the 8-byte prefix and a header", key.len())));
         }
@@ -115,27 +118,32 @@ pub fn send(
     seg.publish(lane, slot, plan.end, head).map(Some)
 }
 
-/// The answer in `slot` of `lane`, once its resp_seq is `seq`: spins for it (the GIL released) until
-/// `spin_end_ns` first when that is not 0. Returns (answered, now, status, claim_ns, done_ns,
-/// engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and header are the plan's
-/// key, a dict of fresh arrays copied out of the response region when `copy` and the plan has arrays,
-/// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
-/// for an error status, or without a plan.
+/// The answer in `slot` of `lane`, once its resp_seq is `seq`. With a spin budget (`spin_ns` > 0) it
+/// spins for it first, the GIL released: the whole budget when the answer is due by then (`due_ns`, the
+/// predicted answer time, at most now + `spin_ns`), else `short_ns`. Returns (answered, now, status,
+/// claim_ns, done_ns, engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and
+/// header are the plan's key, a dict of fresh arrays copied out of the response region when `copy` and
+/// the plan has arrays, else True (the caller's cached layout holds); None when the header differs (the
+/// caller parses it), for an error status, or without a plan.
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, seq, spin_end_ns, plan, copy))]
+#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn receive(
+pub fn receive_answer(
     py: Python<'_>,
     seg: PyRef<'_, Segment>,
     lane: u64,
     slot: u64,
     seq: u64,
-    spin_end_ns: u64,
     plan: Option<PyRef<'_, AnswerPlan>>,
     copy: bool,
+    spin_ns: u64,
+    short_ns: u64,
+    due_ns: u64,
 ) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject)> {
-    let (answered, now) = if spin_end_ns != 0 {
-        seg.spin(py, lane, slot, seq, spin_end_ns)?
+    let (answered, now) = if spin_ns != 0 {
+        let now = now_ns();
+        let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
+        seg.spin(py, lane, slot, seq, now.saturating_add(budget))?
     } else {
         seg.check_lane(lane)?;
         seg.check_slot(slot)?;
@@ -152,7 +160,7 @@ pub fn receive(
     Ok((true, now, status, claim, done, engine, call, out))
 }
 
-/// The answer of slot `g` by `plan` (see `receive`): None when its header is not the plan's key.
+/// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.
 fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
     let geo = &seg.geo;
     let klen = plan.key.len() as u64;

@@ -670,7 +670,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::RequestPlan>()?;
     m.add_class::<client::AnswerPlan>()?;
     m.add_function(wrap_pyfunction!(client::send, m)?)?;
-    m.add_function(wrap_pyfunction!(client::receive, m)?)?;
+    m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;

@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import struct
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # every Segment call there, but not the client's round trip on the module
     fake.Segment = type("Segment", (), dict.fromkeys(native.SEGMENT_CALLS))  # type: ignore[attr-defined]
     mod, impl = native._load()
-    assert mod is None and "send, receive, RequestPlan, AnswerPlan" in impl.reason
+    assert mod is None and "send, receive_answer, RequestPlan, AnswerPlan" in impl.reason
 
 
 def test_lowtail_pure_python_forces_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -263,25 +264,29 @@ def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_re
         def plan(k: bytes, at: int, shape: tuple[int, ...] = (4, 2)) -> Any:
             return core.AnswerPlan(k, [("y", at, 32, shape, np.dtype(np.float32))], np.empty)
 
-        assert core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)[0] is False  # not answered
-        assert core.receive(seg, 0, 1, 3, 1, plan(key, 224), True)[0] is False  # spun until 1 ns
+        assert core.receive_answer(seg, 0, 1, 3, plan(key, 224), True)[0] is False  # not answered
+        assert core.receive_answer(seg, 0, 1, 3, plan(key, 224), True, 1000, 1000, 0)[0] is False  # spun 1 us
+        t0 = time.monotonic()  # an answer due far beyond a 1 s budget: only the 1 us spin
+        far = time.monotonic_ns() + 10**11
+        assert core.receive_answer(seg, 0, 1, 3, None, True, 10**9, 1000, far)[0] is False
+        assert time.monotonic() - t0 < 0.5
         q[si + W_RESP_SEQ] = 3
-        got = core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)
+        got = core.receive_answer(seg, 0, 1, 3, plan(key, 224), True)
         assert got[0] is True and got[2] == 0
         assert got[7]["y"].tobytes() == y.tobytes() and got[7]["y"].shape == (4, 2)
-        assert core.receive(seg, 0, 1, 3, 0, plan(key, 224), False)[7] is True  # held: ours to map
+        assert core.receive_answer(seg, 0, 1, 3, plan(key, 224), False)[7] is True  # held: ours to map
         # a header another process changed, a layout past the region, no plan: nothing read
-        assert core.receive(seg, 0, 1, 3, 0, plan(b"\x06" * 64, 224), True)[7] is None
-        assert core.receive(seg, 0, 1, 3, 0, plan(key, 232), True)[7] is None
-        assert core.receive(seg, 0, 1, 3, 0, None, True)[7] is None
+        assert core.receive_answer(seg, 0, 1, 3, plan(b"\x06" * 64, 224), True)[7] is None
+        assert core.receive_answer(seg, 0, 1, 3, plan(key, 232), True)[7] is None
+        assert core.receive_answer(seg, 0, 1, 3, None, True)[7] is None
         with pytest.raises(ValueError, match="a fresh array of 16 bytes, its layout has 32"):
-            core.receive(seg, 0, 1, 3, 0, plan(key, 224, (2, 2)), True)
+            core.receive_answer(seg, 0, 1, 3, plan(key, 224, (2, 2)), True)
         with pytest.raises(ValueError, match="4-byte key"):
             core.AnswerPlan(b"\x05" * 4, [], np.empty)
         with pytest.raises(ValueError, match="overlaps the 64-byte header"):
             plan(key, 32)
         q[si + W_RESP_STATUS] = ST_FAILED  # an error: its message is read by Python
-        got = core.receive(seg, 0, 1, 3, 0, plan(key, 224), True)
+        got = core.receive_answer(seg, 0, 1, 3, plan(key, 224), True)
         assert got[2] == ST_FAILED and got[7] is None
 
 

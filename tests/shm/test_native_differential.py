@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+import struct
 from contextlib import ExitStack
 from typing import Any
 
@@ -47,7 +48,7 @@ def _outcome(fn: Any) -> Any:
         text = re.sub(r"lowtail\.q\.[\w.]+", "<queue>", str(e).split(" (pid")[0])  # a name per queue
         return ("error", type(e).__name__, re.sub(r"within [\d.]+ s", "within <t> s", text))  # a clock read
     if isinstance(out, dict):
-        return ("ok", {k: v.tobytes() for k, v in sorted(out.items())})
+        return ("ok", {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(out.items())})
     if isinstance(out, HeldOutputs):  # zero-copy: read, then the slot given back
         got = {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(out.items())}
         out.release()
@@ -158,6 +159,53 @@ def test_every_pairing_gives_the_same_answers_and_states(seed: int) -> None:
         assert len(log) == len(reference), pair
         for i, (got, want) in enumerate(zip(log, reference, strict=True)):
             assert got == want, f"client native={pair[0]} worker native={pair[1]}: event {i} differs"
+
+
+def _answer_with_header(client_native: bool, edit: Any) -> Any:
+    """A slot's second answer whose header another process changed after the worker wrote it (``edit``
+    gets the response region's bytes), read by a client that cached the slot's first answer's layout."""
+    cfg = QueueConfig(lanes=1, slots_per_lane=1, request_bytes=4096, response_bytes=4096)
+    with InferenceQueue.create(cfg) as q:
+        client = _attach(q.descriptor, client_native, QueueClient)
+        worker = _attach(q.descriptor, False, QueueWorker)
+        try:
+            out = []
+            for k in (2.0, 3.0):
+                t = client.submit({"x": np.arange(32, dtype=np.float32).reshape(4, 8)})
+                b = worker.claim(1.0)
+                assert b is not None
+                with b:
+                    b.complete({"y": b.inputs["x"] * k})
+                if k == 3.0:
+                    off = client._resp_off[t.slot]
+                    edit(client._m.buf[off : off + 4096])
+                out.append(_outcome(lambda t=t: client.wait(t, 1.0)))
+            return out
+        finally:
+            client.close()
+            worker.close()
+
+
+def _reshape(region: np.ndarray[Any, Any]) -> None:
+    """The same bytes as an (8, 4) array: a header of the same length with other dims."""
+    from lowtail.shm import payload
+
+    head = payload.encode_header(None, (("y", "<f4", (8, 4)),))
+    region[: 8 + len(head)] = np.frombuffer(struct.pack("<II", len(head), 0) + head, np.uint8)
+
+
+def _bad_dtype(region: np.ndarray[Any, Any]) -> None:
+    region[12] = 0xEE  # the first array's dtype code
+
+
+@pytest.mark.parametrize("edit", [_reshape, _bad_dtype], ids=["other-dims", "bad-dtype"])
+def test_a_header_changed_after_the_cached_one_is_parsed_again_on_both_client_paths(edit: Any) -> None:
+    native_out = _answer_with_header(True, edit)
+    python_out = _answer_with_header(False, edit)
+    assert native_out == python_out
+    assert native_out[0][0] == "ok" and native_out[1][0] == ("ok" if edit is _reshape else "error")
+    if edit is _reshape:
+        assert native_out[1][1]["y"][1] == (8, 4)
 
 
 def run_garbage_stream(seed: int, worker_native: bool) -> list[Any]:

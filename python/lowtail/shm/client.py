@@ -482,7 +482,7 @@ class QueueClient:
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         core = None if m.native is None else native.core_of(m.native)
         self._send: Any = core and core.send  # the core's round trip (lowtail_native's client.rs)
-        self._receive: Any = core and core.receive
+        self._receive: Any = core and core.receive_answer
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -916,7 +916,7 @@ class QueueClient:
                     for name, view in ans[4]:  # a loop, not a comprehension: no frame of its own (3.11)
                         out[name] = view.copy()
         else:
-            got = got or self._receive(nat, self.lane, s, ticket.seq, 0, ans and ans[5], copy)
+            got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], copy)
             _, _, status, claim_ns, done_ns, engine_ns, call, out = got
             if out is None:
                 ans = None  # another header (or an error): parsed again
@@ -950,21 +950,21 @@ class QueueClient:
     ) -> tuple[int, Any]:
         """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
         spin, then the park. Returns when it was seen and, when the core's spin saw it, the core's read
-        of it (``receive``; None otherwise)."""
+        of it (``receive_answer``; None otherwise)."""
         q = self._q
         resp_i, seq = si + W_RESP_SEQ, ticket.seq
         clock = time.monotonic_ns
-        now = clock()
+        pred = self._pred
         deadline = 0
         # (a prediction below the margin never parks: the fast path skips the call; with no spin
         # budget a sleep that ends before the answer would only be followed by a second one)
         if (
             self._spin_ns
-            and self._pred.predicted_ns > MARGIN_NS
-            and self._pred.late.bit_count() <= MAX_LATE
+            and pred.predicted_ns > MARGIN_NS
+            and pred.late.bit_count() <= MAX_LATE
             and (
                 until := park_until_ns(
-                    ticket.submit_ns, now, self._pred.predicted_ns, MARGIN_NS + self._pred.oversleep_ns
+                    ticket.submit_ns, now := clock(), pred.predicted_ns, MARGIN_NS + pred.oversleep_ns
                 )
             )
         ):
@@ -973,20 +973,25 @@ class QueueClient:
             if self._park(ticket, si, min(until, deadline), deadline):
                 self._counts.parked += 1
                 return clock(), None
-            now = clock()
         # The whole budget when the answer is due within it (a predictive sleep just ended before it,
         # or answers usually come that fast); else a round trip's worth, then park.
-        due = bool(deadline) or self._pred.predicted_ns <= self._spin_ns + (now - ticket.submit_ns)
-        spin_end = now + (self._spin_ns if due else min(PURE_SPIN_NS, self._spin_ns))
+        due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
         nat = self._native
         if nat is not None and self._spin_ns:
             # The spin in native code (the answer seen within ~0.1 us, the GIL released) and its read.
-            got = self._receive(nat, self.lane, ticket.slot, seq, spin_end, ans and ans[5], copy)
+            plan = ans and ans[5]
+            got = self._receive(
+                nat, self.lane, ticket.slot, seq, plan, copy, self._spin_ns, PURE_SPIN_NS, due_ns
+            )
             if got[0]:
                 self._counts.spinning += 1
                 return got[1], got
             now = got[1]
         else:
+            now = clock()
+            spin_end = now + (
+                self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
+            )
             while True:
                 now = clock()  # read before the check that sees the answer: the time it came
                 if q[resp_i] == seq:

@@ -161,8 +161,9 @@ POLLER_CALLS = ("poll", "resume", "accept")
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
-# and copy-out) and the plans those take.
-MODULE_CALLS = ("send", "receive", "RequestPlan", "AnswerPlan")
+# and copy-out) and the plans those take. A call whose arguments change gets a new name, so an extension
+# built before the change is refused here rather than called with the wrong arguments.
+MODULE_CALLS = ("send", "receive_answer", "RequestPlan", "AnswerPlan")
 
 
 _module, _impl = _load()
