@@ -844,9 +844,9 @@ class QueueWorker:
         engine_ns: int = 0,
         call: int = 0,
         publish: bool = True,
-    ) -> tuple[int, int]:
-        """Answer ``it`` (its payload or error message, then its words, ``engine_ns`` and ``call`` from
-        Batch.complete): (status, bytes). ``publish=False`` writes the payload alone (the native batch)."""
+    ) -> tuple[int, int] | None:
+        """Answer ``it``: its payload or error message, then its words (``engine_ns`` and ``call`` from
+        Batch.complete). ``publish=False`` writes the payload alone and returns (status, bytes)."""
         m = self._m
         q, geo, g = m.q, m.geo, it.g
         n = 0
@@ -892,7 +892,7 @@ class QueueWorker:
             nat.answer([(it.lane, g - it.lane * geo.spl, it.seq, status, n)], engine_ns, call, False)
         it.done = True
         self._outstanding.pop(g, None)
-        return status, n
+        return None
 
     def _plan(self, layout: PayloadLayout) -> tuple[bytes, list[int], list[int], int]:
         """What the core copies for ``layout``: prefix bytes, each array's offset in a slot region and
@@ -1004,7 +1004,9 @@ class QueueWorker:
             words: list[tuple[int, int, int, int, int]] = []
             for it, row, n, lay in parts:
                 part = outputs if one else {k: v[row : row + n] for k, v in outputs.items()}
-                status, nbytes = self._answer(it, ST_OK, part, lay, "", publish=False)
+                got = self._answer(it, ST_OK, part, lay, "", publish=False)
+                assert got is not None
+                status, nbytes = got
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
             self._native.answer(words, engine_ns, call)
         for (
