@@ -353,7 +353,10 @@ class QueueWorker:
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         if self._native is not None:  # the poll in the core; the Python _poll is the reference
             self._poller = native.poller(self._tails, geo.spl)
+            # Bound here rather than tested per call: the Python path's hot path pays nothing for the core.
             self._poll = self._poll_native  # type: ignore[method-assign]
+            self._take = self._take_refused  # type: ignore[method-assign]
+            self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -616,8 +619,6 @@ class QueueWorker:
         claimable request (a bad request, answered here, or a duplicate).
         """
         q, geo = self._m.q, self._m.geo
-        if self._native is not None:  # the native path claims in its poll, in the core (_poll_native)
-            raise QueueError("QueueWorker._take on the native path: its poll claims in the core")
         s = q[self._ring_i[lane] + tail % geo.spl]
         self._tails[lane] = tail + 1
         if s >= geo.spl:
@@ -641,6 +642,10 @@ class QueueWorker:
         self._lane_seen_ns[lane] = now
         self._decode(it)
         return it
+
+    def _take_refused(self, lane: int, tail: int, now: int) -> _Item | None:
+        """``_take`` on the native path, where the poll claims in the core (``_poll_native``)."""
+        raise QueueError("QueueWorker._take on the native path: its poll claims in the core")
 
     def _claimed(self, it: _Item, withdrawn: bool) -> _Item | None:
         """A request just claimed: answered ST_WITHDRAWN when its client took it back (never run:
@@ -1051,10 +1056,6 @@ class QueueWorker:
     def _wake_parked(self, items: list[_Item]) -> None:
         if not items:
             return
-        nat = self._native
-        if nat is not None:
-            nat.wake_lanes([it.lane for it in items])
-            return
         m = self._m
         q = m.q
         full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
@@ -1067,6 +1068,11 @@ class QueueWorker:
         for lane in {it.lane for it in items}:
             if q[parked_i[lane]]:
                 self._wake_timed(wake[lane])
+
+    def _wake_parked_native(self, items: list[_Item]) -> None:
+        """``_wake_parked`` on the native core: one wake per parked lane, counted by the core."""
+        if items:
+            self._native.wake_lanes([it.lane for it in items])
 
     def _wake_timed(self, handle: Any) -> None:
         """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the same)."""
