@@ -248,36 +248,49 @@ def _start_worker_then_die(
     os._exit(0)  # no cleanup: as if the Ray actor were killed
 
 
+@contextlib.contextmanager
+def _orphaned_worker(
+    queue: InferenceQueue, model: Path, wait_ready: bool, config: WorkerConfig | None = None
+) -> Iterator[int]:
+    """A worker whose parent (a process standing in for the Ray actor) died without cleanup: its pid.
+    Killed on the way out, so a failing test leaves no orphan on CPU 1."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    worker_pid = 0
+    middle = ctx.Process(
+        target=_start_worker_then_die, args=(queue.descriptor, str(model), child, wait_ready, config)
+    )
+    middle.start()
+    try:
+        assert parent.poll(120)
+        worker_pid = parent.recv()
+        middle.join(30)
+        yield worker_pid
+    finally:
+        if worker_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+
+
 @pytest.mark.parametrize("wait_ready", [True, False], ids=["after-ready", "while-starting"])
 def test_worker_exits_when_its_parent_dies(small_model: Path, wait_ready: bool) -> None:
     """The parent dies right after the worker said ready, or while the worker still starts (imports,
     compile). Either way the orphan exits and leaves its CPU. The first catches a race (lost only on a
     loaded host): a worker that reads its parent with getppid() only after ready can find the reaper
     there, and then serves forever, pinned on its CPU."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    worker_pid = 0
-    with small_queue() as queue:
-        middle = ctx.Process(
-            target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child, wait_ready)
-        )
-        middle.start()
-        try:
-            assert parent.poll(120)
-            worker_pid = parent.recv()
-            middle.join(30)
-            # Half a second of idle housekeeping, or the rest of its start-up; the bound is generous:
-            # it proves "exits", not how fast.
-            deadline = time.monotonic() + 120
-            while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
-                assert time.monotonic() < deadline, "the orphaned worker kept running"
-                time.sleep(0.05)
-        finally:
-            if worker_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker_pid, signal.SIGKILL)  # a failing run leaves no orphan on CPU 1
+    with small_queue() as queue, _orphaned_worker(queue, small_model, wait_ready) as worker_pid:
+        # Half a second of idle housekeeping, or the rest of its start-up; the bound is generous:
+        # it proves "exits", not how fast.
+        deadline = time.monotonic() + 120
+        while _alive(worker_pid):
+            assert time.monotonic() < deadline, "the orphaned worker kept running"
+            time.sleep(0.05)
 
 
 def test_a_busy_worker_exits_when_its_parent_dies(small_model: Path) -> None:
@@ -285,36 +298,23 @@ def test_a_busy_worker_exits_when_its_parent_dies(small_model: Path) -> None:
     still exits, within its housekeeping interval, instead of serving on until its clients go away
     (the chaos soak saw a killed actor's worker serve for 15 s). A claim that waits up to 30 s never
     comes back empty here, so only a check on the busy path can see the parent go."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    worker_pid = 0
     x = example_inputs(64, 1)
-    with small_queue() as queue, QueueClient.attach(queue.descriptor) as c:
-        config = WorkerConfig(claim_timeout_s=30.0)
-        middle = ctx.Process(
-            target=_start_worker_then_die, args=(queue.descriptor, str(small_model), child, True, config)
-        )
-        middle.start()
-        try:
-            assert parent.poll(120)
-            worker_pid = parent.recv()
-            middle.join(30)
-            # Two requests in flight at all times: the worker always finds one when it claims.
-            pending = [c.start(x), c.start(x)]
-            deadline = time.monotonic() + 20  # generous: the claim's 30 s is what it must not wait for
-            while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
-                assert time.monotonic() < deadline, "the orphaned worker kept serving"
-                with contextlib.suppress(WorkerDied, RequestFailed, QueueTimeout):
-                    pending.pop(0).finish(timeout_s=5)  # once the worker left: failed, never a hang
-                pending.append(c.start(x))
-            for p in pending:
-                p.withdraw()
-        finally:
-            if worker_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker_pid, signal.SIGKILL)
+    config = WorkerConfig(claim_timeout_s=30.0)
+    with (
+        small_queue() as queue,
+        QueueClient.attach(queue.descriptor) as c,
+        _orphaned_worker(queue, small_model, True, config) as worker_pid,
+    ):
+        # Two requests in flight at all times: the worker always finds one when it claims.
+        pending = [c.start(x), c.start(x)]
+        deadline = time.monotonic() + 20  # generous: the claim's 30 s is what it must not wait for
+        while _alive(worker_pid):
+            assert time.monotonic() < deadline, "the orphaned worker kept serving"
+            with contextlib.suppress(WorkerDied, RequestFailed, QueueTimeout):
+                pending.pop(0).finish(timeout_s=5)  # once the worker left: failed, never a hang
+            pending.append(c.start(x))
+        for p in pending:
+            p.withdraw()
 
 
 def _state(pid: int) -> str:
