@@ -116,10 +116,10 @@ def test_stats_ring_reader_keeps_only_intact_rows_and_counts_lost_ones() -> None
     owner = StatsSegment.create(capacity=16)
     writer = StatsSegment.attach(owner.fd)  # a second mapping, as the worker has
     try:
-        write_row = writer.row_writer()  # the worker's writer: one pack_into at row k % capacity
+        pack, buffer, row0, capacity, width = writer.row_packer()  # the worker's: one pack_into per row
 
         def write(k: int) -> None:
-            write_row(k, *[k] * len(metrics.RAW_FIELDS))
+            pack(buffer, row0 + (k % capacity) * width, *[k] * len(metrics.RAW_FIELDS))
             writer.header[COUNT] = k + 1
 
         for k in range(10):

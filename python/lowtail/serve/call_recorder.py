@@ -59,8 +59,9 @@ class CallRecorder:
     """Records the calls of one serving loop into its stats segment (worker-private state)."""
 
     __slots__ = (
-        "_counters", "_cpu", "_every", "_fifo", "_hero", "_iv_last", "_raw", "_rd_last", "_record_ns",
-        "_slow_cpu_ns", "_slow_total_ns", "_words", "_write", "count", "sampled", "threads",
+        "_cap", "_counters", "_cpu", "_every", "_fifo", "_first", "_hero", "_iv_last", "_pack", "_raw",
+        "_rd_last", "_record_ns", "_ring", "_slow_cpu_ns", "_slow_total_ns", "_width", "_words", "count",
+        "sampled", "threads",
     )  # fmt: skip
 
     def __init__(
@@ -76,7 +77,7 @@ class CallRecorder:
         stats_every: int,
     ) -> None:
         self._words = stats.words
-        self._write = stats.row_writer()
+        self._pack, self._ring, self._first, self._cap, self._width = stats.row_packer()
         self._raw = stats.raw
         self._fifo = fifo
         self._hero, self._cpu = hero, cpu
@@ -110,8 +111,9 @@ class CallRecorder:
         else:
             rd_delta = iv_delta = read_ns = 0
         k = self.count
-        self._write(k, *st, n, len(waits_ns), max(waits_ns), claimed_ns, rd_delta, iv_delta, read_ns,
-                    self._record_ns, sampled)  # fmt: skip
+        at = self._first + k % self._cap * self._width
+        self._pack(self._ring, at, *st, n, len(waits_ns), max(waits_ns), claimed_ns, rd_delta, iv_delta,
+                   read_ns, self._record_ns, sampled)  # fmt: skip
         h = self._words
         h[HEARTBEAT] = t1
         self.count = count = k + 1
@@ -135,7 +137,7 @@ class CallRecorder:
     def _slow(self, k: int) -> None:
         """Call ``k`` was slow: counted, and logged with its derived row (the ``slow_infer`` line)."""
         self._words[SLOW] += 1
-        row = derive_calls(self._raw[k % len(self._raw)][None])[0]
+        row = derive_calls(self._raw[k % self._cap][None])[0]
         args = slow_infer_args(self._hero, self._cpu, row, self._fifo.available, self.threads)
         log.warning(SLOW_INFER_FORMAT, *args)
 

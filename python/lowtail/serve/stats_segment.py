@@ -41,6 +41,7 @@ import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,6 +77,16 @@ class CallBatch:
     rows: np.ndarray
     cursor: int
     lost: int
+
+
+class RowPacker(NamedTuple):
+    """``StatsSegment.row_packer``: row k goes at ``first + (k % capacity) * width`` of ``buffer``."""
+
+    pack: Callable[..., None]
+    buffer: mmap.mmap
+    first: int
+    capacity: int
+    width: int
 
 
 class StatsSegment:
@@ -114,18 +125,16 @@ class StatsSegment:
     def capacity(self) -> int:
         return int(self.raw.shape[0])
 
-    def row_writer(self) -> Callable[..., None]:
-        """``write(k, *values)`` stores raw call row ``k`` (``RAW_FIELDS`` order) in its ring place with
-        one ``struct.pack_into``: ~1.7 us cheaper per call than assigning a tuple to a numpy row
-        (measured in the worker loop's ``record_us`` stage, best of 5 on the KVM guest: 3.7 vs 5.4 us).
-        """
-        pack = struct.Struct(f"<{len(RAW_FIELDS)}q").pack_into
-        mm, cap, width = self._mm, self.capacity, 8 * len(RAW_FIELDS)
-
-        def write(k: int, *values: int) -> None:
-            pack(mm, HEADER_BYTES + (k % cap) * width, *values)
-
-        return write
+    def row_packer(self) -> RowPacker:
+        """How the worker writes raw call row ``k`` (``RAW_FIELDS`` order) in its ring place, with one
+        ``struct.pack_into`` and no call around it: ``pack(buffer, first + (k % capacity) * width,
+        *values)``. ~1.7 us cheaper per call than assigning a tuple to a numpy row (measured in the
+        worker loop's ``record_us`` stage, best of 5 on the KVM guest: 3.7 vs 5.4 us), and a closure
+        around it cost another 0.25 us warm."""
+        width = 8 * len(RAW_FIELDS)
+        return RowPacker(
+            struct.Struct(f"<{len(RAW_FIELDS)}q").pack_into, self._mm, HEADER_BYTES, self.capacity, width
+        )
 
     def word(self, index: int) -> int:
         return int(self.header[index])

@@ -814,7 +814,8 @@ class QueueWorker:
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
         if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
-            samples = _samples(items)
+            first = items[0].layout  # polled items decoded: a layout each; one request, no generator
+            samples = first.batch if len(items) == 1 and first is not None else _samples(items)
             if samples < cfg.min_batch_samples:
                 now = time.monotonic_ns()
                 in_batch = {it.lane for it in items}
@@ -963,13 +964,33 @@ class QueueWorker:
             if len(self._plans1) >= 4096:
                 self._plans1.clear()
             plans = self._plans1[layout] = [self._plan(layout)]
-        src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
-        _, ns, woken = self._native.answer_rows(
+        ns, woken = self._answer_rows(
             [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
-            plans, src, engine_ns, call,
+            plans, outputs, engine_ns, call,
         )  # fmt: skip
         it.done = True
         self._outstanding.pop(it.g, None)
+        return ns, woken
+
+    def _answer_rows(
+        self,
+        work: list[tuple[int, int, int, int, int, int, int]],
+        plans: list[tuple[bytes, list[int], list[int], int]],
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        engine_ns: int,
+        call: int,
+    ) -> tuple[int, int]:
+        """The core's ``answer_rows`` on the outputs as they are: their order is the layout's (read from
+        them by ``validated_layout``). A C-contiguous copy of each is made only when the core refuses
+        one that is not: it takes every buffer before it writes anything, so the retry answers once."""
+        src = list(outputs.values())
+        try:
+            _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
+        except (ValueError, BufferError):  # numpy refuses a C-contiguous buffer of a strided array
+            if all(a.flags.c_contiguous for a in src):
+                raise
+            src = [np.ascontiguousarray(a) for a in src]
+            _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
         return ns, woken
 
     def _answer_many(
@@ -1006,8 +1027,7 @@ class QueueWorker:
                     k = index[lay] = len(plans)
                     plans.append(self._plan(lay))
                 work.append((it.lane, it.g - it.lane * spl, it.seq, it.gen, row, n, k))
-            src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
-            _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
+            ns, woken = self._answer_rows(work, plans, outputs, engine_ns, call)
         else:
             words: list[tuple[int, int, int, int, int]] = []
             for it, row, n, lay in parts:
