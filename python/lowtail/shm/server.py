@@ -984,12 +984,13 @@ class QueueWorker:
         call: int,
     ) -> tuple[int, int]:
         """The core's ``answer_rows`` on the outputs as they are: their order is the layout's (read from
-        them by ``validated_layout``). A C-contiguous copy of each is made only when the core refuses
-        one that is not: it takes every buffer before it writes anything, so the retry answers once."""
+        them by ``validated_layout``), and the core copies one that is not C-contiguous to C order. A
+        core that refuses such a buffer (an older build) gets C-contiguous copies: it takes every
+        buffer before it writes anything, so the retry answers once."""
         src = list(outputs.values())
         try:
             _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
-        except (ValueError, BufferError):  # numpy refuses a C-contiguous buffer of a strided array
+        except (ValueError, BufferError):  # numpy refused a C-contiguous buffer of a strided array
             if all(a.flags.c_contiguous for a in src):
                 raise
             src = [np.ascontiguousarray(a) for a in src]
