@@ -131,9 +131,12 @@ struct RawBuffer {
 
 impl RawBuffer {
     fn get(obj: &Bound<'_, PyAny>) -> PyResult<RawBuffer> {
-        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
         // PyBUF_C_CONTIGUOUS without PyBUF_FORMAT: the exporter hands out its bytes, whatever the dtype.
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
+        Self::with_flags(obj, ffi::PyBUF_C_CONTIGUOUS)
+    }
+    fn with_flags(obj: &Bound<'_, PyAny>, flags: std::ffi::c_int) -> PyResult<RawBuffer> {
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
         if rc != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
@@ -173,13 +176,8 @@ struct SrcBytes {
 
 impl SrcBytes {
     fn get(obj: &Bound<'_, PyAny>) -> PyResult<SrcBytes> {
-        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
         // PyBUF_STRIDES without PyBUF_FORMAT: any dtype, any memory layout, read-only allowed.
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_STRIDES) };
-        if rc != 0 {
-            return Err(PyErr::fetch(obj.py()));
-        }
-        let view = RawBuffer { view };
+        let view = RawBuffer::with_flags(obj, ffi::PyBUF_STRIDES)?;
         if unsafe { ffi::PyBuffer_IsContiguous(&*view.view, b'C' as std::ffi::c_char) } == 1 {
             return Ok(SrcBytes { view, copy: None });
         }
