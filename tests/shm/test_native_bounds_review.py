@@ -262,13 +262,6 @@ def test_request_sequences_of_u64_max_left_in_the_slots_do_not_fail_the_next_cli
 # -- the prefix read twice: once for the bound, once in the copy that keys the header cache -----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="payload.read_header (and the core's Segment.header_id, alike) take the length and flags from "
-    "one load of the prefix word and the cache key from a later copy that includes the prefix again: a "
-    "writer that flips the flags between the two caches an inline decode under a key whose flags say "
-    "external, and that malformed header is accepted from then on",
-)
 def test_a_prefix_changed_between_its_load_and_its_copy_does_not_poison_the_header_cache() -> None:
     """Deterministic on the Python reference: ``words`` holds the prefix as the first load saw it
     (flags 0), ``mem`` as the copy saw it (flags 1, a writer flipped it in between). On the native core
