@@ -436,12 +436,14 @@ class _Prediction:
 
 
 class _WaitCounts:
-    """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
+    """How a client's waits went: answers found at once, while spinning, while parked; futex waits; and
+    the wall time spent spinning and parked (ns; a park's includes its wake-up and the wait for a CPU)."""
 
-    __slots__ = ("futex_waits", "immediate", "parked", "spinning", "timed_parks")
+    __slots__ = ("futex_waits", "immediate", "park_ns", "parked", "spin_ns", "spinning", "timed_parks")
 
     def __init__(self) -> None:
         self.immediate = self.spinning = self.parked = self.timed_parks = self.futex_waits = 0
+        self.spin_ns = self.park_ns = 0
 
 
 class QueueClient:
@@ -599,6 +601,12 @@ class QueueClient:
             "timed_parks": c.timed_parks,
             "futex_waits": c.futex_waits,
         }
+
+    @property
+    def wait_times(self) -> dict[str, int]:
+        """Wall time the waits spent spinning and parked (ns): a park's includes the wake-up and the
+        wait for a CPU after it; an answer found at once adds to neither."""
+        return {"spin_ns": self._counts.spin_ns, "park_ns": self._counts.park_ns}
 
     def close(self) -> None:
         """Give the lane back; requests still in flight are abandoned (their answers are dropped)."""
@@ -968,11 +976,15 @@ class QueueClient:
                 )
             )
         ):
-            self._counts.timed_parks += 1
+            counts = self._counts
+            counts.timed_parks += 1
             deadline = deadline_ns(now, timeout_s)
-            if self._park(ticket, si, min(until, deadline), deadline):
-                self._counts.parked += 1
-                return clock(), None
+            answered = self._park(ticket, si, min(until, deadline), deadline)
+            seen = clock()
+            counts.park_ns += seen - now
+            if answered:
+                counts.parked += 1
+                return seen, None
         # The whole budget when the answer is due within it (a predictive sleep just ended before it,
         # or answers usually come that fast); else a round trip's worth, then park.
         due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
@@ -980,29 +992,35 @@ class QueueClient:
         if nat is not None and self._spin_ns:
             # The spin in native code (the answer seen within ~0.1 us, the GIL released) and its read.
             plan = ans and ans[5]
+            start = clock()
             got = self._receive(
                 nat, self.lane, ticket.slot, seq, plan, copy, self._spin_ns, PURE_SPIN_NS, due_ns
             )
+            now = got[1]
+            self._counts.spin_ns += now - start
             if got[0]:
                 self._counts.spinning += 1
-                return got[1], got
-            now = got[1]
+                return now, got
         else:
-            now = clock()
+            now = start = clock()
             spin_end = now + (
                 self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
             )
             while True:
                 now = clock()  # read before the check that sees the answer: the time it came
                 if q[resp_i] == seq:
+                    self._counts.spin_ns += now - start
                     self._counts.spinning += 1
                     return now, None
                 if now > spin_end:
                     break
+            self._counts.spin_ns += now - start
         deadline = deadline or deadline_ns(now, timeout_s)
         self._park(ticket, si, deadline, deadline)
+        seen = clock()
         self._counts.parked += 1
-        return clock(), None
+        self._counts.park_ns += seen - now
+        return seen, None
 
     def _take_answer(
         self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
