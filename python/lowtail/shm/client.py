@@ -483,8 +483,10 @@ class QueueClient:
         self._waiter = FutexWaiter(m.addr(self._count_i))
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         core = None if m.native is None else native.core_of(m.native)
-        self._send: Any = core and core.send  # the core's round trip (lowtail_native's client.rs)
+        self._send: Any = core and core.send_request  # the core's round trip (lowtail_native's client.rs)
         self._receive: Any = core and core.receive_answer
+        if core is not None:  # bound once: the Python path's submit tests nothing about the core
+            self.submit = self._submit_native  # type: ignore[method-assign]
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -776,51 +778,68 @@ class QueueClient:
         si = self._si[s]
         head = self._head
         try:
-            # On the native core the copy-in and the publication are one call (None: the copy is ours).
-            sent = self._req_plan and self._send(self._native, self.lane, s, head, self._req_plan, arrays)
-            if sent is None:
-                q[si + W_REQ_STATE] = WRITING
-                if self._layout_inline:
-                    off = self._req_off[s]
-                    # Written every time (~0.1 us): a header another process overwrote heals at once.
-                    self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
-                    cached = self._req_views[s]
-                    if cached is None or cached[0] is not layout:
-                        got = payload.views(self._m.buf, layout.inline_layout, off)
-                        cached = self._req_views[s] = (layout, tuple(got.items()))
-                        self._drop_nd_req(s)
-                    for name, view in cached[1]:
-                        # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
-                        view[...] = arrays[name]  # (np.copyto(..., casting="no"): ~0.25 us more per array)
-                    nbytes = layout.inline_end
-                else:
-                    nbytes = self._write_external(s, self._g0 + s, layout, arrays)
+            q[si + W_REQ_STATE] = WRITING
+            if self._layout_inline:
+                off = self._req_off[s]
+                # Written every time (~0.1 us): a header another process overwrote heals at once.
+                self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                cached = self._req_views[s]
+                if cached is None or cached[0] is not layout:
+                    got = payload.views(self._m.buf, layout.inline_layout, off)
+                    cached = self._req_views[s] = (layout, tuple(got.items()))
+                    self._drop_nd_req(s)
+                for name, view in cached[1]:
+                    # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
+                    view[...] = arrays[name]  # (np.copyto(..., casting="no"): ~0.25 us more per array)
+                nbytes = layout.inline_end
+            else:
+                nbytes = self._write_external(s, self._g0 + s, layout, arrays)
         except BaseException:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        nat = self._native
-        if nat is None:
-            seq = q[si + W_REQ_SEQ] + 1
-            now = time.monotonic_ns()
-            q[si + W_REQ_LEN] = nbytes
-            q[si + W_SUBMIT_NS] = now
-            q[si + W_REQ_SEQ] = seq
-            q[si + W_REQ_STATE] = READY
-            q[self._ring_i + head % self._spl] = s
-            q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
-            full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-            if q[HW_WORKER_SLEEP]:
-                q[HW_WORKER_SLEEP] = 0
-                futex_wake(self._m.addr(HW_WORKER_SLEEP))
-        elif sent is None:
-            seq, now = nat.publish(self.lane, s, nbytes, head)  # the stores, barrier and wake above
-        else:
-            seq, now = sent
-            if self._nd_req:
-                self._drop_nd_req(s)
+        # The publication (on the native core too, for the requests ``_submit_native`` leaves to this).
+        seq = q[si + W_REQ_SEQ] + 1
+        now = time.monotonic_ns()
+        q[si + W_REQ_LEN] = nbytes
+        q[si + W_SUBMIT_NS] = now
+        q[si + W_REQ_SEQ] = seq
+        q[si + W_REQ_STATE] = READY
+        q[self._ring_i + head % self._spl] = s
+        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
+        if q[HW_WORKER_SLEEP]:
+            q[HW_WORKER_SLEEP] = 0
+            futex_wake(self._m.addr(HW_WORKER_SLEEP))
         self._head = head + 1
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
+        self._inflight[s] = weakref.ref(ticket)
+        return ticket
+
+    def _submit_native(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Ticket:
+        """``submit`` on the native core (bound at attach): a request of the last layout's, inline and
+        C-contiguous, is checked, copied and published by one core call; any other goes ``submit``'s
+        way (validated, copied and published in Python), which also makes the plan of a new layout."""
+        plan = self._req_plan
+        if plan is None or self._closed:
+            return QueueClient.submit(self, arrays)
+        entered = time.monotonic_ns()
+        s = self._free.pop() if self._free else self._take_slot()
+        head = self._head
+        try:
+            sent = self._send(self._native, self.lane, s, head, plan, arrays)
+        except BaseException:
+            self._q[self._si[s] + W_REQ_STATE] = FREE
+            self._free.append(s)
+            raise
+        if sent is None:  # another layout, or a strided array: nothing was written
+            self._free.append(s)
+            return QueueClient.submit(self, arrays)
+        seq, now = sent
+        if self._nd_req:
+            self._drop_nd_req(s)
+        self._head = head + 1
+        ticket = Ticket(s, seq, self._layout.batch, now, False, now - entered)  # type: ignore[union-attr]
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
@@ -839,8 +858,11 @@ class QueueClient:
             self._check_size(layout)  # a refused request leaves the cached layout as it was
         plan = None
         if inline and self._native is not None:
-            fields = [(a.name, a.offset, a.nbytes) for a in layout.inline_layout]
-            plan = native.core_of(self._native).RequestPlan(layout.prefix_bytes, fields)
+            fields = [
+                (a.name, a.offset, a.nbytes, a.shape, dtype)
+                for a, (_, dtype, _) in zip(layout.inline_layout, layout.checks, strict=True)
+            ]
+            plan = native.core_of(self._native).RequestPlan(layout.prefix_bytes, fields, np.ndarray)
         self._layout, self._layout_inline, self._req_plan = layout, inline, plan
         return layout
 
