@@ -148,13 +148,17 @@ impl AnswerPlan {
 
 /// The answer in `slot` of `lane`, once its resp_seq is `seq`. With a spin budget (`spin_ns` > 0) it
 /// spins for it first, the GIL released: the whole budget when the answer is due by then (`due_ns`, the
-/// predicted answer time, at most now + `spin_ns`), else `short_ns`. Returns (answered, now, status,
-/// claim_ns, done_ns, engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and
-/// header are the plan's key, a dict of fresh arrays copied out of the response region when `copy` and
-/// the plan has arrays, else True (the caller's cached layout holds); None when the header differs (the
-/// caller parses it), for an error status, or without a plan.
+/// predicted answer time, at most now + `spin_ns`), else `short_ns`. With a park budget (`park_ns` > 0)
+/// an answer not there by then is waited for parked (`Segment.park`: one futex wait of at most
+/// `park_ns`), so a parked client's wait and its answer's read are one call. Returns (answered, now,
+/// status, claim_ns, done_ns, engine_ns, call, out, parked_at, slept): `now` when the answer was seen
+/// or the wait ended; `out`: with `plan` and an ST_OK answer whose prefix and header are the plan's
+/// key, a dict of fresh arrays copied out of the response region when `copy` and the plan has arrays,
+/// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
+/// for an error status, or without a plan; `parked_at`: when the park began (0: none); `slept`: the
+/// park made its futex wait (else the re-check after setting the parked flag found the answer).
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0))]
+#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0, park_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn receive_answer(
     py: Python<'_>,
@@ -167,8 +171,9 @@ pub fn receive_answer(
     spin_ns: u64,
     short_ns: u64,
     due_ns: u64,
-) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject)> {
-    let (answered, now) = if spin_ns != 0 {
+    park_ns: u64,
+) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject, u64, bool)> {
+    let (mut answered, mut now) = if spin_ns != 0 {
         let now = now_ns();
         let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
         seg.spin(py, lane, slot, seq, now.saturating_add(budget))?
@@ -177,15 +182,21 @@ pub fn receive_answer(
         seg.check_slot(slot)?;
         (seg.ld(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_RESP_SEQ >> 3))? == seq, now_ns())
     };
+    let (mut parked_at, mut slept) = (0, false);
+    if !answered && park_ns != 0 {
+        parked_at = now;
+        (answered, slept) = seg.park(py, lane, slot, seq, park_ns)?;
+        now = now_ns();
+    }
     if !answered {
-        return Ok((false, now, 0, 0, 0, 0, 0, py.None()));
+        return Ok((false, now, 0, 0, 0, 0, 0, py.None(), parked_at, slept));
     }
     let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
     let mut out = py.None();
     if let (Some(plan), ST_OK) = (plan, status) {
         out = read_answer(py, &seg, lane * seg.geo.spl + slot, &plan, copy)?;
     }
-    Ok((true, now, status, claim, done, engine, call, out))
+    Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
 }
 
 /// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.

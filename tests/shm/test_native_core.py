@@ -291,16 +291,60 @@ def test_send_takes_only_a_request_of_the_plans_layout_and_writes_nothing_otherw
         assert core.send_request(seg, 0, 1, 0, plan, {"x": x.copy()}) is not None
 
 
+def _answer_in_slot_1(geo: Any, mm: Any) -> tuple[bytes, np.ndarray[Any, Any]]:
+    """A 64-byte key and a (4, 2) float32 answer at offset 224 of lane 0's slot 1 response region."""
+    key = b"\x05" * 64
+    y = np.arange(8, dtype=np.float32).reshape(4, 2)
+    off = geo.resp_off(1)
+    mm[off : off + 64] = key
+    mm[off + 224 : off + 256] = y.tobytes()
+    return key, y
+
+
+@needs_native
+def test_receive_with_a_park_budget_sleeps_until_woken_by_the_answer_and_reads_it() -> None:
+    """A parked client's wait and read in one call: an answer not there sleeps on the lane's answer
+    counter (no answer: back after the budget, parked and slept); one answered and woken meanwhile is
+    read in the same call."""
+    import ctypes
+    import threading
+
+    from lowtail.shm.futex import futex_wake
+    from lowtail.shm.layout import L_PARKED, L_RESP_COUNT, W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key, y = _answer_in_slot_1(geo, mm)
+        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), np.dtype(np.float32))], np.empty)
+        got = core.receive_answer(seg, 0, 1, 3, plan, True, 0, 0, 0, 20_000_000)
+        assert got[0] is False and got[8] > 0 and got[9] is True  # parked, slept, timed out
+        assert got[1] >= got[8] and q[geo.lane(0, L_PARKED)] == 0
+
+        count_i = geo.lane(0, L_RESP_COUNT)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm, count_i * 8))
+
+        def answer() -> None:
+            while q[geo.lane(0, L_PARKED)] == 0:  # the client is parked: answer and wake it
+                time.sleep(0.001)
+            q[geo.slot_word(1) + W_RESP_SEQ] = 3
+            q[count_i] += 1
+            futex_wake(addr)
+
+        t = threading.Thread(target=answer)
+        t.start()
+        t0 = time.monotonic()
+        got = core.receive_answer(seg, 0, 1, 3, plan, True, 0, 0, 0, 60 * 10**9)
+        t.join()
+        assert time.monotonic() - t0 < 30  # woken, not timed out
+        assert got[0] is True and got[8] > 0 and got[9] is True
+        assert got[7]["y"].tobytes() == y.tobytes()
+
+
 @needs_native
 def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_region() -> None:
     from lowtail.shm.layout import ST_FAILED, W_RESP_SEQ, W_RESP_STATUS
 
     with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
-        key = b"\x05" * 64
-        y = np.arange(8, dtype=np.float32).reshape(4, 2)
-        off = geo.resp_off(1)
-        mm[off : off + 64] = key
-        mm[off + 224 : off + 256] = y.tobytes()
+        key, y = _answer_in_slot_1(geo, mm)
         si = geo.slot_word(1)
 
         def plan(k: bytes, at: int, shape: tuple[int, ...] = (4, 2)) -> Any:

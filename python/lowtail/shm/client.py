@@ -947,7 +947,7 @@ class QueueClient:
                         out[name] = view.copy()
         else:
             got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], copy)
-            _, _, status, claim_ns, done_ns, engine_ns, call, out = got
+            _, _, status, claim_ns, done_ns, engine_ns, call, out, _, _ = got
             if out is None:
                 ans = None  # another header (or an error): parsed again
             elif out is True:
@@ -979,7 +979,7 @@ class QueueClient:
         self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, copy: bool
     ) -> tuple[int, Any]:
         """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
-        spin, then the park. Returns when it was seen and, when the core's spin saw it, the core's read
+        spin, then the park. Returns when it was seen and, when the core's call saw it, the core's read
         of it (``receive_answer``; None otherwise)."""
         q = self._q
         resp_i, seq = si + W_RESP_SEQ, ticket.seq
@@ -1011,19 +1011,38 @@ class QueueClient:
         # or answers usually come that fast); else a round trip's worth, then park.
         due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
         nat = self._native
-        if nat is not None and self._spin_ns:
-            # The spin in native code (the answer seen within ~0.1 us, the GIL released) and its read.
-            plan = ans and ans[5]
+        if nat is not None:
+            # The spin (the answer seen within ~0.1 us, the GIL released), the park's first slice and
+            # the answer's read in one native call; a longer wait goes on in ``_park``.
             start = clock()
+            deadline = deadline or deadline_ns(start, timeout_s)
+            park_ns = max(1, min(deadline - start, PARK_SLICE_NS))
             got = self._receive(
-                nat, self.lane, ticket.slot, seq, plan, copy, self._spin_ns, PURE_SPIN_NS, due_ns
+                nat,
+                self.lane,
+                ticket.slot,
+                seq,
+                ans and ans[5],
+                copy,
+                self._spin_ns,
+                PURE_SPIN_NS,
+                due_ns,
+                park_ns,
             )
-            now = got[1]
-            self._counts.spin_ns += now - start
+            now, parked_at, counts = got[1], got[8], self._counts
+            counts.spin_ns += (parked_at or now) - start
+            if parked_at:
+                counts.park_ns += now - parked_at
+                counts.futex_waits += got[9]
             if got[0]:
-                self._counts.spinning += 1
+                if parked_at:
+                    counts.parked += 1
+                else:
+                    counts.spinning += 1
                 return now, got
+            first = not parked_at  # the core slept the park's first slice
         else:
+            first = True
             now = start = clock()
             spin_end = now + (
                 self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
@@ -1038,7 +1057,7 @@ class QueueClient:
                     break
             self._counts.spin_ns += now - start
         deadline = deadline or deadline_ns(now, timeout_s)
-        self._park(ticket, si, deadline, deadline)
+        self._park(ticket, si, deadline, deadline, first)
         seen = clock()
         self._counts.parked += 1
         self._counts.park_ns += seen - now
@@ -1122,10 +1141,11 @@ class QueueClient:
                 f"its answer's ndarray segment is gone with its worker ({e}); it is not sent again"
             ) from None
 
-    def _park(self, ticket: Ticket, si: int, until: int, deadline: int) -> bool:
+    def _park(self, ticket: Ticket, si: int, until: int, deadline: int, first: bool = True) -> bool:
         """Sleep on the lane's answer counter: True once the answer is there, False at ``until``
         (monotonic ns, before ``deadline``). Raises QueueTimeout at the deadline and WorkerDied when
-        the worker died holding the request."""
+        the worker died holding the request. ``first``: no slice slept yet (the core's receive_answer
+        may have slept the first)."""
         m = self._m
         q = m.q
         seq, resp_i = ticket.seq, si + W_RESP_SEQ
@@ -1134,7 +1154,6 @@ class QueueClient:
         dead_worker = 0
         parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
         nat = self._native
-        first = True
         expected = 0
         while True:
             if nat is None:
