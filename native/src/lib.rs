@@ -244,6 +244,11 @@ impl Segment {
         if let Some(&id) = cache.ids.get(&raw) {
             return Ok(Ok(id));
         }
+        // The copy re-reads the prefix: decode only a copy whose prefix is the word bounded above, so a
+        // writer flipping it in between cannot cache one prefix's decode under another's key.
+        if raw[..8] != word.to_le_bytes() {
+            return Ok(Err("corrupt payload header: its prefix changed while it was read".to_string()));
+        }
         let decoded = match header::decode(&raw[8..], flags == P_FLAG_EXTERNAL) {
             Ok(h) => h,
             Err(e) => return Ok(Err(format!("corrupt payload header: {e}"))),

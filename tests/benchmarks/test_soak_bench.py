@@ -23,13 +23,13 @@ HARD = (
 
 @pytest.mark.usefixtures("no_segment_left_behind")
 def test_a_one_minute_soak_answers_everything_once_and_leaks_nothing(tmp_path: Path) -> None:
-    out, png = tmp_path / "soak.json", tmp_path / "soak.png"
+    out, png, page = tmp_path / "soak.json", tmp_path / "soak.png", tmp_path / "soak.html"
     # Small windows and rates so that a minute holds a baseline, faults and steady windows; the tails
     # are reported, not asserted (a shared host's load moves them).
     cmd = [
         *("nice", "-n", "10", sys.executable, "-m", "lowtail.cli", "bench", "soak"),
         *("--minutes", "1", "--window-s", "5", "--baseline-windows", "2", "--rate", "20", "--seed", "3"),
-        *("--json", str(out), "--plot", str(png), "--no-progress"),
+        *("--json", str(out), "--plot", str(png), "--html", str(page), "--no-progress"),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -45,4 +45,11 @@ def test_a_one_minute_soak_answers_everything_once_and_leaks_nothing(tmp_path: P
     assert len(report["resources"]) >= 2
     assert png.stat().st_size > 0
     assert report["verdict"] in ("passed", "failed")
-    assert r.stdout.startswith("soak: ") or report["verdict"].upper() in r.stdout
+    # the verdict first: the run's, the hard targets', then the tails' (graded or why not decided)
+    assert list(report)[:2] == ["verdict", "steady_tails"]
+    first = r.stdout.splitlines()[0]
+    assert (
+        first.startswith(f"soak: {report['verdict'].upper()}; hard targets ")
+        and "steady windows' tails" in first
+    )
+    assert first.split(";")[0] in page.read_text()

@@ -377,6 +377,10 @@ def read_header(
     raw = mem[off : off + 8 + hlen].tobytes()  # with the prefix: the flags are part of the key
     hit = _header_layouts.get(raw)
     if hit is None:
+        # The copy re-reads the prefix: decode only a copy whose prefix is the word bounded above, so a
+        # writer flipping it in between cannot cache one prefix's decode under another's key.
+        if int.from_bytes(raw[:8], "little") != word:
+            raise BadRequest("corrupt payload header: its prefix changed while it was read")
         ext, spec = decode_header(raw[8:], flags == FLAG_EXTERNAL)
         hit = (ext, intern_layout(spec))
         _bounded_put(_header_layouts, raw, hit)

@@ -15,6 +15,14 @@ the header. Each input is also written into a request slot's region and claimed 
 ``Segment.take`` (the prefix word's bounds, the decode and its cache, as the worker runs them) against
 the Python worker's ``payload.read_header``; with bit 1 of the first byte set, the rest is the region's
 raw bytes, its prefix word included, so a hostile length or flag word is fuzzed too.
+
+Slot names are mutated field by field as well (``_NAME_VALID``, ``_NAME_EDGES``: the pid namespace
+at 2^64, the pid at 2^22, leading zeros, the token's length and case), since a byte flip rarely lands
+on a bound. And the
+client's answer read (``check_answer``): a response region whose prefix and header are a mutation of
+the key a client cached from a valid answer, read by the core's ``receive_answer`` against the Python
+client's rule (the cached layout holds only when the region starts with the key byte for byte, and
+then every array is the region's bytes at its offset).
 """
 
 from __future__ import annotations
@@ -130,6 +138,93 @@ def check_claimed(data: bytes) -> None:
     )
 
 
+class _AnswerRegion:
+    """The response region of one slot, seen by the core and by Python, answered once per check."""
+
+    RESP = 4096
+
+    def __init__(self) -> None:
+        import mmap
+
+        import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+        from lowtail.shm.layout import Geometry
+
+        self.geo = geo = Geometry.of(1, 1, 64, self.RESP)
+        self.mm = mmap.mmap(-1, geo.total)
+        self.mem = memoryview(self.mm)
+        self.q = self.mem.cast("Q")
+        self.seg = lowtail_native.Segment(self.mm, 1, 1, 64, self.RESP, geo.total)
+        self.seq = 0
+
+
+@functools.cache
+def _answer_region() -> _AnswerRegion:
+    return _AnswerRegion()
+
+
+def answer_keys(pool: list[bytes]) -> list[tuple[bytes, Any]]:
+    """(key, plan) for each seed that is a valid inline answer fitting the region: its prefix and header
+    bytes as ``payload.read_header`` returns them, and the core's ``AnswerPlan`` the client builds."""
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+    import numpy as np
+
+    from lowtail.shm import payload
+    from lowtail.shm.errors import BadRequest
+
+    r = _answer_region()
+    off, out = r.geo.resp_off(0), []
+    for data in pool:
+        if not data or data[0] & 3:
+            continue
+        region = struct.pack("<II", len(data) - 1, 0) + data[1:]
+        if len(region) > r.RESP:
+            continue
+        r.mem[off : off + r.RESP] = region + bytes(r.RESP - len(region))
+        try:
+            ext, layout, raw = payload.read_header(r.mem, r.q, off, r.RESP)
+        except BadRequest:
+            continue
+        if ext is None and layout.inline_end <= r.RESP:
+            arrays = [(a.name, a.offset, a.nbytes, tuple(a.shape), a.dtype) for a in layout.inline_layout]
+            out.append((raw, (lowtail_native.AnswerPlan(raw, arrays, np.empty), layout.inline_layout)))
+    return out
+
+
+def check_answer(key: bytes, plan: Any, region: bytes, ok: bool, copy: bool) -> None:
+    """``region`` (key-shaped bytes, the arrays after) answered in the slot: the core's read is what the
+    Python client's rule gives (key equal: the arrays at their offsets; else, or an error status, None)."""
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+    import numpy as np
+
+    from lowtail.shm.layout import ST_FAILED, ST_OK, W_RESP_SEQ, W_RESP_STATUS
+
+    r = _answer_region()
+    off, si = r.geo.resp_off(0), r.geo.slot_word(0)
+    r.mem[off : off + r.RESP] = region[: r.RESP].ljust(r.RESP, b"\0")
+    r.seq += 1
+    r.q[si + W_RESP_STATUS] = ST_OK if ok else ST_FAILED
+    r.q[si + W_RESP_SEQ] = r.seq
+    got = lowtail_native.receive_answer(r.seg, 0, 0, r.seq, plan[0], copy)
+    assert got[0] is True and got[2] == (ST_OK if ok else ST_FAILED)
+    same = ok and bytes(r.mem[off : off + len(key)]) == key
+    if not same:
+        assert got[7] is None, f"the core read an answer whose header is not the key: {region[:64]!r}..."
+        return
+    if not copy or not plan[1]:
+        assert got[7] is True, f"key equal, not taken as the cached layout: {region[:64]!r}..."
+        return
+    arrays = got[7]
+    assert isinstance(arrays, dict), f"key equal, the core did not read the arrays: {region[:64]!r}..."
+    assert list(arrays) == [a.name for a in plan[1]]
+    for a in plan[1]:
+        want = np.frombuffer(bytes(r.mem[off + a.offset : off + a.offset + a.nbytes]), a.dtype).reshape(
+            a.shape
+        )
+        assert arrays[a.name].dtype == want.dtype and arrays[a.name].shape == want.shape
+        assert arrays[a.name].tobytes() == want.tobytes(), f"array {a.name} read other bytes"
+
+
 def seeds() -> list[bytes]:
     """The corpus: valid headers of many shapes (written by ``write_corpus``) and what was kept since."""
     return [p.read_bytes() for p in sorted(CORPUS.glob("*"))] if CORPUS.is_dir() else []
@@ -145,7 +240,12 @@ def write_corpus() -> int:
         (("a", "|u1", (3,)), ("b", "<i8", (3, 2, 2)), ("é", "<c16", (3, 1, 1, 1, 1, 1, 1, 1))),
         (("mask", "|b1", (8, 0)), ("v", "<f2", (8, 7))),
     ]
-    names = [None, "lowtail.nd.4026531836.123.0123456789ab", "lowtail.nd.0.1.ffffffffffff"]
+    names = [
+        None,
+        "lowtail.nd.4026531836.123.0123456789ab",
+        "lowtail.nd.0.1.ffffffffffff",
+        f"lowtail.nd.{(1 << 64) - 1}.{1 << 22}.0123456789ab",  # both bounds, accepted
+    ]
     CORPUS.mkdir(parents=True, exist_ok=True)
     n = 0
     for i, spec in enumerate(specs):
@@ -158,12 +258,45 @@ def write_corpus() -> int:
 
 _INTERESTING = [0, 1, 2, 3, 7, 8, 9, 14, 15, 63, 64, 65, 127, 128, 254, 255]
 _DIMS = [0, 1, -1, 2**40 - 1, 2**40, 2**63 - 1, -(2**63)]
+# A slot name's fields at and around their bounds (pid namespace, pid, token): valid ones, and edges
+# (each valid or not: 2^64 - 1 and 2^22 are accepted, one more is not).
+_NAME_VALID = (
+    ["0", "1", "4026531836", str(2**64 - 1)],
+    ["1", str(2**22 - 1), str(2**22), "9999"],
+    ["0123456789ab", "ffffffffffff", "000000000000"],
+)
+_NAME_EDGES = (
+    ["00", "01", str(2**64), "9" * 20, "1" + "0" * 19, "1" + "0" * 20, "-1", "+1", " 1", "", "\u0661"],
+    ["0", "01", str(2**22 + 1), "9999999", "10000000", "+1", "1_0", ""],
+    ["0123456789AB", "0123456789a", "0123456789abc", "0123456789ag", "", "0123456789a/"],
+)
+_NAME_PREFIXES = [b"lowtail.q.", b"lowtail.nd", b"Lowtail.nd.", b"lowtail.nd.."]
+
+
+def _mutate_name(b: bytearray, rnd: random.Random) -> bytearray:
+    """Rebuild the slot name of an external input (``b[0]`` odd, a header at ``b[1:]``): valid fields
+    but one at an edge (or none), now and then another prefix or a fourth part; its length byte follows.
+    Other inputs are returned as they are."""
+    if len(b) < 5 or not b[0] & 1 or b[0] & 2:
+        return b
+    old = b[3]
+    fields = [rnd.choice(f) for f in _NAME_VALID]
+    k = rnd.randrange(4)
+    if k < 3:
+        fields[k] = rnd.choice(_NAME_EDGES[k])
+    if rnd.random() < 0.1:
+        fields.append(rnd.choice(_NAME_VALID[2]))
+    prefix = rnd.choice(_NAME_PREFIXES) if rnd.random() < 0.1 else b"lowtail.nd."
+    name = prefix + ".".join(fields).encode()
+    if len(name) > 255:
+        return b
+    return b[:3] + bytearray([len(name)]) + b[4:5] + name + b[5 + old :]
 
 
 def mutate(data: bytes, rnd: random.Random, pool: list[bytes]) -> bytes:
     b = bytearray(data)
     for _ in range(rnd.randint(1, 4)):
-        op = rnd.randrange(7)
+        op = rnd.randrange(8)
         pos = rnd.randrange(len(b) + 1)
         if op == 0 and b:
             b[pos % len(b)] ^= 1 << rnd.randrange(8)
@@ -182,6 +315,8 @@ def mutate(data: bytes, rnd: random.Random, pool: list[bytes]) -> bytes:
             b = b[:pos] + bytearray(other[cut:])
         elif op == 6:
             b[0:1] = bytes([rnd.randrange(2)])
+        elif op == 7:
+            b = _mutate_name(b, rnd)
     return bytes(b)
 
 
@@ -193,11 +328,18 @@ def run(seconds: float, seed: int = 0) -> int:
         raise RuntimeError(f"no fuzz corpus in {CORPUS}")
     for s in pool:
         check(s)
+    keys = answer_keys(pool)
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
         for _ in range(200):
             check(mutate(rnd.choice(pool), rnd, pool))
+            key, plan = rnd.choice(keys)
+            # half the answers carry the key itself (the common case: the arrays are read), half a
+            # mutation of it; the bytes after the key are the answer's arrays, random
+            head = key if rnd.random() < 0.5 else mutate(b"\0" + key, rnd, [])[1:]
+            tail = rnd.randbytes(rnd.randrange(_AnswerRegion.RESP))
+            check_answer(key, plan, head + tail[len(head) :], rnd.random() < 0.9, rnd.random() < 0.8)
         n += 200
     return n
 
