@@ -225,6 +225,21 @@ def _loop_ns(stages: bool, ticket: Any, n: int = 20_000) -> int:
     return (time.thread_time_ns() - c0) // n
 
 
+def _window_costs(
+    client: Any, before: tuple[Any, Any, Any], stages: bool, ticket: Any, n: int
+) -> dict[str, int]:
+    """A sampler's costs over its window (SAMPLER_COSTS' sums): ``before`` is its client's wait counts
+    and times and ``_thread_costs()`` at the window's start."""
+    counts0, times0, th0 = before
+    th1, times1, counts1 = _thread_costs(), client.wait_times, client.wait_counts
+    keys = ("user_ns", "sys_ns", "vol_cs", "invol_cs", "run_delay_ns")
+    costs = dict(zip(keys, (b - a for a, b in zip(th0, th1, strict=True)), strict=True))
+    costs |= {k: times1[k] - times0[k] for k in times0}
+    costs |= {k: counts1[k] - counts0[k] for k in counts0}
+    costs["loop_ns"] = _loop_ns(stages, ticket) * n
+    return costs
+
+
 def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
     """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
@@ -262,17 +277,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
                 if setup.stages:
                     stages.append(round_trip_stages(pending.ticket))
             cpu_ns = time.thread_time_ns() - cpu0
-            th1, times1, counts1 = _thread_costs(), client.wait_times, client.wait_counts
-            costs = dict(
-                zip(
-                    ("user_ns", "sys_ns", "vol_cs", "invol_cs", "run_delay_ns"),
-                    (b - a for a, b in zip(th0, th1, strict=True)),
-                    strict=True,
-                )
-            )
-            costs |= {k: times1[k] - times0[k] for k in times0}
-            costs |= {k: counts1[k] - counts0[k] for k in counts0}
-            costs["loop_ns"] = _loop_ns(setup.stages, pending.ticket) * len(lat)
+            costs = _window_costs(client, (counts0, times0, th0), setup.stages, pending.ticket, len(lat))
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()

@@ -468,8 +468,7 @@ class QueueClient:
         q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
-        self._g0 = lane * geo.spl
-        self._spl = geo.spl
+        self._g0, self._spl = lane * geo.spl, geo.spl
         self._req_bytes = geo.req_bytes
         # per slot s of the lane: u64 index of its slot words, byte offsets of its regions
         self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
@@ -482,7 +481,7 @@ class QueueClient:
         self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._waiter = FutexWaiter(m.addr(self._count_i))
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
-        core = None if m.native is None else native.core_of(m.native)
+        core = m.native and native.core_of(m.native)
         self._send: Any = core and core.send_request  # the core's round trip (lowtail_native's client.rs)
         self._receive: Any = core and core.receive_answer
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
@@ -981,68 +980,27 @@ class QueueClient:
         """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
         spin, then the park. Returns when it was seen and, when the core's call saw it, the core's read
         of it (``receive_answer``; None otherwise)."""
-        q = self._q
-        resp_i, seq = si + W_RESP_SEQ, ticket.seq
         clock = time.monotonic_ns
-        pred = self._pred
+        pred, counts = self._pred, self._counts
         deadline = 0
         # (a prediction below the margin never parks: the fast path skips the call; with no spin
         # budget a sleep that ends before the answer would only be followed by a second one)
-        if (
-            self._spin_ns
-            and pred.predicted_ns > MARGIN_NS
-            and pred.late.bit_count() <= MAX_LATE
-            and (
-                until := park_until_ns(
-                    ticket.submit_ns, now := clock(), pred.predicted_ns, MARGIN_NS + pred.oversleep_ns
-                )
-            )
-        ):
-            counts = self._counts
-            counts.timed_parks += 1
-            deadline = deadline_ns(now, timeout_s)
-            answered = self._park(ticket, si, min(until, deadline), deadline)
-            seen = clock()
-            counts.park_ns += seen - now
-            if answered:
-                counts.parked += 1
+        if self._spin_ns and pred.predicted_ns > MARGIN_NS and pred.late.bit_count() <= MAX_LATE:
+            deadline, seen = self._sleep_before_spin(ticket, si, timeout_s)
+            if seen:
                 return seen, None
         # The whole budget when the answer is due within it (a predictive sleep just ended before it,
         # or answers usually come that fast); else a round trip's worth, then park.
         due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
-        nat = self._native
-        if nat is not None:
-            # The spin (the answer seen within ~0.1 us, the GIL released), the park's first slice and
-            # the answer's read in one native call; a longer wait goes on in ``_park``.
-            start = clock()
-            deadline = deadline or deadline_ns(start, timeout_s)
-            park_ns = max(1, min(deadline - start, PARK_SLICE_NS))
-            got = self._receive(
-                nat,
-                self.lane,
-                ticket.slot,
-                seq,
-                ans and ans[5],
-                copy,
-                self._spin_ns,
-                PURE_SPIN_NS,
-                due_ns,
-                park_ns,
-            )
-            now, parked_at, counts = got[1], got[8], self._counts
-            counts.spin_ns += (parked_at or now) - start
-            if parked_at:
-                counts.park_ns += now - parked_at
-                counts.futex_waits += got[9]
+        if self._native is not None:
+            deadline = deadline or deadline_ns(clock(), timeout_s)
+            now, got = self._receive_or_park(ticket, deadline, due_ns, ans, copy)
             if got[0]:
-                if parked_at:
-                    counts.parked += 1
-                else:
-                    counts.spinning += 1
                 return now, got
-            first = not parked_at  # the core slept the park's first slice
+            first = not got[8]  # the core slept the park's first slice
         else:
             first = True
+            q, resp_i, seq = self._q, si + W_RESP_SEQ, ticket.seq
             now = start = clock()
             spin_end = now + (
                 self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
@@ -1050,18 +1008,62 @@ class QueueClient:
             while True:
                 now = clock()  # read before the check that sees the answer: the time it came
                 if q[resp_i] == seq:
-                    self._counts.spin_ns += now - start
-                    self._counts.spinning += 1
+                    counts.spin_ns += now - start
+                    counts.spinning += 1
                     return now, None
                 if now > spin_end:
                     break
-            self._counts.spin_ns += now - start
+            counts.spin_ns += now - start
         deadline = deadline or deadline_ns(now, timeout_s)
         self._park(ticket, si, deadline, deadline, first)
         seen = clock()
-        self._counts.parked += 1
-        self._counts.park_ns += seen - now
+        counts.parked += 1
+        counts.park_ns += seen - now
         return seen, None
+
+    def _sleep_before_spin(self, ticket: Ticket, si: int, timeout_s: float) -> tuple[int, int]:
+        """The predictive sleep: until just before the predicted answer, when that is far enough off
+        (``park_until_ns``). Returns (the wait's deadline, or 0 without a sleep; when the answer was
+        seen, or 0 when the sleep ended first)."""
+        pred, counts = self._pred, self._counts
+        now = time.monotonic_ns()
+        until = park_until_ns(ticket.submit_ns, now, pred.predicted_ns, MARGIN_NS + pred.oversleep_ns)
+        if not until:
+            return 0, 0
+        counts.timed_parks += 1
+        deadline = deadline_ns(now, timeout_s)
+        answered = self._park(ticket, si, min(until, deadline), deadline)
+        seen = time.monotonic_ns()
+        counts.park_ns += seen - now
+        if not answered:
+            return deadline, 0
+        counts.parked += 1
+        return deadline, seen
+
+    def _receive_or_park(
+        self, ticket: Ticket, deadline: int, due_ns: int, ans: _AnswerLayout | None, copy: bool
+    ) -> tuple[int, Any]:
+        """On the native core: the spin (the answer seen within ~0.1 us, the GIL released), the park's
+        first slice and the answer's read in one call (``receive_answer``); a longer wait goes on in
+        ``_park``. Returns when the call ended and its result."""
+        start = time.monotonic_ns()
+        park_ns = max(1, min(deadline - start, PARK_SLICE_NS))
+        spin = self._spin_ns
+        plan = ans and ans[5]
+        got = self._receive(
+            self._native, self.lane, ticket.slot, ticket.seq, plan, copy, spin, PURE_SPIN_NS, due_ns, park_ns
+        )
+        now, parked_at, counts = got[1], got[8], self._counts
+        counts.spin_ns += (parked_at or now) - start
+        if parked_at:
+            counts.park_ns += now - parked_at
+            counts.futex_waits += got[9]
+        if got[0]:
+            if parked_at:
+                counts.parked += 1
+            else:
+                counts.spinning += 1
+        return now, got
 
     def _take_answer(
         self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
