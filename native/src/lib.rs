@@ -276,7 +276,7 @@ impl Segment {
         self.st(si + (S_DONE_NS >> 3), now_ns())?;
         self.st(si + (S_RESP_SEQ >> 3), seq)?;
         let ci = g.lane_word(lane, L_RESP_COUNT);
-        self.st(ci, (self.ld(ci)? + 1) & 0xFFFF_FFFF)
+        self.st(ci, self.ld(ci)?.wrapping_add(1) & 0xFFFF_FFFF)
     }
 
     /// Wake the client of `lane` when it is parked (after a fence the caller made); the ns the wake's

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import fields
 
+import numpy as np
 import pytest
 
-from lowtail.serve import call_recorder
+from lowtail.serve import call_recorder, call_stats
 from lowtail.serve import stats_segment as ws
 from lowtail.serve.call_recorder import CallRecorder
-from lowtail.serve.call_stats import CALL_FIELDS, COL, CallRow, call_values
+from lowtail.serve.call_stats import CALL_FIELDS, COL, RAW_FIELDS, CallRow, derive_calls
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
 
@@ -19,27 +20,65 @@ def _named(**stamps: int) -> list[int]:
     """A stamp list for ``CallRecorder.record`` from the stamps' names (the rest 0)."""
     st = call_recorder.stamps()
     for name, value in stamps.items():
-        st[getattr(call_recorder, name.upper())] = value
+        st[getattr(call_stats, name.upper())] = value
     return st
 
 
-def test_call_fields_are_the_call_rows_fields_and_the_rings_columns() -> None:
+def test_call_fields_are_the_call_rows_fields_and_the_raw_rows_are_the_rings_columns() -> None:
     assert tuple(f.name for f in fields(CallRow)) == CALL_FIELDS
     assert {name: i for i, name in enumerate(CALL_FIELDS)} == COL
-    row = CallRow()
-    for i, name in enumerate(CALL_FIELDS):
-        setattr(row, name, float(i))
-    assert call_values(row) == tuple(float(i) for i in range(len(CALL_FIELDS)))
-    with pytest.raises(AttributeError):  # a field nobody set cannot reach the ring as a stale value
-        del row.claim_us
-        call_values(row)
-    with pytest.raises(AttributeError):  # nor a value be set under a name the ring has no column for
-        row.claim_ms = 1.0  # type: ignore[attr-defined]
+    # every stamp index names its place in the raw row, and the stamps come first (the loop's list)
+    for i, name in enumerate(call_stats.STAMPS):
+        assert getattr(call_stats, name.upper()) == i == RAW_FIELDS.index(name)
+    assert len(call_recorder.stamps()) == call_stats.N_STAMPS
     stats = StatsSegment.create(capacity=16)
     try:
-        assert stats.word(ws.NCOLS) == len(CALL_FIELDS) and stats.rows.shape[1] == len(CALL_FIELDS)
+        assert stats.word(ws.NCOLS) == len(RAW_FIELDS) and stats.raw.shape == (16, len(RAW_FIELDS))
     finally:
         stats.close()
+    with pytest.raises(ValueError, match=rf"expected \(n, {len(RAW_FIELDS)}\)"):
+        derive_calls(np.zeros((1, len(CALL_FIELDS))))
+
+
+def test_derived_columns_from_known_stamps() -> None:
+    """Two raw rows with round stamps, one sampled and one not (and descheduled), and every column as
+    computed by hand from them."""
+    raw = {
+        # ns: the call from 1_000_000 to 1_100_000 (100 us); infer() 1_010_000 -> 1_070_000 (60 us)
+        "t0": 1_000_000, "m0": 1_001_000, "f0": 1_002_000, "k0": 1_005_000, "e0": 1_010_000,
+        "e1": 1_070_000, "a0": 1_071_000, "a1": 1_091_000, "f1": 1_093_000, "t1": 1_100_000,
+        "th0": 500, "th1": 500 + 90_000, "et0": 7_000, "et1": 7_000 + 58_000,
+        "c0": 40_000, "c1": 40_000 + 95_000, "ec0": 80_000, "ec1": 80_000 + 59_000,
+        "wk": 12_000, "wn": 1,
+        "batch": 16, "slots": 2, "wait_ns": 2_500_000, "claimed_ns": 996_000, "run_delay_ns": 3_000_000,
+        "nivcsw": 4, "read_ns": 1_500, "record_ns": 2_500, "sampled": 1,
+    }  # fmt: skip
+    rows = np.array([[raw[f] for f in RAW_FIELDS], [raw[f] for f in RAW_FIELDS]], np.int64)
+    unsampled = rows[1]
+    for name in ("c0", "c1", "ec0", "ec1", "sampled"):  # not read on a call that was not sampled
+        unsampled[RAW_FIELDS.index(name)] = 0
+    unsampled[RAW_FIELDS.index("th1")] = 500 + 10_000  # on the CPU for 10 of its 100 us
+    got = derive_calls(rows)
+    assert got.dtype == np.float64 and got.shape == (2, len(CALL_FIELDS))
+    sampled_row = {name: float(got[0, i]) for name, i in COL.items()}
+    # overhead: claim 4 us + the wall's 100 beyond infer()'s 60 + read 1.5 + record 2.5 = 48 us
+    expected = {
+        "t_end_s": 0.0011, "wall_ms": 0.1, "cpu_ms": 0.095, "thread_cpu_ms": 0.09, "deschedule_ms": 0.005,
+        "engine_wall_ms": 0.06, "engine_cpu_ms": 0.059, "engine_thread_cpu_ms": 0.058, "run_delay_ms": 3.0,
+        "nivcsw": 4, "batch": 16, "slots": 2, "queue_wait_ms": 2.5, "claim_us": 4.0, "check_us": 3.0,
+        "fifo_us": 1.0 + 2.0, "answer_us": 20.0, "measure_us": 1.0 + 5.0 + 1.0 + 7.0 + 1.5, "record_us": 2.5,
+        "overhead_us": 48.0, "wake_us": 12.0, "woken": 1, "overhead_less_wakes_us": 36.0,
+    }  # fmt: skip
+    assert set(expected) == set(CALL_FIELDS)
+    assert sampled_row == pytest.approx(expected)
+    # not sampled: the thread's clock stands in for the process's, and the wall beyond it is deschedule
+    assert got[1, COL["cpu_ms"]] == got[1, COL["thread_cpu_ms"]] == pytest.approx(0.01)
+    assert got[1, COL["deschedule_ms"]] == pytest.approx(0.09)
+    assert got[1, COL["engine_cpu_ms"]] == pytest.approx(0.058)
+    # a process clock that ran ahead of the wall (another thread) is no negative deschedule
+    rows[0, RAW_FIELDS.index("c1")] = 40_000 + 150_000
+    assert derive_calls(rows)[0, COL["deschedule_ms"]] == 0
+    assert derive_calls(rows[:0]).shape == (0, len(CALL_FIELDS))
 
 
 def _stamps(base: int, steps_ns: list[int]) -> list[int]:

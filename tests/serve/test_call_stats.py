@@ -14,7 +14,6 @@ from lowtail.serve.call_stats import (
     SLOW_INFER_FORMAT,
     LatencyWindow,
     ThreadCounters,
-    is_slow,
     percentiles,
     slow_infer_args,
     status_nonvoluntary_switches,
@@ -104,7 +103,6 @@ def test_slow_infer_line_has_the_predecessors_fields_in_order() -> None:
     row[col["batch"]] = 12
     row[col["slots"]] = 3
     row[col["queue_wait_ms"]] = 1.5
-    assert is_slow(row, 100.0, 200.0) and not is_slow(row, 100.0, 300.0)
     line = SLOW_INFER_FORMAT % slow_infer_args("h3", 5, row, False, 4)
     assert re.fullmatch(
         r"slow_infer hero=h3 cpu=5 slots=3 total_batch=12 engine_cpu_ms=40\.0 engine_thread_cpu_ms=39\.5 "
@@ -118,22 +116,25 @@ def test_stats_ring_reader_keeps_only_intact_rows_and_counts_lost_ones() -> None
     owner = StatsSegment.create(capacity=16)
     writer = StatsSegment.attach(owner.fd)  # a second mapping, as the worker has
     try:
-        write_row = writer.row_writer()  # the worker's writer: one pack_into at row k % capacity
+        pack, buffer, row0, capacity, width = writer.row_packer()  # the worker's: one pack_into per row
 
         def write(k: int) -> None:
-            write_row(k, [float(k)] * len(CALL_FIELDS))
+            pack(buffer, row0 + (k % capacity) * width, *[k] * len(metrics.RAW_FIELDS))
             writer.header[COUNT] = k + 1
 
         for k in range(10):
             write(k)
-        first = owner.read_calls(0)
-        assert first.rows[:, 0].tolist() == [float(k) for k in range(10)] and first.lost == 0
+        first = owner.read_raw(0)
+        assert first.rows[:, 0].tolist() == list(range(10)) and first.lost == 0
         for k in range(10, 40):
             write(k)
-        second = owner.read_calls(first.cursor)
+        second = owner.read_raw(first.cursor)
         # 30 rows were written since the cursor, the ring holds 16, and the newest slot may be mid-write.
-        assert second.rows[:, 0].tolist() == [float(k) for k in range(25, 40)]
+        assert second.rows[:, 0].tolist() == list(range(25, 40))
         assert second.lost == 15 and second.cursor == 40
+        derived = owner.read_calls(first.cursor)  # the same rows, as readers see them
+        assert derived.rows.shape == (15, len(CALL_FIELDS)) and derived.lost == 15 and derived.cursor == 40
+        assert derived.rows[:, metrics.COL["t_end_s"]].tolist() == [k / 1e9 for k in range(25, 40)]
     finally:
         writer.close()
         owner.close()

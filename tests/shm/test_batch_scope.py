@@ -127,3 +127,30 @@ def test_closing_the_worker_closes_its_open_batch_and_fails_its_request(server: 
                 assert b2 is not None
                 b2.complete(echo(b2.inputs["x"]))
             np.testing.assert_allclose(c.wait(t2, timeout_s=5.0)["twice"], 5.0)
+
+
+@pytest.mark.usefixtures("queue_impl")
+def test_outputs_that_are_strided_views_are_answered_as_given_alone_and_merged(
+    server: InferenceQueue,
+) -> None:
+    """The engine's outputs need not be C-contiguous (a transposed or sliced view): every request gets
+    its own rows of them, on both paths, alone and in a merged batch."""
+    with (
+        QueueClient.attach(server.descriptor) as a,
+        QueueClient.attach(server.descriptor) as b,
+        QueueWorker.attach(server.descriptor) as w,
+    ):
+        for clients in ((a,), (a, b)):
+            tickets = [c.submit(filled(float(k + 1))) for k, c in enumerate(clients)]
+            with w.claim(timeout_s=5.0) as batch:
+                x = batch.inputs["x"]
+                assert x.shape[0] == 2 * len(clients)
+                wide = np.ascontiguousarray(np.repeat(x * 2, 2, axis=1))
+                # a strided view and a Fortran-ordered copy, each with every request's tag in its rows
+                outputs = {"twice": wide[:, ::2], "tag": np.asfortranarray(x[:, :3] * 10)}
+                assert not outputs["twice"].flags.c_contiguous and not outputs["tag"].flags.c_contiguous
+                batch.complete(outputs)
+            for k, (c, t) in enumerate(zip(clients, tickets, strict=True)):
+                got = c.wait(t, timeout_s=5.0)
+                np.testing.assert_array_equal(got["twice"], np.full((2, 4), 2.0 * (k + 1), np.float32))
+                np.testing.assert_array_equal(got["tag"], np.full((2, 3), 10.0 * (k + 1), np.float32))

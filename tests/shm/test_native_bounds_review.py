@@ -24,6 +24,7 @@ from lowtail.shm.errors import BadRequest, QueueError, RequestFailed
 from lowtail.shm.layout import (
     HW_DOORBELLS,
     L_GEN,
+    L_RESP_COUNT,
     L_RING,
     L_TAIL,
     W_REQ_SEQ,
@@ -140,6 +141,20 @@ def test_a_doorbell_one_past_a_full_lane_is_fenced_and_a_full_lane_is_not() -> N
         q[HW_DOORBELLS] = tail + 5  # one more published than the lane has slots
         assert _serve(w) == [] and w.fenced == 1
         assert q[s._m.geo.lane(0, L_TAIL)] == tail + 5  # the tail resynchronised to the doorbell
+
+
+@pytest.mark.parametrize("count", [(1 << 32) - 1, U64_MAX], ids=["u32 max", "u64 max"])
+def test_an_answer_count_word_at_its_maximum_wraps_to_zero_on_the_next_answer(count: int) -> None:
+    """The lane's answer count (the futex word a parked client waits on) is incremented from what the
+    segment holds: from 2^64 - 1 the sum must wrap, not overflow (a build with overflow checks panicked
+    in the worker's answer)."""
+    with _queue() as (s, w, c):
+        ci = s._m.geo.lane(c.lane, L_RESP_COUNT)
+        s._m.q[ci] = count
+        _round_trip(c, w, 1.0)
+        assert s._m.q[ci] == 0
+        _round_trip(c, w, 2.0)
+        assert s._m.q[ci] == 1
 
 
 # -- the answer's words and header: read by the client ------------------------------------------------

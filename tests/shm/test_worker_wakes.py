@@ -1,6 +1,7 @@
-"""The worker reports what waking parked clients cost it (``QueueWorker.wakes``), on both hot paths: a
-lane whose client is parked is woken once per answer and counted with the time its system call took;
-a lane whose client is not parked costs no wake and counts nothing."""
+"""The worker reports what waking parked clients cost it (``QueueWorker.wakes``, and each
+``Batch.complete`` its own), on both hot paths: a lane whose client is parked is woken once per answer
+and counted with the time its system call took; a lane whose client is not parked costs no wake and
+counts nothing."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_a_parked_lane_is_woken_once_and_counted_and_a_spinning_one_is_not() -> 
         t = a.submit(_request(1))
         batch = w.claim(1.0)
         assert batch is not None
-        batch.complete({"y": batch.inputs["x"] * 2})
+        assert batch.complete({"y": batch.inputs["x"] * 2}) == (0, 0)  # what this complete() woke
         assert a.wait(t)["y"][0, 0] == 2
         assert w.wakes() == (0, 0)
         # Both clients parked (their flags set as park() sets them): one batch of two answers wakes
@@ -40,7 +41,8 @@ def test_a_parked_lane_is_woken_once_and_counted_and_a_spinning_one_is_not() -> 
             c._m.q[c._m.geo.lane(c.lane, L_PARKED)] = 1
         batch = w.claim(1.0)
         assert batch is not None and len(batch) == 2
-        batch.complete({"y": batch.inputs["x"] * 2})
+        # complete() returns its own wakes: the serving loop reads them there, not from the totals
+        assert batch.complete({"y": batch.inputs["x"] * 2}) == w.wakes()
         ns, woken = w.wakes()
         assert woken == 2 and ns > 0
         # A failed request wakes its parked client too.

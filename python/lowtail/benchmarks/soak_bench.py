@@ -746,74 +746,71 @@ def grade_windows(windows: list[dict[str, Any]], baseline_ms: np.ndarray) -> dic
     4. Steady windows with enough samples for the percentile are graded: one is above the baseline
        only when its interval lies wholly above the pooled baseline's (its lower end past the upper).
     """
-    from lowtail.benchmarks.soak_roles import BEHIND_S
-
     out: dict[str, Any] = {"met": None, "percentile": None, "bound_ms": None, "figure": "-", "why": ""}
     base_w = [w for w in windows if w["kind"] == "baseline"]
-    steady = [w for w in windows if w["kind"] == "steady"]
     ns = [w["n"] for w in base_w] or [0]
-    name, q = next(((nm, q) for nm, q in TAIL_QS if sum(n >= min_samples(q) for n in ns) >= 2), (None, 0.0))
-    if name is None:
+    name, q = next(((nm, q) for nm, q in TAIL_QS if sum(n >= min_samples(q) for n in ns) >= 2), ("", 0.0))
+    if not name:
         out["why"] = (
             f"the baseline's {len(base_w)} windows have n {_span(ns)}: fewer than two with the "
             f"{min_samples(TAIL_QS[-1][1]):,} samples a {TAIL_QS[-1][0]} needs, so neither its tail nor its "
             "spread can be read"
         )
         return out
-    need = min_samples(q)
-    lower = (
-        f" (not p99.9: a p99.9 needs n >= {min_samples(TAIL_QS[0][1]):,} per window)"
-        if q != TAIL_QS[0][1]
-        else ""
-    )
     b, _, b_hi = quantile_interval(np.sort(baseline_ms), q)
-    read = [w for w in base_w if w["n"] >= need]
+    read = [w for w in base_w if w["n"] >= min_samples(q)]
     vals = [w["tails_ms"][name][0] for w in read]
-    spread = f"its {len(read)} windows {_span(vals, '{:,.2f}')} ms"
     out.update(
         percentile=name, baseline={"n": int(baseline_ms.size), name: b, "upper_ms": b_hi, "windows": vals}
     )
+    spread = f"its {len(read)} windows {_span(vals, '{:,.2f}')} ms"
+    head = f"baseline {name} {b:,.2f} ms (upper bound {b_hi:,.2f}; {spread})"
+    why = _baseline_doubt(read, name, b_hi)
+    if why:
+        return {**out, "figure": f"{head} from n {baseline_ms.size:,}", "why": why}
+    return {**out, "bound_ms": b_hi, **_grade_steady(windows, name, q, b_hi, head)}
+
+
+def _baseline_doubt(read: list[dict[str, Any]], name: str, b_hi: float) -> str:
+    """Why the baseline cannot be the reference (steps 2 and 3 of ``grade_windows``), or ''."""
+    from lowtail.benchmarks.soak_roles import BEHIND_S
+
     high = max(read, key=lambda w: w["tails_ms"][name][1])
     low = min(read, key=lambda w: w["tails_ms"][name][2])
     if high["tails_ms"][name][1] > low["tails_ms"][name][2]:
-        out["figure"] = f"baseline {name} {b:,.2f} ms from n {baseline_ms.size:,}; {spread}"
-        out["why"] = (
+        return (
             f"the baseline's own windows disagree at {name}: #{high['index']} is at least "
-            f"{high['tails_ms'][name][1]:,.2f} ms, #{low['index']} at most "
-            f"{low['tails_ms'][name][2]:,.2f} ms "
-            "(their intervals do not overlap): the host moved more than sampling explains before any fault"
+            f"{high['tails_ms'][name][1]:,.2f} ms, #{low['index']} at most {low['tails_ms'][name][2]:,.2f} "
+            "ms (their intervals do not overlap): the host moved more than sampling explains before any fault"
         )
-        return out
     if b_hi >= 1e3 * BEHIND_S:
-        out["figure"] = f"baseline {name} {b:,.2f} ms (upper bound {b_hi:,.2f}) from n {baseline_ms.size:,}"
-        out["why"] = (
+        return (
             f"the baseline's {name} upper bound {b_hi:,.0f} ms reaches the {BEHIND_S:.0f} s after which a "
-            "late "
-            "client skips sends: its clients were starved, and no window could be shown above it"
+            "late client skips sends: its clients were starved, and no window could be shown above it"
         )
-        return out
-    out["bound_ms"] = b_hi
+    return ""
+
+
+def _grade_steady(
+    windows: list[dict[str, Any]], name: str, q: float, b_hi: float, head: str
+) -> dict[str, Any]:
+    """Step 4 of ``grade_windows``: met, figure and why, from the steady windows large enough to read."""
+    need = min_samples(q)
+    steady = [w for w in windows if w["kind"] == "steady"]
     graded = [w for w in steady if w["n"] >= need]
     if not graded:
         sn = [w["n"] for w in steady] or [0]
-        out["figure"] = f"baseline {name} {b:,.2f} ms (upper bound {b_hi:,.2f}); {spread}"
-        out["why"] = (
-            f"no steady window with the {need:,} samples a {name} needs ({len(steady)}, n {_span(sn)})"
-        )
-        return out
+        why = f"no steady window with the {need:,} samples a {name} needs ({len(steady)}, n {_span(sn)})"
+        return {"met": None, "figure": head, "why": why}
     worse = [w for w in graded if w["tails_ms"][name][1] > b_hi]
-    out["met"] = not worse
-    out["figure"] = (
-        f"graded at {name}{lower}: baseline {b:,.2f} ms (upper bound {b_hi:,.2f}; {spread}); "
-        f"{len(graded)} of "
-        f"{len(steady)} steady windows graded, {len(worse)} above it"
-        + (
-            " (" + ", ".join(f"#{w['index']} {w['tails_ms'][name][0]:,.2f} ms" for w in worse) + ")"
-            if worse
-            else ""
-        )
+    top = min_samples(TAIL_QS[0][1])
+    lower = f" (not {TAIL_QS[0][0]}: it needs n >= {top:,} per window)" if q != TAIL_QS[0][1] else ""
+    named = ", ".join(f"#{w['index']} {w['tails_ms'][name][0]:,.2f} ms" for w in worse)
+    figure = (
+        f"graded at {name}{lower}: {head}; {len(graded)} of {len(steady)} steady windows graded, "
+        f"{len(worse)} above it" + (f" ({named})" if worse else "")
     )
-    return out
+    return {"met": not worse, "figure": figure, "why": ""}
 
 
 @dataclass
@@ -1098,26 +1095,7 @@ def plot_png(report: dict[str, Any]) -> bytes:
     name = tails.get("percentile") or "p99.9"
     need = min_samples(dict(TAIL_QS)[name])
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    colors = {
-        "warm-up": "lightgrey",
-        "baseline": "tab:blue",
-        "fault": "tab:red",
-        "settle": "tab:orange",
-        "steady": "tab:green",
-    }
-    for kind, color in colors.items():
-        ws = [w for w in report["windows"] if w["kind"] == kind and w["tails_ms"][name][0] is not None]
-        for enough in (True, False):
-            sel = [w for w in ws if (w["n"] >= need) == enough]
-            if sel:  # hollow: too few samples to read the percentile
-                ax.scatter(
-                    [(w["start_s"] + w["end_s"]) / 2 for w in sel],
-                    [w["tails_ms"][name][0] for w in sel],
-                    s=24,
-                    color=color if enough else "none",
-                    edgecolors=color,
-                    label=kind if enough or not any(w["n"] >= need for w in ws) else None,
-                )
+    _plot_windows(ax, report["windows"], name, need)
     if tails.get("bound_ms") is not None:
         ax.axhline(tails["bound_ms"], color="tab:blue", lw=0.8, ls="--", label=f"baseline {name} upper bound")
     sent = [w for w in report["windows"] if w.get("from_send_p999_ms") is not None]
@@ -1147,6 +1125,32 @@ def plot_png(report: dict[str, Any]) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+KIND_COLORS = {
+    "warm-up": "lightgrey",
+    "baseline": "tab:blue",
+    "fault": "tab:red",
+    "settle": "tab:orange",
+    "steady": "tab:green",
+}
+
+
+def _plot_windows(ax: Any, windows: list[dict[str, Any]], name: str, need: int) -> None:
+    """Each window's tail at ``name``, coloured by its kind, hollow where n < ``need``."""
+    for kind, color in KIND_COLORS.items():
+        ws = [w for w in windows if w["kind"] == kind and w["tails_ms"][name][0] is not None]
+        for enough in (True, False):
+            sel = [w for w in ws if (w["n"] >= need) == enough]
+            if sel:
+                ax.scatter(
+                    [(w["start_s"] + w["end_s"]) / 2 for w in sel],
+                    [w["tails_ms"][name][0] for w in sel],
+                    s=24,
+                    color=color if enough else "none",
+                    edgecolors=color,
+                    label=kind if enough or not any(w["n"] >= need for w in ws) else None,
+                )
 
 
 def plot(report: dict[str, Any], path: str) -> None:

@@ -24,10 +24,9 @@ report time over a fixed-size ring (``CallRing`` in ``lowtail.serve.stats_segmen
 
 from __future__ import annotations
 
-import operator
 import os
 import resource
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -39,12 +38,13 @@ from lowtail.telemetry.percentiles import Percentiles as Percentiles  # noqa: PL
 
 @dataclass(slots=True, init=False)
 class CallRow:
-    """One row per handled batch, stored as float64 in this field order (the layout of the shared ring).
+    """One row per handled batch as every reader sees it: float64 columns in this field order.
 
-    The fields are the one list of the row's names: ``CALL_FIELDS`` is read from them, the worker sets
-    each by name and packs them in ``CALL_FIELDS`` order (``call_values``), and readers index by
-    ``COL[name]``, so a field cannot be added, dropped or moved in one place only. A field the worker
-    never sets has no value (no default): packing the row raises AttributeError on the first call.
+    The fields are the one list of the row's names: ``CALL_FIELDS`` is read from them and readers index
+    by ``COL[name]``. The worker does not compute them: on its hot path it stores what it measured (the
+    raw row, ``RAW_FIELDS``, int64), and ``derive_calls`` computes these columns from raw rows for every
+    reader at once, off the worker's core. It sets each column by name and refuses to return a row with
+    a column missing or one not named here, so a field cannot be added or dropped in one place only.
     """
 
     t_end_s: float  # CLOCK_MONOTONIC at the end of the call
@@ -77,9 +77,79 @@ class CallRow:
 
 
 CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRow))
-# The row's values in CALL_FIELDS order, for the ring's writer (one C-level call, no Python loop).
-call_values: Callable[[CallRow], tuple[float, ...]] = operator.attrgetter(*CALL_FIELDS)
 COL = {name: i for i, name in enumerate(CALL_FIELDS)}
+
+# The raw row: what the serving loop measured for one call, stored as it is (int64) in the stats ring
+# with one pack_into; ``derive_calls`` turns it into the CallRow columns when the ring is read.
+# First the loop's clock stamps (ns), in the hot path's order (``serve()`` in worker_main fills them as
+# one list, ``st``, indexed by the names below): T0 claim returned, TH0/C0 thread/process CPU, M0 before
+# SCHED_FIFO enter, F0 after it, K0 inputs checked, ET0/EC0/E0 before infer(), E1/ET1/EC1 after it,
+# A0/A1 around complete(), F1 after the SCHED_FIFO leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read only
+# on sampled calls (0 otherwise). WK and WN are not clocks: the ns complete() spent in the futex-wake
+# system calls of parked samplers, and the lanes it woke (what complete() returns).
+STAMPS: tuple[str, ...] = (
+    "t0", "th0", "c0", "m0", "f0", "k0", "et0", "ec0", "e0", "e1", "et1", "ec1", "a0", "a1", "f1", "th1",
+    "c1", "t1", "wk", "wn",
+)  # fmt: skip
+(T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1, WK, WN) = range(20)
+N_STAMPS = len(STAMPS)
+# Then what the recorder adds: samples and requests in the call, the longest publish -> claim wait, the
+# poll that took the first request (CLOCK_MONOTONIC), the growth of run_delay (ns) and of involuntary
+# switches since the last read (0 when not read), what reading them cost (ns), what recording the
+# previous call cost (ns), and 1 when the call read the process CPU clock (sampled).
+RAW_FIELDS: tuple[str, ...] = (
+    *STAMPS, "batch", "slots", "wait_ns", "claimed_ns", "run_delay_ns", "nivcsw", "read_ns", "record_ns",
+    "sampled",
+)  # fmt: skip
+
+
+def derive_calls(raw: np.ndarray) -> np.ndarray:
+    """The CallRow columns (float64, ``CALL_FIELDS`` order) of raw rows shaped (n, len(RAW_FIELDS)).
+
+    The one definition of every column from the worker's stamps, vectorised: the worker's hot path
+    stores the stamps and the readers call this (``StatsSegment.read_calls``, the ``slow_infer`` line).
+    """
+    if raw.ndim != 2 or raw.shape[1] != len(RAW_FIELDS):
+        raise ValueError(f"raw call rows of shape {raw.shape}: expected (n, {len(RAW_FIELDS)})")
+    r = raw.astype(np.int64, copy=False).T
+    t0, th0, c0, m0, f0, k0, et0, ec0, e0, e1, et1, ec1, a0, a1, f1, th1, c1, t1, wk, wn = r[:N_STAMPS]
+    batch, slots, wait_ns, claimed_ns, run_delay_ns, nivcsw, read_ns, record_ns, sampled = r[N_STAMPS:]
+    on = sampled != 0
+    wall_ns, thread_ns, engine_ns, engine_thread_ns = t1 - t0, th1 - th0, e1 - e0, et1 - et0
+    cpu_ns = np.where(on, c1 - c0, thread_ns)  # the process clock on sampled calls, else the thread's
+    claim_ns = t0 - claimed_ns
+    overhead_ns = claim_ns + wall_ns - engine_ns + read_ns + record_ns
+    cols = {
+        "t_end_s": t1 / 1e9,
+        "wall_ms": wall_ns / 1e6,
+        "cpu_ms": cpu_ns / 1e6,
+        "thread_cpu_ms": thread_ns / 1e6,
+        "deschedule_ms": np.where(wall_ns > cpu_ns, wall_ns - cpu_ns, 0) / 1e6,
+        "engine_wall_ms": engine_ns / 1e6,
+        "engine_cpu_ms": np.where(on, ec1 - ec0, engine_thread_ns) / 1e6,
+        "engine_thread_cpu_ms": engine_thread_ns / 1e6,
+        "run_delay_ms": run_delay_ns / 1e6,
+        "nivcsw": nivcsw,
+        "batch": batch,
+        "slots": slots,
+        "queue_wait_ms": wait_ns / 1e6,
+        "claim_us": claim_ns / 1e3,
+        "check_us": (k0 - f0) / 1e3,
+        "fifo_us": ((f0 - m0) + (f1 - a1)) / 1e3,
+        "answer_us": (a1 - a0) / 1e3,
+        "measure_us": ((m0 - t0) + (e0 - k0) + (a0 - e1) + (t1 - f1) + read_ns) / 1e3,
+        "record_us": record_ns / 1e3,
+        "overhead_us": overhead_ns / 1e3,
+        "wake_us": wk / 1e3,
+        "woken": wn,
+        "overhead_less_wakes_us": (overhead_ns - wk) / 1e3,
+    }
+    if cols.keys() != COL.keys():  # a column added to CallRow and not derived here, or the reverse
+        raise ValueError(f"derived columns {sorted(cols.keys() ^ COL.keys())} differ from CallRow's")
+    out = np.empty((raw.shape[0], len(CALL_FIELDS)), np.float64)
+    for name, i in COL.items():
+        out[:, i] = cols[name]
+    return out
 
 
 # The predecessor system's format, with the kernel's counters appended after its fields.
@@ -157,10 +227,6 @@ def slow_infer_args(
         r[COL["run_delay_ms"]],
         int(r[COL["nivcsw"]]),
     )
-
-
-def is_slow(row: Sequence[float], engine_cpu_ms: float, total_ms: float) -> bool:
-    return row[COL["engine_cpu_ms"]] > engine_cpu_ms or row[COL["wall_ms"]] > total_ms
 
 
 class LatencyWindow:

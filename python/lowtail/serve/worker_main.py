@@ -26,7 +26,6 @@ import time
 import traceback
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from operator import sub
 from typing import TYPE_CHECKING, Any
 
 from lowtail.serve import pinning
@@ -318,7 +317,8 @@ def serve(
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     """
     from lowtail.serve import stats_segment as ws
-    from lowtail.serve.call_recorder import (
+    from lowtail.serve.call_recorder import CallRecorder, stamps
+    from lowtail.serve.call_stats import (
         A0,
         A1,
         C0,
@@ -338,9 +338,7 @@ def serve(
         TH0,
         TH1,
         WK,
-        CallRecorder,
-        stamps,
-    )  # fmt: skip
+    )
     from lowtail.serve.engine import MalformedInput
 
     claim_timeout = config.claim_timeout_s
@@ -374,7 +372,7 @@ def serve(
     # CLOCK_MONOTONIC for every wall time (perf_counter is the same clock on Linux, and the queue stamps
     # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
-    claim, check, infer, record, wakes = qworker.claim, engine.check, engine.infer, rec.record, qworker.wakes
+    claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
     enter, leave = fifo.enter, fifo.leave
     per_call = config.fifo_scope == "call"
     drop_when_idle = config.fifo_scope == "work"
@@ -433,11 +431,11 @@ def serve(
                     st[E1] = e1 = clock()
                     st[ET1] = et1 = ttime()
                     st[EC1] = ptime() if sampled else 0
-                    st[WK:] = wakes()  # the futex wakes of parked samplers so far: (ns, lanes), WK and WN
                     st[A0] = a0 = clock()
                     # Every answer carries its call's engine time and its deschedule so far (wall - thread
                     # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
-                    batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=(a0 - t0) - (et1 - th0))
+                    # It returns what its futex wakes of parked samplers cost, (ns, lanes): WK and WN.
+                    st[WK:] = batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=a0 - t0 - et1 + th0)
                 st[A1] = clock()
                 if per_call:
                     leave()
@@ -445,7 +443,6 @@ def serve(
                 st[TH1] = ttime()
                 st[C1] = ptime() if sampled else 0
                 st[T1] = clock()
-                st[WK:] = map(sub, wakes(), st[WK:])  # complete()'s wakes; read after T1: in record_us
                 record(batch.queue_wait_ns, batch.claimed_ns, n, st)
                 if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
                     next_check = t0 + HOUSEKEEPING_NS

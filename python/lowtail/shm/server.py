@@ -131,6 +131,7 @@ class _Item:
 # What the native poll did with a request (lowtail_native.Poller.poll), and how the poll ended.
 _APPEND, _CARRY, _POLL_WITHDRAWN, _REFUSED, _DECODE, _FENCE = 0, 1, 2, 3, 4, 5
 _DRAINED, _LEFT, _STOPPED = 0, 1, 2
+_NO_WAKES = (0, 0)  # what answering a batch cost in wakes when no client of it was parked
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -238,13 +239,14 @@ class Batch:
 
     def complete(
         self, outputs: Mapping[str, np.ndarray[Any, Any]], *, engine_ns: int = 0, deschedule_ns: int = 0
-    ) -> None:
+    ) -> tuple[int, int]:
         """Split ``outputs`` (leading dimension = total samples) per request and answer each.
 
         ``engine_ns`` and ``deschedule_ns`` describe the call (its ``infer()`` wall time, and wall minus
         thread CPU from the claim to here): every answer carries them with the call's sample count, and
         a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
         The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
+        Returns what waking its parked clients cost, as ``QueueWorker.wakes`` counts: (ns, lanes woken).
         """
         if not self._open or self._worker._closed:  # _usable, inlined: this is the hot path
             raise self._refuse("complete() on")
@@ -264,11 +266,10 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
-        woken = False
+        woken = None
         try:
             if worker._native is not None:
-                worker._answer_many(self._items, outputs, layout, engine_ns, call)
-                woken = True  # answered and woken in one native call
+                woken = worker._answer_many(self._items, outputs, layout, engine_ns, call)  # and woken
             elif len(self._items) == 1:
                 it = self._items[0]
                 if not it.done:
@@ -293,8 +294,9 @@ class Batch:
                     self.failed += 1
             raise
         finally:
-            if not woken:
-                worker._wake_parked(self._items)
+            if woken is None:
+                woken = worker._wake_parked(self._items)
+        return woken
 
     def fail(self, message: str) -> None:
         """Answer every request not answered yet as failed with ``message``; the views go with it."""
@@ -812,7 +814,8 @@ class QueueWorker:
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
         if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
-            samples = _samples(items)
+            first = items[0].layout  # polled items decoded: a layout each; one request, no generator
+            samples = first.batch if len(items) == 1 and first is not None else _samples(items)
             if samples < cfg.min_batch_samples:
                 now = time.monotonic_ns()
                 in_batch = {it.lane for it in items}
@@ -953,7 +956,7 @@ class QueueWorker:
         layout: PayloadLayout,
         engine_ns: int,
         call: int,
-    ) -> None:
+    ) -> tuple[int, int]:
         """``_answer_many`` of one request (a sampler's batch as it came) that fits its slot: no
         per-request lists to build, its plan cached per layout."""
         plans = self._plans1.get(layout)
@@ -961,13 +964,34 @@ class QueueWorker:
             if len(self._plans1) >= 4096:
                 self._plans1.clear()
             plans = self._plans1[layout] = [self._plan(layout)]
-        src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
-        self._native.answer_rows(
+        ns, woken = self._answer_rows(
             [(it.lane, it.g - it.lane * self._m.geo.spl, it.seq, it.gen, 0, layout.batch, 0)],
-            plans, src, engine_ns, call,
+            plans, outputs, engine_ns, call,
         )  # fmt: skip
         it.done = True
         self._outstanding.pop(it.g, None)
+        return ns, woken
+
+    def _answer_rows(
+        self,
+        work: list[tuple[int, int, int, int, int, int, int]],
+        plans: list[tuple[bytes, list[int], list[int], int]],
+        outputs: Mapping[str, np.ndarray[Any, Any]],
+        engine_ns: int,
+        call: int,
+    ) -> tuple[int, int]:
+        """The core's ``answer_rows`` on the outputs as they are: their order is the layout's (read from
+        them by ``validated_layout``). A C-contiguous copy of each is made only when the core refuses
+        one that is not: it takes every buffer before it writes anything, so the retry answers once."""
+        src = list(outputs.values())
+        try:
+            _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
+        except (ValueError, BufferError):  # numpy refuses a C-contiguous buffer of a strided array
+            if all(a.flags.c_contiguous for a in src):
+                raise
+            src = [np.ascontiguousarray(a) for a in src]
+            _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
+        return ns, woken
 
     def _answer_many(
         self,
@@ -976,14 +1000,14 @@ class QueueWorker:
         layout: PayloadLayout,
         engine_ns: int,
         call: int,
-    ) -> None:
+    ) -> tuple[int, int]:
         """The native path's ``Batch.complete``: each request's rows of ``outputs`` copied into its
         response region, its answer words, the answer counts and one wake per parked lane, in one core
-        call. Answers too large for a slot go to ndarray segments, written here first."""
+        call; what the wakes cost, (ns, lanes). Answers too large for a slot go to ndarray segments,
+        written here first."""
         one = len(items) == 1
         if one and not items[0].done and layout.inline_end <= self._m.geo.resp_bytes:
-            self._answer_one(items[0], outputs, layout, engine_ns, call)
-            return
+            return self._answer_one(items[0], outputs, layout, engine_ns, call)
         parts: list[tuple[_Item, int, int, PayloadLayout]] = []  # (request, first row, rows, its layout)
         off = 0
         for it in items:
@@ -1003,8 +1027,7 @@ class QueueWorker:
                     k = index[lay] = len(plans)
                     plans.append(self._plan(lay))
                 work.append((it.lane, it.g - it.lane * spl, it.seq, it.gen, row, n, k))
-            src = [np.ascontiguousarray(outputs[name]) for name, _, _ in layout.spec]
-            self._native.answer_rows(work, plans, src, engine_ns, call)
+            ns, woken = self._answer_rows(work, plans, outputs, engine_ns, call)
         else:
             words: list[tuple[int, int, int, int, int]] = []
             for it, row, n, lay in parts:
@@ -1013,7 +1036,7 @@ class QueueWorker:
                 assert got is not None
                 status, nbytes = got
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
-            self._native.answer(words, engine_ns, call)
+            ns, woken = self._native.answer(words, engine_ns, call)
         for (
             it,
             _,
@@ -1022,6 +1045,7 @@ class QueueWorker:
         ) in parts:  # done once published: an interrupt before leaves them to complete()'s handler
             it.done = True
             self._outstanding.pop(it.g, None)
+        return ns, woken
 
     def _answer_external(
         self, g: int, layout: PayloadLayout, arrays: Mapping[str, np.ndarray[Any, Any]]
@@ -1053,9 +1077,10 @@ class QueueWorker:
             return nat.wakes()  # type: ignore[no-any-return]
         return self.counts.wake_ns, self.counts.woken
 
-    def _wake_parked(self, items: list[_Item]) -> None:
+    def _wake_parked(self, items: list[_Item]) -> tuple[int, int]:
+        """Wake the parked clients of ``items``' lanes, once per lane: (ns in the wakes, lanes woken)."""
         if not items:
-            return
+            return _NO_WAKES
         m = self._m
         q = m.q
         full_barrier()  # order the answers' stores before the loads of client_parked (Dekker)
@@ -1063,24 +1088,31 @@ class QueueWorker:
         if len(items) == 1:
             lane = items[0].lane
             if q[parked_i[lane]]:
-                self._wake_timed(wake[lane])
-            return
+                return self._wake_timed(wake[lane]), 1
+            return _NO_WAKES
+        ns = woken = 0
         for lane in {it.lane for it in items}:
             if q[parked_i[lane]]:
-                self._wake_timed(wake[lane])
+                ns += self._wake_timed(wake[lane])
+                woken += 1
+        return ns, woken
 
-    def _wake_parked_native(self, items: list[_Item]) -> None:
+    def _wake_parked_native(self, items: list[_Item]) -> tuple[int, int]:
         """``_wake_parked`` on the native core: one wake per parked lane, counted by the core."""
         if items:
-            self._native.wake_lanes([it.lane for it in items])
+            return self._native.wake_lanes([it.lane for it in items])  # type: ignore[no-any-return]
+        return _NO_WAKES
 
-    def _wake_timed(self, handle: Any) -> None:
-        """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the same)."""
+    def _wake_timed(self, handle: Any) -> int:
+        """One lane's futex wake, timed around the system call alone (the core's ``wakes`` does the
+        same); the ns it took."""
         t0 = time.monotonic_ns()
         futex_wake_all(handle)
+        ns = time.monotonic_ns() - t0
         counts = self.counts
-        counts.wake_ns += time.monotonic_ns() - t0
+        counts.wake_ns += ns
         counts.woken += 1
+        return ns
 
 
 class WorkerStandby:
