@@ -142,6 +142,13 @@ impl RawBuffer {
         }
         Ok(RawBuffer { view })
     }
+    /// The exporter's shape (C-contiguous requests fill it); empty for a 0-d buffer.
+    fn shape(&self) -> &[isize] {
+        if self.view.shape.is_null() || self.view.ndim <= 0 {
+            return &[];
+        }
+        unsafe { std::slice::from_raw_parts(self.view.shape, self.view.ndim as usize) }
+    }
     fn bytes(&self) -> &[u8] {
         if self.view.buf.is_null() || self.view.len <= 0 {
             return &[];
@@ -711,7 +718,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Segment>()?;
     m.add_class::<client::RequestPlan>()?;
     m.add_class::<client::AnswerPlan>()?;
-    m.add_function(wrap_pyfunction!(client::send, m)?)?;
+    m.add_function(wrap_pyfunction!(client::send_request, m)?)?;
     m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
