@@ -1116,9 +1116,8 @@ def plot_png(report: dict[str, Any]) -> bytes:
     ax.set_yscale("log")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"{name} round trip per window (ms; hollow: n < {need:,})")
-    why = next((t["why"] for t in report["targets"] if t["target"] == TAIL_TARGET and t["met"] is None), "")
     title = f"lowtail bench soak ({report['path']} path): {headline(report).removeprefix('soak: ')}"
-    ax.set_title("\n".join(textwrap.wrap(title + (f" ({why})" if why else ""), 120)), fontsize=8, loc="left")
+    ax.set_title("\n".join(textwrap.wrap(title, 120)), fontsize=8, loc="left")  # the headline has the why
     ax.legend(fontsize=7)
     fig.tight_layout()
     buf = io.BytesIO()
