@@ -209,6 +209,24 @@ def test_the_core_copies_refuse_what_runs_past_a_region_or_an_array_and_answer_n
     mm.close()
 
 
+@needs_native
+def test_answer_rows_copies_strided_and_fortran_ordered_outputs_in_c_order() -> None:
+    """Outputs in any memory layout are answered as the values they hold: the core copies one that is
+    not C-contiguous to C order itself (no refused call for Python to retry)."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, _):
+        wide = np.arange(16, dtype=np.float32).reshape(4, 4)
+        for k, out in enumerate([wide[:, ::2], np.asfortranarray(wide[:, :2]), wide[::-1, 1:3], wide[:, :2]]):
+            assert out.shape == (4, 2)
+            seq = 10 + k
+            plan = (b"\x01" * 64, [64], [8], 96)
+            assert seg.answer_rows([(0, 1, seq, 0, 1, 2, 0)], [plan], [out], 0, 0) == ([0], 0, 0)
+            off = geo.resp_off(1)
+            assert mm[off + 64 : off + 80] == np.ascontiguousarray(out[1:3]).tobytes(), k  # rows 1..3
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq
+
+
 @contextlib.contextmanager
 def _mapped(lanes: int, spl: int, req: int, resp: int) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
     """``_anon_segment`` with its words (``q``) and the core module; all closed at the end."""
