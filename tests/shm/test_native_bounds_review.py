@@ -7,8 +7,7 @@ claim by claim; the "other process" is the owner's mapping (``InferenceQueue._m`
 process with write access to the file can do.
 
 The last section holds lane words that a previous holder of a lane leaves at 2^64 - 1: the next client
-of that lane inherits them. Those tests are expected to fail (strict) until the client wraps or resets
-them; see the reason on each."""
+of that lane inherits them, and its counters wrap modulo 2^64 (a request sequence skipping 0)."""
 
 from __future__ import annotations
 
@@ -215,15 +214,7 @@ def test_an_answer_header_changed_to_another_valid_layout_is_read_by_that_layout
 
 # -- lane words inherited from the lane's previous holder ---------------------------------------------
 
-INHERITED = pytest.mark.xfail(
-    strict=True,
-    reason="shm/client.py adds 1 to the lane's generation, its doorbell and a slot's request sequence "
-    "as read from the segment, unwrapped: at 2^64 - 1 the store raises ValueError (memoryview 'Q') or the "
-    "native call OverflowError, and on the native path a sequence wrapped to 0 equals the never-claimed 0",
-)
 
-
-@INHERITED
 def test_a_lane_generation_of_u64_max_left_by_its_last_holder_does_not_stop_the_next_client() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
@@ -232,7 +223,6 @@ def test_a_lane_generation_of_u64_max_left_by_its_last_holder_does_not_stop_the_
             _round_trip(c, w, 1.0)
 
 
-@INHERITED
 def test_a_doorbell_of_u64_max_left_by_its_last_holder_costs_the_next_client_one_request_at_most() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
@@ -248,7 +238,6 @@ def test_a_doorbell_of_u64_max_left_by_its_last_holder_costs_the_next_client_one
                 _round_trip(c, w, tag)
 
 
-@INHERITED
 def test_request_sequences_of_u64_max_left_in_the_slots_do_not_fail_the_next_clients_requests() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
