@@ -1,12 +1,13 @@
-//! The client's round trip in the core: a request's copy-in and publication in one call (`send`), and
-//! an answer's words, the check of its header against the one the client parsed last in that slot,
-//! and the copy-out into fresh arrays in one call (`receive_answer`, which may spin for the answer first).
+//! The client's round trip in the core: a request's layout check, copy-in and publication in one call
+//! (`send_request`), and an answer's words, the check of its header against the one the client parsed
+//! last in that slot, and the copy-out into fresh arrays in one call (`receive_answer`, which may spin for the answer first).
 //!
 //! What to copy comes from plans the Python side builds once per payload layout (`RequestPlan`,
 //! `AnswerPlan`) and checks nothing against the mapping: every offset and length is bounded here, at
 //! each call, by the slot's region before the first byte is written or read. Bytes of the mapping are
 //! written and read through raw pointers (other processes share them), never as Rust slices.
 
+use pyo3::intern;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::*;
@@ -24,29 +25,97 @@ fn check_arrays(head: usize, arrays: &[(u64, u64)]) -> PyResult<u64> {
     Ok(end)
 }
 
-/// What `send` copies for one request layout: the prefix and header bytes, then each array by name
-/// to its offset from the start of the request region.
+/// A request array: its name, offset from the start of the request region, bytes, shape and dtype.
+type RequestArray = (Py<PyString>, u64, u64, Vec<isize>, PyObject);
+
+/// What `send_request` copies for one request layout: the prefix and header bytes, then each array by
+/// name to its offset from the start of the request region; and what a request must be to have that
+/// layout (the mapping's size, each value's type `ndarray`, its dtype object and its shape).
 #[pyclass(module = "lowtail_native", frozen)]
 pub struct RequestPlan {
     prefix: Vec<u8>,
-    arrays: Vec<(Py<PyString>, u64, u64)>,
+    arrays: Vec<RequestArray>,
     end: u64,
+    ndarray: PyObject,
 }
 
 #[pymethods]
 impl RequestPlan {
-    /// `arrays`: (name, offset, nbytes) in header order.
+    /// `arrays`: (name, offset, nbytes, shape, dtype) in header order; `ndarray`: the array type.
     #[new]
-    fn new(prefix: Vec<u8>, arrays: Vec<(Py<PyString>, u64, u64)>) -> PyResult<Self> {
+    fn new(prefix: Vec<u8>, arrays: Vec<RequestArray>, ndarray: PyObject) -> PyResult<Self> {
         let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
         let end = check_arrays(prefix.len(), &spans)?;
-        Ok(RequestPlan { prefix, arrays, end })
+        Ok(RequestPlan { prefix, arrays, end, ndarray })
     }
     /// The payload's end: the bytes a request of this layout takes in its region.
     #[getter]
     fn end(&self) -> u64 {
         self.end
     }
+}
+
+/// The request's arrays in the plan's order when `arrays` has exactly the plan's layout (the same
+/// number of entries, each name an `ndarray` of the plan's dtype object and shape, C-contiguous): as
+/// `PayloadLayout.matches` decides, plus the contiguity the copy needs. None otherwise.
+fn layout_buffers(py: Python<'_>, plan: &RequestPlan, arrays: &Bound<'_, PyAny>) -> PyResult<Option<Vec<RawBuffer>>> {
+    if !matches!(arrays.len(), Ok(n) if n == plan.arrays.len()) {
+        return Ok(None);
+    }
+    let ndarray = plan.ndarray.bind(py);
+    let mut bufs = Vec::with_capacity(plan.arrays.len());
+    for (name, _, n, shape, dtype) in &plan.arrays {
+        let Ok(obj) = arrays.get_item(name.bind(py)) else {
+            return Ok(None); // not a mapping with this name
+        };
+        if !obj.get_type().is(ndarray) || !matches!(obj.getattr(intern!(py, "dtype")), Ok(d) if d.is(dtype.bind(py))) {
+            return Ok(None);
+        }
+        let Ok(b) = RawBuffer::get(&obj) else {
+            return Ok(None); // not C-contiguous (a strided view): the caller's copy handles any strides
+        };
+        if b.shape() != shape.as_slice() {
+            return Ok(None);
+        }
+        if b.bytes().len() as u64 != *n {
+            return Err(PyValueError::new_err(format!("array {}: {} bytes, its layout has {n}", name.bind(py), b.bytes().len())));
+        }
+        bufs.push(b);
+    }
+    Ok(Some(bufs))
+}
+
+/// Copy a request of `plan`'s layout from `arrays` into `slot` of `lane` and publish it as ring
+/// position `head` (`Segment.publish`). Returns (seq, now), or None when `arrays` is not exactly the
+/// plan's layout or an array is not C-contiguous (nothing written: the caller validates and copies).
+/// Everything is checked before the first byte is written.
+#[pyfunction]
+pub fn send_request(
+    py: Python<'_>,
+    seg: PyRef<'_, Segment>,
+    lane: u64,
+    slot: u64,
+    head: u64,
+    plan: PyRef<'_, RequestPlan>,
+    arrays: &Bound<'_, PyAny>,
+) -> PyResult<Option<(u64, u64)>> {
+    seg.check_lane(lane)?;
+    seg.check_slot(slot)?;
+    let g = &seg.geo;
+    if plan.end > g.req_bytes {
+        return Err(PyIndexError::new_err(format!("a {}-byte request in a {}-byte request region", plan.end, g.req_bytes)));
+    }
+    let Some(bufs) = layout_buffers(py, &plan, arrays)? else {
+        return Ok(None);
+    };
+    let region = g.req_base + (lane * g.spl + slot) * g.req_bytes;
+    seg.st(g.slot_word(lane * g.spl + slot) + (S_REQ_STATE >> 3), WRITING)?;
+    seg.write_bytes(region, &plan.prefix)?;
+    for ((_, off, _, _, _), b) in plan.arrays.iter().zip(&bufs) {
+        seg.write_bytes(region + off, b.bytes())?;
+    }
+    drop(bufs);
+    seg.publish(lane, slot, plan.end, head).map(Some)
 }
 
 /// How `receive_answer` reads an answer whose prefix and header bytes are `key` (what the client parsed last
@@ -77,56 +146,19 @@ impl AnswerPlan {
     }
 }
 
-/// Copy a request of `plan`'s layout from `arrays` (a mapping of C-contiguous arrays, each exactly its
-/// bytes in the plan) into `slot` of `lane` and publish it as ring position `head` (`Segment.publish`).
-/// Returns (seq, now), or None when an array does not export C-contiguous bytes (nothing written: the
-/// caller copies it). Everything is checked before the first byte is written.
-#[pyfunction]
-pub fn send(
-    seg: PyRef<'_, Segment>,
-    lane: u64,
-    slot: u64,
-    head: u64,
-    plan: PyRef<'_, RequestPlan>,
-    arrays: &Bound<'_, PyAny>,
-) -> PyResult<Option<(u64, u64)>> {
-    seg.check_lane(lane)?;
-    seg.check_slot(slot)?;
-    let g = &seg.geo;
-    if plan.end > g.req_bytes {
-        return Err(PyIndexError::new_err(format!("a {}-byte request in a {}-byte request region", plan.end, g.req_bytes)));
-    }
-    let mut bufs = Vec::with_capacity(plan.arrays.len());
-    for (name, _, n) in &plan.arrays {
-        let obj = arrays.get_item(name.bind(arrays.py()))?;
-        let Ok(b) = RawBuffer::get(&obj) else {
-            return Ok(None); // not C-contiguous (a strided view): the caller's copy handles any strides
-        };
-        if b.bytes().len() as u64 != *n {
-            let name = name.bind(arrays.py());
-            return Err(PyValueError::new_err(format!("array {name}: {} bytes, its layout has {n}", b.bytes().len())));
-        }
-        bufs.push(b);
-    }
-    let region = g.req_base + (lane * g.spl + slot) * g.req_bytes;
-    seg.st(g.slot_word(lane * g.spl + slot) + (S_REQ_STATE >> 3), WRITING)?;
-    seg.write_bytes(region, &plan.prefix)?;
-    for ((_, off, _), b) in plan.arrays.iter().zip(&bufs) {
-        seg.write_bytes(region + off, b.bytes())?;
-    }
-    drop(bufs);
-    seg.publish(lane, slot, plan.end, head).map(Some)
-}
-
 /// The answer in `slot` of `lane`, once its resp_seq is `seq`. With a spin budget (`spin_ns` > 0) it
 /// spins for it first, the GIL released: the whole budget when the answer is due by then (`due_ns`, the
-/// predicted answer time, at most now + `spin_ns`), else `short_ns`. Returns (answered, now, status,
-/// claim_ns, done_ns, engine_ns, call, out). `out`: with `plan` and an ST_OK answer whose prefix and
-/// header are the plan's key, a dict of fresh arrays copied out of the response region when `copy` and
-/// the plan has arrays, else True (the caller's cached layout holds); None when the header differs (the
-/// caller parses it), for an error status, or without a plan.
+/// predicted answer time, at most now + `spin_ns`), else `short_ns`. With a park budget (`park_ns` > 0)
+/// an answer not there by then is waited for parked (`Segment.park`: one futex wait of at most
+/// `park_ns`), so a parked client's wait and its answer's read are one call. Returns (answered, now,
+/// status, claim_ns, done_ns, engine_ns, call, out, parked_at, slept): `now` when the answer was seen
+/// or the wait ended; `out`: with `plan` and an ST_OK answer whose prefix and header are the plan's
+/// key, a dict of fresh arrays copied out of the response region when `copy` and the plan has arrays,
+/// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
+/// for an error status, or without a plan; `parked_at`: when the park began (0: none); `slept`: the
+/// park made its futex wait (else the re-check after setting the parked flag found the answer).
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0))]
+#[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0, park_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn receive_answer(
     py: Python<'_>,
@@ -139,8 +171,9 @@ pub fn receive_answer(
     spin_ns: u64,
     short_ns: u64,
     due_ns: u64,
-) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject)> {
-    let (answered, now) = if spin_ns != 0 {
+    park_ns: u64,
+) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject, u64, bool)> {
+    let (mut answered, mut now) = if spin_ns != 0 {
         let now = now_ns();
         let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
         seg.spin(py, lane, slot, seq, now.saturating_add(budget))?
@@ -149,15 +182,21 @@ pub fn receive_answer(
         seg.check_slot(slot)?;
         (seg.ld(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_RESP_SEQ >> 3))? == seq, now_ns())
     };
+    let (mut parked_at, mut slept) = (0, false);
+    if !answered && park_ns != 0 {
+        parked_at = now;
+        (answered, slept) = seg.park(py, lane, slot, seq, park_ns)?;
+        now = now_ns();
+    }
     if !answered {
-        return Ok((false, now, 0, 0, 0, 0, 0, py.None()));
+        return Ok((false, now, 0, 0, 0, 0, 0, py.None(), parked_at, slept));
     }
     let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
     let mut out = py.None();
     if let (Some(plan), ST_OK) = (plan, status) {
         out = read_answer(py, &seg, lane * seg.geo.spl + slot, &plan, copy)?;
     }
-    Ok((true, now, status, claim, done, engine, call, out))
+    Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
 }
 
 /// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.

@@ -131,13 +131,23 @@ struct RawBuffer {
 
 impl RawBuffer {
     fn get(obj: &Bound<'_, PyAny>) -> PyResult<RawBuffer> {
-        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
         // PyBUF_C_CONTIGUOUS without PyBUF_FORMAT: the exporter hands out its bytes, whatever the dtype.
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
+        Self::with_flags(obj, ffi::PyBUF_C_CONTIGUOUS)
+    }
+    fn with_flags(obj: &Bound<'_, PyAny>, flags: std::ffi::c_int) -> PyResult<RawBuffer> {
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
         if rc != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
         Ok(RawBuffer { view })
+    }
+    /// The exporter's shape (C-contiguous requests fill it); empty for a 0-d buffer.
+    fn shape(&self) -> &[isize] {
+        if self.view.shape.is_null() || self.view.ndim <= 0 {
+            return &[];
+        }
+        unsafe { std::slice::from_raw_parts(self.view.shape, self.view.ndim as usize) }
     }
     fn bytes(&self) -> &[u8] {
         if self.view.buf.is_null() || self.view.len <= 0 {
@@ -160,6 +170,39 @@ impl Drop for RawBuffer {
     fn drop(&mut self) {
         // Dropped inside the method that made it, with the GIL held.
         unsafe { ffi::PyBuffer_Release(&mut *self.view) };
+    }
+}
+
+/// An output array's bytes in C order for `answer_rows`: the exporter's own when they are C-contiguous,
+/// else a copy made here by `PyBuffer_ToContiguous` (a strided or Fortran-ordered view), so the worker
+/// hands its outputs over as they are and a strided one costs a copy, not a refused call and a retry.
+struct SrcBytes {
+    view: RawBuffer, // holds the export while the bytes are read
+    copy: Option<Vec<u8>>,
+}
+
+impl SrcBytes {
+    fn get(obj: &Bound<'_, PyAny>) -> PyResult<SrcBytes> {
+        // PyBUF_STRIDES without PyBUF_FORMAT: any dtype, any memory layout, read-only allowed.
+        let view = RawBuffer::with_flags(obj, ffi::PyBUF_STRIDES)?;
+        if unsafe { ffi::PyBuffer_IsContiguous(&*view.view, b'C' as std::ffi::c_char) } == 1 {
+            return Ok(SrcBytes { view, copy: None });
+        }
+        let len = view.view.len.max(0);
+        let mut copy = vec![0u8; len as usize];
+        let rc = unsafe {
+            ffi::PyBuffer_ToContiguous(copy.as_mut_ptr().cast(), &*view.view, len, b'C' as std::ffi::c_char)
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(SrcBytes { view, copy: Some(copy) })
+    }
+    fn bytes(&self) -> &[u8] {
+        match &self.copy {
+            Some(c) => c,
+            None => self.view.bytes(),
+        }
     }
 }
 
@@ -534,9 +577,10 @@ impl Segment {
         Ok(())
     }
 
-    /// Answer a batch whose outputs are `src` (C-contiguous arrays in header order, leading dimension
-    /// the batch's samples): `items` are (lane, slot, seq, gen, row0, rows, plan) and `plans` (prefix,
-    /// offsets, row_bytes) per answer layout (the prefix and header bytes, each array's offset from the
+    /// Answer a batch whose outputs are `src` (arrays in header order, leading dimension the batch's
+    /// samples; any memory layout: one that is not C-contiguous is copied to C order first): `items`
+    /// are (lane, slot, seq, gen, row0, rows, plan) and `plans` (prefix, offsets, row_bytes) per answer
+    /// layout (the prefix and header bytes, each array's offset from the
     /// start of the response region, its bytes per row, the payload's end). Per request: rows row0..row0+rows of each
     /// array and the prefix into its response region (or ST_CLIENT_GONE when its lane changed hands
     /// since the claim), its words, resp_seq last, its lane's count; then one fence and one wake per
@@ -552,7 +596,7 @@ impl Segment {
         call: u64,
     ) -> PyResult<(Vec<u64>, u64, u64)> {
         let g = &self.geo;
-        let ins: Vec<RawBuffer> = src.iter().map(RawBuffer::get).collect::<PyResult<_>>()?;
+        let ins: Vec<SrcBytes> = src.iter().map(SrcBytes::get).collect::<PyResult<_>>()?;
         // Everything checked before the first answer is written: a bad call answers nothing.
         for &(lane, slot, _, _, row0, rows, plan) in &items {
             self.check_lane(lane)?;
@@ -675,7 +719,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Segment>()?;
     m.add_class::<client::RequestPlan>()?;
     m.add_class::<client::AnswerPlan>()?;
-    m.add_function(wrap_pyfunction!(client::send, m)?)?;
+    m.add_function(wrap_pyfunction!(client::send_request, m)?)?;
     m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;

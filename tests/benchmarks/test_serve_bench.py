@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowtail.benchmarks.serve_run import WAKES
+from lowtail.benchmarks.serve_run import SAMPLER_COSTS, WAKES
 from lowtail.cli.main import main
 from lowtail.serve.call_stats import CALL_FIELDS
 
@@ -53,6 +53,14 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert r["worker_rss_mib"] > 10 and r["queue_mib"] > 0
         # the samplers' own CPU per request: at least the submit and read of one round trip
         assert r["sampler_cpu_us_per_request"] > 1 and 0 < r["sampler_cpus_busy"] <= 1.05
+        # where it went: user + system is the same thread CPU (getrusage scales its split to that total)
+        costs = r["sampler_costs"]
+        assert list(costs) == list(SAMPLER_COSTS)
+        cpu = r["sampler_cpu_us_per_request"]
+        assert costs["user_us"] + costs["sys_us"] == pytest.approx(cpu, rel=0.25, abs=2.0)
+        assert 0 <= costs["parked"] <= 1 and costs["vol_cs"] >= 0 and costs["invol_cs"] >= 0
+        assert costs["park_us"] > 0 if costs["parked"] else costs["park_us"] >= 0
+        assert 0 < costs["loop_us"] < cpu and costs["spin_us"] >= 0 and costs["run_delay_us"] >= 0
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
     # the traffic design's ceilings come from its own figures; the batch-per-request designs have none,
@@ -63,6 +71,7 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
     assert "<img" in (tmp_path / "s.html").read_text()
     text = capsys.readouterr().out
     assert "served x2" in text and "traffic 3x2" in text and "worker cost per engine call" in text
+    assert "a sampler's CPU per request" in text and "<th>run_delay</th>" in (tmp_path / "s.html").read_text()
     assert max(len(line) for line in text.splitlines()) <= 100, text  # the tables fit the terminal
     page = (tmp_path / "s.html").read_text()
     assert page.index("<h2>Targets</h2>") < page.index("<h2>Plots</h2>") < page.index("<h2>JSON</h2>")

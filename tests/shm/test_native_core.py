@@ -61,7 +61,14 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # every Segment call there, but not the client's round trip on the module
     fake.Segment = type("Segment", (), dict.fromkeys(native.SEGMENT_CALLS))  # type: ignore[attr-defined]
     mod, impl = native._load()
-    assert mod is None and "send, receive_answer, RequestPlan, AnswerPlan" in impl.reason
+    assert mod is None and "send_request, receive_answer, RequestPlan, AnswerPlan" in impl.reason
+    # an extension whose send took any mapping (no layout check of its own) is refused by name: its
+    # RequestPlan takes other arguments
+    old = {"send": None, "receive_answer": None, "RequestPlan": None, "AnswerPlan": None}
+    for name, value in old.items():
+        setattr(fake, name, value)
+    mod, impl = native._load()
+    assert mod is None and "send_request" in impl.reason and "receive_answer" not in impl.reason
 
 
 def test_lowtail_pure_python_forces_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,6 +209,24 @@ def test_the_core_copies_refuse_what_runs_past_a_region_or_an_array_and_answer_n
     mm.close()
 
 
+@needs_native
+def test_answer_rows_copies_strided_and_fortran_ordered_outputs_in_c_order() -> None:
+    """Outputs in any memory layout are answered as the values they hold: the core copies one that is
+    not C-contiguous to C order itself (no refused call for Python to retry)."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, _):
+        wide = np.arange(16, dtype=np.float32).reshape(4, 4)
+        for k, out in enumerate([wide[:, ::2], np.asfortranarray(wide[:, :2]), wide[::-1, 1:3], wide[:, :2]]):
+            assert out.shape == (4, 2)
+            seq = 10 + k
+            plan = (b"\x01" * 64, [64], [8], 96)
+            assert seg.answer_rows([(0, 1, seq, 0, 1, 2, 0)], [plan], [out], 0, 0) == ([0], 0, 0)
+            off = geo.resp_off(1)
+            assert mm[off + 64 : off + 80] == np.ascontiguousarray(out[1:3]).tobytes(), k  # rows 1..3
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq
+
+
 @contextlib.contextmanager
 def _mapped(lanes: int, spl: int, req: int, resp: int) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
     """``_anon_segment`` with its words (``q``) and the core module; all closed at the end."""
@@ -223,30 +248,113 @@ def test_send_refuses_what_runs_past_the_request_region_and_writes_nothing() -> 
 
     with _mapped(2, 2, 256, 256) as (geo, mm, seg, q, core):
         prefix = b"\x07" * 64
+        f4 = np.dtype(np.float32)
         x = {"x": np.arange(8, dtype=np.float32).reshape(4, 2)}  # 32 bytes
-        fits = core.RequestPlan(prefix, [("x", 224, 32)])  # ends exactly at the region's end
+
+        def plan(at: int, n: int = 32) -> Any:
+            return core.RequestPlan(prefix, [("x", at, n, (4, 2), f4)], np.ndarray)
+
+        fits = plan(224)  # ends exactly at the region's end
         assert fits.end == 256
         cases = [
-            (lambda: core.RequestPlan(prefix, [("x", 232, 32)]), 0, "264-byte request in a 256-byte"),
-            (lambda: core.RequestPlan(prefix, [("x", 64, 36)]), 0, "32 bytes, its layout has 36"),
+            (lambda: plan(232), 0, "264-byte request in a 256-byte"),
+            (lambda: plan(64, 36), 0, "32 bytes, its layout has 36"),
             (lambda: fits, 2, "lane 2"),
         ]
         region = slice(geo.req_off(1), geo.req_off(1) + 256)
-        for plan, lane, why in cases:
+        for make, lane, why in cases:
             with pytest.raises((IndexError, ValueError), match=why):
-                core.send(seg, lane, 1, 0, plan(), x)
+                core.send_request(seg, lane, 1, 0, make(), x)
             assert q[geo.slot_word(1) + W_REQ_SEQ] == 0 and q[geo.slot_word(1) + W_REQ_STATE] == 0
             assert mm[region] == bytes(256)  # nothing written
         with pytest.raises(ValueError, match="overlaps the 64-byte header"):
-            core.RequestPlan(prefix, [("x", 32, 32)])
+            plan(32)
         with pytest.raises(ValueError, match="overflows"):
-            core.RequestPlan(prefix, [("x", 64, (1 << 64) - 8)])
+            plan(64, (1 << 64) - 8)
         strided = {"x": np.arange(16, dtype=np.float32).reshape(4, 4)[:, ::2]}
-        assert core.send(seg, 0, 1, 0, fits, strided) is None  # the caller copies a strided array
+        assert core.send_request(seg, 0, 1, 0, fits, strided) is None  # the caller copies a strided array
         assert mm[region] == bytes(256)
-        seq, _ = core.send(seg, 0, 1, 0, fits, x)
+        seq, _ = core.send_request(seg, 0, 1, 0, fits, x)
         assert seq == 1 and q[geo.slot_word(1) + W_REQ_SEQ] == 1
         assert mm[region][:64] == prefix and mm[region][224:] == x["x"].tobytes()
+
+
+class _Sub(np.ndarray):  # type: ignore[type-arg]
+    pass
+
+
+@needs_native
+def test_send_takes_only_a_request_of_the_plans_layout_and_writes_nothing_otherwise() -> None:
+    """The layout check ``PayloadLayout.matches`` makes, in the core: the same entries, each an
+    ``ndarray`` of the plan's dtype and shape; anything else is None (the caller validates it)."""
+    from lowtail.shm.layout import W_REQ_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        x = np.arange(8, dtype=np.float32).reshape(4, 2)
+        plan = core.RequestPlan(b"\x07" * 64, [("x", 64, 32, (4, 2), np.dtype(np.float32))], np.ndarray)
+        others = {
+            "another shape, the same bytes": {"x": x.reshape(2, 4)},
+            "another dtype, the same bytes": {"x": x.view(np.int32)},
+            "another name": {"y": x},
+            "an extra entry": {"x": x, "y": x},
+            "no entry": {},
+            "an ndarray subclass": {"x": x.view(_Sub)},
+            "not an array": {"x": memoryview(x.tobytes()).cast("f", (4, 2))},
+            "not a mapping": [x],
+        }
+        region = slice(geo.req_off(1), geo.req_off(1) + 256)
+        for why, arrays in others.items():
+            assert core.send_request(seg, 0, 1, 0, plan, arrays) is None, why
+            assert q[geo.slot_word(1) + W_REQ_SEQ] == 0 and mm[region] == bytes(256), why
+        assert core.send_request(seg, 0, 1, 0, plan, {"x": x.copy()}) is not None
+
+
+def _answer_in_slot_1(geo: Any, mm: Any) -> tuple[bytes, np.ndarray[Any, Any]]:
+    """A 64-byte key and a (4, 2) float32 answer at offset 224 of lane 0's slot 1 response region."""
+    key = b"\x05" * 64
+    y = np.arange(8, dtype=np.float32).reshape(4, 2)
+    off = geo.resp_off(1)
+    mm[off : off + 64] = key
+    mm[off + 224 : off + 256] = y.tobytes()
+    return key, y
+
+
+@needs_native
+def test_receive_with_a_park_budget_sleeps_until_woken_by_the_answer_and_reads_it() -> None:
+    """A parked client's wait and read in one call: an answer not there sleeps on the lane's answer
+    counter (no answer: back after the budget, parked and slept); one answered and woken meanwhile is
+    read in the same call."""
+    import ctypes
+    import threading
+
+    from lowtail.shm.futex import futex_wake
+    from lowtail.shm.layout import L_PARKED, L_RESP_COUNT, W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key, y = _answer_in_slot_1(geo, mm)
+        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), np.dtype(np.float32))], np.empty)
+        got = core.receive_answer(seg, 0, 1, 3, plan, True, 0, 0, 0, 20_000_000)
+        assert got[0] is False and got[8] > 0 and got[9] is True  # parked, slept, timed out
+        assert got[1] >= got[8] and q[geo.lane(0, L_PARKED)] == 0
+
+        count_i = geo.lane(0, L_RESP_COUNT)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm, count_i * 8))
+
+        def answer() -> None:
+            while q[geo.lane(0, L_PARKED)] == 0:  # the client is parked: answer and wake it
+                time.sleep(0.001)
+            q[geo.slot_word(1) + W_RESP_SEQ] = 3
+            q[count_i] += 1
+            futex_wake(addr)
+
+        t = threading.Thread(target=answer)
+        t.start()
+        t0 = time.monotonic()
+        got = core.receive_answer(seg, 0, 1, 3, plan, True, 0, 0, 0, 60 * 10**9)
+        t.join()
+        assert time.monotonic() - t0 < 30  # woken, not timed out
+        assert got[0] is True and got[8] > 0 and got[9] is True
+        assert got[7]["y"].tobytes() == y.tobytes()
 
 
 @needs_native
@@ -254,11 +362,7 @@ def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_re
     from lowtail.shm.layout import ST_FAILED, W_RESP_SEQ, W_RESP_STATUS
 
     with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
-        key = b"\x05" * 64
-        y = np.arange(8, dtype=np.float32).reshape(4, 2)
-        off = geo.resp_off(1)
-        mm[off : off + 64] = key
-        mm[off + 224 : off + 256] = y.tobytes()
+        key, y = _answer_in_slot_1(geo, mm)
         si = geo.slot_word(1)
 
         def plan(k: bytes, at: int, shape: tuple[int, ...] = (4, 2)) -> Any:

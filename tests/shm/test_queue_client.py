@@ -322,13 +322,17 @@ def test_a_client_on_a_shared_cpu_parks_through_a_slow_request(
     with _worker_at(ctx, server, [0.05]), QueueClient.attach(server.descriptor) as c:
         assert c.spin_policy.spin_us == 0 and not c.spin_policy.own_cpu, c.spin_policy
         _rounds(c, 1)  # the worker's start-up is not the wait measured
+        times0 = c.wait_times
         wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
         delta = _rounds(c, 5)
         wall, cpu = time.monotonic_ns() - wall0, time.thread_time_ns() - cpu0
+        times = {k: v - times0[k] for k, v in c.wait_times.items()}
     assert delta["spinning"] == 0 and delta["timed_parks"] == 0, delta
     assert delta["parked"] + delta["immediate"] == 5 and delta["futex_waits"] >= 5, delta
     assert wall >= 5 * 50 * MS
     assert cpu < 0.2 * wall, (cpu, wall)
+    # the waits' wall time went to the park (each answer ~50 ms after its submit), none to a spin
+    assert delta["parked"] * 40 * MS <= times["park_ns"] <= wall and times["spin_ns"] < 5 * MS, times
 
 
 def test_a_client_with_a_spin_budget_spins_for_its_answer(ctx: BaseContext, server: InferenceQueue) -> None:
@@ -337,7 +341,9 @@ def test_a_client_with_a_spin_budget_spins_for_its_answer(ctx: BaseContext, serv
             _rounds(warm, 1)  # the worker is up before the measured client starts
         with QueueClient.attach(server.descriptor, spin_us=1_000_000) as c:
             delta = _rounds(c, 1)  # nothing learned yet: the whole budget is spun
+            times = c.wait_times
     assert delta["spinning"] == 1 and delta["futex_waits"] == 0, delta
+    assert times["spin_ns"] >= 10 * MS and times["park_ns"] == 0, times  # the answer came ~20 ms in
 
 
 def test_a_parked_client_whose_worker_is_killed_gets_worker_died_promptly(

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.benchmarks.serve_run import BREAKDOWN, STAGES, WAKES, DesignResult
+from lowtail.benchmarks.serve_run import BREAKDOWN, SAMPLER_COSTS, STAGES, WAKES, DesignResult
 from lowtail.render import table
 from lowtail.serve import call_stats as metrics
 
@@ -190,8 +190,27 @@ def stage_table(results: list[DesignResult]) -> list[tuple[str, list[str], list[
     return [(title, ["design", "n", *(k.removesuffix("_us") for k in STAGES)], rows)]
 
 
+def sampler_table(results: list[DesignResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows): where a sampler thread's CPU goes per request (serve_run.SAMPLER_COSTS)."""
+    rounds = max(r.round for r in results)
+    rows = [
+        [_row_label(r, rounds), _f(r.sampler_cpu_us_per_request, ".1f")]
+        + [_f(c[k], ".2f" if k in ("vol_cs", "invol_cs", "parked") else ".1f") for k in SAMPLER_COSTS]
+        for r in results
+        for c in (r.sampler_costs,)
+        if c
+    ]
+    if not rows:
+        return []
+    title = (
+        "a sampler's CPU per request: user, system, context switches (voluntary: parks), waiting for "
+        "its CPU, wall us spinning and parked, share of answers that found it parked, the loop's own us"
+    )
+    return [(title, ["design", "cpu us", *(k.removesuffix("_us") for k in SAMPLER_COSTS)], rows)]
+
+
 def render_breakdown(results: list[DesignResult]) -> str:
-    tables = breakdown_tables(results) + stage_table(results)
+    tables = breakdown_tables(results) + stage_table(results) + sampler_table(results)
     return "\n\n".join(table.render(h, rows, title=t) for t, h, rows in tables)
 
 
@@ -477,6 +496,7 @@ def write_html(
         + result_tables(results)
         + (breakdown_tables(results) if any(r.breakdown_us for r in results) else [])
         + stage_table(results)
+        + sampler_table(results)
     )
     sections += [html.Section(t, table=html.Table(h, rows)) for t, h, rows in tables]
     if png:

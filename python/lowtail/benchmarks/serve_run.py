@@ -110,6 +110,8 @@ class DesignResult:
     sampler_spin_us: int = -1
     sampler_spin_reason: str = ""
     sampler_cpu_count: int = 0  # the CPUs the samplers shared (their affinity)
+    # Where that CPU went, per request (SAMPLER_COSTS; empty when no sampler reported them).
+    sampler_costs: dict[str, float] = field(default_factory=dict)
     # A coalescing traffic design's ceilings on this host, from the run's own figures (all but the
     # worker's count lowtail's cost as zero): serve_report.traffic_limits. Empty for the other designs.
     limits: dict[str, float] = field(default_factory=dict)
@@ -176,11 +178,74 @@ def _bare_child(setup: Setup, conn: Any) -> None:
     conn.close()
 
 
+# Where a sampler thread's CPU goes, per request (``--breakdown``'s sampler table; sums over the
+# samplers divided by their requests): user and system time, voluntary context switches (each a park's
+# sleep), involuntary ones (preempted), the time runnable but waiting for its CPU, the wall time spent
+# spinning and parked, what share of the answers found the client parked, and the measuring loop's own
+# CPU (its clock reads and lists, timed on its own after the window: not the queue's).
+SAMPLER_COSTS = (
+    "user_us",
+    "sys_us",
+    "vol_cs",
+    "invol_cs",
+    "run_delay_us",
+    "spin_us",
+    "park_us",
+    "parked",
+    "loop_us",
+)
+
+
+def _thread_costs() -> tuple[int, int, int, int, int]:
+    """The calling thread's (user ns, system ns, voluntary and involuntary context switches, ns runnable
+    but not running); the last is 0 where the kernel keeps no schedstat."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            delay = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        delay = 0
+    return int(ru.ru_utime * 1e9), int(ru.ru_stime * 1e9), ru.ru_nvcsw, ru.ru_nivcsw, delay
+
+
+def _loop_ns(stages: bool, ticket: Any, n: int = 20_000) -> int:
+    """This thread's CPU per pass of the measuring loop without the request (its clock read, the list
+    appends, with ``stages`` the stage tuple): the part of ``cpu_ns`` that is the harness's."""
+    perf, lat, rows = time.perf_counter_ns, [], []
+    c0 = time.thread_time_ns()
+    t = perf()
+    for _ in range(n):
+        t1 = perf()
+        lat.append(t1 - t)
+        t = t1
+        if stages:
+            rows.append(round_trip_stages(ticket))
+    return (time.thread_time_ns() - c0) // n
+
+
+def _window_costs(
+    client: Any, before: tuple[Any, Any, Any], stages: bool, ticket: Any, n: int
+) -> dict[str, int]:
+    """A sampler's costs over its window (SAMPLER_COSTS' sums): ``before`` is its client's wait counts
+    and times and ``_thread_costs()`` at the window's start."""
+    counts0, times0, th0 = before
+    th1, times1, counts1 = _thread_costs(), client.wait_times, client.wait_counts
+    keys = ("user_ns", "sys_ns", "vol_cs", "invol_cs", "run_delay_ns")
+    costs = dict(zip(keys, (b - a for a, b in zip(th0, th1, strict=True)), strict=True))
+    costs |= {k: times1[k] - times0[k] for k in times0}
+    costs |= {k: counts1[k] - counts0[k] for k in counts0}
+    costs["loop_ns"] = _loop_ns(stages, ticket) * n
+    return costs
+
+
 def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed: int, conn: Any) -> None:
     """A closed-loop sampler; whatever goes wrong is sent back as its report's error."""
     lat: list[int] = []
     stages: list[tuple[int, ...]] = []
     cpu_ns = 0
+    costs: dict[str, int] = {}
     spin: tuple[int, str] = (-1, "")
     start = t = time.perf_counter_ns()
     start_mono = time.monotonic()
@@ -199,6 +264,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             start_mono = time.monotonic()
             # This thread's CPU (the one that submits and waits), not the process's: a sampler has
             # no environment step here, so all of it is the request's cost.
+            counts0, times0, th0 = client.wait_counts, client.wait_times, _thread_costs()
             cpu0 = time.thread_time_ns()
             start = t = perf()
             end = start + int(duration * 1e9)
@@ -211,6 +277,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
                 if setup.stages:
                     stages.append(round_trip_stages(pending.ticket))
             cpu_ns = time.thread_time_ns() - cpu0
+            costs = _window_costs(client, (counts0, times0, th0), setup.stages, pending.ticket, len(lat))
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -222,6 +289,7 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             "window": (start_mono, time.monotonic()),
             "cpu_ns": cpu_ns,
             "spin": spin,
+            "costs": costs,
             "stages_ns": stages,
             "error": error,
         }
@@ -403,6 +471,7 @@ def _served_result(
     res.sampler_cpu_us_per_request = sum(r["cpu_ns"] for r in ok) / 1e3 / sum(r["requests"] for r in ok)
     res.sampler_cpus_busy = sum(r["cpu_ns"] for r in ok) / 1e9 / elapsed / len(setup.sampler_cpus)
     res.sampler_cpu_count = len(setup.sampler_cpus)
+    res.sampler_costs = sampler_costs(ok)
     # Every sampler's own choice: on one isolated CPU the first to attach spins, the others park.
     spins = sorted({(int(r["spin"][0]), str(r["spin"][1])) for r in ok})
     res.sampler_spin_us = max(us for us, _ in spins)
@@ -424,6 +493,24 @@ def _served_result(
         res.overhead_us_mean = res.breakdown_us["overhead_us"].mean
         res.worker_busy = float(wall_ms.sum() / 1000 / (hi - lo))
     return res
+
+
+def sampler_costs(reports: list[dict[str, Any]]) -> dict[str, float]:
+    """SAMPLER_COSTS per request over the samplers' reports (those without costs left out)."""
+    got = [r["costs"] for r in reports if r.get("costs") and r["requests"]]
+    n = sum(r["requests"] for r in reports if r.get("costs") and r["requests"])
+    if not n:
+        return {}
+
+    def total(key: str) -> float:
+        return float(sum(c.get(key, 0) for c in got))
+
+    out = {k.replace("_ns", "_us"): total(k) / 1e3 / n for k in ("user_ns", "sys_ns", "run_delay_ns")}
+    out |= {k: total(k) / n for k in ("vol_cs", "invol_cs")}
+    out |= {"spin_us": total("spin_ns") / 1e3 / n, "park_us": total("park_ns") / 1e3 / n}
+    out["parked"] = total("parked") / n
+    out["loop_us"] = total("loop_ns") / 1e3 / n
+    return {k: out[k] for k in SAMPLER_COSTS}
 
 
 def run_served(setup: Setup, traffic: Traffic) -> DesignResult:

@@ -438,12 +438,14 @@ class _Prediction:
 
 
 class _WaitCounts:
-    """How a client's waits went: answers found at once, while spinning, while parked; futex waits."""
+    """How a client's waits went: answers found at once, while spinning, while parked; futex waits; and
+    the wall time spent spinning and parked (ns; a park's includes its wake-up and the wait for a CPU)."""
 
-    __slots__ = ("futex_waits", "immediate", "parked", "spinning", "timed_parks")
+    __slots__ = ("futex_waits", "immediate", "park_ns", "parked", "spin_ns", "spinning", "timed_parks")
 
     def __init__(self) -> None:
         self.immediate = self.spinning = self.parked = self.timed_parks = self.futex_waits = 0
+        self.spin_ns = self.park_ns = 0
 
 
 class QueueClient:
@@ -468,8 +470,7 @@ class QueueClient:
         q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
-        self._g0 = lane * geo.spl
-        self._spl = geo.spl
+        self._g0, self._spl = lane * geo.spl, geo.spl
         self._req_bytes = geo.req_bytes
         # per slot s of the lane: u64 index of its slot words, byte offsets of its regions
         self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
@@ -482,9 +483,11 @@ class QueueClient:
         self._count_i = geo.lane(lane, L_RESP_COUNT)
         self._waiter = FutexWaiter(m.addr(self._count_i))
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
-        core = None if m.native is None else native.core_of(m.native)
-        self._send: Any = core and core.send  # the core's round trip (lowtail_native's client.rs)
+        core = m.native and native.core_of(m.native)
+        self._send: Any = core and core.send_request  # the core's round trip (lowtail_native's client.rs)
         self._receive: Any = core and core.receive_answer
+        if core is not None:  # bound once: the Python path's submit tests nothing about the core
+            self.submit = self._submit_native  # type: ignore[method-assign]
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -601,6 +604,12 @@ class QueueClient:
             "timed_parks": c.timed_parks,
             "futex_waits": c.futex_waits,
         }
+
+    @property
+    def wait_times(self) -> dict[str, int]:
+        """Wall time the waits spent spinning and parked (ns): a park's includes the wake-up and the
+        wait for a CPU after it; an answer found at once adds to neither."""
+        return {"spin_ns": self._counts.spin_ns, "park_ns": self._counts.park_ns}
 
     def close(self) -> None:
         """Give the lane back; requests still in flight are abandoned (their answers are dropped)."""
@@ -771,54 +780,71 @@ class QueueClient:
         si = self._si[s]
         head = self._head
         try:
-            # On the native core the copy-in and the publication are one call (None: the copy is ours).
-            sent = self._req_plan and self._send(self._native, self.lane, s, head, self._req_plan, arrays)
-            if sent is None:
-                q[si + W_REQ_STATE] = WRITING
-                if self._layout_inline:
-                    off = self._req_off[s]
-                    # Written every time (~0.1 us): a header another process overwrote heals at once.
-                    self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
-                    cached = self._req_views[s]
-                    if cached is None or cached[0] is not layout:
-                        got = payload.views(self._m.buf, layout.inline_layout, off)
-                        cached = self._req_views[s] = (layout, tuple(got.items()))
-                        self._drop_nd_req(s)
-                    for name, view in cached[1]:
-                        # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
-                        view[...] = arrays[name]  # (np.copyto(..., casting="no"): ~0.25 us more per array)
-                    nbytes = layout.inline_end
-                else:
-                    nbytes = self._write_external(s, self._g0 + s, layout, arrays)
+            q[si + W_REQ_STATE] = WRITING
+            if self._layout_inline:
+                off = self._req_off[s]
+                # Written every time (~0.1 us): a header another process overwrote heals at once.
+                self._mem[off : off + len(layout.prefix_bytes)] = layout.prefix_bytes
+                cached = self._req_views[s]
+                if cached is None or cached[0] is not layout:
+                    got = payload.views(self._m.buf, layout.inline_layout, off)
+                    cached = self._req_views[s] = (layout, tuple(got.items()))
+                    self._drop_nd_req(s)
+                for name, view in cached[1]:
+                    # ``layout`` matches: same dtype and shape, so this neither casts nor broadcasts
+                    view[...] = arrays[name]  # (np.copyto(..., casting="no"): ~0.25 us more per array)
+                nbytes = layout.inline_end
+            else:
+                nbytes = self._write_external(s, self._g0 + s, layout, arrays)
         except BaseException:
             q[si + W_REQ_STATE] = FREE
             self._free.append(s)
             raise
-        nat = self._native
+        # The publication (on the native core too, for the requests ``_submit_native`` leaves to this).
+        seq = q[si + W_REQ_SEQ] + 1
+        if seq == U64_WRAP:  # modulo 2^64 and never 0
+            seq = 1
         nxt = head + 1 if head != U64_MAX else 0  # a compare, not a modulo: the hot path's cheaper wrap
-        if nat is None:
-            seq = q[si + W_REQ_SEQ] + 1
-            if seq == U64_WRAP:  # modulo 2^64 and never 0
-                seq = 1
-            now = time.monotonic_ns()
-            q[si + W_REQ_LEN] = nbytes
-            q[si + W_SUBMIT_NS] = now
-            q[si + W_REQ_SEQ] = seq
-            q[si + W_REQ_STATE] = READY
-            q[self._ring_i + head % self._spl] = s
-            q[self._doorbell_i] = nxt  # publication: everything above is visible before this (TSO)
-            full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
-            if q[HW_WORKER_SLEEP]:
-                q[HW_WORKER_SLEEP] = 0
-                futex_wake(self._m.addr(HW_WORKER_SLEEP))
-        elif sent is None:
-            seq, now = nat.publish(self.lane, s, nbytes, head)  # the stores, barrier and wake above
-        else:
-            seq, now = sent
-            if self._nd_req:
-                self._drop_nd_req(s)
+        now = time.monotonic_ns()
+        q[si + W_REQ_LEN] = nbytes
+        q[si + W_SUBMIT_NS] = now
+        q[si + W_REQ_SEQ] = seq
+        q[si + W_REQ_STATE] = READY
+        q[self._ring_i + head % self._spl] = s
+        q[self._doorbell_i] = nxt  # publication: everything above is visible before this (TSO)
+        full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
+        if q[HW_WORKER_SLEEP]:
+            q[HW_WORKER_SLEEP] = 0
+            futex_wake(self._m.addr(HW_WORKER_SLEEP))
         self._head = nxt
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
+        self._inflight[s] = weakref.ref(ticket)
+        return ticket
+
+    def _submit_native(self, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Ticket:
+        """``submit`` on the native core (bound at attach): a request of the last layout's, inline and
+        C-contiguous, is checked, copied and published by one core call; any other goes ``submit``'s
+        way (validated, copied and published in Python), which also makes the plan of a new layout."""
+        plan = self._req_plan
+        if plan is None or self._closed:
+            return QueueClient.submit(self, arrays)
+        entered = time.monotonic_ns()
+        s = self._free.pop() if self._free else self._take_slot()
+        head = self._head
+        try:
+            sent = self._send(self._native, self.lane, s, head, plan, arrays)
+        except BaseException:
+            self._q[self._si[s] + W_REQ_STATE] = FREE
+            self._free.append(s)
+            raise
+        if sent is None:  # another layout, or a strided array: nothing was written
+            self._free.append(s)
+            return QueueClient.submit(self, arrays)
+        seq, now = sent
+        if self._nd_req:
+            self._drop_nd_req(s)
+        self._head = head + 1 if head != U64_MAX else 0
+        ticket = Ticket(s, seq, self._layout.batch, now, False, now - entered)  # type: ignore[union-attr]
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
@@ -837,8 +863,11 @@ class QueueClient:
             self._check_size(layout)  # a refused request leaves the cached layout as it was
         plan = None
         if inline and self._native is not None:
-            fields = [(a.name, a.offset, a.nbytes) for a in layout.inline_layout]
-            plan = native.core_of(self._native).RequestPlan(layout.prefix_bytes, fields)
+            fields = [
+                (a.name, a.offset, a.nbytes, a.shape, dtype)
+                for a, (_, dtype, _) in zip(layout.inline_layout, layout.checks, strict=True)
+            ]
+            plan = native.core_of(self._native).RequestPlan(layout.prefix_bytes, fields, np.ndarray)
         self._layout, self._layout_inline, self._req_plan = layout, inline, plan
         return layout
 
@@ -923,7 +952,7 @@ class QueueClient:
                         out[name] = view.copy()
         else:
             got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], copy)
-            _, _, status, claim_ns, done_ns, engine_ns, call, out = got
+            _, _, status, claim_ns, done_ns, engine_ns, call, out, _, _ = got
             if out is None:
                 ans = None  # another header (or an error): parsed again
             elif out is True:
@@ -955,60 +984,92 @@ class QueueClient:
         self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, copy: bool
     ) -> tuple[int, Any]:
         """Wait for an answer that was not there at once: a predictive sleep when it is due far off, a
-        spin, then the park. Returns when it was seen and, when the core's spin saw it, the core's read
+        spin, then the park. Returns when it was seen and, when the core's call saw it, the core's read
         of it (``receive_answer``; None otherwise)."""
-        q = self._q
-        resp_i, seq = si + W_RESP_SEQ, ticket.seq
         clock = time.monotonic_ns
-        pred = self._pred
+        pred, counts = self._pred, self._counts
         deadline = 0
         # (a prediction below the margin never parks: the fast path skips the call; with no spin
         # budget a sleep that ends before the answer would only be followed by a second one)
-        if (
-            self._spin_ns
-            and pred.predicted_ns > MARGIN_NS
-            and pred.late.bit_count() <= MAX_LATE
-            and (
-                until := park_until_ns(
-                    ticket.submit_ns, now := clock(), pred.predicted_ns, MARGIN_NS + pred.oversleep_ns
-                )
-            )
-        ):
-            self._counts.timed_parks += 1
-            deadline = deadline_ns(now, timeout_s)
-            if self._park(ticket, si, min(until, deadline), deadline):
-                self._counts.parked += 1
-                return clock(), None
+        if self._spin_ns and pred.predicted_ns > MARGIN_NS and pred.late.bit_count() <= MAX_LATE:
+            deadline, seen = self._sleep_before_spin(ticket, si, timeout_s)
+            if seen:
+                return seen, None
         # The whole budget when the answer is due within it (a predictive sleep just ended before it,
         # or answers usually come that fast); else a round trip's worth, then park.
         due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
-        nat = self._native
-        if nat is not None and self._spin_ns:
-            # The spin in native code (the answer seen within ~0.1 us, the GIL released) and its read.
-            plan = ans and ans[5]
-            got = self._receive(
-                nat, self.lane, ticket.slot, seq, plan, copy, self._spin_ns, PURE_SPIN_NS, due_ns
-            )
+        if self._native is not None:
+            deadline = deadline or deadline_ns(clock(), timeout_s)
+            now, got = self._receive_or_park(ticket, deadline, due_ns, ans, copy)
             if got[0]:
-                self._counts.spinning += 1
-                return got[1], got
-            now = got[1]
+                return now, got
+            first = not got[8]  # the core slept the park's first slice
         else:
-            now = clock()
+            first = True
+            q, resp_i, seq = self._q, si + W_RESP_SEQ, ticket.seq
+            now = start = clock()
             spin_end = now + (
                 self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
             )
             while True:
                 now = clock()  # read before the check that sees the answer: the time it came
                 if q[resp_i] == seq:
-                    self._counts.spinning += 1
+                    counts.spin_ns += now - start
+                    counts.spinning += 1
                     return now, None
                 if now > spin_end:
                     break
+            counts.spin_ns += now - start
         deadline = deadline or deadline_ns(now, timeout_s)
-        self._park(ticket, si, deadline, deadline)
-        self._counts.parked += 1
-        return clock(), None
+        self._park(ticket, si, deadline, deadline, first)
+        seen = clock()
+        counts.parked += 1
+        counts.park_ns += seen - now
+        return seen, None
+
+    def _sleep_before_spin(self, ticket: Ticket, si: int, timeout_s: float) -> tuple[int, int]:
+        """The predictive sleep: until just before the predicted answer, when that is far enough off
+        (``park_until_ns``). Returns (the wait's deadline, or 0 without a sleep; when the answer was
+        seen, or 0 when the sleep ended first)."""
+        pred, counts = self._pred, self._counts
+        now = time.monotonic_ns()
+        until = park_until_ns(ticket.submit_ns, now, pred.predicted_ns, MARGIN_NS + pred.oversleep_ns)
+        if not until:
+            return 0, 0
+        counts.timed_parks += 1
+        deadline = deadline_ns(now, timeout_s)
+        answered = self._park(ticket, si, min(until, deadline), deadline)
+        seen = time.monotonic_ns()
+        counts.park_ns += seen - now
+        if not answered:
+            return deadline, 0
+        counts.parked += 1
+        return deadline, seen
+
+    def _receive_or_park(
+        self, ticket: Ticket, deadline: int, due_ns: int, ans: _AnswerLayout | None, copy: bool
+    ) -> tuple[int, Any]:
+        """On the native core: the spin (the answer seen within ~0.1 us, the GIL released), the park's
+        first slice and the answer's read in one call (``receive_answer``); a longer wait goes on in
+        ``_park``. Returns when the call ended and its result."""
+        start = time.monotonic_ns()
+        park_ns = max(1, min(deadline - start, PARK_SLICE_NS))
+        spin = self._spin_ns
+        plan = ans and ans[5]
+        got = self._receive(
+            self._native, self.lane, ticket.slot, ticket.seq, plan, copy, spin, PURE_SPIN_NS, due_ns, park_ns
+        )
+        now, parked_at, counts = got[1], got[8], self._counts
+        counts.spin_ns += (parked_at or now) - start
+        if parked_at:
+            counts.park_ns += now - parked_at
+            counts.futex_waits += got[9]
+        if got[0]:
+            if parked_at:
+                counts.parked += 1
+            else:
+                counts.spinning += 1
+        return now, got
 
     def _take_answer(
         self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
@@ -1088,10 +1149,11 @@ class QueueClient:
                 f"its answer's ndarray segment is gone with its worker ({e}); it is not sent again"
             ) from None
 
-    def _park(self, ticket: Ticket, si: int, until: int, deadline: int) -> bool:
+    def _park(self, ticket: Ticket, si: int, until: int, deadline: int, first: bool = True) -> bool:
         """Sleep on the lane's answer counter: True once the answer is there, False at ``until``
         (monotonic ns, before ``deadline``). Raises QueueTimeout at the deadline and WorkerDied when
-        the worker died holding the request."""
+        the worker died holding the request. ``first``: no slice slept yet (the core's receive_answer
+        may have slept the first)."""
         m = self._m
         q = m.q
         seq, resp_i = ticket.seq, si + W_RESP_SEQ
@@ -1100,7 +1162,6 @@ class QueueClient:
         dead_worker = 0
         parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
         nat = self._native
-        first = True
         expected = 0
         while True:
             if nat is None:

@@ -163,7 +163,7 @@ POLLER_CALLS = ("poll", "resume", "accept")
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
 # and copy-out) and the plans those take. A call whose arguments change gets a new name, so an extension
 # built before the change is refused here rather than called with the wrong arguments.
-MODULE_CALLS = ("send", "receive_answer", "RequestPlan", "AnswerPlan")
+MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan")
 
 
 _module, _impl = _load()

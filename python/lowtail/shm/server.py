@@ -379,7 +379,10 @@ class QueueWorker:
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
         self._in_views: dict[int, tuple[object, Arrays]] = {}
-        self._native_headers: dict[int, tuple[str | None, PayloadLayout]] = {}  # the core's header ids
+        # The layouts of the core's header ids, for the views. Not the Poller's accepted map: that one
+        # holds the samples of the inline headers accepted, for the poll's limits in the core, and not
+        # the layouts Python builds. Both are bounded and ids are never reused, so either may be cleared.
+        self._native_headers: dict[int, tuple[str | None, PayloadLayout]] = {}
         # Per payload layout: what the core's gather and answer_rows copy (offsets, bytes per row)
         self._plans: dict[PayloadLayout, tuple[bytes, list[int], list[int], int]] = {}
         self._plans1: dict[PayloadLayout, list[tuple[bytes, list[int], list[int], int]]] = {}
@@ -727,9 +730,9 @@ class QueueWorker:
         return None
 
     def _native_header(self, nat: Any, hdr: int) -> tuple[str | None, PayloadLayout]:
-        """The layout of a header the core decoded (``take``), cached here by its id."""
+        """The layout of a header the core's poll decoded, cached here by its id."""
         got = nat.header(hdr)
-        if got is None:  # the core's cache was cleared since: never after take() returned the id
+        if got is None:  # the core's cache was cleared since: never right after a poll returned the id
             raise QueueError(f"the native core no longer holds header {hdr}")
         ext, arrays = got
         spec = tuple((name, payload.DTYPES[code - 1], tuple(shape)) for name, code, shape in arrays)
@@ -985,12 +988,13 @@ class QueueWorker:
         call: int,
     ) -> tuple[int, int]:
         """The core's ``answer_rows`` on the outputs as they are: their order is the layout's (read from
-        them by ``validated_layout``). A C-contiguous copy of each is made only when the core refuses
-        one that is not: it takes every buffer before it writes anything, so the retry answers once."""
+        them by ``validated_layout``), and the core copies one that is not C-contiguous to C order. A
+        core that refuses such a buffer (an older build) gets C-contiguous copies: it takes every
+        buffer before it writes anything, so the retry answers once."""
         src = list(outputs.values())
         try:
             _, ns, woken = self._native.answer_rows(work, plans, src, engine_ns, call)
-        except (ValueError, BufferError):  # numpy refuses a C-contiguous buffer of a strided array
+        except (ValueError, BufferError):  # numpy refused a C-contiguous buffer of a strided array
             if all(a.flags.c_contiguous for a in src):
                 raise
             src = [np.ascontiguousarray(a) for a in src]
