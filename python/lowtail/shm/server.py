@@ -364,10 +364,8 @@ class QueueWorker:
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
-        # The doorbells at the last poll; at attach the tails: a lane whose doorbell is not its tail is
-        # looked at, also one whose doorbell wrapped to 0 (zeros here missed it).
-        self._seen_words = np.array(self._tails, np.uint64)  # as words (more than 64 lanes)
-        self._seen = self._seen_words.tobytes()
+        self._seen_words = np.array(self._tails, np.uint64)  # doorbells at the last poll; first the tails:
+        self._seen = self._seen_words.tobytes()  # a lane whose doorbell is not its tail (0 too) is looked at
         self._moved_mask = np.zeros(geo.lanes, bool)
         self._leftover: list[int] = []  # lanes the last poll left with requests it did not take
         self._head_of = struct.Struct("<Q").unpack_from
