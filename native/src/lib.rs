@@ -385,7 +385,8 @@ impl Segment {
         self.check_slot(slot)?;
         let g = &self.geo;
         let si = g.slot_word(lane * g.spl + slot);
-        let seq = self.ld(si + (S_REQ_SEQ >> 3))?.wrapping_add(1);
+        // modulo 2^64 and never 0, a slot's claim_seq and resp_seq before its first request
+        let seq = self.ld(si + (S_REQ_SEQ >> 3))?.wrapping_add(1).max(1);
         let now = now_ns();
         self.st(si + (S_REQ_LEN >> 3), nbytes)?;
         self.st(si + (S_SUBMIT_NS >> 3), now)?;

@@ -79,8 +79,9 @@ impl Poller {
         if tails.is_empty() || tails.len() as u64 > MAX_LANES || spl == 0 {
             return Err(PyValueError::new_err(format!("{} lanes of {spl} slots: out of range", tails.len())));
         }
-        let lanes = tails.len();
-        Ok(Poller { spl, tails, seen: vec![0; lanes], leftover: Vec::new(), rr: 0, accepted: HashMap::new(), round: None })
+        // seen starts at the tails: a lane whose doorbell is not its tail is looked at (also one wrapped to 0)
+        let seen = tails.clone();
+        Ok(Poller { spl, tails, seen, leftover: Vec::new(), rr: 0, accepted: HashMap::new(), round: None })
     }
 
     /// The tails as this poll moved them (diagnostics, tests).
@@ -220,8 +221,9 @@ impl Poller {
                     break;
                 }
                 let (head, tail) = (round.heads[&lane], self.tails[lane as usize]);
-                if head <= tail || head - tail > spl {
-                    // more published than the lane has slots, or a doorbell behind the tail: impossible
+                if !(1..=spl).contains(&head.wrapping_sub(tail)) {
+                    // more published than the lane has slots, or a doorbell behind the tail (both modulo
+                    // 2^64: a lane's previous holder may leave its doorbell at the maximum): impossible
                     let why = format!("doorbell {head} with tail {tail} and {spl} slots per lane");
                     let set = self.resync(seg, lane)?;
                     out.push((FENCE, lane, 0, set, 0, 0, why.into_pyobject(py)?.into_any().unbind()));

@@ -7,8 +7,8 @@ claim by claim; the "other process" is the owner's mapping (``InferenceQueue._m`
 process with write access to the file can do.
 
 The last section holds lane words that a previous holder of a lane leaves at 2^64 - 1: the next client
-of that lane inherits them. Those tests are expected to fail (strict) until the client wraps or resets
-them; see the reason on each."""
+of that lane inherits them, and its counters wrap modulo 2^64 (a request sequence skipping 0). One is a
+strict xfail: a doorbell left within a lane's slots of 2^64, with slots that do not divide 2^64."""
 
 from __future__ import annotations
 
@@ -215,15 +215,7 @@ def test_an_answer_header_changed_to_another_valid_layout_is_read_by_that_layout
 
 # -- lane words inherited from the lane's previous holder ---------------------------------------------
 
-INHERITED = pytest.mark.xfail(
-    strict=True,
-    reason="shm/client.py adds 1 to the lane's generation, its doorbell and a slot's request sequence "
-    "as read from the segment, unwrapped: at 2^64 - 1 the store raises ValueError (memoryview 'Q') or the "
-    "native call OverflowError, and on the native path a sequence wrapped to 0 equals the never-claimed 0",
-)
 
-
-@INHERITED
 def test_a_lane_generation_of_u64_max_left_by_its_last_holder_does_not_stop_the_next_client() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
@@ -232,7 +224,6 @@ def test_a_lane_generation_of_u64_max_left_by_its_last_holder_does_not_stop_the_
             _round_trip(c, w, 1.0)
 
 
-@INHERITED
 def test_a_doorbell_of_u64_max_left_by_its_last_holder_costs_the_next_client_one_request_at_most() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
@@ -248,7 +239,6 @@ def test_a_doorbell_of_u64_max_left_by_its_last_holder_costs_the_next_client_one
                 _round_trip(c, w, tag)
 
 
-@INHERITED
 def test_request_sequences_of_u64_max_left_in_the_slots_do_not_fail_the_next_clients_requests() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
@@ -257,6 +247,23 @@ def test_request_sequences_of_u64_max_left_in_the_slots_do_not_fail_the_next_cli
         with QueueWorker.attach(s.descriptor) as w, QueueClient.attach(s.descriptor) as c:
             for tag in (1.0, 2.0, 3.0):
                 _round_trip(c, w, tag)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a request's ring position is its number modulo the slots: across the doorbell's wrap at 2^64 "
+    "two requests in flight share one when the slots do not divide 2^64, and the earlier is never claimed",
+)
+def test_requests_in_flight_across_the_doorbells_wrap_with_3_slots_are_all_answered() -> None:
+    cfg = QueueConfig(lanes=1, slots_per_lane=3, coalesce_us=0)
+    with InferenceQueue.create(cfg) as s:
+        q, geo = s._m.q, s._m.geo
+        q[HW_DOORBELLS] = q[geo.lane(0, L_TAIL)] = U64_MAX - 1  # positions 2, 0, then 0 again
+        with QueueWorker.attach(s.descriptor) as w, QueueClient.attach(s.descriptor) as c:
+            tickets = [c.submit(_x(float(i))) for i in range(3)]
+            while _serve(w):
+                pass
+            assert [c.wait(t, timeout_s=0.3)["twice"][0, 0] for t in tickets] == [1.0, 3.0, 5.0]
 
 
 # -- the prefix read twice: once for the bound, once in the copy that keys the header cache -----------

@@ -58,6 +58,8 @@ from lowtail.shm.layout import (
     ST_TOO_LARGE,
     ST_WITHDRAWN,
     ST_WORKER_DIED,
+    U64_MAX,
+    U64_WRAP,
     W_CALL,
     W_CALL_ENGINE_NS,
     W_CLAIM_NS,
@@ -464,7 +466,7 @@ class QueueClient:
         self._pred = _Prediction()
         q = m.q
         self._q, self._mem = q, m.mem
-        self._gen = int(q[geo.lane(lane, L_GEN)]) + 1
+        self._gen = int(q[geo.lane(lane, L_GEN)]) % U64_MAX + 1
         q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
@@ -692,10 +694,11 @@ class QueueClient:
         q, geo = self._m.q, self._m.geo
         tail = q[geo.lane(self.lane, L_TAIL)]
         head = q[HW_DOORBELLS + self.lane]
-        if not 0 <= head - tail <= geo.spl:
+        n = (head - tail) % U64_WRAP
+        if n > geo.spl:
             return set(range(geo.spl))  # corrupt words: trust nothing, wait for answers
         ring = geo.lane(self.lane, L_RING)
-        return {int(q[ring + k % geo.spl]) for k in range(tail, head)}
+        return {int(q[ring + (tail + k) % U64_WRAP % geo.spl]) for k in range(n)}
 
     def _take_slot(self) -> int:
         if self._free:
@@ -799,18 +802,21 @@ class QueueClient:
             raise
         # The publication (on the native core too, for the requests ``_submit_native`` leaves to this).
         seq = q[si + W_REQ_SEQ] + 1
+        if seq == U64_WRAP:  # modulo 2^64 and never 0
+            seq = 1
+        nxt = head + 1 if head != U64_MAX else 0  # a compare, not a modulo: the hot path's cheaper wrap
         now = time.monotonic_ns()
         q[si + W_REQ_LEN] = nbytes
         q[si + W_SUBMIT_NS] = now
         q[si + W_REQ_SEQ] = seq
         q[si + W_REQ_STATE] = READY
         q[self._ring_i + head % self._spl] = s
-        q[self._doorbell_i] = head + 1  # publication: everything above is visible before this (TSO)
+        q[self._doorbell_i] = nxt  # publication: everything above is visible before this (TSO)
         full_barrier()  # order the doorbell store before the load of worker_sleep (Dekker)
         if q[HW_WORKER_SLEEP]:
             q[HW_WORKER_SLEEP] = 0
             futex_wake(self._m.addr(HW_WORKER_SLEEP))
-        self._head = head + 1
+        self._head = nxt
         ticket = Ticket(s, seq, layout.batch, now, False, now - entered)
         self._inflight[s] = weakref.ref(ticket)
         return ticket
@@ -837,7 +843,7 @@ class QueueClient:
         seq, now = sent
         if self._nd_req:
             self._drop_nd_req(s)
-        self._head = head + 1
+        self._head = head + 1 if head != U64_MAX else 0
         ticket = Ticket(s, seq, self._layout.batch, now, False, now - entered)  # type: ignore[union-attr]
         self._inflight[s] = weakref.ref(ticket)
         return ticket

@@ -112,6 +112,10 @@ S_REQ_SEQ, S_REQ_LEN, S_REQ_STATE, S_SUBMIT_NS, S_WITHDRAWN = 0, 8, 16, 24, 32
 S_RESP_SEQ, S_CLAIM_SEQ, S_RESP_LEN, S_RESP_STATUS, S_CLAIM_NS, S_DONE_NS = 64, 72, 80, 88, 96, 104
 S_CALL_ENGINE_NS, S_CALL = 112, 120
 CALL_BATCH_MASK, CALL_DESCHEDULE_SHIFT = 0xFFFFFFFF, 32
+# The counters (gen, doorbell, tail, req_seq) wrap modulo 2^64: a lane's previous holder may leave one
+# at its maximum. Sequences and gens skip 0, which a slot's claim_seq and resp_seq (and the worker's
+# record of a lane's gen) hold before the first: the next of 2^64 - 1 is 1.
+U64_MAX, U64_WRAP = (1 << 64) - 1, 1 << 64
 # The same fields as u64 word indices from a slot's first word ``si``: the hot paths read
 # ``q[si + W_RESP_SEQ]``, never a bare number.
 W_REQ_SEQ, W_REQ_LEN, W_REQ_STATE, W_SUBMIT_NS = (

@@ -43,6 +43,8 @@ from lowtail.shm.layout import (
     ST_TOO_LARGE,
     ST_WITHDRAWN,
     ST_WORKER_DIED,
+    U64_MAX,
+    U64_WRAP,
     W_CALL,
     W_CALL_ENGINE_NS,
     W_CLAIM_NS,
@@ -362,8 +364,8 @@ class QueueWorker:
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
-        self._seen = bytes(8 * geo.lanes)  # the doorbells at the last poll (zeros: look at every used lane)
-        self._seen_words = np.zeros(geo.lanes, np.uint64)  # the same as words (more than 64 lanes)
+        self._seen_words = np.array(self._tails, np.uint64)  # doorbells at the last poll; first the tails:
+        self._seen = self._seen_words.tobytes()  # a lane whose doorbell is not its tail (0 too) is looked at
         self._moved_mask = np.zeros(geo.lanes, bool)
         self._leftover: list[int] = []  # lanes the last poll left with requests it did not take
         self._head_of = struct.Struct("<Q").unpack_from
@@ -597,7 +599,7 @@ class QueueWorker:
                     full = True
                     break
                 head, tail = heads[lane], tails[lane]
-                if not 0 < head - tail <= spl:  # more published than the lane has slots: impossible
+                if not 0 < (head - tail) % U64_WRAP <= spl:  # more published than the lane has slots
                     self._fence(lane, f"doorbell {head} with tail {tail} and {spl} slots per lane")
                     continue
                 it = self._take(lane, tail, now)
@@ -625,22 +627,22 @@ class QueueWorker:
         """
         q, geo = self._m.q, self._m.geo
         s = q[self._ring_i[lane] + tail % geo.spl]
-        self._tails[lane] = tail + 1
+        self._tails[lane] = nxt = tail + 1 if tail != U64_MAX else 0  # modulo 2^64, by a compare (cheaper)
         if s >= geo.spl:
-            q[self._tail_i[lane]] = tail + 1
+            q[self._tail_i[lane]] = nxt
             self._fence(lane, f"ring entry {s} at position {tail}, expected a slot 0..{geo.spl - 1}")
             return None
         g = lane * geo.spl + s
         si = self._slot_i[g]
         seq = q[si + W_REQ_SEQ]
         if q[si + W_CLAIM_SEQ] == seq or q[si + W_RESP_SEQ] == seq:
-            q[self._tail_i[lane]] = tail + 1
+            q[self._tail_i[lane]] = nxt
             return None  # claimed (by us or a dead predecessor) or answered: never twice
         it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], now)
         q[si + W_CLAIM_NS] = now
         q[si + W_CLAIM_SEQ] = seq  # PROCESSING
         full_barrier()  # order the claim before the load of the withdrawn mark (Dekker with withdraw)
-        q[self._tail_i[lane]] = tail + 1
+        q[self._tail_i[lane]] = nxt
         if q[si + W_WITHDRAWN] == seq:
             return self._claimed(it, True)
         # _claimed's common case, inlined: a call per request on the Python path's hot path
