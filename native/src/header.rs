@@ -30,7 +30,7 @@ pub fn is_nd_slot_name(name: &[u8]) -> bool {
         Some(p.iter().fold(0u128, |n, &d| n * 10 + (d - b'0') as u128))
     };
     let ns_ok = matches!(decimal(ns, 20), Some(v) if v < 1u128 << 64);
-    let pid_ok = matches!(decimal(pid, 7), Some(v) if v >= 1 && v <= 1u128 << 22);
+    let pid_ok = matches!(decimal(pid, 7), Some(v) if (1..=1u128 << 22).contains(&v));
     let token_ok = token.len() == 12 && token.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
     ns_ok && pid_ok && token_ok
 }

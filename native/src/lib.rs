@@ -350,7 +350,7 @@ impl Segment {
             )));
         }
         let base = buf.buf_ptr() as *mut u8;
-        if (base as usize) % 64 != 0 {
+        if !(base as usize).is_multiple_of(64) {
             return Err(PyValueError::new_err("the segment buffer is not 64-byte aligned"));
         }
         Ok(Segment {
