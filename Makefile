@@ -9,7 +9,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: venv demo demo-clean demo-local test quick lint typecheck pytest pytest-most pytest-ansible pytest-deploy pytest-actor-kill \
 	pytest-fast clean sandbox-image wheelhouse native molecule-runtime ansible-lint molecule system-deps oracle \
-	kubelet-equipment test-kubelet
+	kubelet-equipment test-kubelet test-native-debug
 
 # Debian packages `make test` and `make demo` need, checked before anything else runs, so a missing one
 # stops the run at once rather than minutes into the tests: podman with runc (crun fails on this
@@ -165,6 +165,23 @@ KUBELET_TEST_DIRS := tests/kubelet
 test-kubelet: oracle kubelet-equipment $(STAMP)
 	$(BIN)/pytest -q --durations=15 $(KUBELET_TEST_DIRS)
 
+# The native core built with Rust's overflow checks (cargo's dev profile) and the tests that reach its
+# reads of shared memory run against it (their processes and children import it through PYTHONPATH): a
+# plain `+` on a word another process can write panics there, where the release build wraps silently.
+NATIVE_DEBUG_DIR := build/native-debug
+NATIVE_DEBUG_TESTS := tests/shm/test_native_bounds_review.py tests/shm/test_native_core.py \
+	tests/shm/test_native_differential.py tests/shm/test_queue_hostile.py tests/shm/test_queue_attacks.py
+test-native-debug: $(STAMP)
+	$(BIN)/python native/gen_layout.py --check
+	cd native && PYO3_PYTHON=$(CURDIR)/$(BIN)/python CARGO_TARGET_DIR=$(CURDIR)/$(NATIVE_DEBUG_DIR)/target \
+	  cargo build --locked --quiet
+	cp $(NATIVE_DEBUG_DIR)/target/debug/liblowtail_native.so $(NATIVE_DEBUG_DIR)/.lowtail_native.abi3.so.new
+	mv -f $(NATIVE_DEBUG_DIR)/.lowtail_native.abi3.so.new $(NATIVE_DEBUG_DIR)/lowtail_native.abi3.so
+	PYTHONPATH=$(CURDIR)/$(NATIVE_DEBUG_DIR) $(BIN)/python -c 'import lowtail_native, sys; \
+	  from lowtail.shm import native; impl = native.implementation(); print("native-debug:", lowtail_native.__file__, impl); \
+	  sys.exit(0 if "$(NATIVE_DEBUG_DIR)/" in lowtail_native.__file__ and native.available() else 1)'
+	PYTHONPATH=$(CURDIR)/$(NATIVE_DEBUG_DIR) $(BIN)/pytest -q --durations=5 -k native $(NATIVE_DEBUG_TESTS)
+
 # The developer's inner loop, a few minutes: lint, types and the fast tests. No system packages needed.
 quick: lint typecheck pytest-fast
 
@@ -187,7 +204,8 @@ molecule: $(STAMP) oracle
 # Everything. The system packages are checked (and installed as root) before anything runs; then the
 # static checks, and the sandbox image, the wheelhouse and the kubelet equipment are built once; then the
 # six long suites run side by side (scripts/run-suites.sh): the deploy tests, molecule, the
-# ansible-playbook tests, the other tests, molecule-runtime and the kubelet tests. Together they keep
+# ansible-playbook tests, the other tests, molecule-runtime and the kubelet tests, and the native
+# core's overflow-checked build (a minute) as soon as one of them ends. Together they keep
 # both CPUs of a 2-vCPU machine busy, so the run takes about their total CPU time over two
 # (docs/testing.md has the figures). Each one's output is printed whole when it ends and kept in
 # build/test-logs/; a summary of all of them, with each one's time, its CPU and what failed, is
@@ -198,6 +216,7 @@ TEST_JOBS ?= 6
 test: system-deps
 	$(MAKE) --no-print-directory lint typecheck ansible-lint sandbox-image native wheelhouse oracle kubelet-equipment
 	TEST_JOBS=$(TEST_JOBS) scripts/run-suites.sh pytest-deploy molecule pytest-ansible pytest-most molecule-runtime test-kubelet \
+	  test-native-debug \
 	  --then pytest-actor-kill
 
 # The Debian bookworm systemd image that molecule and the demo's sandbox node boot (built once, reused).
