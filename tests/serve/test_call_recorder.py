@@ -190,3 +190,28 @@ def test_a_slow_call_is_counted_and_logged_with_its_row(caplog: pytest.LogCaptur
     finally:
         rec.close()
         stats.close()
+
+
+@pytest.mark.parametrize("submit_ns", [(1 << 64) - 1, 1 << 63, 0])
+def test_a_submit_stamp_a_client_wrote_at_any_u64_is_recorded_clamped(submit_ns: int) -> None:
+    """A request's submit stamp is a word its client writes: any u64. Its wait (the claim's clock less
+    that stamp, negative for a stamp from the future) is recorded within 0..2^63 - 1, and the call is
+    counted like any other."""
+    stats = StatsSegment.create(capacity=16)
+    fifo = SchedFifo()
+    rec = CallRecorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
+                       stats_every=1000)  # fmt: skip
+    try:
+        t0 = time.monotonic_ns()
+        s = _stamps(t0, [1000] * 9)
+        st = _named(t0=t0, m0=s[0], f0=s[1], k0=s[2], e0=s[3], e1=s[4], et1=100, a0=s[5], a1=s[6],
+                    f1=s[7], th1=8000, c1=9000, t1=s[8])  # fmt: skip
+        rec.record([t0 - submit_ns], t0, 1, st)
+        assert stats.word(ws.COUNT) == 1
+        wait_ms = stats.read_calls(0).rows[0, COL["queue_wait_ms"]]
+        assert 0 <= wait_ms <= ((1 << 63) - 1) / 1e6
+        if submit_ns == 0:
+            assert wait_ms == t0 / 1e6  # an honest range is recorded as it is
+    finally:
+        rec.close()
+        stats.close()

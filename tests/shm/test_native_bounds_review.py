@@ -224,18 +224,14 @@ def test_a_lane_generation_of_u64_max_left_by_its_last_holder_does_not_stop_the_
             _round_trip(c, w, 1.0)
 
 
-def test_a_doorbell_of_u64_max_left_by_its_last_holder_costs_the_next_client_one_request_at_most() -> None:
+def test_a_doorbell_of_u64_max_left_by_its_last_holder_does_not_stop_the_next_client() -> None:
     cfg = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
         q, geo = s._m.q, s._m.geo
         q[HW_DOORBELLS] = U64_MAX  # and the tail a fence resynchronised to it
         q[geo.lane(0, L_TAIL)] = U64_MAX
         with QueueWorker.attach(s.descriptor) as w, QueueClient.attach(s.descriptor) as c:
-            t = c.submit(_x(1.0))
-            _serve(w)
-            with contextlib.suppress(BadRequest):  # fenced once, as any garbage doorbell is
-                c.wait(t, timeout_s=1.0)
-            for tag in (2.0, 3.0):
+            for tag in (1.0, 2.0, 3.0):  # the first across the wrap: doorbell 0 with tail 2^64 - 1
                 _round_trip(c, w, tag)
 
 

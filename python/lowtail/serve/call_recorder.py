@@ -112,8 +112,11 @@ class CallRecorder:
             rd_delta = iv_delta = read_ns = 0
         k = self.count
         at = self._first + k % self._cap * self._width
-        self._pack(self._ring, at, *st, n, len(waits_ns), max(waits_ns), claimed_ns, rd_delta, iv_delta,
-                   read_ns, self._record_ns, sampled)  # fmt: skip
+        # A wait is the claim's clock less a submit stamp the client wrote (any u64): a stamp from the
+        # future reads as no wait, so a forged one cannot overflow the ring's int64 column.
+        wait = max(waits_ns)
+        self._pack(self._ring, at, *st, n, len(waits_ns), wait if wait > 0 else 0, claimed_ns, rd_delta,
+                   iv_delta, read_ns, self._record_ns, sampled)  # fmt: skip
         h = self._words
         h[HEARTBEAT] = t1
         self.count = count = k + 1

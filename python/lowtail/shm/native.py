@@ -139,6 +139,13 @@ def _load() -> tuple[ModuleType | None, Implementation]:
             f"the installed native core ({version}) lacks {', '.join(missing)}: it was built from older "
             f"sources; rebuild it (make native)",
         )
+    if _version_tuple(version) < MIN_VERSION:
+        oldest = ".".join(map(str, MIN_VERSION))
+        return None, Implementation(
+            "python",
+            f"the installed native core ({version or 'no VERSION'}) is older than {oldest}, whose calls this "
+            f"package makes: rebuild it (make native)",
+        )
     return lowtail_native, Implementation("native", f"lowtail_native {version} loaded", version)
 
 
@@ -164,6 +171,16 @@ POLLER_CALLS = ("poll", "resume", "accept")
 # and copy-out) and the plans those take. A call whose arguments change gets a new name, so an extension
 # built before the change is refused here rather than called with the wrong arguments.
 MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan")
+# The oldest core whose calls take what this package passes: receive_answer gained its park slice in
+# 0.5.0 under the same name, so a build between the two is refused by its version.
+MIN_VERSION = (0, 5, 0)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return ()
 
 
 _module, _impl = _load()
