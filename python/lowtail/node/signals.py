@@ -19,7 +19,10 @@ def deaf_to_ctrl_c() -> Iterator[None]:
     module installs its KeyboardInterrupt handler only over the default), so a Ctrl-C to the process
     group cannot raise a traceback in a child still importing numpy or OpenVINO; the parent, which
     does get the KeyboardInterrupt, ends its children itself (a child may install its own SIGINT
-    handler once it runs). A Ctrl-C in the few milliseconds of spawning is lost, not mishandled.
+    handler once it runs). A Ctrl-C while a child is spawned is lost to the parent: milliseconds on an
+    idle host, but up to seconds on a loaded one, where the parent's write of the child's arguments
+    waits for the child's interpreter to start. A child already running with its own handler (a
+    serving worker) still gets it and stops, so the parent goes on without it until a second Ctrl-C.
     """
     if threading.current_thread() is not threading.main_thread():
         # Python sets handlers from the main thread only; a child started from another thread (an
