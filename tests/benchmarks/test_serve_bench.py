@@ -253,7 +253,7 @@ def test_ctrl_c_leaves_a_partial_report_marked_as_such(small_model: Path, tmp_pa
                 break
         time.sleep(2.0)  # the worker compiles, the samplers measure
         # Ctrl-C, and again as a user would if the run goes on: the parent ignores SIGINT in the window
-        # where it spawns a child (node.signals.deaf_to_ctrl_c), which a loaded host widens to seconds.
+        # where it spawns a child (node.signals.deaf_to_ctrl_c), a window a loaded host widens.
         for _ in range(5):
             os.killpg(proc.pid, signal.SIGINT)
             try:

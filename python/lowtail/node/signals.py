@@ -20,9 +20,9 @@ def deaf_to_ctrl_c() -> Iterator[None]:
     group cannot raise a traceback in a child still importing numpy or OpenVINO; the parent, which
     does get the KeyboardInterrupt, ends its children itself (a child may install its own SIGINT
     handler once it runs). A Ctrl-C while a child is spawned is lost to the parent: milliseconds on an
-    idle host, but up to seconds on a loaded one, where the parent's write of the child's arguments
-    waits for the child's interpreter to start. A child already running with its own handler (a
-    serving worker) still gets it and stops, so the parent goes on without it until a second Ctrl-C.
+    idle host, longer on a loaded one (a run at load 10 lost one sent 2 s into a design; how long the
+    window was is not measured). A child already running with its own handler (a serving worker)
+    still gets it and stops, so the parent goes on without it until a second Ctrl-C.
     """
     if threading.current_thread() is not threading.main_thread():
         # Python sets handlers from the main thread only; a child started from another thread (an
