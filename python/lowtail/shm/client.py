@@ -488,6 +488,7 @@ class QueueClient:
         self._receive: Any = core and core.receive_answer
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
             self.submit = self._submit_native  # type: ignore[method-assign]
+        self._park_at_once = core is not None and not self._spin_ns  # ``wait``: ``_receive_parked``
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -930,7 +931,9 @@ class QueueClient:
         si = self._si[s]
         ans = self._answers[s]  # the layout of the last answer read in this slot
         got = None
-        if q[si + W_RESP_SEQ] == ticket.seq:
+        if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
+            now, got = self._receive_parked(ticket, si, timeout_s, ans, copy)
+        elif q[si + W_RESP_SEQ] == ticket.seq:
             now = time.monotonic_ns()
             self._counts.immediate += 1
         else:
@@ -1045,6 +1048,40 @@ class QueueClient:
             return deadline, 0
         counts.parked += 1
         return deadline, seen
+
+    def _receive_parked(
+        self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, copy: bool
+    ) -> tuple[int, Any]:
+        """``wait``'s way on the native core for a client that parks at once (no spin budget, so no
+        predictive sleep and no spin): the answer's check, the park's first slice and its read in one
+        ``receive_answer`` call, with none of ``_await``'s Python before it (a woken sampler runs its
+        code from a cold cache: every frame costs it several times its warm price); a longer wait goes
+        on in ``_park``. Counted as the other ways count: immediate, or parked. Returns when the answer
+        was seen and the core's read of it (None when ``_park`` saw it)."""
+        start = time.monotonic_ns()
+        deadline = deadline_ns(start, timeout_s)
+        park_ns = deadline - start
+        got = self._receive(
+            self._native, self.lane, ticket.slot, ticket.seq, ans and ans[5], copy, 0, 0, 0,
+            park_ns if park_ns < PARK_SLICE_NS else PARK_SLICE_NS,
+        )  # fmt: skip
+        now, parked_at, counts = got[1], got[8], self._counts
+        if not parked_at:  # answered at the check (a zero timeout has no slice: it parks in ``_park``)
+            if got[0]:
+                counts.immediate += 1
+                return now, got
+            parked_at = now
+        else:
+            counts.futex_waits += got[9]
+            if got[0]:
+                counts.parked += 1
+                counts.park_ns += now - parked_at
+                return now, got
+        self._park(ticket, si, deadline, deadline, first=not got[8])
+        seen = time.monotonic_ns()
+        counts.parked += 1
+        counts.park_ns += seen - parked_at
+        return seen, None
 
     def _receive_or_park(
         self, ticket: Ticket, deadline: int, due_ns: int, ans: _AnswerLayout | None, copy: bool
