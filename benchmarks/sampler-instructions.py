@@ -6,7 +6,8 @@
 
 ``queue-instructions.py`` counts a client and a worker in one process; this counts the client's side
 only, as ``bench serve``'s sampler runs it: ``client.start(x).finish()`` in a loop, the request
-``samples`` x 512 float32 (16: a served x4 request, 32 KiB; 1: traffic 16x1's), against a worker in
+``samples`` x 512 float32 (16: a served x4 request, 32 KiB; 1: traffic 16x1's; ``--out``: its answer
+copied into the sampler's arrays, ``finish(out=...)``), against a worker in
 another process (not under valgrind) that holds each request ``busy_us`` before it answers
 ``obs[:, :64]``, so the client finds its answer not there and parks, as a sampler without a CPU of its
 own does. Callgrind counts only after a warm-up. ``--top`` prints the functions that take the most
@@ -50,7 +51,7 @@ def serve(desc, busy_us, stop):
                 b.complete({"act": np.ascontiguousarray(b.inputs["obs"][:, :64])})
 
 if __name__ == "__main__":
-    requests, warmup, busy_us, samples = (int(v) for v in sys.argv[2:6])
+    requests, warmup, busy_us, samples, into = (int(v) for v in sys.argv[2:7])
     try:
         from lowtail.shm import native
         print("QUEUE_CORE=" + native.implementation().name, file=sys.stderr)
@@ -65,12 +66,13 @@ if __name__ == "__main__":
             with QueueClient.attach(q.descriptor, spin_us=0) as c:
                 x = {"obs": np.ones((samples, 512), np.float32)}
                 for _ in range(warmup):
-                    c.start(x).finish(timeout_s=60.0)
+                    y = c.start(x).finish(timeout_s=60.0)
+                kw = {"out": {k: np.empty_like(v) for k, v in y.items()}} if into else {}
                 parked0 = c.wait_counts["parked"]
                 control = ["callgrind_control", "--instr={}", str(os.getpid())]
                 subprocess.run([a.format("on") for a in control], check=True, capture_output=True)
                 for _ in range(requests):
-                    c.start(x).finish(timeout_s=60.0)
+                    c.start(x).finish(timeout_s=60.0, **kw)
                 subprocess.run([a.format("off") for a in control], check=True, capture_output=True)
                 print("PARKED=%d" % (c.wait_counts["parked"] - parked0), file=sys.stderr)
         finally:
@@ -93,7 +95,7 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
              sys.executable, str(script), str(tree / "python"), str(args.requests), str(WARMUP),
-             str(args.busy_us), str(args.samples)],
+             str(args.busy_us), str(args.samples), str(int(args.out))],
             capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
@@ -123,6 +125,7 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
         "requests": args.requests,
         "samples": args.samples,
         "busy_us": args.busy_us,
+        "out": args.out,
         "instructions": total,
         "per_request": round(total / args.requests),
         "parked": int(parked.group(1)) if parked else -1,
@@ -139,6 +142,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000, help="measured requests (default 1000)")
     ap.add_argument("--busy-us", type=int, default=3000, help="the worker's hold per request (default 3000)")
     ap.add_argument("--samples", type=int, default=16, help="rows of 512 float32 per request (default 16)")
+    ap.add_argument("--out", action="store_true", help="answers into the sampler's arrays (finish(out=))")
     ap.add_argument("--top", type=int, default=0, help="print the K functions with most instructions")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = ap.parse_args()

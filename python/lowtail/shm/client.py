@@ -316,6 +316,34 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self.release()
 
 
+def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], ticket: Ticket) -> Arrays:
+    """The answer's arrays ``views`` copied into the caller's ``out`` (``wait(out=...)``), checked first:
+    ``out`` has exactly the answer's names, each a writable array of its dtype and shape."""
+    fits = len(out) == len(views) and all(
+        isinstance(dst := out.get(name), np.ndarray)
+        and dst.shape == view.shape
+        and dst.dtype == view.dtype
+        and dst.flags.writeable
+        for name, view in views
+    )
+    if not fits:
+        given = ", ".join(
+            f"{k}: {np.dtype(v.dtype).name}{list(v.shape)}"
+            if isinstance(v, np.ndarray)
+            else f"{k}: {type(v).__name__}"
+            for k, v in out.items()
+        )
+        answer = ", ".join(f"{k}: {v.dtype.name}{list(v.shape)}" for k, v in views)
+        raise QueueError(
+            f"wait(out=...): out has {given or 'nothing'}, the answer to request seq {ticket.seq} has "
+            f"{answer} (each name once, that dtype and shape, writable); the request ran and its answer is "
+            f"dropped"
+        )
+    for name, view in views:
+        np.copyto(out[name], view)
+    return out
+
+
 def _views_of(
     base: np.ndarray[Any, Any], fields: tuple[tuple[str, Any, Any, int, int], ...]
 ) -> dict[str, np.ndarray[Any, Any]]:
@@ -350,11 +378,18 @@ class Pending:
         return self.client.ready(self.ticket)
 
     @overload
-    def finish(self, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    def finish(
+        self, timeout_s: float = 1.0, *, copy: Literal[True] = True, out: Arrays | None = None
+    ) -> Arrays: ...
     @overload
     def finish(self, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
-    def finish(self, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
-        return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
+    def finish(
+        self, timeout_s: float = 1.0, *, copy: bool = True, out: Arrays | None = None
+    ) -> Arrays | HeldOutputs:
+        """``QueueClient.wait`` of this request (``out``: the caller's arrays to copy the answer into)."""
+        if out is None:
+            return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
+        return self.client.wait(self.ticket, timeout_s, copy=copy, out=out)  # type: ignore[call-overload, no-any-return]
 
     def withdraw(self) -> bool:
         """Take the request back: True if no worker of this queue will ever run it (send it elsewhere),
@@ -917,49 +952,60 @@ class QueueClient:
         q[parked_i] = 0
 
     @overload
-    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    def wait(
+        self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[True] = True, out: Arrays | None = None
+    ) -> Arrays: ...
     @overload
     def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
-    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
+    def wait(
+        self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True, out: Arrays | None = None
+    ) -> Arrays | HeldOutputs:
         """Outputs of ``ticket``: copies owned by the caller, or with ``copy=False`` zero-copy views
-        (``HeldOutputs``) valid until released. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ...
-        Afterwards ``ticket.timing`` is its ``RequestTiming``."""
+        (``HeldOutputs``) valid until released. ``out``: the caller's arrays to copy the answer into,
+        one per answer array (its name, dtype and shape, writable), returned filled: no fresh arrays per
+        answer. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ... Afterwards ``ticket.timing`` is
+        its ``RequestTiming``."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
+        take: Any = copy  # what the answer goes into: fresh copies, held views, or ``out``'s arrays
+        if out is not None:
+            if not copy:
+                raise QueueError("wait(copy=False, out=...): zero-copy views or a copy into out, not both")
+            take = out
         q = self._q
         s = ticket.slot
         si = self._si[s]
         ans = self._answers[s]  # the layout of the last answer read in this slot
         got = None
         if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
-            now, got = self._receive_parked(ticket, si, timeout_s, ans, copy)
+            now, got = self._receive_parked(ticket, si, timeout_s, ans, take)
         elif q[si + W_RESP_SEQ] == ticket.seq:
             now = time.monotonic_ns()
             self._counts.immediate += 1
         else:
-            now, got = self._await(ticket, si, timeout_s, ans, copy)
+            now, got = self._await(ticket, si, timeout_s, ans, take)
         # -- take the answer (on the native core: its words, header check and copy-out in one call)
         nat = self._native
         if nat is None:
             status, claim_ns, done_ns = q[si + W_RESP_STATUS], q[si + W_CLAIM_NS], q[si + W_DONE_NS]
-            engine_ns, call, out = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
+            engine_ns, call, arrays = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
             if ans is not None and status == ST_OK:
                 off = self._resp_off[s]
                 # The prefix and header as the last answer in this slot had them: its layout holds (the
                 # worker writes them with every answer; anything else is parsed again).
                 if self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
                     ans = None
-                elif copy and ans[1] is None:  # the common case, without a call: an inline copy-out
-                    out = {}
+                elif take is True and ans[1] is None:  # the common case, without a call: an inline copy
+                    arrays = {}
                     for name, view in ans[4]:  # a loop, not a comprehension: no frame of its own (3.11)
-                        out[name] = view.copy()
+                        arrays[name] = view.copy()
         else:
-            got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], copy)
-            _, _, status, claim_ns, done_ns, engine_ns, call, out, _, _ = got
-            if out is None:
+            got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], take)
+            _, _, status, claim_ns, done_ns, engine_ns, call, arrays, _, _ = got
+            if arrays is None:
                 ans = None  # another header (or an error): parsed again
-            elif out is True:
-                out = None  # the header is ``ans``'s; the copy (held, or in an ndarray segment) is ours
+            elif arrays is True:
+                arrays = None  # the header is ``ans``'s; the copy (held, ndarray segment, out) is ours
         self._timing = (ticket.submit_ns, claim_ns, done_ns, now)
         # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
@@ -970,9 +1016,9 @@ class QueueClient:
         pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
         held = False
         try:
-            if out is not None:
-                return out
-            taken = self._take_answer(ticket, status, s, copy, ans)
+            if arrays is not None:
+                return arrays
+            taken = self._take_answer(ticket, status, s, copy, ans, out=out)
             held = not copy
             return taken
         finally:
@@ -1109,7 +1155,14 @@ class QueueClient:
         return now, got
 
     def _take_answer(
-        self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
+        self,
+        ticket: Ticket,
+        status: int,
+        s: int,
+        copy: bool,
+        ans: _AnswerLayout | None,
+        *,
+        out: Arrays | None = None,
     ) -> Arrays | HeldOutputs:
         """The one way an answer is read, whoever waited for it (``wait``, ``Pending.finish``, the
         actors' ``InferenceClient.finish``): an error status raises; else the answer's layout (``ans``,
@@ -1126,11 +1179,13 @@ class QueueClient:
             ans = self._answer_layout(s, off)
         _, ext, fields, end, views, _ = ans
         if ext is None:
+            if out is not None:
+                return _copy_into(out, views, ticket)
             if copy:
-                out: Arrays = {}
+                fresh: Arrays = {}
                 for name, view in views:
-                    out[name] = view.copy()
-                return out
+                    fresh[name] = view.copy()
+                return fresh
             mv = self._mem[off : off + end]
         else:
             nd = self._answer_slot(ext)
@@ -1138,6 +1193,8 @@ class QueueClient:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray segment {ext} ({nd.capacity} B)"
                 )
+            if out is not None:
+                return _copy_into(out, tuple(_views_of(nd.buf, fields).items()), ticket)
             if copy:
                 return {name: view.copy() for name, view in _views_of(nd.buf, fields).items()}
             mv = memoryview(nd.segment.mm)[:end]
@@ -1169,7 +1226,8 @@ class QueueClient:
         plan = None
         if self._native is not None:  # what the core checks and copies out for this layout
             arrays = [(a.name, a.offset, a.nbytes, tuple(a.shape), a.dtype) for a in lay]
-            plan = native.core_of(self._native).AnswerPlan(raw, arrays if ext is None else [], np.empty)
+            core = native.core_of(self._native)
+            plan = core.AnswerPlan(raw, arrays if ext is None else [], np.empty, np.ndarray)
         ans = (raw, ext, fields, end, views, plan)
         self._answers[s] = ans
         return ans
