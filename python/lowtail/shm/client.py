@@ -319,29 +319,32 @@ class HeldOutputs(Mapping[str, np.ndarray]):
 def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], ticket: Ticket) -> Arrays:
     """The answer's arrays ``views`` copied into the caller's ``out`` (``wait(out=...)``), checked first:
     ``out`` has exactly the answer's names, each a writable array of its dtype and shape."""
-    fits = len(out) == len(views) and all(
-        isinstance(dst := out.get(name), np.ndarray)
-        and dst.shape == view.shape
-        and dst.dtype == view.dtype
-        and dst.flags.writeable
-        for name, view in views
+    if len(out) == len(views):
+        for name, view in views:  # loops, not all() of a generator: no frames of their own
+            dst = out.get(name)
+            if (
+                not isinstance(dst, np.ndarray)
+                or dst.shape != view.shape
+                or dst.dtype != view.dtype
+                or not dst.flags.writeable
+            ):
+                break
+        else:
+            for name, view in views:
+                out[name][...] = view  # the same dtype and shape: neither casts nor broadcasts
+            return out
+    given = ", ".join(
+        f"{k}: {np.dtype(v.dtype).name}{list(v.shape)}"
+        if isinstance(v, np.ndarray)
+        else f"{k}: {type(v).__name__}"
+        for k, v in out.items()
     )
-    if not fits:
-        given = ", ".join(
-            f"{k}: {np.dtype(v.dtype).name}{list(v.shape)}"
-            if isinstance(v, np.ndarray)
-            else f"{k}: {type(v).__name__}"
-            for k, v in out.items()
-        )
-        answer = ", ".join(f"{k}: {v.dtype.name}{list(v.shape)}" for k, v in views)
-        raise QueueError(
-            f"wait(out=...): out has {given or 'nothing'}, the answer to request seq {ticket.seq} has "
-            f"{answer} (each name once, that dtype and shape, writable); the request ran and its answer is "
-            f"dropped"
-        )
-    for name, view in views:
-        np.copyto(out[name], view)
-    return out
+    answer = ", ".join(f"{k}: {v.dtype.name}{list(v.shape)}" for k, v in views)
+    raise QueueError(
+        f"wait(out=...): out has {given or 'nothing'}, the answer to request seq {ticket.seq} has "
+        f"{answer} (each name once, that dtype and shape, writable); the request ran and its answer is "
+        f"dropped"
+    )
 
 
 def _views_of(
@@ -523,7 +526,7 @@ class QueueClient:
         self._receive: Any = core and core.receive_answer
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
             self.submit = self._submit_native  # type: ignore[method-assign]
-        self._park_at_once = core is not None and not self._spin_ns  # ``wait``: ``_receive_parked``
+        self._park_at_once = core is not None and not self._spin_ns  # ``wait``'s first core call
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -978,7 +981,17 @@ class QueueClient:
         ans = self._answers[s]  # the layout of the last answer read in this slot
         got = None
         if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
-            now, got = self._receive_parked(ticket, si, timeout_s, ans, take)
+            start = time.monotonic_ns()
+            # (a timeout under one slice, or not a number: its own slice, checked by ``deadline_ns``)
+            park_ns = PARK_SLICE_NS if timeout_s >= PARK_SLICE_S else deadline_ns(start, timeout_s) - start
+            got = self._receive(
+                self._native, self.lane, s, ticket.seq, ans and ans[5], take, 0, 0, 0, park_ns
+            )
+            now = got[1]
+            if got[0] and not got[8]:
+                self._counts.immediate += 1
+            else:
+                now, got = self._after_first_slice(ticket, si, start, timeout_s, got)
         elif q[si + W_RESP_SEQ] == ticket.seq:
             now = time.monotonic_ns()
             self._counts.immediate += 1
@@ -1095,34 +1108,25 @@ class QueueClient:
         counts.parked += 1
         return deadline, seen
 
-    def _receive_parked(
-        self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, copy: bool
+    def _after_first_slice(
+        self, ticket: Ticket, si: int, start: int, timeout_s: float, got: Any
     ) -> tuple[int, Any]:
         """``wait``'s way on the native core for a client that parks at once (no spin budget, so no
-        predictive sleep and no spin): the answer's check, the park's first slice and its read in one
-        ``receive_answer`` call, with none of ``_await``'s Python before it (a woken sampler runs its
-        code from a cold cache: every frame costs it several times its warm price); a longer wait goes
-        on in ``_park``. Counted as the other ways count: immediate, or parked. Returns when the answer
-        was seen and the core's read of it (None when ``_park`` saw it)."""
-        start = time.monotonic_ns()
-        deadline = deadline_ns(start, timeout_s)
-        park_ns = deadline - start
-        got = self._receive(
-            self._native, self.lane, ticket.slot, ticket.seq, ans and ans[5], copy, 0, 0, 0,
-            park_ns if park_ns < PARK_SLICE_NS else PARK_SLICE_NS,
-        )  # fmt: skip
+        predictive sleep and no spin), once its first ``receive_answer`` call (the answer's check, the
+        park's first slice and its read, made in ``wait`` before any other Python: a woken sampler runs
+        its code from a cold cache, where every frame costs several times its warm price) parked or
+        found nothing: counted as the other ways count, and a longer wait goes on in ``_park``. Returns
+        when the answer was seen and the core's read of it (None when ``_park`` saw it)."""
         now, parked_at, counts = got[1], got[8], self._counts
-        if not parked_at:  # answered at the check (a zero timeout has no slice: it parks in ``_park``)
-            if got[0]:
-                counts.immediate += 1
-                return now, got
-            parked_at = now
-        else:
+        if parked_at:
             counts.futex_waits += got[9]
             if got[0]:
                 counts.parked += 1
                 counts.park_ns += now - parked_at
                 return now, got
+        else:
+            parked_at = now  # a zero timeout has no slice: it parks (and times out) in ``_park``
+        deadline = deadline_ns(start, timeout_s)
         self._park(ticket, si, deadline, deadline, first=not got[8])
         seen = time.monotonic_ns()
         counts.parked += 1
