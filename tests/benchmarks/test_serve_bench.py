@@ -61,6 +61,10 @@ def test_bench_serve_writes_table_json_plots_and_breakdown(
         assert 0 <= costs["parked"] <= 1 and costs["vol_cs"] >= 0 and costs["invol_cs"] >= 0
         assert costs["park_us"] > 0 if costs["parked"] else costs["park_us"] >= 0
         assert 0 < costs["loop_us"] < cpu and costs["spin_us"] >= 0 and costs["run_delay_us"] >= 0
+        # the wall time outside the parks and the parks' make up a request's round trip (the loop's)
+        assert costs["loop_us"] < costs["code_us"]
+        round_trip_us = r["latency_ms"]["mean"] * 1e3
+        assert costs["code_us"] + costs["park_us"] == pytest.approx(round_trip_us, rel=0.1), costs
     # a sampler sends 2 observations, so an engine call can never be smaller than one request
     assert report["results"][2]["engine_batch_mean"] >= 2
     # the traffic design's ceilings come from its own figures; the batch-per-request designs have none,

@@ -203,8 +203,9 @@ def sampler_table(results: list[DesignResult]) -> list[tuple[str, list[str], lis
     if not rows:
         return []
     title = (
-        "a sampler's CPU per request: user, system, context switches (voluntary: parks), waiting for "
-        "its CPU, wall us spinning and parked, share of answers that found it parked, the loop's own us"
+        "a sampler's CPU per request: user, system, wall us outside the parks (its code), context "
+        "switches (voluntary: parks), waiting for its CPU, wall us spinning and parked, share of answers "
+        "that found it parked, the loop's own us"
     )
     return [(title, ["design", "cpu us", *(k.removesuffix("_us") for k in SAMPLER_COSTS)], rows)]
 

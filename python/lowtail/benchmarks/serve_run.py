@@ -182,10 +182,14 @@ def _bare_child(setup: Setup, conn: Any) -> None:
 # samplers divided by their requests): user and system time, voluntary context switches (each a park's
 # sleep), involuntary ones (preempted), the time runnable but waiting for its CPU, the wall time spent
 # spinning and parked, what share of the answers found the client parked, and the measuring loop's own
-# CPU (its clock reads and lists, timed on its own after the window: not the queue's).
+# CPU (its clock reads and lists, timed on its own after the window: not the queue's). ``code_us``: the
+# window's wall time outside the parks, the client's code (and the loop) as it ran, mostly alone (the
+# involuntary switches say how often not); the CPU beyond it is the parks' sleep, switch and wake-up,
+# which getrusage's tick-sampled user/system split spreads over both.
 SAMPLER_COSTS = (
     "user_us",
     "sys_us",
+    "code_us",
     "vol_cs",
     "invol_cs",
     "run_delay_us",
@@ -226,10 +230,10 @@ def _loop_ns(stages: bool, ticket: Any, n: int = 20_000) -> int:
 
 
 def _window_costs(
-    client: Any, before: tuple[Any, Any, Any], stages: bool, ticket: Any, n: int
+    client: Any, before: tuple[Any, Any, Any], stages: bool, ticket: Any, n: int, *, wall_ns: int
 ) -> dict[str, int]:
     """A sampler's costs over its window (SAMPLER_COSTS' sums): ``before`` is its client's wait counts
-    and times and ``_thread_costs()`` at the window's start."""
+    and times and ``_thread_costs()`` at the window's start, ``wall_ns`` the window's wall time."""
     counts0, times0, th0 = before
     th1, times1, counts1 = _thread_costs(), client.wait_times, client.wait_counts
     keys = ("user_ns", "sys_ns", "vol_cs", "invol_cs", "run_delay_ns")
@@ -237,6 +241,7 @@ def _window_costs(
     costs |= {k: times1[k] - times0[k] for k in times0}
     costs |= {k: counts1[k] - counts0[k] for k in counts0}
     costs["loop_ns"] = _loop_ns(stages, ticket) * n
+    costs["code_ns"] = wall_ns - costs["park_ns"]
     return costs
 
 
@@ -277,7 +282,9 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
                 if setup.stages:
                     stages.append(round_trip_stages(pending.ticket))
             cpu_ns = time.thread_time_ns() - cpu0
-            costs = _window_costs(client, (counts0, times0, th0), setup.stages, pending.ticket, len(lat))
+            costs = _window_costs(
+                client, (counts0, times0, th0), setup.stages, pending.ticket, len(lat), wall_ns=t - start
+            )
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
         error = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -505,7 +512,9 @@ def sampler_costs(reports: list[dict[str, Any]]) -> dict[str, float]:
     def total(key: str) -> float:
         return float(sum(c.get(key, 0) for c in got))
 
-    out = {k.replace("_ns", "_us"): total(k) / 1e3 / n for k in ("user_ns", "sys_ns", "run_delay_ns")}
+    out = {
+        k.replace("_ns", "_us"): total(k) / 1e3 / n for k in ("user_ns", "sys_ns", "code_ns", "run_delay_ns")
+    }
     out |= {k: total(k) / n for k in ("vol_cs", "invol_cs")}
     out |= {"spin_us": total("spin_ns") / 1e3 / n, "park_us": total("park_ns") / 1e3 / n}
     out["parked"] = total("parked") / n
