@@ -238,6 +238,30 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
     assert set(os.listdir("/proc/self/fd")) <= fds_before
 
 
+@pytest.mark.parametrize("when", ["while-starting", "serving"])
+def test_a_worker_stops_quietly_on_a_ctrl_c_sent_while_it_starts_or_serves(
+    small_model: Path, when: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Started with SIGINT blocked (its parent's ``deaf_to_ctrl_c``), the worker unblocks it once its
+    quiet-stop handler is set: a Ctrl-C sent while it still imports arrives then, and stops it as one
+    sent while it serves does. Sent to the worker alone: this test's own process is not interrupted."""
+    with small_queue() as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model)
+        try:
+            if when == "serving":
+                w.wait_ready(120)
+            os.kill(w.pid, signal.SIGINT)  # "while-starting": its interpreter has just begun
+            deadline = time.monotonic() + 120
+            while w.alive():
+                assert time.monotonic() < deadline, "the worker did not stop on Ctrl-C"
+                time.sleep(0.05)
+        finally:
+            code = w.stop()
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 def _start_worker_then_die(
     desc: object, model: str, conn: object, wait_ready: bool, config: WorkerConfig | None = None
 ) -> None:
