@@ -398,7 +398,8 @@ class QueueWorker:
         )  # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
-        self._in_views: dict[int, tuple[object, Arrays]] = {}
+        # Per request slot: the views of its last inline request, with that request's header key and layout
+        self._in_views: dict[int, tuple[object, Arrays, PayloadLayout]] = {}
         # The layouts of the core's header ids, for the views. Not the Poller's accepted map: that one
         # holds the samples of the inline headers accepted, for the poll's limits in the core, and not
         # the layouts Python builds. Both are bounded and ids are never reused, so either may be cleared.
@@ -724,8 +725,19 @@ class QueueWorker:
     ) -> _Item | None:
         """The native poll's entries into ``_Item``s, in claim order: the batch's, the carried, the
         answers of withdrawn and refused requests and the fences; the last one to decode, or None."""
-        spl, slot_i = self._m.geo.spl, self._slot_i
+        spl, slot_i, in_views, seen = self._m.geo.spl, self._slot_i, self._in_views, self._lane_seen_ns
         for what, lane, s, seq, gen, submit_ns, hdr in entries:
+            if what == _APPEND:
+                # The common case, the header the slot's views were made for (a sampler's next request):
+                # those views and their layout, without the lookups and the call of _decode below.
+                g = lane * spl + s
+                cached = in_views.get(g)
+                if cached is not None and cached[0] == hdr:
+                    it = _Item(lane, g, slot_i[g], seq, gen, submit_ns, now)
+                    it.inputs, it.layout, it.inline = cached[1], cached[2], True
+                    seen[lane] = now
+                    items.append(it)
+                    continue
             if what == _FENCE:
                 self._fence(lane, hdr, resync=False)  # the core set the tail (to ``seq``)
                 continue
@@ -831,7 +843,7 @@ class QueueWorker:
                     views = payload.views(buf, layout.inline_layout, geo.req_off(g))
                     for v in views.values():  # the client's slot: a view kept too long can never write it
                         v.flags.writeable = False
-                    self._in_views[g] = (key, views)
+                    self._in_views[g] = (key, views, layout)
                 it.inline = True
         except Exception as e:  # whatever a request holds, it fails alone
             self._fail_decode(it, e)
