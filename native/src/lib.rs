@@ -76,7 +76,8 @@ struct Geo {
 
 impl Geo {
     fn of(lanes: u64, spl: u64, req_bytes: u64, resp_bytes: u64) -> Option<Geo> {
-        if lanes == 0 || lanes > MAX_LANES || spl == 0 || spl > 1 << 16 || req_bytes > 1 << 32 || resp_bytes > 1 << 32 {
+        // spl a power of two: ring positions (number % spl) stay distinct across the counters' 2^64 wrap
+        if lanes == 0 || lanes > MAX_LANES || !spl.is_power_of_two() || spl > 1 << 16 || req_bytes > 1 << 32 || resp_bytes > 1 << 32 {
             return None;
         }
         let lane_bytes = align(L_RING + 8 * spl, 64);
@@ -345,7 +346,9 @@ impl Segment {
             return Err(PyValueError::new_err("the segment buffer must be writable and contiguous"));
         }
         let geo = Geo::of(lanes, spl, req_bytes, resp_bytes).ok_or_else(|| {
-            PyValueError::new_err(format!("geometry lanes={lanes} spl={spl} req={req_bytes} resp={resp_bytes} out of range"))
+            PyValueError::new_err(format!(
+                "geometry lanes={lanes} spl={spl} req={req_bytes} resp={resp_bytes}: expected lanes 1..{MAX_LANES}, spl a power of two up to 65536 and regions up to 2^32 bytes"
+            ))
         })?;
         if geo.total != total || (buf.len_bytes() as u64) < total {
             return Err(PyValueError::new_err(format!(

@@ -107,8 +107,12 @@ def test_the_segment_refuses_a_geometry_and_indices_it_does_not_own() -> None:
     buf = bytearray(1 << 16)
     with pytest.raises(ValueError, match="geometry needs"):
         mod.Segment(buf, 4, 4, 4096, 4096, 1 << 20)  # larger than the buffer
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="lanes=0 spl=4 req=64 resp=64: expected lanes 1"):
         mod.Segment(buf, 0, 4, 64, 64, 0)
+    with pytest.raises(ValueError, match=r"spl=3 req=64 resp=64: expected lanes 1.* spl a power of two"):
+        mod.Segment(buf, 1, 3, 64, 64, 3 * 4096)  # ring positions would collide across the 2^64 wrap
+    with pytest.raises(ValueError, match=r"1 lanes of 3 slots: expected .* a power of two of slots"):
+        mod.Poller([0], 3)
     with pytest.raises(ValueError, match="writable"):
         mod.Segment(bytes(1 << 16), 1, 1, 64, 64, 8192)
     raw = np.zeros((1 << 17) + 4096, np.uint8)
