@@ -155,7 +155,9 @@ class Batch:
     batch's clients get an error, not a hang, and the worker claims the next batch as usual.
     """
 
-    __slots__ = ("_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "queue_wait_ns", "sizes")
+    __slots__ = (
+        "_inputs", "_items", "_open", "_worker", "claimed_ns", "failed", "layout", "queue_wait_ns", "sizes",
+    )  # fmt: skip
 
     def __init__(self, worker: QueueWorker, items: list[_Item]) -> None:
         self._worker = worker
@@ -163,8 +165,12 @@ class Batch:
         self._open = True
         self.failed = 0  # requests this batch answered failed (fail, fail_request, the end of its block)
         self._inputs: Arrays
+        # The interned layout of ``inputs`` (names, dtypes, shapes), for a model's check by identity
+        # (``Engine.check``); None for a batch with no decoded request.
+        self.layout: PayloadLayout | None
         if len(items) == 1:  # the common case, without the list building below
             it = items[0]
+            self.layout = it.layout
             self.sizes = [it.layout.batch] if it.layout is not None else []
             self.queue_wait_ns = [it.claim_ns - it.submit_ns]
             self.claimed_ns = it.claim_ns
@@ -172,6 +178,10 @@ class Batch:
                 self._inputs = it.inputs  # zero-copy views of the request slot (or ndarray segment)
                 return
         self.sizes = [it.layout.batch for it in items if it.layout is not None]
+        first = next((it.layout for it in items if it.layout is not None), None)
+        self.layout = (
+            first.with_batch(sum(self.sizes)) if first is not None else None
+        )  # merged: one merge_key
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
         # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
         self.claimed_ns = min([it.claim_ns for it in items], default=0)
