@@ -76,8 +76,11 @@ impl Poller {
     /// A poll over lanes whose tails are `tails` (the words as the worker found them), `spl` slots each.
     #[new]
     fn new(tails: Vec<u64>, spl: u64) -> PyResult<Self> {
-        if tails.is_empty() || tails.len() as u64 > MAX_LANES || spl == 0 {
-            return Err(PyValueError::new_err(format!("{} lanes of {spl} slots: out of range", tails.len())));
+        if tails.is_empty() || tails.len() as u64 > MAX_LANES || !spl.is_power_of_two() {
+            return Err(PyValueError::new_err(format!(
+                "{} lanes of {spl} slots: expected 1..{MAX_LANES} lanes and a power of two of slots",
+                tails.len()
+            )));
         }
         // seen starts at the tails: a lane whose doorbell is not its tail is looked at (also one wrapped to 0)
         let seen = tails.clone();

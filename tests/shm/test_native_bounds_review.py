@@ -7,8 +7,8 @@ claim by claim; the "other process" is the owner's mapping (``InferenceQueue._m`
 process with write access to the file can do.
 
 The last section holds lane words that a previous holder of a lane leaves at 2^64 - 1: the next client
-of that lane inherits them, and its counters wrap modulo 2^64 (a request sequence skipping 0). One is a
-strict xfail: a doorbell left within a lane's slots of 2^64, with slots that do not divide 2^64."""
+of that lane inherits them, and its counters wrap modulo 2^64 (a request sequence skipping 0); a lane's
+slots are a power of two, so ring positions stay distinct across that wrap."""
 
 from __future__ import annotations
 
@@ -245,21 +245,19 @@ def test_request_sequences_of_u64_max_left_in_the_slots_do_not_fail_the_next_cli
                 _round_trip(c, w, tag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request's ring position is its number modulo the slots: across the doorbell's wrap at 2^64 "
-    "two requests in flight share one when the slots do not divide 2^64, and the earlier is never claimed",
-)
-def test_requests_in_flight_across_the_doorbells_wrap_with_3_slots_are_all_answered() -> None:
-    cfg = QueueConfig(lanes=1, slots_per_lane=3, coalesce_us=0)
+def test_requests_in_flight_across_the_doorbells_wrap_take_distinct_ring_positions() -> None:
+    """Positions 2, 3, 0, 1: a power of two divides 2^64, so the wrap keeps them apart. (With 3 slots,
+    now refused by ``QueueConfig``, positions were 2, 0 and 0 again, and the first at 0 was never
+    claimed: its client timed out on both paths.)"""
+    cfg = QueueConfig(lanes=1, slots_per_lane=4, coalesce_us=0)
     with InferenceQueue.create(cfg) as s:
         q, geo = s._m.q, s._m.geo
-        q[HW_DOORBELLS] = q[geo.lane(0, L_TAIL)] = U64_MAX - 1  # positions 2, 0, then 0 again
+        q[HW_DOORBELLS] = q[geo.lane(0, L_TAIL)] = U64_MAX - 1
         with QueueWorker.attach(s.descriptor) as w, QueueClient.attach(s.descriptor) as c:
-            tickets = [c.submit(_x(float(i))) for i in range(3)]
+            tickets = [c.submit(_x(float(i))) for i in range(4)]
             while _serve(w):
                 pass
-            assert [c.wait(t, timeout_s=0.3)["twice"][0, 0] for t in tickets] == [1.0, 3.0, 5.0]
+            assert [c.wait(t, timeout_s=0.3)["twice"][0, 0] for t in tickets] == [1.0, 3.0, 5.0, 7.0]
 
 
 # -- the prefix read twice: once for the bound, once in the copy that keys the header cache -----------

@@ -418,6 +418,7 @@ def test_descriptor_round_trips_through_bytes() -> None:
         (lambda d: d.update(name="../../etc/shadow"), "lowtail.q.* segment name"),
         (lambda d: d["config"].update(lanes="16"), "lanes='16': wrong type"),
         (lambda d: d["config"].update(lanes=100000), "QueueConfig.lanes=100000"),
+        (lambda d: d["config"].update(slots_per_lane=3), "slots_per_lane=3: expected a power of two"),
         (lambda d: d["config"].update(evil=1), "config keys"),
         (lambda d: d.pop("boot_id"), "keys"),
     ],

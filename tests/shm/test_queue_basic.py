@@ -301,6 +301,17 @@ def test_bad_config_names_the_field() -> None:
         QueueConfig(min_batch_samples=20)
 
 
+@pytest.mark.parametrize("spl", [0, 3, 6, 4095, 8192])
+def test_slots_per_lane_must_be_a_power_of_two_that_divides_the_counters_wrap(spl: int) -> None:
+    """A request's ring position is its number modulo the slots, and the number wraps at 2^64: with 3
+    slots a doorbell left at 2^64 - 2 gave two requests in flight position 0 and one was never claimed
+    (tests/shm/test_native_bounds_review.py holds the wrap with 4)."""
+    with pytest.raises(BadConfig, match=rf"slots_per_lane={spl}: expected a power of two in 1\.\.4096"):
+        QueueConfig(slots_per_lane=spl)
+    assert QueueConfig(slots_per_lane=1).slots_per_lane == 1
+    assert QueueConfig(slots_per_lane=4096).slots_per_lane == 4096
+
+
 def test_attaching_a_vanished_queue_is_a_clear_error(server: InferenceQueue, tmp_path: Path) -> None:
     desc = server.descriptor
     server.close()

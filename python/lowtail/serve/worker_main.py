@@ -413,7 +413,7 @@ def serve(
                     st[F0] = clock()
                     inputs = batch.inputs
                     try:
-                        n = check(inputs)
+                        n = check(inputs, batch.layout)  # the queue's layout of them: one lookup
                     except (MalformedInput, ValueError) as e:
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)

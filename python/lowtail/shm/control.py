@@ -100,7 +100,10 @@ class QueueConfig:
                 raise BadConfig(f"QueueConfig.{name}={getattr(self, name)!r}: expected {expected}")
 
         check("lanes", 1 <= self.lanes <= MAX_LANES, f"1..{MAX_LANES}")
-        check("slots_per_lane", 1 <= self.slots_per_lane <= 4096, "1..4096")
+        # A request's ring position is its number modulo the slots; the number wraps at 2^64, which only
+        # a power of two divides, so any other count gives two requests in flight one position there.
+        spl = self.slots_per_lane
+        check("slots_per_lane", 1 <= spl <= 4096 and spl & (spl - 1) == 0, "a power of two in 1..4096")
         for name in ("request_bytes", "response_bytes"):
             v = getattr(self, name)
             check(name, v >= 256 and v % 64 == 0 and v < 1 << 31, "a multiple of 64 in 256..2^31")
