@@ -8,6 +8,7 @@
 //! Words are accessed as atomics (plain `mov` on x86-64, the TSO the protocol is written for); the
 //! Dekker handshakes use a SeqCst fence (`mfence`).
 
+mod answer;
 mod client;
 mod header;
 mod layout;
@@ -125,6 +126,10 @@ struct HeaderCache {
 const HEADER_CACHE_MAX: usize = 4096;
 const CLIENT_GONE_MESSAGE: &[u8] = b"the client that sent this request is gone";
 
+/// One answer layout's plan as `answer_sources` reads it: (prefix and header bytes, each array's offset
+/// from the start of the response region, its bytes per row, the payload's end).
+type AnswerRowsPlan<'a> = (&'a [u8], &'a [u64], &'a [u64], u64);
+
 /// A C-contiguous buffer of any format (a numpy array of any dtype), seen as bytes; released on drop.
 struct RawBuffer {
     view: Box<ffi::Py_buffer>,
@@ -178,7 +183,7 @@ impl Drop for RawBuffer {
 /// else a copy made here by `PyBuffer_ToContiguous` (a strided or Fortran-ordered view), so the worker
 /// hands its outputs over as they are and a strided one costs a copy, not a refused call and a retry.
 struct SrcBytes {
-    view: RawBuffer, // holds the export while the bytes are read
+    pub(crate) view: RawBuffer, // holds the export while the bytes are read
     copy: Option<Vec<u8>>,
 }
 
@@ -598,10 +603,43 @@ impl Segment {
         engine_ns: u64,
         call: u64,
     ) -> PyResult<(Vec<u64>, u64, u64)> {
-        let g = &self.geo;
         let ins: Vec<SrcBytes> = src.iter().map(SrcBytes::get).collect::<PyResult<_>>()?;
+        let plans: Vec<AnswerRowsPlan<'_>> = plans.iter().map(|(p, o, r, e)| (&p[..], o.as_slice(), r.as_slice(), *e)).collect();
+        self.answer_sources(&items, &plans, &ins, engine_ns, call)
+    }
+
+    /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane. Returns
+    /// (ns in those system calls, lanes woken).
+    fn wake_lanes(&self, lanes: Vec<u64>) -> PyResult<(u64, u64)> {
+        let mut set: [u64; 4] = [0; 4];
+        for lane in lanes {
+            self.check_lane(lane)?;
+            set[(lane >> 6) as usize] |= 1 << (lane & 63);
+        }
+        self.wake(set)
+    }
+
+    /// What the wakes of parked clients cost since this mapping was made, summed over every call
+    /// above: (ns in their system calls, lanes woken).
+    fn wakes(&self) -> (u64, u64) {
+        (self.wakes.ns.load(Ordering::Relaxed), self.wakes.lanes.load(Ordering::Relaxed))
+    }
+}
+
+impl Segment {
+    /// `answer_rows` of sources already taken (`ins`, in the plans' array order); shared with
+    /// `answer_known`.
+    pub(crate) fn answer_sources(
+        &self,
+        items: &[(u64, u64, u64, u64, u64, u64, usize)],
+        plans: &[AnswerRowsPlan<'_>],
+        ins: &[SrcBytes],
+        engine_ns: u64,
+        call: u64,
+    ) -> PyResult<(Vec<u64>, u64, u64)> {
+        let g = &self.geo;
         // Everything checked before the first answer is written: a bad call answers nothing.
-        for &(lane, slot, _, _, row0, rows, plan) in &items {
+        for &(lane, slot, _, _, row0, rows, plan) in items {
             self.check_lane(lane)?;
             self.check_slot(slot)?;
             let (prefix, offs, row_bytes, end) = plans.get(plan).ok_or_else(|| PyIndexError::new_err(format!("plan {plan} of {}", plans.len())))?;
@@ -627,8 +665,8 @@ impl Segment {
         }
         let mut lanes: [u64; 4] = [0; 4];
         let mut statuses = Vec::with_capacity(items.len());
-        for &(lane, slot, seq, gen, row0, rows, plan) in &items {
-            let (prefix, offs, row_bytes, end) = &plans[plan];
+        for &(lane, slot, seq, gen, row0, rows, plan) in items {
+            let &(prefix, offs, row_bytes, end) = &plans[plan];
             let gi = lane * g.spl + slot;
             let region = g.resp_base + gi * g.resp_bytes;
             let (status, len) = if self.ld(g.lane_word(lane, L_GEN))? != gen {
@@ -642,7 +680,7 @@ impl Segment {
                     let at = (row0 * row_bytes[k]) as usize;
                     self.write_bytes(region + offs[k], &inp.bytes()[at..at + n as usize])?;
                 }
-                (ST_OK, *end)
+                (ST_OK, end)
             };
             self.publish_answer(lane, slot, seq, status, len, engine_ns, call)?;
             lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
@@ -652,25 +690,6 @@ impl Segment {
         Ok((statuses, ns, woken))
     }
 
-    /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane. Returns
-    /// (ns in those system calls, lanes woken).
-    fn wake_lanes(&self, lanes: Vec<u64>) -> PyResult<(u64, u64)> {
-        let mut set: [u64; 4] = [0; 4];
-        for lane in lanes {
-            self.check_lane(lane)?;
-            set[(lane >> 6) as usize] |= 1 << (lane & 63);
-        }
-        self.wake(set)
-    }
-
-    /// What the wakes of parked clients cost since this mapping was made, summed over every call
-    /// above: (ns in their system calls, lanes woken).
-    fn wakes(&self) -> (u64, u64) {
-        (self.wakes.ns.load(Ordering::Relaxed), self.wakes.lanes.load(Ordering::Relaxed))
-    }
-}
-
-impl Segment {
     /// Wake the parked clients of the lanes in `set`; (ns in the wakes' system calls, lanes woken),
     /// timed around each system call alone (the loads of the parked flags are not wakes).
     fn wake(&self, set: [u64; 4]) -> PyResult<(u64, u64)> {
@@ -725,6 +744,8 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(client::send_request, m)?)?;
     m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
     m.add_class::<poll::Poller>()?;
+    m.add_class::<answer::KnownOutputs>()?;
+    m.add_function(wrap_pyfunction!(answer::answer_known, m)?)?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;
     m.add("LAYOUT_DIGEST", LAYOUT_DIGEST)?;

@@ -77,3 +77,16 @@ def test_malformed_inputs_are_rejected_with_what_was_expected(
     with pytest.raises(MalformedInput, match=needle):
         engine.infer(inputs)
     assert engine.infer(example_inputs(64, 2))["value"].shape == (2, 1)  # still serves afterwards
+
+
+def test_a_checked_layout_is_remembered_and_a_malformed_one_never_is(small_model: Path) -> None:
+    """``check(inputs, layout)``: a layout that passed costs one lookup (the arrays are not read again:
+    the caller vouches that the layout describes them); one that failed fails every time."""
+    engine = Engine(small_model)
+    good, bad = object(), object()
+    assert engine.check(example_inputs(64, 3), good) == 3 == engine.check(example_inputs(64, 3))
+    assert engine.check({"obs": np.zeros((5, 64), np.float32)}, good) == 3  # the layout's result
+    assert engine.check({"obs": np.zeros((5, 64), np.float32)}, object()) == 5
+    for _ in range(2):
+        with pytest.raises(MalformedInput, match="float64"):
+            engine.check({"obs": np.zeros((2, 64), np.float64)}, bad)

@@ -154,3 +154,28 @@ def test_outputs_that_are_strided_views_are_answered_as_given_alone_and_merged(
                 got = c.wait(t, timeout_s=5.0)
                 np.testing.assert_array_equal(got["twice"], np.full((2, 4), 2.0 * (k + 1), np.float32))
                 np.testing.assert_array_equal(got["tag"], np.full((2, 3), 10.0 * (k + 1), np.float32))
+
+
+@pytest.mark.usefixtures("queue_impl")
+def test_a_batchs_layout_is_its_inputs_layout_alone_merged_and_from_ndarray_segments(
+    server: InferenceQueue,
+) -> None:
+    """``Batch.layout`` describes ``inputs`` exactly (the model's check relies on it): one request, a
+    merged batch, and requests whose inputs came through ndarray segments (36 kB slots here)."""
+    from lowtail.shm.payload import validated_layout
+
+    big = {"x": np.ones((2, 10_000), np.float32)}  # 80 kB: an ndarray segment
+    with (
+        QueueClient.attach(server.descriptor) as a,
+        QueueClient.attach(server.descriptor) as b,
+        QueueWorker.attach(server.descriptor) as w,
+    ):
+        for requests in ([filled(1.0)], [filled(1.0, 1), filled(2.0, 3)], [big], [big, big]):
+            tickets = [c.submit(r) for c, r in zip((a, b), requests, strict=False)]
+            with w.claim(timeout_s=5.0) as batch:
+                assert batch.sizes == [r["x"].shape[0] for r in requests] or len(requests) > 1
+                assert sum(batch.sizes) == sum(r["x"].shape[0] for r in requests)
+                assert batch.layout is validated_layout(batch.inputs)
+                batch.complete({"y": np.array(batch.inputs["x"][:, :1])})
+            for c, t in zip((a, b), tickets, strict=False):
+                c.wait(t, timeout_s=5.0)

@@ -72,11 +72,12 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # every name there, but from a build before receive_answer took its park slice: refused by version
     fake.send_request = None  # type: ignore[attr-defined]
     fake.Poller = type("Poller", (), dict.fromkeys(native.POLLER_CALLS))  # type: ignore[attr-defined]
-    for version in ("0.4.9", "", "0.5.0-dev"):
+    # (and 0.5.x, before receive_answer's copy took the caller's arrays and AnswerPlan the array type)
+    for version in ("0.4.9", "", "0.5.0", "0.5.1", "0.6.0-dev"):
         fake.VERSION = version  # type: ignore[attr-defined]
         mod, impl = native._load()
-        assert mod is None and "older than 0.5.0" in impl.reason and "make native" in impl.reason
-    fake.VERSION = "0.5.0"  # type: ignore[attr-defined]
+        assert mod is None and "older than 0.6.0" in impl.reason and "make native" in impl.reason
+    fake.VERSION = "0.6.0"  # type: ignore[attr-defined]
     assert native._load()[0] is fake
 
 
@@ -439,3 +440,51 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
         s.close()
     mm.close()
     other[1].close()
+
+
+@needs_native
+def test_answer_known_answers_exactly_its_layout_and_writes_nothing_for_anything_else() -> None:
+    """``answer_known`` answers outputs that are exactly the layout it was made from (names in order,
+    ndarray, dtype object, shape; any memory layout) with its plan; anything else returns None and
+    publishes nothing, so the worker validates it as before."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    class Sub(np.ndarray):  # type: ignore[type-arg]
+        pass
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        a, b = np.arange(8, dtype=np.float32).reshape(4, 2), np.arange(4, dtype=np.int64).reshape(4, 1)
+        plan = (b"\x02" * 64, [64, 96], [8, 8], 128)
+        arrays = [("a", a.dtype, a.shape), ("b", b.dtype, b.shape)]
+        known = core.KnownOutputs(arrays, np.ndarray, plan)
+        others: list[Any] = [
+            {"b": b, "a": a},  # the same arrays in another order: another header
+            {"a": a.astype(np.float64), "b": b},
+            {"a": a[:3], "b": b[:3]},
+            {"a": np.zeros((4, 3), np.float32), "b": b},
+            {"a": a, "b": b, "c": b},
+            {"a": a},
+            {"a": a, "c": b},
+            {"a": a.view(Sub), "b": b},
+            {"a": a.tolist(), "b": b},
+            types.MappingProxyType({"a": a, "b": b}),  # not a dict
+            {1: a, "b": b},
+        ]
+        for k, outputs in enumerate(others):
+            assert core.answer_known(seg, known, outputs, 0, 1, 5, 0, 0, 0) is None, k
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == 0, k  # nothing published
+        for seq, first in ((7, a), (8, np.asfortranarray(a[::-1])[::-1])):  # C order, then strided
+            assert core.answer_known(seg, known, {"a": first, "b": b}, 0, 1, seq, 0, 0, 0) == (0, 0)
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq
+            off = geo.resp_off(1)
+            assert mm[off : off + 64] == b"\x02" * 64
+            assert mm[off + 64 : off + 96] == a.tobytes() and mm[off + 96 : off + 128] == b.tobytes()
+        with pytest.raises(ValueError, match="1 arrays, 2 offsets and 2 row sizes"):
+            core.KnownOutputs(arrays[:1], np.ndarray, plan)
+        with pytest.raises(ValueError, match="at least 1 row"):
+            core.KnownOutputs([arrays[0], ("b", b.dtype, (3, 1))], np.ndarray, plan)
+        # its plan is bounded by the region at each call, as answer_rows bounds it
+        wide = core.KnownOutputs(arrays, np.ndarray, (b"", [240, 0], [8, 8], 0))
+        with pytest.raises(IndexError, match="outside the 256-byte response region"):
+            core.answer_known(seg, wide, {"a": a, "b": b}, 0, 1, 9, 0, 0, 0)
+        assert q[geo.slot_word(1) + W_RESP_SEQ] == 8
