@@ -316,6 +316,13 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self.release()
 
 
+def _into(out: Arrays, copy: bool) -> Arrays:
+    """``wait``'s ``out``, refused with ``copy=False`` (zero-copy views and a copy cannot both be had)."""
+    if not copy:
+        raise QueueError("wait(copy=False, out=...): zero-copy views or a copy into out, not both")
+    return out
+
+
 def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], ticket: Ticket) -> Arrays:
     """The answer's arrays ``views`` copied into the caller's ``out`` (``wait(out=...)``), checked first:
     ``out`` has exactly the answer's names, each a writable array of its dtype and shape."""
@@ -493,6 +500,8 @@ class QueueClient:
     after ``fork``/``spawn``, never before: a forked child would share the lane's lifetime lock.
     """
 
+    _park_at_once = False  # on the native core without a spin budget: ``wait`` calls ``_receive_parked``
+
     def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin: SpinPolicy) -> None:
         self.descriptor = desc
         self.lane = lane
@@ -508,8 +517,7 @@ class QueueClient:
         q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
-        self._g0, self._spl = lane * geo.spl, geo.spl
-        self._req_bytes = geo.req_bytes
+        self._g0, self._spl, self._req_bytes = lane * geo.spl, geo.spl, geo.req_bytes
         # per slot s of the lane: u64 index of its slot words, byte offsets of its regions
         self._si = [geo.slot_word(self._g0 + s) for s in range(geo.spl)]
         self._req_off = [geo.req_off(self._g0 + s) for s in range(geo.spl)]
@@ -526,7 +534,7 @@ class QueueClient:
         self._receive: Any = core and core.receive_answer
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
             self.submit = self._submit_native  # type: ignore[method-assign]
-        self._park_at_once = core is not None and not self._spin_ns  # ``wait``'s first core call
+            self._park_at_once = not self._spin_ns  # ``wait``: ``_receive_parked``
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -963,49 +971,31 @@ class QueueClient:
     def wait(
         self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True, out: Arrays | None = None
     ) -> Arrays | HeldOutputs:
-        """Outputs of ``ticket``: copies owned by the caller, or with ``copy=False`` zero-copy views
-        (``HeldOutputs``) valid until released. ``out``: the caller's arrays to copy the answer into,
-        one per answer array (its name, dtype and shape, writable), returned filled: no fresh arrays per
-        answer. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ... Afterwards ``ticket.timing`` is
-        its ``RequestTiming``."""
+        """Outputs of ``ticket``: copies owned by the caller, with ``copy=False`` zero-copy views
+        (``HeldOutputs``) valid until released, or with ``out`` the caller's arrays, one per answer array
+        (its name, dtype and shape, writable), filled. Raises QueueTimeout, WorkerDied, RequestWithdrawn,
+        ... Afterwards ``ticket.timing`` is its ``RequestTiming``."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
-        take: Any = copy  # what the answer goes into: fresh copies, held views, or ``out``'s arrays
-        if out is not None:
-            if not copy:
-                raise QueueError("wait(copy=False, out=...): zero-copy views or a copy into out, not both")
-            take = out
-        q = self._q
-        s = ticket.slot
+        take: Any = copy if out is None else _into(out, copy)  # fresh copies, held views, or out's arrays
+        q, s = self._q, ticket.slot
         si = self._si[s]
         ans = self._answers[s]  # the layout of the last answer read in this slot
         got = None
         if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
-            start = time.monotonic_ns()
-            # (a timeout under one slice, or not a number: its own slice, checked by ``deadline_ns``)
-            park_ns = PARK_SLICE_NS if timeout_s >= PARK_SLICE_S else deadline_ns(start, timeout_s) - start
-            got = self._receive(
-                self._native, self.lane, s, ticket.seq, ans and ans[5], take, 0, 0, 0, park_ns
-            )
-            now = got[1]
-            if got[0] and not got[8]:
-                self._counts.immediate += 1
-            else:
-                now, got = self._after_first_slice(ticket, si, start, timeout_s, got)
+            now, got = self._receive_parked(ticket, si, timeout_s, ans, take)
         elif q[si + W_RESP_SEQ] == ticket.seq:
             now = time.monotonic_ns()
             self._counts.immediate += 1
         else:
             now, got = self._await(ticket, si, timeout_s, ans, take)
         # -- take the answer (on the native core: its words, header check and copy-out in one call)
-        nat = self._native
-        if nat is None:
+        if (nat := self._native) is None:
             status, claim_ns, done_ns = q[si + W_RESP_STATUS], q[si + W_CLAIM_NS], q[si + W_DONE_NS]
             engine_ns, call, arrays = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
             if ans is not None and status == ST_OK:
                 off = self._resp_off[s]
-                # The prefix and header as the last answer in this slot had them: its layout holds (the
-                # worker writes them with every answer; anything else is parsed again).
+                # the prefix and header of the slot's last answer (written with every answer): it holds
                 if self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
                     ans = None
                 elif take is True and ans[1] is None:  # the common case, without a call: an inline copy
@@ -1020,10 +1010,8 @@ class QueueClient:
             elif arrays is True:
                 arrays = None  # the header is ``ans``'s; the copy (held, ndarray segment, out) is ours
         self._timing = (ticket.submit_ns, claim_ns, done_ns, now)
-        # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
-        # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
-        # sleep (a parked client is still woken by the answer, and the deadline bounds every sleep).
-        # ``late``: would a sleep have ended with the answer beyond the spin budget (spin it all, park)?
+        # Learned from the worker's answer stamp, not a wake-up's latency; a garbage one costs one badly
+        # timed sleep. ``late``: would a sleep have ended with the answer beyond the spin budget?
         pred, latency = self._pred, done_ns - ticket.submit_ns
         pred.late = ((pred.late << 1) | (latency > pred.predicted_ns + self._spin_ns)) & LATE_WINDOW
         pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
@@ -1031,8 +1019,7 @@ class QueueClient:
         try:
             if arrays is not None:
                 return arrays
-            taken = self._take_answer(ticket, status, s, copy, ans, out=out)
-            held = not copy
+            taken, held = self._take_answer(ticket, status, s, copy, ans, out=out), not copy
             return taken
         finally:
             ticket.stamps = (claim_ns, done_ns, engine_ns, call, now, time.monotonic_ns())
@@ -1108,24 +1095,33 @@ class QueueClient:
         counts.parked += 1
         return deadline, seen
 
-    def _after_first_slice(
-        self, ticket: Ticket, si: int, start: int, timeout_s: float, got: Any
+    def _receive_parked(
+        self, ticket: Ticket, si: int, timeout_s: float, ans: _AnswerLayout | None, take: Any
     ) -> tuple[int, Any]:
         """``wait``'s way on the native core for a client that parks at once (no spin budget, so no
-        predictive sleep and no spin), once its first ``receive_answer`` call (the answer's check, the
-        park's first slice and its read, made in ``wait`` before any other Python: a woken sampler runs
-        its code from a cold cache, where every frame costs several times its warm price) parked or
-        found nothing: counted as the other ways count, and a longer wait goes on in ``_park``. Returns
-        when the answer was seen and the core's read of it (None when ``_park`` saw it)."""
+        predictive sleep and no spin): the answer's check, the park's first slice and its read in one
+        ``receive_answer`` call before any other Python (a woken sampler runs its code from a cold
+        cache, where each frame costs several times its warm price); a longer wait goes on in
+        ``_park``. Counted as the other ways count. Returns when the answer was seen and the core's
+        read of it (None when ``_park`` saw it)."""
+        start = time.monotonic_ns()
+        # (a timeout under one slice, or not a number: its own slice, checked by ``deadline_ns``)
+        park_ns = PARK_SLICE_NS if timeout_s >= PARK_SLICE_S else deadline_ns(start, timeout_s) - start
+        got = self._receive(
+            self._native, self.lane, ticket.slot, ticket.seq, ans and ans[5], take, 0, 0, 0, park_ns
+        )
         now, parked_at, counts = got[1], got[8], self._counts
-        if parked_at:
+        if not parked_at:
+            if got[0]:
+                counts.immediate += 1
+                return now, got
+            parked_at = now  # a zero timeout has no slice: it parks (and times out) in ``_park``
+        else:
             counts.futex_waits += got[9]
             if got[0]:
                 counts.parked += 1
                 counts.park_ns += now - parked_at
                 return now, got
-        else:
-            parked_at = now  # a zero timeout has no slice: it parks (and times out) in ``_park``
         deadline = deadline_ns(start, timeout_s)
         self._park(ticket, si, deadline, deadline, first=not got[8])
         seen = time.monotonic_ns()
