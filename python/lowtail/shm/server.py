@@ -544,10 +544,9 @@ class QueueWorker:
             return self._batch(carried)
         items: list[_Item] = []
         doorbells, poll = self._doorbells, self._poll
-        if doorbells.tobytes() != self._drained:  # work waiting: no clock, no deadline
-            poll(items)
-            if items:
-                return self._coalesce(items)
+        poll(items)  # returns at once when the doorbells are as drained; work waiting: no clock, no deadline
+        if items:
+            return self._coalesce(items)
         m = self._m
         q = m.q
         clock = time.monotonic_ns
