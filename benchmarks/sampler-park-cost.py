@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -73,6 +74,28 @@ def _worker(desc: Any, busy_us: int, stop: Any) -> None:
                 b.complete({"act": b.inputs["obs"][:, :64]})
 
 
+def _split(c: Any, x: dict[str, np.ndarray], n: int) -> dict[str, float]:
+    """Where a request's CPU goes, per request (medians over ``n`` more requests): ``user_side_us``, the
+    wall time of the client's own code (the round trip's wall less the wall time parked: submit, the
+    check before parking, the answer's read; the thread runs on alone meanwhile, so it is its CPU),
+    and ``in_park_us``, the thread's CPU less that: what the park's futex wait, the switch out and the
+    wake-up cost it. Each thread-CPU clock read is a system call (~0.6 us), half of it in each part."""
+    cpu, user_side = [], []
+    clock, cpu_clock = time.monotonic_ns, time.thread_time_ns
+    for _ in range(n):
+        park0 = c.wait_times["park_ns"]
+        c0, t0 = cpu_clock(), clock()
+        c.start(x).finish(timeout_s=30.0)
+        t1, c1 = clock(), cpu_clock()
+        cpu.append(c1 - c0)
+        user_side.append(t1 - t0 - (c.wait_times["park_ns"] - park0))
+    med = statistics.median
+    return {
+        "user_side_us": med(user_side) / 1e3,
+        "in_park_us": med([a - b for a, b in zip(cpu, user_side, strict=True)]) / 1e3,
+    }
+
+
 def queue_round_trips(busy_us: int, n: int) -> dict[str, Any]:
     from lowtail.shm import native
     from lowtail.shm.client import QueueClient
@@ -95,6 +118,7 @@ def queue_round_trips(busy_us: int, n: int) -> dict[str, Any]:
                 out: dict[str, Any] = _per(before, n)
                 out["wall_us"] = (time.perf_counter_ns() - t0) / n / 1e3
                 out["parked"] = (c.wait_counts["parked"] - counts0["parked"]) / n
+                out |= _split(c, x, n)
                 out["spin_policy"] = c.spin_policy.reason
         finally:
             stop.set()
@@ -139,7 +163,10 @@ def main() -> int:
     for r in rows:
         extra = ""
         if "wall_us" in r:
-            extra = f", wall {r['wall_us']:.0f} us, parked {r['parked']:.2f}, {r['core']}"
+            extra = (
+                f", wall {r['wall_us']:.0f} us, parked {r['parked']:.2f}, {r['core']}; median: the client's "
+                f"code {r['user_side_us']:.1f} us, the park {r['in_park_us']:.1f} us"
+            )
         print(
             f"{r['run']:<28} cpu {r['cpu_us']:6.1f} us (user {r['user_us']:5.1f}, sys {r['sys_us']:5.1f}), "
             f"{r['vol_cs']:.2f} voluntary switches{extra}"

@@ -8,7 +8,7 @@
 //! written and read through raw pointers (other processes share them), never as Rust slices.
 
 use pyo3::intern;
-use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
 
@@ -131,18 +131,21 @@ pub struct AnswerPlan {
     arrays: Vec<AnswerArray>,
     end: u64,
     empty: PyObject,
+    ndarray: PyObject, // the type of `empty`'s arrays: what a caller's array to copy into must be
 }
 
 #[pymethods]
 impl AnswerPlan {
     #[new]
-    fn new(key: Vec<u8>, arrays: Vec<AnswerArray>, empty: PyObject) -> PyResult<Self> {
+    #[pyo3(signature = (key, arrays, empty, ndarray=None))]
+    fn new(py: Python<'_>, key: Vec<u8>, arrays: Vec<AnswerArray>, empty: PyObject, ndarray: Option<PyObject>) -> PyResult<Self> {
         if key.len() < 8 {
             return Err(PyValueError::new_err(format!("a {}-byte key, expected the 8-byte prefix and a header", key.len())));
         }
         let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
         let end = check_arrays(key.len(), &spans)?;
-        Ok(AnswerPlan { key, arrays, end, empty })
+        let ndarray = ndarray.unwrap_or_else(|| py.None()); // None: no array is of its type, none taken
+        Ok(AnswerPlan { key, arrays, end, empty, ndarray })
     }
 }
 
@@ -157,6 +160,10 @@ impl AnswerPlan {
 /// else True (the caller's cached layout holds); None when the header differs (the caller parses it),
 /// for an error status, or without a plan; `parked_at`: when the park began (0: none); `slept`: the
 /// park made its futex wait (else the re-check after setting the parked flag found the answer).
+/// `copy` may also be the caller's mapping of preallocated arrays (a copy into them, not into fresh
+/// ones): `out` is then that mapping once every answer array was copied into the array of its name,
+/// an `ndarray` of its dtype object and shape, C-contiguous and writable (all checked before the first
+/// byte is written); True when one is not (the caller copies, or says why it cannot).
 #[pyfunction]
 #[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0, park_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -167,7 +174,7 @@ pub fn receive_answer(
     slot: u64,
     seq: u64,
     plan: Option<PyRef<'_, AnswerPlan>>,
-    copy: bool,
+    copy: &Bound<'_, PyAny>,
     spin_ns: u64,
     short_ns: u64,
     due_ns: u64,
@@ -194,22 +201,79 @@ pub fn receive_answer(
     let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
     let mut out = py.None();
     if let (Some(plan), ST_OK) = (plan, status) {
-        out = read_answer(py, &seg, lane * seg.geo.spl + slot, &plan, copy)?;
+        let g = lane * seg.geo.spl + slot;
+        out = match copy.downcast::<PyBool>() {
+            Ok(copy) => read_answer(py, &seg, g, &plan, copy.is_true())?,
+            Err(_) => read_answer_into(py, &seg, g, &plan, copy)?,
+        };
     }
     Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
 }
 
-/// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.
-fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
+/// The answer of slot `g` by `plan` copied into the caller's arrays `into` (see `receive_answer`): None
+/// when its header is not the plan's key, True when `into` does not have the plan's arrays exactly.
+fn read_answer_into(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, into: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let Some(region) = answer_region(seg, g, plan)? else {
+        return Ok(py.None());
+    };
+    let cached = || Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
+    if plan.arrays.is_empty() || !matches!(into.len(), Ok(n) if n == plan.arrays.len()) {
+        return cached();
+    }
+    let mut dsts = Vec::with_capacity(plan.arrays.len());
+    for (name, _, n, shape, dtype) in &plan.arrays {
+        let Ok(obj) = into.get_item(name.bind(py)) else {
+            return cached();
+        };
+        if !obj.get_type().is(plan.ndarray.bind(py)) || !matches!(obj.getattr(intern!(py, "dtype")), Ok(d) if d.is(dtype.bind(py))) {
+            return cached();
+        }
+        let Ok(b) = RawBuffer::get(&obj) else {
+            return cached(); // not C-contiguous: the caller's copy handles any strides
+        };
+        let want = shape.bind(py);
+        if b.view.readonly != 0 || b.bytes().len() as u64 != *n || b.shape().len() != want.len() {
+            return cached();
+        }
+        for (k, &d) in b.shape().iter().enumerate() {
+            if !matches!(want.get_item(k).and_then(|v| v.extract::<isize>()), Ok(w) if w == d) {
+                return cached();
+            }
+        }
+        dsts.push(b);
+    }
+    for ((_, off, n, _, _), mut dst) in plan.arrays.iter().zip(dsts) {
+        copy_from_region(seg, region + off, *n, dst.bytes_mut()?)?;
+    }
+    Ok(into.clone().unbind())
+}
+
+/// The byte offset of slot `g`'s response region when its prefix and header are `plan`'s key, bounded
+/// by the queue's slots; None otherwise (a layout its slots cannot hold, or another header).
+fn answer_region(seg: &Segment, g: u64, plan: &AnswerPlan) -> PyResult<Option<u64>> {
     let geo = &seg.geo;
     let klen = plan.key.len() as u64;
     if klen > geo.resp_bytes || plan.end > geo.resp_bytes {
-        return Ok(py.None()); // a layout this queue's slots cannot hold: the Python parse says why
+        return Ok(None); // a layout this queue's slots cannot hold: the Python parse says why
     }
     let region = geo.resp_base + g * geo.resp_bytes;
-    if seg.read_bytes(region, klen)? != plan.key {
-        return Ok(py.None());
+    Ok((seg.read_bytes(region, klen)? == plan.key).then_some(region))
+}
+
+/// `n` bytes of the mapping at `src` into `d` (`d.len() == n`; `src + n` within the segment, checked).
+fn copy_from_region(seg: &Segment, src: u64, n: u64, d: &mut [u8]) -> PyResult<()> {
+    if d.len() as u64 != n || src.checked_add(n).is_none_or(|e| e > seg.words * 8) || seg.buf.is_none() {
+        return Err(PyIndexError::new_err(format!("bytes {src}+{n} outside the {}-byte segment", seg.words * 8)));
     }
+    unsafe { std::ptr::copy_nonoverlapping(seg.base.add(src as usize), d.as_mut_ptr(), n as usize) };
+    Ok(())
+}
+
+/// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.
+fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
+    let Some(region) = answer_region(seg, g, plan)? else {
+        return Ok(py.None());
+    };
     if !copy || plan.arrays.is_empty() {
         return Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
     }
@@ -222,11 +286,7 @@ fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: b
             let name = name.bind(py);
             return Err(PyValueError::new_err(format!("array {name}: a fresh array of {} bytes, its layout has {n}", d.len())));
         }
-        let src = region + off; // off + n <= end <= resp_bytes: within the region, so the mapping
-        if src.checked_add(*n).is_none_or(|e| e > seg.words * 8) || seg.buf.is_none() {
-            return Err(PyIndexError::new_err(format!("bytes {src}+{n} outside the {}-byte segment", seg.words * 8)));
-        }
-        unsafe { std::ptr::copy_nonoverlapping(seg.base.add(src as usize), d.as_mut_ptr(), *n as usize) };
+        copy_from_region(seg, region + off, *n, d)?; // off + n <= end <= resp_bytes: within the region
         drop(dst);
         out.set_item(name.bind(py), arr)?;
     }

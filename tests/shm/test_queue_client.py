@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from lowtail.shm import client as client_mod
-from lowtail.shm import payload
+from lowtail.shm import native, payload
 from lowtail.shm.client import MARGIN_NS, MIN_TIMED_PARK_NS, next_prediction_ns, park_until_ns
 from lowtail.shm.layout import W_CLAIM_SEQ
 from lowtail.shm.queue import (
@@ -379,3 +379,39 @@ def test_a_parked_client_whose_worker_is_killed_gets_worker_died_promptly(
         if worker.is_alive():
             worker.kill()
         worker.join(10)
+
+
+def test_a_native_client_that_parks_at_once_takes_each_answer_in_one_core_call(
+    ctx: BaseContext, server: InferenceQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spin budget on the native core: ``wait`` checks, parks and reads in one ``receive_answer``
+    call, whether the answer came while it was parked or was there already, with none of ``_await``'s
+    Python before it; the wait counts say which, as on the other paths."""
+    if not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+
+    def no_await(*_: object) -> None:
+        raise AssertionError("_await ran for a client that parks at once")
+
+    x = {"x": np.ones((1, 4), np.float32)}
+    with native.use(True), _worker_at(ctx, server, [0.005]), QueueClient.attach(server.descriptor) as c:
+        assert c.spin_policy.spin_us == 0
+        _rounds(c, 1)  # the worker's start-up, and the answer's layout learned
+        calls: list[tuple[Any, ...]] = []
+        slices: list[tuple[Any, ...]] = []  # waits that outlasted the core call's park slice (a slow host)
+        receive, park = c._receive, c._park
+        monkeypatch.setattr(c, "_receive", lambda *a: calls.append(a) or receive(*a))
+        monkeypatch.setattr(c, "_park", lambda *a, **k: slices.append(a) or park(*a, **k))
+        monkeypatch.setattr(QueueClient, "_await", no_await)
+        delta = _rounds(c, 3)  # each answer ~5 ms after its submit: found parked
+        # one core call per answer; one more to read an answer that ``_park`` saw after the first slice
+        assert len(calls) == 3 + len(slices), (calls, slices)
+        assert delta["parked"] == 3 and delta["immediate"] == 0 and delta["futex_waits"] >= 3, delta
+        t = c.submit(x)
+        deadline = time.monotonic() + 30
+        while not c.ready(t):
+            assert time.monotonic() < deadline, "never answered"
+            time.sleep(0.005)
+        before, calls[:] = c.wait_counts, []
+        np.testing.assert_array_equal(c.wait(t, timeout_s=30.0)["y"], x["x"])
+        assert len(calls) == 1 and c.wait_counts["immediate"] == before["immediate"] + 1

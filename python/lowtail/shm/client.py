@@ -316,6 +316,37 @@ class HeldOutputs(Mapping[str, np.ndarray]):
         self.release()
 
 
+def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], ticket: Ticket) -> Arrays:
+    """The answer's arrays ``views`` copied into the caller's ``out`` (``wait(out=...)``), checked first:
+    ``out`` has exactly the answer's names, each a writable array of its dtype and shape."""
+    if len(out) == len(views):
+        for name, view in views:  # loops, not all() of a generator: no frames of their own
+            dst = out.get(name)
+            if (
+                not isinstance(dst, np.ndarray)
+                or dst.shape != view.shape
+                or dst.dtype != view.dtype
+                or not dst.flags.writeable
+            ):
+                break
+        else:
+            for name, view in views:
+                out[name][...] = view  # the same dtype and shape: neither casts nor broadcasts
+            return out
+    given = ", ".join(
+        f"{k}: {np.dtype(v.dtype).name}{list(v.shape)}"
+        if isinstance(v, np.ndarray)
+        else f"{k}: {type(v).__name__}"
+        for k, v in out.items()
+    )
+    answer = ", ".join(f"{k}: {v.dtype.name}{list(v.shape)}" for k, v in views)
+    raise QueueError(
+        f"wait(out=...): out has {given or 'nothing'}, the answer to request seq {ticket.seq} has "
+        f"{answer} (each name once, that dtype and shape, writable); the request ran and its answer is "
+        f"dropped"
+    )
+
+
 def _views_of(
     base: np.ndarray[Any, Any], fields: tuple[tuple[str, Any, Any, int, int], ...]
 ) -> dict[str, np.ndarray[Any, Any]]:
@@ -350,11 +381,18 @@ class Pending:
         return self.client.ready(self.ticket)
 
     @overload
-    def finish(self, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    def finish(
+        self, timeout_s: float = 1.0, *, copy: Literal[True] = True, out: Arrays | None = None
+    ) -> Arrays: ...
     @overload
     def finish(self, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
-    def finish(self, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
-        return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
+    def finish(
+        self, timeout_s: float = 1.0, *, copy: bool = True, out: Arrays | None = None
+    ) -> Arrays | HeldOutputs:
+        """``QueueClient.wait`` of this request (``out``: the caller's arrays to copy the answer into)."""
+        if out is None:
+            return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
+        return self.client.wait(self.ticket, timeout_s, copy=copy, out=out)  # type: ignore[call-overload, no-any-return]
 
     def withdraw(self) -> bool:
         """Take the request back: True if no worker of this queue will ever run it (send it elsewhere),
@@ -488,6 +526,7 @@ class QueueClient:
         self._receive: Any = core and core.receive_answer
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
             self.submit = self._submit_native  # type: ignore[method-assign]
+        self._park_at_once = core is not None and not self._spin_ns  # ``wait``'s first core call
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
         # for it (a dead predecessor's, an abandoned or failed ticket's). A slot whose ticket is gone
@@ -916,47 +955,70 @@ class QueueClient:
         q[parked_i] = 0
 
     @overload
-    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[True] = True) -> Arrays: ...
+    def wait(
+        self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[True] = True, out: Arrays | None = None
+    ) -> Arrays: ...
     @overload
     def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: Literal[False]) -> HeldOutputs: ...
-    def wait(self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True) -> Arrays | HeldOutputs:
+    def wait(
+        self, ticket: Ticket, timeout_s: float = 1.0, *, copy: bool = True, out: Arrays | None = None
+    ) -> Arrays | HeldOutputs:
         """Outputs of ``ticket``: copies owned by the caller, or with ``copy=False`` zero-copy views
-        (``HeldOutputs``) valid until released. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ...
-        Afterwards ``ticket.timing`` is its ``RequestTiming``."""
+        (``HeldOutputs``) valid until released. ``out``: the caller's arrays to copy the answer into,
+        one per answer array (its name, dtype and shape, writable), returned filled: no fresh arrays per
+        answer. Raises QueueTimeout, WorkerDied, RequestWithdrawn, ... Afterwards ``ticket.timing`` is
+        its ``RequestTiming``."""
         if ticket.consumed:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
+        take: Any = copy  # what the answer goes into: fresh copies, held views, or ``out``'s arrays
+        if out is not None:
+            if not copy:
+                raise QueueError("wait(copy=False, out=...): zero-copy views or a copy into out, not both")
+            take = out
         q = self._q
         s = ticket.slot
         si = self._si[s]
         ans = self._answers[s]  # the layout of the last answer read in this slot
         got = None
-        if q[si + W_RESP_SEQ] == ticket.seq:
+        if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
+            start = time.monotonic_ns()
+            # (a timeout under one slice, or not a number: its own slice, checked by ``deadline_ns``)
+            park_ns = PARK_SLICE_NS if timeout_s >= PARK_SLICE_S else deadline_ns(start, timeout_s) - start
+            got = self._receive(
+                self._native, self.lane, s, ticket.seq, ans and ans[5], take, 0, 0, 0, park_ns
+            )
+            now = got[1]
+            if got[0] and not got[8]:
+                self._counts.immediate += 1
+            else:
+                now, got = self._after_first_slice(ticket, si, start, timeout_s, got)
+        elif q[si + W_RESP_SEQ] == ticket.seq:
             now = time.monotonic_ns()
             self._counts.immediate += 1
         else:
-            now, got = self._await(ticket, si, timeout_s, ans, copy)
+            now, got = self._await(ticket, si, timeout_s, ans, take)
         # -- take the answer (on the native core: its words, header check and copy-out in one call)
         nat = self._native
         if nat is None:
             status, claim_ns, done_ns = q[si + W_RESP_STATUS], q[si + W_CLAIM_NS], q[si + W_DONE_NS]
-            engine_ns, call, out = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
+            engine_ns, call, arrays = q[si + W_CALL_ENGINE_NS], q[si + W_CALL], None
             if ans is not None and status == ST_OK:
                 off = self._resp_off[s]
                 # The prefix and header as the last answer in this slot had them: its layout holds (the
                 # worker writes them with every answer; anything else is parsed again).
                 if self._mem[off : off + len(ans[0])].tobytes() != ans[0]:
                     ans = None
-                elif copy and ans[1] is None:  # the common case, without a call: an inline copy-out
-                    out = {}
+                elif take is True and ans[1] is None:  # the common case, without a call: an inline copy
+                    arrays = {}
                     for name, view in ans[4]:  # a loop, not a comprehension: no frame of its own (3.11)
-                        out[name] = view.copy()
+                        arrays[name] = view.copy()
         else:
-            got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], copy)
-            _, _, status, claim_ns, done_ns, engine_ns, call, out, _, _ = got
-            if out is None:
+            got = got or self._receive(nat, self.lane, s, ticket.seq, ans and ans[5], take)
+            _, _, status, claim_ns, done_ns, engine_ns, call, arrays, _, _ = got
+            if arrays is None:
                 ans = None  # another header (or an error): parsed again
-            elif out is True:
-                out = None  # the header is ``ans``'s; the copy (held, or in an ndarray segment) is ours
+            elif arrays is True:
+                arrays = None  # the header is ``ans``'s; the copy (held, ndarray segment, out) is ours
         self._timing = (ticket.submit_ns, claim_ns, done_ns, now)
         # Learned from the worker's stamp of the answer, not from when this client saw it: a wake-up's
         # latency (100-200 us here) would inflate the prediction. A garbage stamp costs one badly timed
@@ -967,9 +1029,9 @@ class QueueClient:
         pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
         held = False
         try:
-            if out is not None:
-                return out
-            taken = self._take_answer(ticket, status, s, copy, ans)
+            if arrays is not None:
+                return arrays
+            taken = self._take_answer(ticket, status, s, copy, ans, out=out)
             held = not copy
             return taken
         finally:
@@ -1046,6 +1108,31 @@ class QueueClient:
         counts.parked += 1
         return deadline, seen
 
+    def _after_first_slice(
+        self, ticket: Ticket, si: int, start: int, timeout_s: float, got: Any
+    ) -> tuple[int, Any]:
+        """``wait``'s way on the native core for a client that parks at once (no spin budget, so no
+        predictive sleep and no spin), once its first ``receive_answer`` call (the answer's check, the
+        park's first slice and its read, made in ``wait`` before any other Python: a woken sampler runs
+        its code from a cold cache, where every frame costs several times its warm price) parked or
+        found nothing: counted as the other ways count, and a longer wait goes on in ``_park``. Returns
+        when the answer was seen and the core's read of it (None when ``_park`` saw it)."""
+        now, parked_at, counts = got[1], got[8], self._counts
+        if parked_at:
+            counts.futex_waits += got[9]
+            if got[0]:
+                counts.parked += 1
+                counts.park_ns += now - parked_at
+                return now, got
+        else:
+            parked_at = now  # a zero timeout has no slice: it parks (and times out) in ``_park``
+        deadline = deadline_ns(start, timeout_s)
+        self._park(ticket, si, deadline, deadline, first=not got[8])
+        seen = time.monotonic_ns()
+        counts.parked += 1
+        counts.park_ns += seen - parked_at
+        return seen, None
+
     def _receive_or_park(
         self, ticket: Ticket, deadline: int, due_ns: int, ans: _AnswerLayout | None, copy: bool
     ) -> tuple[int, Any]:
@@ -1072,7 +1159,14 @@ class QueueClient:
         return now, got
 
     def _take_answer(
-        self, ticket: Ticket, status: int, s: int, copy: bool, ans: _AnswerLayout | None
+        self,
+        ticket: Ticket,
+        status: int,
+        s: int,
+        copy: bool,
+        ans: _AnswerLayout | None,
+        *,
+        out: Arrays | None = None,
     ) -> Arrays | HeldOutputs:
         """The one way an answer is read, whoever waited for it (``wait``, ``Pending.finish``, the
         actors' ``InferenceClient.finish``): an error status raises; else the answer's layout (``ans``,
@@ -1089,11 +1183,13 @@ class QueueClient:
             ans = self._answer_layout(s, off)
         _, ext, fields, end, views, _ = ans
         if ext is None:
+            if out is not None:
+                return _copy_into(out, views, ticket)
             if copy:
-                out: Arrays = {}
+                fresh: Arrays = {}
                 for name, view in views:
-                    out[name] = view.copy()
-                return out
+                    fresh[name] = view.copy()
+                return fresh
             mv = self._mem[off : off + end]
         else:
             nd = self._answer_slot(ext)
@@ -1101,6 +1197,8 @@ class QueueClient:
                 raise RequestFailed(
                     f"corrupt answer: {end}-byte layout in ndarray segment {ext} ({nd.capacity} B)"
                 )
+            if out is not None:
+                return _copy_into(out, tuple(_views_of(nd.buf, fields).items()), ticket)
             if copy:
                 return {name: view.copy() for name, view in _views_of(nd.buf, fields).items()}
             mv = memoryview(nd.segment.mm)[:end]
@@ -1132,7 +1230,8 @@ class QueueClient:
         plan = None
         if self._native is not None:  # what the core checks and copies out for this layout
             arrays = [(a.name, a.offset, a.nbytes, tuple(a.shape), a.dtype) for a in lay]
-            plan = native.core_of(self._native).AnswerPlan(raw, arrays if ext is None else [], np.empty)
+            core = native.core_of(self._native)
+            plan = core.AnswerPlan(raw, arrays if ext is None else [], np.empty, np.ndarray)
         ans = (raw, ext, fields, end, views, plan)
         self._answers[s] = ans
         return ans

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Instructions a sampler spends per request, counted by callgrind in the sampler's process alone.
+
+    benchmarks/sampler-instructions.py [--tree DIR ...] [--paths python,native] [--requests N]
+                                       [--busy-us US] [--samples 16] [--top K] [--json FILE]
+
+``queue-instructions.py`` counts a client and a worker in one process; this counts the client's side
+only, as ``bench serve``'s sampler runs it: ``client.start(x).finish()`` in a loop, the request
+``samples`` x 512 float32 (16: a served x4 request, 32 KiB; 1: traffic 16x1's; ``--out``: its answer
+copied into the sampler's arrays, ``finish(out=...)``), against a worker in
+another process (not under valgrind) that holds each request ``busy_us`` before it answers
+``obs[:, :64]``, so the client finds its answer not there and parks, as a sampler without a CPU of its
+own does. Callgrind counts only after a warm-up. ``--top`` prints the functions that take the most
+instructions (exclusive), the interpreter's and the core's, which says where a request's user time
+goes. Needs valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WARMUP = 200
+
+CHILD = r"""
+import multiprocessing, os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from lowtail.shm.client import QueueClient
+from lowtail.shm.queue import InferenceQueue, QueueConfig
+
+def serve(desc, busy_us, stop):
+    from lowtail.shm.server import QueueWorker
+    with QueueWorker.attach(desc) as w:
+        while not stop.is_set():
+            b = w.claim(0.05)
+            if b is None:
+                continue
+            with b:
+                end = time.perf_counter_ns() + busy_us * 1000
+                while time.perf_counter_ns() < end:
+                    pass
+                b.complete({"act": np.ascontiguousarray(b.inputs["obs"][:, :64])})
+
+if __name__ == "__main__":
+    requests, warmup, busy_us, samples, into = (int(v) for v in sys.argv[2:7])
+    try:
+        from lowtail.shm import native
+        print("QUEUE_CORE=" + native.implementation().name, file=sys.stderr)
+    except ImportError:
+        print("QUEUE_CORE=python", file=sys.stderr)
+    ctx = multiprocessing.get_context("spawn")  # an exec'd child: valgrind does not trace it
+    stop = ctx.Event()
+    with InferenceQueue.create(QueueConfig(request_bytes=65536, response_bytes=32768)) as q:
+        proc = ctx.Process(target=serve, args=(q.descriptor, busy_us, stop))
+        proc.start()
+        try:
+            with QueueClient.attach(q.descriptor, spin_us=0) as c:
+                x = {"obs": np.ones((samples, 512), np.float32)}
+                for _ in range(warmup):
+                    y = c.start(x).finish(timeout_s=60.0)
+                kw = {"out": {k: np.empty_like(v) for k, v in y.items()}} if into else {}
+                parked0 = c.wait_counts["parked"]
+                control = ["callgrind_control", "--instr={}", str(os.getpid())]
+                subprocess.run([a.format("on") for a in control], check=True, capture_output=True)
+                for _ in range(requests):
+                    c.start(x).finish(timeout_s=60.0, **kw)
+                subprocess.run([a.format("off") for a in control], check=True, capture_output=True)
+                print("PARKED=%d" % (c.wait_counts["parked"] - parked0), file=sys.stderr)
+        finally:
+            stop.set()
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+"""
+
+
+def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
+    """One callgrind run of ``tree``'s sampler on ``path``: its counts per request (and top functions)."""
+    env = {k: v for k, v in os.environ.items() if k != "LOWTAIL_PURE_PYTHON"}
+    env |= {"LOWTAIL_PURE_PYTHON": "1"} if path == "python" else {}
+    with tempfile.TemporaryDirectory(prefix="lowtail-cg-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        script = Path(tmp) / "sampler.py"
+        script.write_text(CHILD)
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+             sys.executable, str(script), str(tree / "python"), str(args.requests), str(WARMUP),
+             str(args.busy_us), str(args.samples), str(int(args.out))],
+            capture_output=True, text=True, check=False, env=env,
+        )  # fmt: skip
+        found = re.search(r"Collected : (\d+)", proc.stderr)
+        ran = re.search(r"^QUEUE_CORE=(\w+)", proc.stderr, re.MULTILINE)
+        parked = re.search(r"^PARKED=(\d+)", proc.stderr, re.MULTILINE)
+        if proc.returncode != 0 or found is None:
+            raise SystemExit(
+                f"callgrind run of {tree} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+            )
+        top: list[tuple[int, str]] = []
+        if args.top:
+            ann = subprocess.run(
+                ["callgrind_annotate", "--threshold=100", str(out)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            for line in ann.stdout.splitlines():
+                m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(\S.*)$", line)
+                if m and "PROGRAM TOTALS" not in line:
+                    top.append((int(m.group(1).replace(",", "")) // args.requests, m.group(2)[:110]))
+            top = top[: args.top]
+    total = int(found.group(1))
+    return {
+        "tree": str(tree),
+        "path": ran.group(1) if ran else "unknown",
+        "requests": args.requests,
+        "samples": args.samples,
+        "busy_us": args.busy_us,
+        "out": args.out,
+        "instructions": total,
+        "per_request": round(total / args.requests),
+        "parked": int(parked.group(1)) if parked else -1,
+        "top": top,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--tree", type=Path, action="append", help="a source tree (repeatable; default: this one)"
+    )
+    ap.add_argument("--paths", default="python,native", help="the queue's paths (default: python,native)")
+    ap.add_argument("--requests", type=int, default=1000, help="measured requests (default 1000)")
+    ap.add_argument("--busy-us", type=int, default=3000, help="the worker's hold per request (default 3000)")
+    ap.add_argument("--samples", type=int, default=16, help="rows of 512 float32 per request (default 16)")
+    ap.add_argument("--out", action="store_true", help="answers into the sampler's arrays (finish(out=))")
+    ap.add_argument("--top", type=int, default=0, help="print the K functions with most instructions")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed: apt-get install valgrind")
+    if args.requests < 1 or args.busy_us < 0 or not 1 <= args.samples <= 16:
+        raise SystemExit("--requests >= 1, --busy-us >= 0 and --samples 1..16 expected")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or set(paths) - {"python", "native"}:
+        raise SystemExit(f"--paths {args.paths!r}: expected a subset of python,native")
+    rows = [count(tree, args, path) for tree in (args.tree or [REPO]) for path in paths]
+    for r in rows:
+        print(
+            f"{r['tree']} {r['path']}: {r['per_request']:,} instructions per request "
+            f"({r['samples']} x 512 f32, {r['parked']}/{r['requests']} parked)"
+        )
+        for n, fn in r["top"]:  # type: ignore[attr-defined]
+            print(f"  {n:>9,}  {fn}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"schema": "lowtail.sampler-instructions/1", "rows": rows}, indent=2) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
