@@ -20,6 +20,7 @@ settings.load_profile("lowtail")
 # default on exec, so catching it here gives the children the terminal's disposition again.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and blocked, which survives exec too
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

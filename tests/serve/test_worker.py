@@ -238,6 +238,30 @@ def test_stop_leaves_no_process_or_fd_behind(small_model: Path) -> None:
     assert set(os.listdir("/proc/self/fd")) <= fds_before
 
 
+@pytest.mark.parametrize("when", ["while-starting", "serving"])
+def test_a_worker_stops_quietly_on_a_ctrl_c_sent_while_it_starts_or_serves(
+    small_model: Path, when: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Started with SIGINT blocked (its parent's ``deaf_to_ctrl_c``), the worker unblocks it once its
+    quiet-stop handler is set: a Ctrl-C sent while it still imports arrives then, and stops it as one
+    sent while it serves does. Sent to the worker alone: this test's own process is not interrupted."""
+    with small_queue() as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model)
+        try:
+            if when == "serving":
+                w.wait_ready(120)
+            os.kill(w.pid, signal.SIGINT)  # "while-starting": its interpreter has just begun
+            deadline = time.monotonic() + 120
+            while w.alive():
+                assert time.monotonic() < deadline, "the worker did not stop on Ctrl-C"
+                time.sleep(0.05)
+        finally:
+            code = w.stop()
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 def _start_worker_then_die(
     desc: object, model: str, conn: object, wait_ready: bool, config: WorkerConfig | None = None
 ) -> None:
@@ -541,3 +565,67 @@ def test_a_fault_inside_a_batch_fails_its_requests_alone_and_the_worker_serves_o
             assert rep.state == "serving" and rep.failed_requests == 1 and rep.calls == 3
         finally:
             assert w.stop() == 0
+
+
+@pytest.mark.parametrize("forged", [(1 << 64) - 1, 1 << 63, "an hour ahead"])
+def test_a_forged_submit_stamp_leaves_a_neighbours_calls_recorded_in_its_batch_and_the_next(
+    small_model: Path, forged: int | str
+) -> None:
+    """A submit stamp is a word the client writes: one client writes stamps from the future, into a call
+    of its own and into one it shares with a neighbour. Every call's row and counters are still written
+    (the neighbour's next one too), and no wait exceeds the test's own time: the forged stamp reads as
+    no wait, the shared call's is the neighbour's."""
+    import types
+
+    from lowtail.shm import client as client_module
+    from lowtail.shm import native
+    from lowtail.shm.client import Ticket
+
+    col = {n: i for i, n in enumerate(CALL_FIELDS)}
+    # Two lanes active: the worker holds a claimed request up to 100 ms for the other's samples.
+    with small_queue(min_batch_samples=2, coalesce_us=100_000) as queue:
+        w = WorkerProcess.start(queue.descriptor, CPU, small_model)
+        try:
+            w.wait_ready(120)
+            with native.use(False):  # the Python path's submit stamps with the clock patched below
+                forger = QueueClient.attach(queue.descriptor)
+            with forger, QueueClient.attach(queue.descriptor) as neighbour:
+                stamp = time.monotonic_ns() + 3600 * 10**9 if isinstance(forged, str) else forged
+                started = time.monotonic_ns()
+                cursor, before = w.calls().cursor, w.report()
+
+                def forge(arrays: dict[str, np.ndarray]) -> Ticket:
+                    real_time = client_module.time
+                    client_module.time = types.SimpleNamespace(monotonic_ns=lambda: stamp)  # type: ignore[assignment]
+                    try:
+                        return forger.submit(arrays)
+                    finally:
+                        client_module.time = real_time
+
+                forger.wait(
+                    forge(example_inputs(64, 2)), timeout_s=30
+                )  # its own call: the neighbour's is next
+                neighbour.infer(example_inputs(64, 2), timeout_s=30)
+                shared = attempts = 0
+                while not shared and attempts < 20:  # together in one call, unless a loaded host splits them
+                    attempts += 1
+                    t_forged = forge(example_inputs(64, 1))
+                    t_neighbour = neighbour.submit(example_inputs(64, 1))
+                    neighbour.wait(t_neighbour, timeout_s=30)
+                    forger.wait(t_forged, timeout_s=30)
+                    rows = _rows_after(w, cursor)
+                    shared = int((rows[:, col["slots"]] == 2).sum())
+                neighbour.infer(example_inputs(64, 2), timeout_s=30)  # its next call, alone
+                elapsed_ms = (time.monotonic_ns() - started) / 1e6
+            rows = _rows_after(w, cursor)
+            rep = report_when(w, lambda r: r.calls - before.calls >= len(rows))
+        finally:
+            assert w.stop() == 0
+    assert shared, "the two requests never shared a call"
+    calls = len(rows)
+    assert rows[-1, col["slots"]] == 1 and rows[-1, col["batch"]] == 2  # the neighbour's next call
+    waits = rows[:, col["queue_wait_ms"]]
+    assert ((waits >= 0) & (waits <= elapsed_ms)).all(), waits  # the neighbour's waits, not the forged
+    assert rep.calls - before.calls == calls
+    assert rep.samples - before.samples == rows[:, col["batch"]].sum()
+    assert rows[:, col["slots"]].sum() == 2 * attempts + 3  # every request of both is in a row

@@ -152,10 +152,10 @@ def calibrate_all(targets: list[float], cpu: int, batch: int, tmp: Path) -> list
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_calibrate_child, args=(targets, cpu, batch, str(tmp), child), daemon=True)
-    with deaf_to_ctrl_c():
-        start_pinned(proc, cpu)
-    child.close()
     try:
+        with deaf_to_ctrl_c():  # a Ctrl-C meanwhile is raised as it ends, and reaps the child below
+            start_pinned(proc, cpu)
+        child.close()
         if not parent.poll(REPORT_GRACE_S * 5):
             raise RuntimeError("model calibration did not report in time")
         try:
@@ -163,10 +163,11 @@ def calibrate_all(targets: list[float], cpu: int, batch: int, tmp: Path) -> list
         except EOFError:
             raise RuntimeError("model calibration died before reporting") from None
     finally:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        if proc.pid is not None:  # started
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
     if r["error"]:
         raise RuntimeError(f"model calibration failed: {r['error']}")
     return list(r["calibrated"])

@@ -321,6 +321,8 @@ def _ms(ns: list[int] | np.ndarray) -> np.ndarray:
 def _reap(procs: list[Any], at_once: bool = False) -> None:
     """Join the children (killed after 10 s, or at once when the run is being interrupted)."""
     for p in procs:
+        if p.pid is None:  # never started
+            continue
         p.join(0 if at_once else 10)
         if p.is_alive():
             p.kill()
@@ -331,12 +333,12 @@ def run_bare(setup: Setup) -> DesignResult:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_bare_child, args=(setup, child), daemon=True)
-    with deaf_to_ctrl_c():
-        start_pinned(proc, setup.cpu)
-    child.close()
     batch = setup.batch
     interrupted = False
     try:
+        with deaf_to_ctrl_c():  # a Ctrl-C meanwhile is raised as it ends, and reaps the child below
+            start_pinned(proc, setup.cpu)
+        child.close()
         if not parent.poll(setup.duration + REPORT_GRACE_S):
             raise RuntimeError(f"the bare loop did not report within {setup.duration + REPORT_GRACE_S:g} s")
         try:
@@ -411,12 +413,12 @@ def _drive(setup: Setup, descriptor: Any, traffic: Traffic) -> list[dict[str, An
             saved = os.sched_getaffinity(0)
             os.sched_setaffinity(0, setup.sampler_cpus)
             try:
-                with deaf_to_ctrl_c():
+                with deaf_to_ctrl_c():  # a Ctrl-C meanwhile is raised as it ends: p is in procs by then
                     p.start()
+                    procs.append(p)
             finally:
                 os.sched_setaffinity(0, saved)
             child.close()
-            procs.append(p)
             conns.append(parent)
         deadline = time.monotonic() + setup.duration + warmup + REPORT_GRACE_S
         results = []
@@ -525,8 +527,7 @@ def run_served(setup: Setup, traffic: Traffic) -> DesignResult:
     with InferenceQueue.create(_queue_config(setup, traffic)) as queue:
         # Warnings only: the worker's info lines would land on the progress bar.
         config = WorkerConfig(name="bench", max_batch=16, fifo_scope=setup.fifo_scope, log_level="WARNING")
-        with deaf_to_ctrl_c():
-            worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)
+        worker = WorkerProcess.start(queue.descriptor, setup.cpu, setup.model, config)  # deaf to Ctrl-C
         try:
             worker.wait_ready(120)
             results = _drive(setup, queue.descriptor, traffic)

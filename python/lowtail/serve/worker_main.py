@@ -28,6 +28,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from lowtail.node.signals import hear_ctrl_c
 from lowtail.serve import pinning
 from lowtail.serve.config import WorkerConfig
 
@@ -88,6 +89,7 @@ def main(
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches the whole group: stop as on SIGTERM, quietly
+    hear_ctrl_c()  # started with SIGINT blocked: a Ctrl-C sent while it started arrives now
     # The parent as it named itself when it spawned this process. A getppid() here would return the
     # reaper if the parent died while this process started, and the orphan would never notice.
     ppid = parent_pid

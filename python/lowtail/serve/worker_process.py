@@ -188,16 +188,21 @@ class WorkerProcess:
             name=f"lowtail-worker-{config.name or cpu}" + ("-standby" if standby else ""),
             daemon=True,
         )
+        worker = None
         try:
-            with deaf_to_ctrl_c():  # its own SIGINT handler (a quiet stop) is set once it runs
+            with deaf_to_ctrl_c():  # it hears Ctrl-C once its own handler (a quiet stop) is set
                 start_pinned(proc, cpu)
-        except BaseException:
-            stats.close()
-            parent_conn.close()
+                worker = cls(proc, parent_conn, stats, cpu, config)
+        except BaseException:  # a Ctrl-C held by the block is raised as it ends: stop what it started
+            if worker is not None:
+                worker.stop(timeout_s=0)
+            else:
+                stats.close()
+                parent_conn.close()
             raise
         finally:
             child_conn.close()
-        return cls(proc, parent_conn, stats, cpu, config)
+        return worker
 
     @property
     def pid(self) -> int:

@@ -171,9 +171,10 @@ POLLER_CALLS = ("poll", "resume", "accept")
 # and copy-out) and the plans those take. A call whose arguments change gets a new name, so an extension
 # built before the change is refused here rather than called with the wrong arguments.
 MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan")
-# The oldest core whose calls take what this package passes: receive_answer gained its park slice in
-# 0.5.0 under the same name, so a build between the two is refused by its version.
-MIN_VERSION = (0, 5, 0)
+# The oldest core whose calls take what this package passes: under the same names, receive_answer
+# gained its park slice in 0.5.0 and took the caller's arrays as its copy in 0.6.0 (AnswerPlan the
+# array type), so an older build is refused by its version.
+MIN_VERSION = (0, 6, 0)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
