@@ -179,9 +179,8 @@ class Batch:
                 return
         self.sizes = [it.layout.batch for it in items if it.layout is not None]
         first = next((it.layout for it in items if it.layout is not None), None)
-        self.layout = (
-            first.with_batch(sum(self.sizes)) if first is not None else None
-        )  # merged: one merge_key
+        # merged requests share one merge_key: the first's layout with the batch's rows
+        self.layout = first.with_batch(sum(self.sizes)) if first is not None else None
         self.queue_wait_ns = [it.claim_ns - it.submit_ns for it in items]
         # CLOCK_MONOTONIC of the poll that took the earliest request: the worker times claim work from it
         self.claimed_ns = min([it.claim_ns for it in items], default=0)
@@ -268,21 +267,10 @@ class Batch:
         worker = self._worker
         deschedule_us = min(max(0, deschedule_ns) // 1000, CALL_BATCH_MASK) if deschedule_ns else 0
         call = (total & CALL_BATCH_MASK) | (deschedule_us << CALL_DESCHEDULE_SHIFT)  # 32 bits: 71 minutes
-        woken = None
-        known = worker._known.get(total) if len(self._items) == 1 else None  # always None on the Python path
-        if known is not None:
-            # Outputs of a layout answered before (the engine's own arrays, call after call): the core
-            # recognises them and answers in one call, without validated_layout (~3 us cold); anything
-            # else comes back None with nothing written, and is validated below.
-            try:
-                woken = worker._answer_known(self._items[0], known, outputs, engine_ns, call)
-            except BaseException as e:
-                self._close()
-                self._fail_unanswered(e)
-                raise
-            if woken is not None:
-                self._close()
-                return woken
+        kept = worker._known  # always empty on the Python path: one test there
+        woken = self._complete_known(kept.get(total), outputs, engine_ns, call) if kept else None
+        if woken is not None:
+            return woken
         try:
             layout = validated_layout(outputs)
         except BadRequest as e:
@@ -320,6 +308,25 @@ class Batch:
         finally:
             if woken is None:
                 woken = worker._wake_parked(self._items)
+        return woken
+
+    def _complete_known(
+        self, known: Any, outputs: Mapping[str, np.ndarray[Any, Any]], engine_ns: int, call: int
+    ) -> tuple[int, int] | None:
+        """``complete()`` when its worker answered outputs of this batch's size before (``known``, or
+        None): outputs of exactly that layout (the engine's own arrays, call after call) are answered
+        by the core in one call, without validated_layout (~3 us cold); anything else comes back None
+        with nothing written, for ``complete()`` to validate. One request alone."""
+        if known is None or len(self._items) != 1:
+            return None
+        try:
+            woken = self._worker._answer_known(self._items[0], known, outputs, engine_ns, call)
+        except BaseException as e:
+            self._close()
+            self._fail_unanswered(e)
+            raise
+        if woken is not None:
+            self._close()
         return woken
 
     def _fail_unanswered(self, e: BaseException) -> tuple[int, int]:
@@ -387,12 +394,9 @@ class QueueWorker:
         self._slot_i = [geo.slot_word(g) for g in range(geo.lanes * geo.spl)]  # each slot's first word
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
-        if self._native is not None:  # the poll in the core; the Python _poll is the reference
-            self._poller = native.poller(self._tails, geo.spl)
-            # Bound here rather than tested per call: the Python path's hot path pays nothing for the core.
-            self._poll = self._poll_native  # type: ignore[method-assign]
-            self._take = self._take_refused  # type: ignore[method-assign]
-            self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
+        self._known: dict[int, Any] = {}  # the output layouts the core recognises (_bind_native)
+        if self._native is not None:
+            self._bind_native(geo.spl)
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -417,12 +421,6 @@ class QueueWorker:
         # Per payload layout: what the core's gather and answer_rows copy (offsets, bytes per row)
         self._plans: dict[PayloadLayout, tuple[bytes, list[int], list[int], int]] = {}
         self._plans1: dict[PayloadLayout, list[tuple[bytes, list[int], list[int], int]]] = {}
-        # Per batch rows: the outputs of a one-request batch answered last with that many rows, as the
-        # core recognises them (lowtail_native.KnownOutputs); a core without it leaves this empty.
-        self._known: dict[int, Any] = {}
-        core = native.core_of(m.native) if m.native is not None else None
-        self._known_outputs: Any = getattr(core, "KnownOutputs", None)
-        self._answer_known_core: Any = getattr(core, "answer_known", None)
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
@@ -434,6 +432,20 @@ class QueueWorker:
         self.counts = WorkerCounts()
         self._closed = False
         self.counts.orphans_failed = self._fail_orphans(prev)
+
+    def _bind_native(self, spl: int) -> None:
+        """The native core's parts of the hot path: the poll in the core (the Python ``_poll`` is the
+        reference), bound here rather than tested per call, so the Python path's hot path pays nothing
+        for the core; and what answers outputs of a layout answered before (``_known``: per batch
+        rows, the outputs of the one-request batch answered last with that many rows, as the core
+        recognises them; a core without ``KnownOutputs`` leaves it empty)."""
+        self._poller = native.poller(self._tails, spl)
+        self._poll = self._poll_native  # type: ignore[method-assign]
+        self._take = self._take_refused  # type: ignore[method-assign]
+        self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
+        core = native.core_of(self._native)
+        self._known_outputs: Any = getattr(core, "KnownOutputs", None)
+        self._answer_known_core: Any = getattr(core, "answer_known", None)
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
@@ -543,10 +555,9 @@ class QueueWorker:
             return self._batch(carried)
         items: list[_Item] = []
         doorbells, poll = self._doorbells, self._poll
-        if doorbells.tobytes() != self._drained:  # work waiting: no clock, no deadline
-            poll(items)
-            if items:
-                return self._coalesce(items)
+        poll(items)  # returns at once when the doorbells are as drained; work waiting: no clock, no deadline
+        if items:
+            return self._coalesce(items)
         m = self._m
         q = m.q
         clock = time.monotonic_ns
