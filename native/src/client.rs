@@ -162,8 +162,9 @@ impl AnswerPlan {
 /// park made its futex wait (else the re-check after setting the parked flag found the answer).
 /// `copy` may also be the caller's mapping of preallocated arrays (a copy into them, not into fresh
 /// ones): `out` is then that mapping once every answer array was copied into the array of its name,
-/// an `ndarray` of its dtype object and shape, C-contiguous and writable (all checked before the first
-/// byte is written); True when one is not (the caller copies, or says why it cannot).
+/// an `ndarray` of its dtype object and shape, C-contiguous and writable, no two overlapping (all
+/// checked before the first byte is written); True when one is not (the caller copies, or says why it
+/// cannot).
 #[pyfunction]
 #[pyo3(signature = (seg, lane, slot, seq, plan, copy, spin_ns=0, short_ns=0, due_ns=0, park_ns=0))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -241,6 +242,13 @@ fn read_answer_into(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, in
             }
         }
         dsts.push(b);
+    }
+    // Two names over one buffer would take each other's bytes: the Python copy refuses that by name
+    let spans: Vec<(usize, usize)> = dsts.iter().map(|b| (b.view.buf as usize, b.view.len.max(0) as usize)).collect();
+    for (i, &(a, n)) in spans.iter().enumerate() {
+        if spans[..i].iter().any(|&(b, m)| a < b + m && b < a + n) {
+            return cached();
+        }
     }
     for ((_, off, n, _, _), mut dst) in plan.arrays.iter().zip(dsts) {
         copy_from_region(seg, region + off, *n, dst.bytes_mut()?)?;

@@ -127,3 +127,33 @@ def test_the_core_copies_into_a_fitting_out_itself(
     for k in range(4):
         assert pair.trip(np.full((2, 4), k, np.float32), out=out) is out
         np.testing.assert_array_equal(out["y"], 2 * k)
+
+
+@pytest.mark.parametrize("overlap", ["same array", "halves of one buffer overlapping"])
+def test_an_out_whose_arrays_share_memory_is_refused_naming_them(pair: Pair, overlap: str) -> None:
+    """Each array passes alone; together the second copy would overwrite the first answer (seen on
+    both paths before: ``a`` came back holding ``b``'s values)."""
+    c, w = pair.client, pair.worker
+
+    def trip(out: dict[str, Any] | None) -> Any:
+        t = c.submit({"x": np.ones((2, 4), np.float32)})
+        b = w.claim(5.0)
+        assert b is not None
+        with b:
+            x = np.array(b.inputs["x"])
+            b.complete({"a": x * 2, "b": x * 3})
+        return c.wait(t, 5.0) if out is None else c.wait(t, 5.0, out=out)
+
+    trip(None)
+    trip(None)  # both slots' answer layouts cached: the core's copy is asked first
+    buf = np.zeros(12, np.float32)
+    if overlap == "same array":
+        out = {"a": buf[:8].reshape(2, 4), "b": buf[:8].reshape(2, 4)}
+    else:
+        out = {"a": buf[:8].reshape(2, 4), "b": buf[4:].reshape(2, 4)}
+    for _ in range(2):
+        with pytest.raises(QueueError, match=r"out\['a'\] and out\['b'\] share memory"):
+            trip(out)
+    apart = {"a": np.zeros((2, 4), np.float32), "b": np.zeros((2, 4), np.float32)}
+    got = trip(apart)
+    assert got is apart and float(apart["a"][0, 0]) == 2.0 and float(apart["b"][0, 0]) == 3.0

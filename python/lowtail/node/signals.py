@@ -32,7 +32,8 @@ def deaf_to_ctrl_c() -> Iterator[None]:
     runs signal handlers in the main thread, which gets the Ctrl-C as usual.
     """
     # Starting the tracker unblocks SIGINT in the calling thread: it must not happen inside the block
-    # (a first spawn starts it).
+    # (a first spawn starts it). Should the tracker die and a spawn in the block restart it, the
+    # children started after that in the block hear Ctrl-C; this process still holds one.
     resource_tracker.ensure_running()
     main = threading.current_thread() is threading.main_thread()
     old_handler = signal.getsignal(signal.SIGINT) if main else None

@@ -337,6 +337,7 @@ def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], t
             ):
                 break
         else:
+            _refuse_shared(out, views, ticket)
             for name, view in views:
                 out[name][...] = view  # the same dtype and shape: neither casts nor broadcasts
             return out
@@ -352,6 +353,18 @@ def _copy_into(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], t
         f"{answer} (each name once, that dtype and shape, writable); the request ran and its answer is "
         f"dropped"
     )
+
+
+def _refuse_shared(out: Arrays, views: Sequence[tuple[str, np.ndarray[Any, Any]]], ticket: Ticket) -> None:
+    """Two of ``out``'s arrays over the same memory would take each other's answer: refused by name."""
+    for i in range(1, len(views)):
+        for j in range(i):
+            a, b = views[j][0], views[i][0]
+            if np.may_share_memory(out[a], out[b]):
+                raise QueueError(
+                    f"wait(out=...): out[{a!r}] and out[{b!r}] share memory, each answer array needs its "
+                    f"own; the request ran (seq {ticket.seq}) and its answer is dropped"
+                )
 
 
 def _views_of(
