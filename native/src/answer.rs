@@ -11,7 +11,7 @@
 //! bounds them.
 
 use pyo3::intern;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use super::*;
 
@@ -88,39 +88,44 @@ fn known_sources(py: Python<'_>, known: &KnownOutputs, outputs: &Bound<'_, PyAny
 }
 
 /// What `answer_sources` does for the requests of `items` not done yet: (lane, slot, seq, gen, first
-/// row, rows, plan) each, and its index in `items`; None when a request's size has no plan.
+/// row, rows, plan) each, and its index in `items`; None when the rows are not `known`'s or a request's
+/// size has no plan. Each request's lane and slot come from `g`, its slot's index in the queue.
 #[allow(clippy::type_complexity)]
 fn known_work(
     py: Python<'_>,
     spl: u64,
     known: &KnownOutputs,
-    items: &[Bound<'_, PyAny>],
-    rows: &[u64],
+    items: &Bound<'_, PyList>,
+    rows: &Bound<'_, PyList>,
 ) -> PyResult<Option<(Vec<(u64, u64, u64, u64, u64, u64, usize)>, Vec<usize>)>> {
-    let (mut work, mut index) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
+    if items.len() != rows.len() {
+        return Err(PyValueError::new_err(format!("{} requests and {} row counts: expected one each", items.len(), rows.len())));
+    }
+    let (mut work, mut index) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
     let mut row0 = 0u64;
-    for (i, (it, &n)) in items.iter().zip(rows).enumerate() {
+    for (i, (it, n)) in items.iter().zip(rows.iter()).enumerate() {
+        let n: u64 = n.extract()?;
         if !it.getattr(intern!(py, "done"))?.is_truthy()? {
             let Some(plan) = known.plans.iter().position(|p| p.0 == n) else {
                 return Ok(None);
             };
             let word = |name: &Bound<'_, PyString>| -> PyResult<u64> { it.getattr(name)?.extract::<u64>() };
-            let (lane, g) = (word(intern!(py, "lane"))?, word(intern!(py, "g"))?);
-            let slot = g.checked_sub(lane.saturating_mul(spl)).ok_or_else(|| PyValueError::new_err(format!("slot {g} is not in lane {lane}")))?;
-            work.push((lane, slot, word(intern!(py, "seq"))?, word(intern!(py, "gen"))?, row0, n, plan));
+            let g = word(intern!(py, "g"))?;
+            work.push((g / spl, g % spl, word(intern!(py, "seq"))?, word(intern!(py, "gen"))?, row0, n, plan));
             index.push(i);
         }
-        row0 += n;
+        row0 = row0.checked_add(n).ok_or_else(|| PyValueError::new_err("the rows overflow"))?;
     }
-    Ok(Some((work, index)))
+    // The batch's rows are the outputs' leading dimension: known's shapes have exactly that many.
+    Ok((row0 == known.arrays[0].2[0] as u64).then_some((work, index)))
 }
 
-/// Answer the requests of a batch (`items`, the worker's claimed requests: `lane`, `g` (the slot's
-/// index in the queue), `seq`, `gen`, `done`; `rows`: each one's rows in the outputs, in order) with
-/// `outputs` when they are exactly `known`'s layout and `known` has a plan for each size not done:
-/// `answer_rows` with those plans, each answered request's `done` set True as it is published. A
-/// request already done is skipped (its rows still counted). Returns (ns in the wakes' system calls,
-/// lanes woken), or None when the outputs are not that layout or a size has no plan (nothing written).
+/// Answer the requests of a batch (`items`, the worker's claimed requests: `g` (the slot's index in
+/// the queue), `seq`, `gen`, `done`; `rows`: each one's rows in the outputs, in order) with `outputs`
+/// when they are exactly `known`'s layout and `known` has a plan for each size not done: `answer_rows`
+/// with those plans, each answered request's `done` set True as it is published. A request already
+/// done is skipped (its rows still counted). Returns (ns in the wakes' system calls, lanes woken), or
+/// None when the outputs are not that layout or a size has no plan (nothing written).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn answer_known(
@@ -128,27 +133,20 @@ pub fn answer_known(
     seg: PyRef<'_, Segment>,
     known: PyRef<'_, KnownOutputs>,
     outputs: &Bound<'_, PyAny>,
-    items: Vec<Bound<'_, PyAny>>,
-    rows: Vec<u64>,
+    items: &Bound<'_, PyList>,
+    rows: &Bound<'_, PyList>,
     engine_ns: u64,
     call: u64,
 ) -> PyResult<Option<(u64, u64)>> {
-    if items.len() != rows.len() {
-        return Err(PyValueError::new_err(format!("{} requests and {} row counts: expected one each", items.len(), rows.len())));
-    }
-    // The batch's rows are the outputs' leading dimension: known's shapes have exactly that many.
-    if rows.iter().try_fold(0u64, |a, &n| a.checked_add(n)) != Some(known.arrays[0].2[0] as u64) {
-        return Ok(None);
-    }
-    let Some(srcs) = known_sources(py, &known, outputs)? else {
+    let Some((work, index)) = known_work(py, seg.geo.spl, &known, items, rows)? else {
         return Ok(None);
     };
-    let Some((work, index)) = known_work(py, seg.geo.spl, &known, &items, &rows)? else {
+    let Some(srcs) = known_sources(py, &known, outputs)? else {
         return Ok(None);
     };
     let plans: Vec<AnswerRowsPlan<'_>> = known.plans.iter().map(|(_, (p, o, r, e))| (p.as_slice(), o.as_slice(), r.as_slice(), *e)).collect();
     let done = intern!(py, "done");
-    let mut published = |i: usize| items[index[i]].setattr(done, true);
+    let mut published = |i: usize| items.get_item(index[i])?.setattr(done, true);
     let (_, ns, woken) = seg.answer_sources(&work, &plans, &srcs, engine_ns, call, &mut published)?;
     Ok(Some((ns, woken)))
 }
