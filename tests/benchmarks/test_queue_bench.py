@@ -249,6 +249,51 @@ def test_interrupted_iceoryx2_run_leaves_nothing(tmp_path: Path) -> None:
     assert iceoryx2_files() <= before
 
 
+@pytest.mark.parametrize(
+    ("transport", "phase", "processes"),
+    [
+        ("lowtail", ["--samples", "100000000"], 2),
+        ("mp_pipe", ["--samples", "100000000"], 2),
+        ("tcp_pickle", ["--samples", "100000000"], 2),
+        ("native_floor", ["--samples", "100000000"], 2),
+        # the throughput window: a server and two clients
+        ("lowtail", ["--samples", "200", "--clients", "2", "--throughput-seconds", "600"], 4),
+    ],
+    ids=["lowtail", "mp_pipe", "tcp_pickle", "native_floor", "lowtail-throughput"],
+)
+def test_ctrl_c_reaches_no_child_of_the_in_tree_transports(
+    transport: str, phase: list[str], processes: int, tmp_path: Path
+) -> None:
+    """Ctrl-C to the whole process group while the round trips (or the throughput window) run: the
+    servers and clients, started deaf to it, print no traceback; the run stops them, writes its partial
+    report and exits 130, and nothing of it is left."""
+    out = tmp_path / "q.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lowtail.cli.main", "bench", "queue", "--transports", transport, *phase,
+         "--json", str(out), "--fairness-clients", "0", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(_session(proc.pid)) < processes:  # the server (and clients) spawned
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        time.sleep(3.0)  # past its imports, into the round trips
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert json.loads(out.read_text())["interrupted"] is True
+    deadline = time.monotonic() + 20
+    while left := [p for p in _session(proc.pid) if p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, f"left running after Ctrl-C: {left}"
+        time.sleep(0.05)
+
+
 def _session(sid: int) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter():
