@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtail.node.signals import deaf_to_ctrl_c
 from lowtail.shm import native, segments
 from lowtail.shm.queue import (
     InferenceQueue,
@@ -168,7 +169,8 @@ class LowtailTransport(Transport):
             target=_lowtail_worker,
             args=(self.server.descriptor, self.worker_cpu, self.prio, self.stop_event, self.python_path),
         )
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         # A spawned worker takes over a second to attach on a loaded host: a client's first request
         # timing out meanwhile would measure the start-up, not the queue.
         deadline = time.monotonic() + 60
@@ -415,7 +417,8 @@ class FlockPollTransport(Transport):
             target=_flock_poll_worker,
             args=(self.seg.name, self.lock_path, self.worker_cpu, self.prio, self.stop_event),
         )
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         self.client = FlockPollClient(self.seg.name, self.lock_path, (16, 512))
 
     def round_trip(self, arrays: Arrays) -> Arrays:
@@ -452,7 +455,8 @@ class PipeTransport(Transport):
     def start(self) -> None:
         self.conn, child = _ctx().Pipe(duplex=True)
         self.proc = _ctx().Process(target=_pipe_worker, args=(child, self.worker_cpu, self.prio))
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         child.close()
 
     def round_trip(self, arrays: Arrays) -> Arrays:
@@ -517,7 +521,8 @@ class TcpTransport(Transport):
     def start(self) -> None:
         port_q = _ctx().Queue()
         self.proc = _ctx().Process(target=_tcp_worker, args=(port_q, self.worker_cpu, self.prio))
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         port = port_q.get(timeout=60)
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -637,7 +642,8 @@ class SpinFloorTransport(Transport):
         self.proc = _ctx().Process(
             target=_floor_worker, args=(self.seg.name, self.worker_cpu, self.prio, self.stop_event)
         )
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         self.words, self.req, self.resp = _floor_views(self.seg.mm)
         self.seq = 0
         _await_ready(self.proc, lambda: self.words[16] == 1, self.name)
@@ -726,7 +732,8 @@ class NativeFloorTransport(Transport):
         self.proc = _ctx().Process(
             target=_native_floor_worker, args=(lib, self.seg.name, self.worker_cpu, self.prio)
         )
-        self.proc.start()
+        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+            self.proc.start()
         self.so = _load_floor(lib)
         self.base = self.mem.ctypes.data
         self.out = np.empty((16, 64), np.float32)
@@ -820,16 +827,18 @@ def throughput(  # noqa: PLR0917
         LowtailTransport(worker_cpu, prio) if kind == "lowtail" else FlockPollTransport(worker_cpu, prio)
     )
     t.start()
+    flag = ctx.RawValue("i", 0)  # 0 wait, 1 run, 2 stop: one shared word, no lock on the clients' loop
+    procs: list[SpawnProcess] = []
     try:
         target: Any = t.server.descriptor if isinstance(t, LowtailTransport) else (t.seg.name, t.lock_path)
-        flag = ctx.RawValue("i", 0)  # 0 wait, 1 run, 2 stop: one shared word, no lock on the clients' loop
         out = ctx.Queue()
         procs = [
             ctx.Process(target=_throughput_client, args=(kind, target, client_cpu, prio, flag, out))
             for _ in range(clients)
         ]
-        for p in procs:
-            p.start()
+        with deaf_to_ctrl_c():  # the flag stops them
+            for p in procs:
+                p.start()
         for _ in procs:
             if out.get(timeout=120) != "ready":
                 raise RuntimeError("throughput client failed to start")
@@ -843,7 +852,24 @@ def throughput(  # noqa: PLR0917
             p.join(30)
         return float(total) / window
     finally:
+        _end_clients(procs, flag)
         t.stop()
+
+
+def _end_clients(procs: list[SpawnProcess], flag: Any) -> None:
+    """Stop the window's clients whatever ended it (a Ctrl-C they are deaf to, an error): the flag
+    first, then the signals for any that do not leave."""
+    flag.value = 2
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        p.join(5)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
 
 
 # -- fairness: how long a ready request waits while other lanes are served ------------------------
@@ -892,8 +918,9 @@ def fairness(  # noqa: PLR0917
     stagger = seconds / (2 * clients)  # client i starts i x this into the window: the last at its middle
     t = LowtailTransport(worker_cpu, prio)
     t.start()
+    flag = ctx.RawValue("i", 0)
+    procs: list[SpawnProcess] = []
     try:
-        flag = ctx.RawValue("i", 0)
         out = ctx.Queue()
         procs = [
             ctx.Process(
@@ -902,8 +929,9 @@ def fairness(  # noqa: PLR0917
             )
             for i in range(clients)
         ]
-        for p in procs:
-            p.start()
+        with deaf_to_ctrl_c():  # the flag stops them
+            for p in procs:
+                p.start()
         for _ in procs:
             if out.get(timeout=120) != "ready":
                 raise RuntimeError("fairness client failed to start")
@@ -915,4 +943,5 @@ def fairness(  # noqa: PLR0917
             p.join(30)
         return [(np.frombuffer(raw, np.int64), unanswered) for _, raw, unanswered in sorted(got)]
     finally:
+        _end_clients(procs, flag)
         t.stop()
