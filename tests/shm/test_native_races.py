@@ -55,12 +55,15 @@ def _serve(w: QueueWorker, model: Callable[[np.ndarray[Any, Any]], Arrays] = ech
     return lanes
 
 
+def _conf(lanes: int, spl: int, **cfg: Any) -> QueueConfig:
+    """A queue of 4 KiB regions, no coalescing unless asked."""
+    cfg.setdefault("coalesce_us", 0)
+    return QueueConfig(lanes=lanes, slots_per_lane=spl, request_bytes=4096, response_bytes=4096, **cfg)
+
+
 @contextlib.contextmanager
 def _queue(lanes: int = 2, spl: int = 4, **cfg: Any) -> Iterator[tuple[InferenceQueue, QueueWorker]]:
-    conf = QueueConfig(
-        lanes=lanes, slots_per_lane=spl, coalesce_us=0, request_bytes=4096, response_bytes=4096, **cfg
-    )
-    with InferenceQueue.create(conf) as s, QueueWorker.attach(s.descriptor) as w:
+    with InferenceQueue.create(_conf(lanes, spl, **cfg)) as s, QueueWorker.attach(s.descriptor) as w:
         yield s, w
 
 
@@ -173,14 +176,13 @@ def test_4096_slots_of_a_lane_each_with_its_own_layout_are_answered_each_by_its_
 
 
 def test_ring_positions_naming_one_slot_across_the_wrap_run_it_once_and_a_doorbell_behind_fences() -> None:
-    conf = QueueConfig(lanes=2, slots_per_lane=4, coalesce_us=0, request_bytes=4096, response_bytes=4096)
     ran: list[float] = []
 
     def model(x: np.ndarray[Any, Any]) -> Arrays:
         ran.extend(x[:, 0].tolist())
         return echo(x)
 
-    with InferenceQueue.create(conf) as s:
+    with InferenceQueue.create(_conf(2, 4)) as s:
         q, geo = s._m.q, s._m.geo
         q[HW_DOORBELLS] = q[geo.lane(0, L_TAIL)] = U64_MAX - 1  # lane 0 two positions before the wrap
         with (
@@ -363,9 +365,8 @@ def test_clients_killed_at_random_moments_of_their_round_trips_lose_no_slot_and_
 ) -> None:
     from tests.shm.helpers import checking_client, echo_server
 
-    conf = QueueConfig(lanes=1, slots_per_lane=4, coalesce_us=0, request_bytes=4096, response_bytes=4096)
     rng = np.random.default_rng(5)
-    with InferenceQueue.create(conf) as s:
+    with InferenceQueue.create(_conf(1, 4)) as s:
         worker = ctx.Process(target=echo_server, args=(s.descriptor, None, 120.0))
         worker.start()
         out = ctx.Queue()
@@ -419,8 +420,7 @@ def close_under_a_waiter(desc: Any, out: Any) -> None:
 
 
 def test_a_client_closed_under_a_waiting_thread_never_reads_unmapped_memory(ctx: BaseContext) -> None:
-    conf = QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0, request_bytes=4096, response_bytes=4096)
-    with InferenceQueue.create(conf) as s, QueueWorker.attach(s.descriptor) as w:
+    with InferenceQueue.create(_conf(1, 2)) as s, QueueWorker.attach(s.descriptor) as w:
         out = ctx.Queue()
         p = ctx.Process(target=close_under_a_waiter, args=(s.descriptor, out))
         p.start()
@@ -493,3 +493,70 @@ def test_slot_words_a_lanes_last_holder_leaves_do_not_deny_the_lane_to_the_next_
             for k in range(geo.spl):
                 LEFT_BEHIND[left](q, geo, geo.slot_word(k))
         assert _next_client_round_trips(s, w, 2.5) == "answered"
+
+
+# -- a worker killed at random moments of its native claims and answers -----------------------------------
+
+
+def tagged_rounds(desc: Any, cid: int, seconds: float, out: Any) -> None:
+    """Keep up to three tagged requests in flight for ``seconds``; count how each ended: answered with
+    its own rows, answered with another's, WorkerDied, or no end within its timeout (a process body)."""
+    from lowtail.shm.errors import LaneBusy, QueueTimeout, WorkerDied
+
+    ends = {"own": 0, "crossed": 0, "died": 0, "lost": 0}
+    with QueueClient.attach(desc) as c:
+        inflight: list[tuple[float, Any]] = []
+        k, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end or inflight:
+            if time.monotonic() < end and len(inflight) < 3:
+                k += 1
+                tag = cid * 1e6 + k
+                try:
+                    inflight.append((tag, c.submit({"x": np.full((1 + k % 3, 8), tag, np.float32)})))
+                    continue
+                except LaneBusy:  # slots of requests a dead worker held return once the next one answers
+                    if not inflight:
+                        time.sleep(0.001)
+                        continue
+            tag, t = inflight.pop(0)
+            try:
+                got = c.wait(t, timeout_s=10.0)["twice"]
+                ends["own" if (got == 2 * np.float32(tag) + 1).all() else "crossed"] += 1
+            except WorkerDied:
+                ends["died"] += 1
+            except QueueTimeout:
+                ends["lost"] += 1
+    out.put((cid, ends))
+
+
+def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_it_died(
+    ctx: BaseContext,
+) -> None:
+    from tests.shm.helpers import echo_server
+
+    rng = np.random.default_rng(11)
+    with InferenceQueue.create(_conf(4, 4, coalesce_us=200)) as s:
+        out = ctx.Queue()
+        clients = [ctx.Process(target=tagged_rounds, args=(s.descriptor, cid, 2.0, out)) for cid in range(3)]
+        workers = []
+        try:
+            for p in clients:
+                p.start()
+            for _ in range(8):
+                w = ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0))
+                workers.append(w)
+                w.start()
+                time.sleep(float(rng.uniform(0.05, 0.25)))
+                os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                w.join(10)
+            workers.append(ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0)))
+            workers[-1].start()  # the last one serves what is left
+            ends = [out.get(timeout=60)[1] for _ in clients]
+        finally:
+            for p in clients + workers:
+                p.join(0.1 if p in workers else 30)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        assert all(e["crossed"] == 0 and e["lost"] == 0 for e in ends), ends
+        assert sum(e["own"] for e in ends) > 0 and sum(e["died"] for e in ends) > 0, ends
