@@ -478,15 +478,16 @@ LEFT_BEHIND = {
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a lane's last holder can leave its slots unanswerable (claim_seq = req_seq that no worker "
-    "holds, or a garbage tail word over unpublished sequences): the next client of the lane "
-    "(QueueClient._recover_slots) waits for answers no worker will give and gets LaneBusy for as long "
-    "as the worker lives. Fix in the worker (server.py): when a lane changes hands, answer "
-    "ST_CLIENT_GONE each unanswered request of it that the worker neither holds nor can still take "
-    "(outside its own [tail, doorbell))",
+    reason="slots a lane's last holder left unanswerable deny the lane to its next client (LaneBusy while "
+    "the worker lives): the worker should answer ST_CLIENT_GONE what of a handed-over lane it neither "
+    "holds nor can still take (server.py)",
 )
 @pytest.mark.parametrize("left", sorted(LEFT_BEHIND))
 def test_slot_words_a_lanes_last_holder_leaves_do_not_deny_the_lane_to_the_next_client(left: str) -> None:
+    """A lane's last holder can write anything into its own slot words before it goes. The next client
+    of the lane (``QueueClient._recover_slots``) waits for the answers of slots that look claimed, or
+    published between the tail word and the doorbell; when no worker holds or will take them, that
+    client has no slot left while the worker lives (seen failing on both paths: LaneBusy)."""
     with _queue(lanes=1, spl=2) as (s, w):
         q, geo = s._m.q, s._m.geo
         with QueueClient.attach(s.descriptor):
@@ -560,3 +561,24 @@ def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_
                     p.join()
         assert all(e["crossed"] == 0 and e["lost"] == 0 for e in ends), ends
         assert sum(e["own"] for e in ends) > 0 and sum(e["died"] for e in ends) > 0, ends
+
+
+# -- a wait's timeout against the client's spin budget -------------------------------------------------------
+
+
+def test_a_wait_ends_at_its_timeout_even_when_its_spin_budget_is_longer() -> None:
+    """The spin budget may be up to a second; a wait of 50 ms whose answer never comes (no worker) must
+    not spin the whole second first, and its error says how long it waited."""
+    from lowtail.shm.errors import QueueTimeout
+
+    with (
+        InferenceQueue.create(_conf(1, 2)) as s,
+        QueueClient.attach(s.descriptor, spin_us=1_000_000) as c,
+    ):
+        t = c.submit(_x(1.0))
+        start = time.monotonic()
+        with pytest.raises(QueueTimeout, match=r"no answer within 0\.0[5-9]\d* s") as e:
+            c.wait(t, timeout_s=0.05)
+        assert time.monotonic() - start < 0.7, (
+            f"a 50 ms wait took {time.monotonic() - start:.3f} s: {e.value}"
+        )
