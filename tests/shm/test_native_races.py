@@ -582,3 +582,18 @@ def test_a_wait_ends_at_its_timeout_even_when_its_spin_budget_is_longer() -> Non
         assert time.monotonic() - start < 0.7, (
             f"a 50 ms wait took {time.monotonic() - start:.3f} s: {e.value}"
         )
+
+
+def test_a_zero_copy_answer_sent_as_the_next_request_is_copied_from_the_held_slot() -> None:
+    """The request arrays are read-only views of this client's own answer region (held zero-copy):
+    the copy-in reads the shared mapping, the held slot is not reused under them."""
+    with _queue(lanes=1, spl=2) as (s, w), QueueClient.attach(s.descriptor) as c:
+        t = c.submit(_x(1.0))
+        _serve(w)
+        for _ in range(4):
+            held = c.wait(t, timeout_s=1.0, copy=False)
+            t = c.submit({"x": held["twice"]})
+            assert t.slot != held._slot
+            held.release()
+            _serve(w)
+        assert (c.wait(t, timeout_s=1.0)["twice"] == 63.0).all()  # 1 -> 3 -> 7 -> 15 -> 31 -> 63
