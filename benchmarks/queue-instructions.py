@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Instructions per queue round trip, counted by callgrind: a cost figure a noisy host cannot move.
 
-    benchmarks/queue-instructions.py [--tree DIR ...] [--paths python,native] [--trips N] [--json FILE]
+    benchmarks/queue-instructions.py [--tree DIR ...] [--paths python,native] [--trips N] [--clients N]
+                                     [--json FILE]
 
 For each source tree (default: this checkout), one process attaches a client and a worker to one
 queue and does ``bench queue``'s round trip in turn (submit a 16 x 512 float32 request, claim it,
@@ -16,7 +17,10 @@ Needs valgrind (the Debian package).
 ``--tree`` takes a checkout or worktree of any revision whose ``python/`` holds lowtail (e.g. one from
 ``git worktree add /tmp/old REV``), so revisions compare in one run; each runs in this interpreter.
 ``--paths`` counts each tree on the queue's Python path (``LOWTAIL_PURE_PYTHON=1``) and on its native
-core (the ``lowtail_native`` module this interpreter imports); each row names the path that really ran.
+core (the tree's own ``build/native-dev`` build when it has one, else the ``lowtail_native`` module this
+interpreter imports); each row names the path that really ran. ``--clients N`` splits the request among
+N clients (16/N rows each) that submit before the worker claims, so each round trip is one coalesced
+batch of N requests (N=1: ``bench queue``'s trip).
 """
 
 from __future__ import annotations
@@ -34,35 +38,40 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
 
-# The measured process: imports lowtail from argv[1], warms up, asks callgrind to count the trips.
+# The measured process: imports lowtail from argv[1] (and its dev build of the core, when there is one),
+# warms up, asks callgrind to count the trips.
 CHILD = r"""
 import os, subprocess, sys
-sys.path.insert(0, sys.argv[1])
+dev = os.path.join(os.path.dirname(sys.argv[1]), "build", "native-dev")
+sys.path[:0] = [sys.argv[1]] + ([dev] if os.path.isdir(dev) else [])
 import numpy as np
 from lowtail.benchmarks.queue_transports import echo, lowtail_config
 from lowtail.shm.client import QueueClient
 from lowtail.shm.queue import InferenceQueue
 from lowtail.shm.server import QueueWorker
 
-trips, warmup = int(sys.argv[2]), int(sys.argv[3])
+trips, warmup, n = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 try:
     from lowtail.shm import native
     print("QUEUE_CORE=" + native.implementation().name, native.implementation().reason, file=sys.stderr)
 except ImportError:  # a tree from before the native core
     print("QUEUE_CORE=python", file=sys.stderr)
-x = {"obs": np.ones((16, 512), np.float32)}
+x = {"obs": np.ones((16 // n, 512), np.float32)}
 queue = InferenceQueue.create(lowtail_config())
-client, worker = QueueClient.attach(queue.descriptor), QueueWorker.attach(queue.descriptor)
+clients = [QueueClient.attach(queue.descriptor) for _ in range(n)]
+worker = QueueWorker.attach(queue.descriptor)
 
 def trip():
-    ticket = client.submit(x)
+    tickets = [client.submit(x) for client in clients]
     batch = worker.claim(0.05)  # positional: older trees named it timeout, newer timeout_s
+    assert len(batch) == n, f"a batch of {len(batch)} requests, expected {n}"
     if hasattr(batch, "__enter__"):
         with batch:
             batch.complete({"logits": echo(batch.inputs["obs"])})
     else:
         batch.complete({"logits": echo(batch.inputs["obs"])})
-    client.wait(ticket, 10.0)
+    for client, ticket in zip(clients, tickets):
+        client.wait(ticket, 10.0)
 
 for _ in range(warmup):
     trip()
@@ -71,13 +80,15 @@ subprocess.run([a.format("on") for a in control], check=True, capture_output=Tru
 for _ in range(trips):
     trip()
 subprocess.run([a.format("off") for a in control], check=True, capture_output=True)
-worker.close(); client.close(); queue.close()
+worker.close(); queue.close()
+for client in clients:
+    client.close()
 """
 
 
-def count(tree: Path, trips: int, path: str) -> tuple[int, str]:
-    """Instructions callgrind counted over ``trips`` round trips of ``tree``'s queue on ``path``, and the
-    path that ran."""
+def count(tree: Path, trips: int, path: str, clients: int) -> tuple[int, str]:
+    """Instructions callgrind counted over ``trips`` round trips of ``tree``'s queue on ``path`` (each a
+    batch of ``clients`` requests), and the path that ran."""
     env = dict(os.environ)
     env.pop("LOWTAIL_PURE_PYTHON", None)
     if path == "python":
@@ -86,7 +97,7 @@ def count(tree: Path, trips: int, path: str) -> tuple[int, str]:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-             sys.executable, "-c", CHILD, str(tree / "python"), str(trips), str(WARMUP)],
+             sys.executable, "-c", CHILD, str(tree / "python"), str(trips), str(WARMUP), str(clients)],
             capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
@@ -114,6 +125,9 @@ def main() -> int:
         "--tree", type=Path, action="append", help="a source tree (repeatable; default: this one)"
     )
     ap.add_argument("--trips", type=int, default=2000, help="measured round trips per tree (default 2000)")
+    ap.add_argument(
+        "--clients", type=int, default=1, help="requests per round trip, one per client (1, 2, 4, 8 or 16)"
+    )
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument(
         "--paths", default="python,native", help="the queue's paths to count (default: python,native)"
@@ -123,6 +137,8 @@ def main() -> int:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     if args.trips < 1:
         raise SystemExit(f"--trips {args.trips}: expected a positive number of round trips")
+    if args.clients not in (1, 2, 4, 8, 16):
+        raise SystemExit(f"--clients {args.clients}: expected 1, 2, 4, 8 or 16 (16 rows split evenly)")
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or set(paths) - {"python", "native"}:
         raise SystemExit(f"--paths {args.paths!r}: expected a subset of python,native")
@@ -134,12 +150,13 @@ def main() -> int:
         for path in paths:
             print(
                 f"[{i}/{len(trees)}] {tree} ({revision(tree)}), {path} path: {args.trips} round trips "
-                f"under callgrind",
+                f"of {args.clients} request(s) under callgrind",
                 file=sys.stderr,
             )
-            total, ran = count(tree, args.trips, path)
+            total, ran = count(tree, args.trips, path, args.clients)
             rows.append({"tree": str(tree), "revision": revision(tree), "path": ran, "trips": args.trips,
-                         "instructions": total, "per_round_trip": round(total / args.trips)})  # fmt: skip
+                         "clients": args.clients, "instructions": total,
+                         "per_round_trip": round(total / args.trips)})  # fmt: skip
     first = rows[0]["per_round_trip"]
     print(f"{'revision':<24} {'path':<7} {'instructions per round trip':>28} {'vs first':>9}")
     for r in rows:

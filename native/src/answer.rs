@@ -1,52 +1,65 @@
-//! The worker's answer of a one-request batch whose outputs have a layout it has answered before, in one
-//! call: the check that the outputs are exactly that layout (what `validated_layout` finds by building a
-//! key of names, dtypes and shapes and looking it up, about 3 us in the worker right after a model call)
-//! and `answer_rows`'s copy, words and wake.
+//! The worker's answer of a batch whose outputs have a layout it has answered before, in one call: the
+//! check that the outputs are exactly that layout (what `validated_layout` finds by building a key of
+//! names, dtypes and shapes and looking it up, about 3 us in the worker right after a model call) and
+//! `answer_rows`'s copies, words and wakes, each request's rows by the plan of its size.
 //!
-//! The layout and the plan come from the Python side, which validated the outputs that made them; this
-//! side only recognises outputs that are the same in every respect the answer's header describes (each
-//! name in order, the exact `ndarray` type, the same dtype object, the same shape). Anything else
-//! returns None having written nothing, and the caller validates and answers as before. Every copy is
-//! bounded by its source and the response region, as `answer_rows` bounds them.
+//! The layout and the plans come from the Python side, which validated the outputs that made them; this
+//! side only recognises outputs that are the same in every respect the answers' headers describe (each
+//! name in order, the exact `ndarray` type, the same dtype object, the same shape). Anything else, or a
+//! request of a size it has no plan for, returns None having written nothing, and the caller validates
+//! and answers as before. Every copy is bounded by its source and the response region, as `answer_rows`
+//! bounds them.
 
 use pyo3::intern;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use super::*;
 
-/// An output array the worker validated: its name, dtype object and shape.
+/// An output array the worker validated: its name, dtype object and shape (the batch's rows first).
 type KnownArray = (Py<PyString>, PyObject, Vec<isize>);
 
-/// An output layout the worker validated (its arrays in order, and the array type), and its answer
-/// plan for one request of all its rows: the prefix and header bytes, each array's offset from the
-/// start of the response region, its bytes per row, the payload's end.
+/// An answer plan as the Python side makes it: the prefix and header bytes, each array's offset from
+/// the start of the response region, its bytes per row, the payload's end.
+type OwnedPlan = (Vec<u8>, Vec<u64>, Vec<u64>, u64);
+
+/// An output layout the worker validated (its arrays in order, and the array type), and the answer
+/// plan of each request size it answered it in: a batch of any composition of those sizes is answered
+/// by `answer_known`.
 #[pyclass(module = "lowtail_native", frozen)]
 pub struct KnownOutputs {
     arrays: Vec<KnownArray>,
     ndarray: PyObject,
-    plan: (Vec<u8>, Vec<u64>, Vec<u64>, u64),
+    plans: Vec<(u64, OwnedPlan)>,
 }
 
 #[pymethods]
 impl KnownOutputs {
     /// `arrays`: (name, dtype object, shape) of the validated outputs in their order; `ndarray`: the
-    /// array type; `plan`: (prefix, offsets, row bytes, end), one offset and row size per array.
+    /// array type; `plans`: (request rows, plan) per request size, one offset and row size per array.
     #[new]
-    fn new(arrays: Vec<KnownArray>, ndarray: PyObject, plan: (Vec<u8>, Vec<u64>, Vec<u64>, u64)) -> PyResult<Self> {
+    fn new(arrays: Vec<KnownArray>, ndarray: PyObject, plans: Vec<(u64, OwnedPlan)>) -> PyResult<Self> {
         let k = arrays.len();
-        if k == 0 || plan.1.len() != k || plan.2.len() != k {
-            return Err(PyValueError::new_err(format!(
-                "{k} arrays, {} offsets and {} row sizes: expected one offset and one row size per array, at least one array",
-                plan.1.len(),
-                plan.2.len()
-            )));
-        }
-        let rows = arrays[0].2.first().copied().unwrap_or(0);
+        let rows = arrays.first().and_then(|a| a.2.first().copied()).unwrap_or(0);
         if rows < 1 || arrays.iter().any(|a| a.2.first() != Some(&rows)) {
             let shapes: Vec<&Vec<isize>> = arrays.iter().map(|a| &a.2).collect();
-            return Err(PyValueError::new_err(format!("shapes {shapes:?}: expected one leading dimension of at least 1 row")));
+            return Err(PyValueError::new_err(format!("shapes {shapes:?}: expected at least one array, one leading dimension of at least 1 row")));
         }
-        Ok(KnownOutputs { arrays, ndarray, plan })
+        if plans.is_empty() {
+            return Err(PyValueError::new_err("no plan: expected one per request size"));
+        }
+        for (i, (n, (_, offs, row_bytes, _))) in plans.iter().enumerate() {
+            if offs.len() != k || row_bytes.len() != k {
+                return Err(PyValueError::new_err(format!(
+                    "{k} arrays, {} offsets and {} row sizes: expected one offset and one row size per array",
+                    offs.len(),
+                    row_bytes.len()
+                )));
+            }
+            if *n < 1 || *n > rows as u64 || plans[..i].iter().any(|p| p.0 == *n) {
+                return Err(PyValueError::new_err(format!("a plan for {n} rows: expected distinct sizes of 1 to {rows} rows")));
+            }
+        }
+        Ok(KnownOutputs { arrays, ndarray, plans })
     }
 }
 
@@ -66,23 +79,53 @@ fn known_sources(py: Python<'_>, known: &KnownOutputs, outputs: &Bound<'_, PyAny
         if !(key.is(name) || key.eq(name)?) {
             return Ok(None);
         }
-        if !value.get_type().is(ndarray) || !matches!(value.getattr(intern!(py, "dtype")), Ok(d) if d.is(dtype.bind(py))) {
-            return Ok(None);
-        }
-        let Ok(src) = SrcBytes::get(&value) else {
+        let Some(src) = exact_array(&value, ndarray, dtype.bind(py), shape, SrcBytes::get) else {
             return Ok(None);
         };
-        if src.view.shape() != shape.as_slice() {
-            return Ok(None);
-        }
         srcs.push(src);
     }
     Ok(Some(srcs))
 }
 
-/// Answer the one request (`lane`, `slot`, `seq`, `gen`) of a batch with `outputs`, all its rows, when
-/// they are exactly `known`'s layout: `answer_rows` with `known`'s plan. Returns (ns in the wakes'
-/// system calls, lanes woken), or None when the outputs are not that layout (nothing written).
+/// What `answer_sources` does for the requests of `items` not done yet: (lane, slot, seq, gen, first
+/// row, rows, plan) each, and its index in `items`; None when the rows are not `known`'s or a request's
+/// size has no plan. Each request's lane and slot come from `g`, its slot's index in the queue.
+#[allow(clippy::type_complexity)]
+fn known_work(
+    py: Python<'_>,
+    spl: u64,
+    known: &KnownOutputs,
+    items: &Bound<'_, PyList>,
+    rows: &Bound<'_, PyList>,
+) -> PyResult<Option<(Vec<(u64, u64, u64, u64, u64, u64, usize)>, Vec<usize>)>> {
+    if items.len() != rows.len() {
+        return Err(PyValueError::new_err(format!("{} requests and {} row counts: expected one each", items.len(), rows.len())));
+    }
+    let (mut work, mut index) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+    let mut row0 = 0u64;
+    for (i, (it, n)) in items.iter().zip(rows.iter()).enumerate() {
+        let n: u64 = n.extract()?;
+        if !it.getattr(intern!(py, "done"))?.is_truthy()? {
+            let Some(plan) = known.plans.iter().position(|p| p.0 == n) else {
+                return Ok(None);
+            };
+            let word = |name: &Bound<'_, PyString>| -> PyResult<u64> { it.getattr(name)?.extract::<u64>() };
+            let g = word(intern!(py, "g"))?;
+            work.push((g / spl, g % spl, word(intern!(py, "seq"))?, word(intern!(py, "gen"))?, row0, n, plan));
+            index.push(i);
+        }
+        row0 = row0.checked_add(n).ok_or_else(|| PyValueError::new_err("the rows overflow"))?;
+    }
+    // The batch's rows are the outputs' leading dimension: known's shapes have exactly that many.
+    Ok((row0 == known.arrays[0].2[0] as u64).then_some((work, index)))
+}
+
+/// Answer the requests of a batch (`items`, the worker's claimed requests: `g` (the slot's index in
+/// the queue), `seq`, `gen`, `done`; `rows`: each one's rows in the outputs, in order) with `outputs`
+/// when they are exactly `known`'s layout and `known` has a plan for each size not done: `answer_rows`
+/// with those plans, each answered request's `done` set True as it is published. A request already
+/// done is skipped (its rows still counted). Returns (ns in the wakes' system calls, lanes woken), or
+/// None when the outputs are not that layout or a size has no plan (nothing written).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn answer_known(
@@ -90,19 +133,20 @@ pub fn answer_known(
     seg: PyRef<'_, Segment>,
     known: PyRef<'_, KnownOutputs>,
     outputs: &Bound<'_, PyAny>,
-    lane: u64,
-    slot: u64,
-    seq: u64,
-    gen: u64,
+    items: &Bound<'_, PyList>,
+    rows: &Bound<'_, PyList>,
     engine_ns: u64,
     call: u64,
 ) -> PyResult<Option<(u64, u64)>> {
+    let Some((work, index)) = known_work(py, seg.geo.spl, &known, items, rows)? else {
+        return Ok(None);
+    };
     let Some(srcs) = known_sources(py, &known, outputs)? else {
         return Ok(None);
     };
-    let rows = known.arrays[0].2[0] as u64; // at least 1 (checked when made)
-    let (prefix, offs, row_bytes, end) = &known.plan;
-    let plan = (prefix.as_slice(), offs.as_slice(), row_bytes.as_slice(), *end);
-    let (_, ns, woken) = seg.answer_sources(&[(lane, slot, seq, gen, 0, rows, 0)], &[plan], &srcs, engine_ns, call)?;
+    let plans: Vec<AnswerRowsPlan<'_>> = known.plans.iter().map(|(_, (p, o, r, e))| (p.as_slice(), o.as_slice(), r.as_slice(), *e)).collect();
+    let done = intern!(py, "done");
+    let mut published = |i: usize| items.get_item(index[i])?.setattr(done, true);
+    let (_, ns, woken) = seg.answer_sources(&work, &plans, &srcs, engine_ns, call, &mut published)?;
     Ok(Some((ns, woken)))
 }

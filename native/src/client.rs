@@ -7,7 +7,6 @@
 //! each call, by the slot's region before the first byte is written or read. Bytes of the mapping are
 //! written and read through raw pointers (other processes share them), never as Rust slices.
 
-use pyo3::intern;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
@@ -68,15 +67,10 @@ fn layout_buffers(py: Python<'_>, plan: &RequestPlan, arrays: &Bound<'_, PyAny>)
         let Ok(obj) = arrays.get_item(name.bind(py)) else {
             return Ok(None); // not a mapping with this name
         };
-        if !obj.get_type().is(ndarray) || !matches!(obj.getattr(intern!(py, "dtype")), Ok(d) if d.is(dtype.bind(py))) {
+        // Not C-contiguous (a strided view) too: the caller's copy handles any strides.
+        let Some(b) = exact_array(&obj, ndarray, dtype.bind(py), shape, RawBuffer::get) else {
             return Ok(None);
-        }
-        let Ok(b) = RawBuffer::get(&obj) else {
-            return Ok(None); // not C-contiguous (a strided view): the caller's copy handles any strides
         };
-        if b.shape() != shape.as_slice() {
-            return Ok(None);
-        }
         if b.bytes().len() as u64 != *n {
             return Err(PyValueError::new_err(format!("array {}: {} bytes, its layout has {n}", name.bind(py), b.bytes().len())));
         }
@@ -132,6 +126,7 @@ pub struct AnswerPlan {
     end: u64,
     empty: PyObject,
     ndarray: PyObject, // the type of `empty`'s arrays: what a caller's array to copy into must be
+    shapes: Vec<Vec<isize>>, // each array's shape, as a caller's array to copy into must have it
 }
 
 #[pymethods]
@@ -145,7 +140,8 @@ impl AnswerPlan {
         let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
         let end = check_arrays(key.len(), &spans)?;
         let ndarray = ndarray.unwrap_or_else(|| py.None()); // None: no array is of its type, none taken
-        Ok(AnswerPlan { key, arrays, end, empty, ndarray })
+        let shapes = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
+        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes })
     }
 }
 
@@ -222,24 +218,16 @@ fn read_answer_into(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, in
         return cached();
     }
     let mut dsts = Vec::with_capacity(plan.arrays.len());
-    for (name, _, n, shape, dtype) in &plan.arrays {
+    for ((name, _, n, _, dtype), shape) in plan.arrays.iter().zip(&plan.shapes) {
         let Ok(obj) = into.get_item(name.bind(py)) else {
             return cached();
         };
-        if !obj.get_type().is(plan.ndarray.bind(py)) || !matches!(obj.getattr(intern!(py, "dtype")), Ok(d) if d.is(dtype.bind(py))) {
+        // Not C-contiguous too: the caller's copy handles any strides.
+        let Some(b) = exact_array(&obj, plan.ndarray.bind(py), dtype.bind(py), shape, RawBuffer::get) else {
             return cached();
-        }
-        let Ok(b) = RawBuffer::get(&obj) else {
-            return cached(); // not C-contiguous: the caller's copy handles any strides
         };
-        let want = shape.bind(py);
-        if b.view.readonly != 0 || b.bytes().len() as u64 != *n || b.shape().len() != want.len() {
+        if b.view.readonly != 0 || b.bytes().len() as u64 != *n {
             return cached();
-        }
-        for (k, &d) in b.shape().iter().enumerate() {
-            if !matches!(want.get_item(k).and_then(|v| v.extract::<isize>()), Ok(w) if w == d) {
-                return cached();
-            }
         }
         dsts.push(b);
     }

@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
@@ -210,6 +211,41 @@ impl SrcBytes {
             None => self.view.bytes(),
         }
     }
+}
+
+/// A buffer export of an array: what `exact_array` takes and checks the shape of.
+trait Exported {
+    fn raw(&self) -> &RawBuffer;
+}
+
+impl Exported for RawBuffer {
+    fn raw(&self) -> &RawBuffer {
+        self
+    }
+}
+
+impl Exported for SrcBytes {
+    fn raw(&self) -> &RawBuffer {
+        &self.view
+    }
+}
+
+/// `obj`'s buffer as `take` exports it when `obj` is exactly an `ndarray` (the type itself, not a
+/// subclass) of the dtype object `dtype` and the shape `shape`: what every plan of the core (a request's,
+/// an answer's, a known output's) takes for "the array the Python side validated"; None otherwise, or
+/// when `take` refuses it (not C-contiguous, read-only: the caller's Python path handles those).
+fn exact_array<B: Exported>(
+    obj: &Bound<'_, PyAny>,
+    ndarray: &Bound<'_, PyAny>,
+    dtype: &Bound<'_, PyAny>,
+    shape: &[isize],
+    take: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<B>,
+) -> Option<B> {
+    if !obj.get_type().is(ndarray) || !matches!(obj.getattr(intern!(obj.py(), "dtype")), Ok(d) if d.is(dtype)) {
+        return None;
+    }
+    let b = take(obj).ok()?;
+    (b.raw().shape() == shape).then_some(b)
 }
 
 // The pointer is into a shared mapping that `buf` keeps exported; PyO3's borrow checking makes `close`
@@ -605,7 +641,7 @@ impl Segment {
     ) -> PyResult<(Vec<u64>, u64, u64)> {
         let ins: Vec<SrcBytes> = src.iter().map(SrcBytes::get).collect::<PyResult<_>>()?;
         let plans: Vec<AnswerRowsPlan<'_>> = plans.iter().map(|(p, o, r, e)| (&p[..], o.as_slice(), r.as_slice(), *e)).collect();
-        self.answer_sources(&items, &plans, &ins, engine_ns, call)
+        self.answer_sources(&items, &plans, &ins, engine_ns, call, &mut |_| Ok(()))
     }
 
     /// Wake the parked clients of `lanes` (after one fence): one system call per parked lane. Returns
@@ -628,7 +664,8 @@ impl Segment {
 
 impl Segment {
     /// `answer_rows` of sources already taken (`ins`, in the plans' array order); shared with
-    /// `answer_known`.
+    /// `answer_known`, which marks each request answered (`published`, called with its index in
+    /// `items` right after its resp_seq) so no Python code runs between an answer and its mark.
     pub(crate) fn answer_sources(
         &self,
         items: &[(u64, u64, u64, u64, u64, u64, usize)],
@@ -636,6 +673,7 @@ impl Segment {
         ins: &[SrcBytes],
         engine_ns: u64,
         call: u64,
+        published: &mut dyn FnMut(usize) -> PyResult<()>,
     ) -> PyResult<(Vec<u64>, u64, u64)> {
         let g = &self.geo;
         // Everything checked before the first answer is written: a bad call answers nothing.
@@ -665,7 +703,7 @@ impl Segment {
         }
         let mut lanes: [u64; 4] = [0; 4];
         let mut statuses = Vec::with_capacity(items.len());
-        for &(lane, slot, seq, gen, row0, rows, plan) in items {
+        for (i, &(lane, slot, seq, gen, row0, rows, plan)) in items.iter().enumerate() {
             let &(prefix, offs, row_bytes, end) = &plans[plan];
             let gi = lane * g.spl + slot;
             let region = g.resp_base + gi * g.resp_bytes;
@@ -683,6 +721,7 @@ impl Segment {
                 (ST_OK, end)
             };
             self.publish_answer(lane, slot, seq, status, len, engine_ns, call)?;
+            published(i)?;
             lanes[(lane >> 6) as usize] |= 1 << (lane & 63);
             statuses.push(status);
         }

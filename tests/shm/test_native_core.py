@@ -443,6 +443,13 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
     other[1].close()
 
 
+def _requests(spl: int, *at: tuple[int, int, int]) -> list[types.SimpleNamespace]:
+    """Claimed requests as ``answer_known`` reads them (the worker's ``_Item``): (lane, slot, seq) each."""
+    return [
+        types.SimpleNamespace(lane=lane, g=lane * spl + s, seq=seq, gen=0, done=False) for lane, s, seq in at
+    ]
+
+
 @needs_native
 def test_answer_known_answers_exactly_its_layout_and_writes_nothing_for_anything_else() -> None:
     """``answer_known`` answers outputs that are exactly the layout it was made from (names in order,
@@ -457,7 +464,7 @@ def test_answer_known_answers_exactly_its_layout_and_writes_nothing_for_anything
         a, b = np.arange(8, dtype=np.float32).reshape(4, 2), np.arange(4, dtype=np.int64).reshape(4, 1)
         plan = (b"\x02" * 64, [64, 96], [8, 8], 128)
         arrays = [("a", a.dtype, a.shape), ("b", b.dtype, b.shape)]
-        known = core.KnownOutputs(arrays, np.ndarray, plan)
+        known = core.KnownOutputs(arrays, np.ndarray, [(4, plan)])
         others: list[Any] = [
             {"b": b, "a": a},  # the same arrays in another order: another header
             {"a": a.astype(np.float64), "b": b},
@@ -472,20 +479,63 @@ def test_answer_known_answers_exactly_its_layout_and_writes_nothing_for_anything
             {1: a, "b": b},
         ]
         for k, outputs in enumerate(others):
-            assert core.answer_known(seg, known, outputs, 0, 1, 5, 0, 0, 0) is None, k
+            assert core.answer_known(seg, known, outputs, _requests(2, (0, 1, 5)), [4], 0, 0) is None, k
             assert q[geo.slot_word(1) + W_RESP_SEQ] == 0, k  # nothing published
         for seq, first in ((7, a), (8, np.asfortranarray(a[::-1])[::-1])):  # C order, then strided
-            assert core.answer_known(seg, known, {"a": first, "b": b}, 0, 1, seq, 0, 0, 0) == (0, 0)
-            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq
+            it = _requests(2, (0, 1, seq))
+            assert core.answer_known(seg, known, {"a": first, "b": b}, it, [4], 0, 0) == (0, 0)
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq and it[0].done
             off = geo.resp_off(1)
             assert mm[off : off + 64] == b"\x02" * 64
             assert mm[off + 64 : off + 96] == a.tobytes() and mm[off + 96 : off + 128] == b.tobytes()
         with pytest.raises(ValueError, match="1 arrays, 2 offsets and 2 row sizes"):
-            core.KnownOutputs(arrays[:1], np.ndarray, plan)
+            core.KnownOutputs(arrays[:1], np.ndarray, [(4, plan)])
         with pytest.raises(ValueError, match="at least 1 row"):
-            core.KnownOutputs([arrays[0], ("b", b.dtype, (3, 1))], np.ndarray, plan)
+            core.KnownOutputs([arrays[0], ("b", b.dtype, (3, 1))], np.ndarray, [(4, plan)])
+        for plans in ([], [(5, plan)], [(0, plan)], [(2, plan), (2, plan)]):
+            with pytest.raises(ValueError, match=r"no plan|distinct sizes of 1 to 4 rows"):
+                core.KnownOutputs(arrays, np.ndarray, plans)
         # its plan is bounded by the region at each call, as answer_rows bounds it
-        wide = core.KnownOutputs(arrays, np.ndarray, (b"", [240, 0], [8, 8], 0))
+        wide = core.KnownOutputs(arrays, np.ndarray, [(4, (b"", [240, 0], [8, 8], 0))])
         with pytest.raises(IndexError, match="outside the 256-byte response region"):
-            core.answer_known(seg, wide, {"a": a, "b": b}, 0, 1, 9, 0, 0, 0)
+            core.answer_known(seg, wide, {"a": a, "b": b}, _requests(2, (0, 1, 9)), [4], 0, 0)
         assert q[geo.slot_word(1) + W_RESP_SEQ] == 8
+
+
+@needs_native
+def test_answer_known_answers_each_request_of_a_batch_its_rows_by_the_plan_of_its_size() -> None:
+    """Several requests in one call: each one's rows by the plan of its size, those done before skipped
+    (their rows still counted), a lane whose generation changed answered ST_CLIENT_GONE; a size without a
+    plan, or rows that are not the outputs', answer nothing."""
+    from lowtail.shm.layout import L_GEN, ST_CLIENT_GONE, ST_OK, W_RESP_SEQ, W_RESP_STATUS
+
+    with _mapped(3, 2, 256, 256) as (geo, mm, seg, q, core):
+        a = np.arange(12, dtype=np.float32).reshape(6, 2)  # rows of 8 bytes
+        one, two = (b"\x01" * 64, [64], [8], 72), (b"\x02" * 64, [64], [8], 80)
+        known = core.KnownOutputs([("a", a.dtype, a.shape)], np.ndarray, [(1, one), (2, two)])
+
+        def answered(g: int) -> int:
+            return int(q[geo.slot_word(g) + W_RESP_SEQ])
+
+        for rows in ([1, 2, 1, 2], [2, 2, 2], [1, 2, 3]):  # 6 rows in all; 3 rows has no plan
+            its = _requests(2, *[(k % 3, k // 3, 40 + k) for k in range(len(rows))])
+            got = core.answer_known(seg, known, {"a": a}, its, rows, 0, 0)
+            assert (got is None) is (rows == [1, 2, 3]), rows
+            assert all(it.done is (got is not None) for it in its), rows
+            assert all(answered(it.g) == (it.seq if it.done else 0) for it in its)
+            for it in its:
+                q[geo.slot_word(it.g) + W_RESP_SEQ] = 0
+        assert core.answer_known(seg, known, {"a": a}, _requests(2, (0, 0, 1)), [4], 0, 0) is None
+        with pytest.raises(ValueError, match="2 requests and 1 row counts"):
+            core.answer_known(seg, known, {"a": a}, _requests(2, (0, 0, 1), (1, 0, 2)), [6], 0, 0)
+        # rows 0, 1-2, 3, 4-5: the second is done already, the third's lane has another generation
+        its = _requests(2, (0, 0, 11), (1, 0, 12), (2, 0, 13), (0, 1, 14))
+        its[1].done = True
+        q[geo.lane(2, L_GEN)] = 1
+        assert core.answer_known(seg, known, {"a": a}, its, [1, 2, 1, 2], 0, 0) == (0, 0)
+        assert [answered(it.g) for it in its] == [11, 0, 13, 14] and all(it.done for it in its)
+        status = [q[geo.slot_word(it.g) + W_RESP_STATUS] for it in its]
+        assert status[0] == status[3] == ST_OK and status[2] == ST_CLIENT_GONE
+        for it, prefix, part in ((its[0], one[0], a[0:1]), (its[3], two[0], a[4:6])):
+            off = geo.resp_off(it.g)
+            assert mm[off : off + 64] == prefix and mm[off + 64 : off + 64 + part.nbytes] == part.tobytes()

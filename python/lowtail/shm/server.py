@@ -133,8 +133,11 @@ class _Item:
 # What the native poll did with a request (lowtail_native.Poller.poll), and how the poll ended.
 _APPEND, _CARRY, _POLL_WITHDRAWN, _REFUSED, _DECODE, _FENCE = 0, 1, 2, 3, 4, 5
 _DRAINED, _LEFT, _STOPPED = 0, 1, 2
+# What the core copies for one answer layout: prefix bytes, each array's offset and bytes per row, the end
+_Plan = tuple[bytes, list[int], list[int], int]
 _NO_WAKES = (0, 0)  # what answering a batch cost in wakes when no client of it was parked
 KNOWN_OUTPUTS_MAX = 64  # output layouts (one per batch size) the core recognises without validation
+KNOWN_PLANS_MAX = 64  # request sizes per known output layout the core has an answer plan for
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -315,12 +318,13 @@ class Batch:
     ) -> tuple[int, int] | None:
         """``complete()`` when its worker answered outputs of this batch's size before (``known``, or
         None): outputs of exactly that layout (the engine's own arrays, call after call) are answered
-        by the core in one call, without validated_layout (~3 us cold); anything else comes back None
-        with nothing written, for ``complete()`` to validate. One request alone."""
-        if known is None or len(self._items) != 1:
+        by the core in one call, without validated_layout (~3 us cold), whatever requests the batch
+        coalesced when the core has the answer plan of each one's size; anything else comes back None
+        with nothing written, for ``complete()`` to validate."""
+        if known is None:
             return None
         try:
-            woken = self._worker._answer_known(self._items[0], known, outputs, engine_ns, call)
+            woken = self._worker._answer_known(self, known, outputs, engine_ns, call)
         except BaseException as e:
             self._close()
             self._fail_unanswered(e)
@@ -395,6 +399,8 @@ class QueueWorker:
         self._wake = [wake_handle(m.addr(i)) for i in self._count_i]  # each lane's answer-count futex
         self._native = m.native  # the native core, or None: the Python path (lowtail.shm.native)
         self._known: dict[int, Any] = {}  # the output layouts the core recognises (_bind_native)
+        # Per batch size: the layout of _known's entry and its answer plan per request size
+        self._known_plans: dict[int, tuple[PayloadLayout, dict[int, _Plan]]] = {}
         if self._native is not None:
             self._bind_native(geo.spl)
         self._db_i = HW_DOORBELLS
@@ -437,8 +443,9 @@ class QueueWorker:
         """The native core's parts of the hot path: the poll in the core (the Python ``_poll`` is the
         reference), bound here rather than tested per call, so the Python path's hot path pays nothing
         for the core; and what answers outputs of a layout answered before (``_known``: per batch
-        rows, the outputs of the one-request batch answered last with that many rows, as the core
-        recognises them; a core without ``KnownOutputs`` leaves it empty)."""
+        rows, the outputs of the batch answered last with that many rows, as the core recognises them,
+        with the answer plans of the request sizes answered in that layout; a core without
+        ``KnownOutputs`` leaves it empty)."""
         self._poller = native.poller(self._tails, spl)
         self._poll = self._poll_native  # type: ignore[method-assign]
         self._take = self._take_refused  # type: ignore[method-assign]
@@ -1036,45 +1043,52 @@ class QueueWorker:
         )  # fmt: skip
         it.done = True
         self._outstanding.pop(it.g, None)
-        self._remember(outputs, layout, plans[0])
+        self._remember(outputs, layout, {layout.batch: plans[0]})
         return ns, woken
 
     def _remember(
-        self,
-        outputs: Mapping[str, np.ndarray[Any, Any]],
-        layout: PayloadLayout,
-        plan: tuple[bytes, list[int], list[int], int],
+        self, outputs: Mapping[str, np.ndarray[Any, Any]], layout: PayloadLayout, plans: dict[int, _Plan]
     ) -> None:
-        """Keep ``outputs``' layout (validated, answered whole to one request) for ``_answer_known``:
-        outputs of that layout (the same names in order, ndarrays of the same dtype objects and shapes)
-        are then answered by the core without validating them again. Only a dict of ndarrays by str
-        keys: what the core compares."""
+        """Keep ``outputs``' layout (validated, answered inline) with the answer ``plans`` of the request
+        sizes it was answered in, for ``_answer_known``: outputs of that layout (the same names in
+        order, ndarrays of the same dtype objects and shapes) are then answered by the core without
+        validating them again, in batches of those request sizes. Only a dict of ndarrays by str keys:
+        what the core compares. Bounded: KNOWN_OUTPUTS_MAX batch sizes, KNOWN_PLANS_MAX request sizes
+        each."""
         make = self._known_outputs
-        if make is None or type(outputs) is not dict:
+        if make is None or type(outputs) is not dict or not 0 < len(plans) <= KNOWN_PLANS_MAX:
             return
         arrays = list(outputs.values())
         if not all(type(k) is str for k in outputs) or not all(type(a) is np.ndarray for a in arrays):
             return
-        if len(self._known) >= KNOWN_OUTPUTS_MAX:
+        total = layout.batch
+        prev = self._known_plans.get(total)
+        if prev is not None and prev[0] == layout and len(prev[1]) + len(plans) <= KNOWN_PLANS_MAX:
+            plans = {**prev[1], **plans}  # the sizes of earlier compositions stay answerable
+        if total not in self._known and len(self._known) >= KNOWN_OUTPUTS_MAX:
             self._known.clear()  # batch sizes that vary without bound must not grow memory
-        self._known[layout.batch] = make(
-            [(k, a.dtype, a.shape) for k, a in outputs.items()], np.ndarray, plan
+            self._known_plans.clear()
+        self._known_plans[total] = (layout, plans)
+        self._known[total] = make(
+            [(k, a.dtype, a.shape) for k, a in outputs.items()], np.ndarray, list(plans.items())
         )
 
     def _answer_known(
-        self, it: _Item, known: Any, outputs: Mapping[str, np.ndarray[Any, Any]], engine_ns: int, call: int
+        self, batch: Batch, known: Any, outputs: Mapping[str, np.ndarray[Any, Any]], engine_ns: int, call: int
     ) -> tuple[int, int] | None:
-        """The core's answer of ``it`` with ``outputs`` when they are ``known``'s layout: (wake ns,
-        lanes woken), or None (nothing written) when they are not."""
-        if it.done:
+        """The core's answer of ``batch``'s requests with ``outputs`` when they are ``known``'s layout
+        and it has the plan of each request's size: (wake ns, lanes woken), or None (nothing written)
+        when not. The core marks each request done as it publishes its answer (an interrupt after the
+        call cannot leave an answered request to be answered failed); a request done before is
+        skipped."""
+        items, sizes = batch._items, batch.sizes
+        if len(sizes) != len(items):  # a request not decoded (no rows): validated, as before
             return None
-        spl = self._m.geo.spl
-        got = self._answer_known_core(
-            self._native, known, outputs, it.lane, it.g - it.lane * spl, it.seq, it.gen, engine_ns, call
-        )
+        got = self._answer_known_core(self._native, known, outputs, items, sizes, engine_ns, call)
         if got is not None:
-            it.done = True
-            self._outstanding.pop(it.g, None)
+            out = self._outstanding
+            for it in items:
+                out.pop(it.g, None)
         return got  # type: ignore[no-any-return]
 
     def _answer_rows(
@@ -1123,6 +1137,7 @@ class QueueWorker:
                 parts.append((it, off, n, layout if one else layout.with_batch(n)))
             off += n
         spl, resp_bytes = self._m.geo.spl, self._m.geo.resp_bytes
+        known: dict[int, _Plan] = {}  # the plans answered here, per request size: for _remember
         if all(lay.inline_end <= resp_bytes for _, _, _, lay in parts):
             plans: list[tuple[bytes, list[int], list[int], int]] = []
             index: dict[PayloadLayout, int] = {}
@@ -1134,6 +1149,7 @@ class QueueWorker:
                     plans.append(self._plan(lay))
                 work.append((it.lane, it.g - it.lane * spl, it.seq, it.gen, row, n, k))
             ns, woken = self._answer_rows(work, plans, outputs, engine_ns, call)
+            known = {lay.batch: plans[k] for lay, k in index.items()}  # each size has one layout
         else:
             words: list[tuple[int, int, int, int, int]] = []
             for it, row, n, lay in parts:
@@ -1143,14 +1159,11 @@ class QueueWorker:
                 status, nbytes = got
                 words.append((it.lane, it.g - it.lane * spl, it.seq, status, nbytes))
             ns, woken = self._native.answer(words, engine_ns, call)
-        for (
-            it,
-            _,
-            _,
-            _,
-        ) in parts:  # done once published: an interrupt before leaves them to complete()'s handler
+        for it, *_ in parts:  # done once published: an interrupt before leaves them to complete()'s handler
             it.done = True
             self._outstanding.pop(it.g, None)
+        if known:
+            self._remember(outputs, layout, known)
         return ns, woken
 
     def _answer_external(
