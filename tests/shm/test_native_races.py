@@ -24,6 +24,7 @@ from lowtail.shm import payload
 from lowtail.shm.errors import BadRequest, QueueError
 from lowtail.shm.layout import (
     HW_DOORBELLS,
+    HW_WORKER_PID,
     L_PARKED,
     L_RING,
     L_TAIL,
@@ -339,12 +340,13 @@ def test_headers_flipped_by_another_process_while_the_worker_polls_fail_only_tha
 # -- clients killed while the core copies, publishes, spins, parks and reads ------------------------------
 
 
-def churn(desc: Any, seed: int, out: Any) -> None:
+def churn(desc: Any, seed: int, attached: Any, crossed: Any) -> None:
     """Round trips of every kind (fresh copies, into ``out``, zero-copy held, several in flight) until
-    killed; every answer checked against its own request (a process body)."""
+    killed; every answer checked against its own request (a process body). It reports through shared
+    words, not a queue: a process killed while it writes a queue's pipe leaves its lock taken."""
     rng = np.random.default_rng(seed)
     with QueueClient.attach(desc, spin_us=int(rng.integers(0, 2)) * 50) as c:
-        out.put(("attached", c.lane))
+        attached.value = c.lane
         into = {"twice": np.empty((3, 8), np.float32), "rowsum": np.empty((3, 1), np.float64)}
         k = 0
         while True:
@@ -354,8 +356,7 @@ def churn(desc: Any, seed: int, out: Any) -> None:
             for i, t in enumerate(tickets):
                 how = (k + i) % 3
                 got = c.wait(t, 5.0, out=into) if how == 1 else c.wait(t, 5.0, copy=how == 0)
-                if got["twice"][0, 0] != 2 * k + 1:
-                    out.put(("crossed", k))
+                crossed.value += got["twice"][0, 0] != 2 * k + 1
                 if how == 2:
                     got.release()
 
@@ -369,21 +370,26 @@ def test_clients_killed_at_random_moments_of_their_round_trips_lose_no_slot_and_
     with InferenceQueue.create(_conf(1, 4)) as s:
         worker = ctx.Process(target=echo_server, args=(s.descriptor, None, 120.0))
         worker.start()
-        out = ctx.Queue()
+        out, crossed = ctx.Queue(), ctx.RawValue("q", 0)  # type: ignore[attr-defined]
         try:
             for seed in range(12):
-                p = ctx.Process(target=churn, args=(s.descriptor, seed, out))
+                attached = ctx.RawValue("q", -1)  # type: ignore[attr-defined]
+                p = ctx.Process(target=churn, args=(s.descriptor, seed, attached, crossed))
                 p.start()
-                assert out.get(timeout=30) == ("attached", 0)  # the killed client's lane, each time
+                deadline = time.monotonic() + 30
+                while attached.value == -1:
+                    assert time.monotonic() < deadline and p.is_alive(), f"client {seed} never attached"
+                    time.sleep(0.001)
+                assert attached.value == 0  # the killed client's lane, each time
                 time.sleep(float(rng.uniform(0.0, 0.03)))
-                os.kill(p.pid, signal.SIGKILL)
+                os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 p.join(10)
                 assert p.exitcode == -signal.SIGKILL, f"client {seed} ended by itself: {p.exitcode}"
             checking = ctx.Process(target=checking_client, args=(s.descriptor, 99, 60, out))
             checking.start()
             checking.join(60)
             assert out.get(timeout=5) == (99, 60, 0)  # never a crossed answer, no slot lost
-            assert worker.is_alive()
+            assert crossed.value == 0 and worker.is_alive()
         finally:
             worker.terminate()
             worker.join(10)
@@ -543,11 +549,16 @@ def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_
         try:
             for p in clients:
                 p.start()
-            for _ in range(8):
-                w = ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0))
+            for k in range(8):
+                # every other worker's model takes 2 ms: kills land while requests are claimed, too
+                w = ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0, 0.002 * (k % 2)))
                 workers.append(w)
                 w.start()
-                time.sleep(float(rng.uniform(0.05, 0.25)))
+                deadline = time.monotonic() + 30
+                while s._m.q[HW_WORKER_PID] != w.pid:  # attached: the kill lands in its serving
+                    assert time.monotonic() < deadline and w.is_alive(), "a worker never attached"
+                    time.sleep(0.001)
+                time.sleep(float(rng.uniform(0.02, 0.2)))
                 os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 w.join(10)
             workers.append(ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0)))
