@@ -40,6 +40,7 @@ from lowtail.shm.layout import (
     HW_DOORBELLS,
     HW_WORKER_PID,
     HW_WORKER_SLEEP,
+    INHERITED,
     L_GEN,
     L_PARKED,
     L_PID,
@@ -527,7 +528,6 @@ class QueueClient:
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) % U64_MAX + 1
-        q[geo.lane(lane, L_GEN)] = self._gen
         q[geo.lane(lane, L_PID)] = os.getpid()
         q[geo.lane(lane, L_PARKED)] = 0
         self._g0, self._spl, self._req_bytes = lane * geo.spl, geo.spl, geo.req_bytes
@@ -555,6 +555,8 @@ class QueueClient:
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
         self._recover_slots()
+        # After the slots are marked: a worker that sees the new gen sees them INHERITED (TSO)
+        q[geo.lane(lane, L_GEN)] = self._gen
         self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySegment] = {}
         self._attached = AttachedNdarraySegments()
@@ -718,6 +720,9 @@ class QueueClient:
                 q[geo.slot(g, S_REQ_STATE)] = FREE
                 self._free.append(s)
             else:
+                # in flight, or left so by the predecessor: never published into, freed once answered;
+                # the worker answers it ST_CLIENT_GONE if it neither holds nor can still take it
+                q[geo.slot(g, S_REQ_STATE)] = INHERITED
                 self._inflight[s] = None
         self._free.reverse()  # pop() hands out slot 0 first
 

@@ -39,6 +39,7 @@ from lowtail.shm.layout import (
     HW_GEOM2,
     HW_MAGIC,
     HW_WORKER_PID,
+    INHERITED,
     L_GEN,
     L_PID,
     MAGIC,
@@ -363,7 +364,7 @@ def _slot_state(q: memoryview, geo: Geometry, g: int) -> str:
     req, claim, resp = q[geo.slot(g, S_REQ_SEQ)], q[geo.slot(g, S_CLAIM_SEQ)], q[geo.slot(g, S_RESP_SEQ)]
     if req_state == WRITING:
         return "WRITING"
-    if resp == req and req_state == READY:
+    if resp == req and req_state in (READY, INHERITED):  # answered, not yet read
         return "DONE" if q[geo.slot(g, S_RESP_STATUS)] == ST_OK else "ERROR"
     if req_state == FREE and resp == req:
         return "FREE"

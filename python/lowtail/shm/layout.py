@@ -25,7 +25,7 @@ aligned u64 unless noted; L = lanes, S = slots per lane, g = lane * S + slot)::
   +72                        8      resp_count         worker: +1 per answer; low 32 bits: futex
   +128 + 8*k                 8      ring[k]            client: slot of its request number k (mod S)
   -- slot table at align64(4096 + L*LANE_BYTES), 128 bytes per slot g ---------------------------
-  +0   req_seq   +8 req_len   +16 req_state (FREE/WRITING/READY)   +24 submit_ns    client
+  +0   req_seq   +8 req_len   +16 req_state (FREE/WRITING/READY/INHERITED)   +24 submit_ns    client
   +32  withdrawn                                                                    client
   +64  resp_seq  +72 claim_seq  +80 resp_len  +88 resp_status  +96 claim_ns  +104 done_ns   worker
   +112 call_engine_ns  +120 call (batch samples, bits 0-31 | call deschedule in us, 32-63)   worker
@@ -49,6 +49,11 @@ a single ``mov``. On another architecture the queue refuses to run (``InferenceQ
 Slot states (the predecessor system's, kept for diagnostics): FREE, WRITING, READY (req_seq > claim_seq),
 PROCESSING (claim_seq == req_seq > resp_seq), DONE or ERROR (resp_seq == req_seq, by resp_status,
 until the client has read it and wrote FREE).
+INHERITED: a slot a lane's new client found in flight when it took the lane over (its predecessor's
+request, or words it left behind): the client never publishes into it and frees it once answered.
+An idle worker answers ``ST_CLIENT_GONE`` an INHERITED request it neither holds nor can still take,
+seen so at two sweep passes (``QueueWorker._answer_inherited``): else nobody would ever answer it and
+the lane would stay busy for every later client. The new client's own requests are never INHERITED.
 
 Withdrawing a request (taking it back to send it elsewhere), exactly once without a CAS: the client
 stores ``withdrawn = seq``, executes a full barrier and loads ``claim_seq``; the worker stores
@@ -129,7 +134,7 @@ W_RESP_SEQ, W_CLAIM_SEQ, W_RESP_LEN = S_RESP_SEQ >> 3, S_CLAIM_SEQ >> 3, S_RESP_
 W_RESP_STATUS, W_CLAIM_NS, W_DONE_NS = S_RESP_STATUS >> 3, S_CLAIM_NS >> 3, S_DONE_NS >> 3
 W_CALL_ENGINE_NS, W_CALL = S_CALL_ENGINE_NS >> 3, S_CALL >> 3
 
-FREE, WRITING, READY = 0, 1, 2
+FREE, WRITING, READY, INHERITED = 0, 1, 2, 3
 STATE_NAMES = ("FREE", "WRITING", "READY", "PROCESSING", "DONE", "ERROR")
 ST_OK, ST_FAILED, ST_BAD_REQUEST, ST_TOO_LARGE, ST_WORKER_DIED, ST_CLIENT_GONE = 0, 1, 2, 3, 4, 5
 ST_WITHDRAWN = 6  # claimed after its client withdrew it: not run

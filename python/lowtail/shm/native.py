@@ -71,6 +71,7 @@ LAYOUT_NAMES = [
     "FREE",
     "WRITING",
     "READY",
+    "INHERITED",
     "ST_OK",
     "ST_FAILED",
     "ST_BAD_REQUEST",

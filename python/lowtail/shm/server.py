@@ -30,6 +30,7 @@ from lowtail.shm.layout import (
     HW_WORKER_EPOCH,
     HW_WORKER_PID,
     HW_WORKER_SLEEP,
+    INHERITED,
     L_GEN,
     L_PARKED,
     L_PID,
@@ -51,6 +52,7 @@ from lowtail.shm.layout import (
     W_CLAIM_SEQ,
     W_DONE_NS,
     W_REQ_SEQ,
+    W_REQ_STATE,
     W_RESP_LEN,
     W_RESP_SEQ,
     W_RESP_STATUS,
@@ -368,10 +370,10 @@ class Batch:
 class WorkerCounts:
     """What a worker did besides serving (diagnostics, tests)."""
 
-    __slots__ = ("fenced", "orphans_failed", "wake_ns", "withdrawn", "woken")
+    __slots__ = ("fenced", "inherited_gone", "orphans_failed", "wake_ns", "withdrawn", "woken")
 
     def __init__(self) -> None:
-        self.fenced = self.orphans_failed = self.withdrawn = 0
+        self.fenced = self.inherited_gone = self.orphans_failed = self.withdrawn = 0
         self.wake_ns = self.woken = 0  # the Python path's wakes() (the native core counts its own)
 
 
@@ -433,6 +435,10 @@ class QueueWorker:
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
+        # _answer_inherited: per lane the gen it last looked at (-1: never, so a worker that attaches
+        # looks at every lane once), and the INHERITED slots it saw unheld -> their req_seq
+        self._inherit_gen = [-1] * geo.lanes
+        self._inherited: dict[int, int] = {}
         self._active: list[int] = []
         self._rr = 0
         self.counts = WorkerCounts()
@@ -473,6 +479,11 @@ class QueueWorker:
     def fenced(self) -> int:
         """Lanes fenced for an impossible control word."""
         return self.counts.fenced
+
+    @property
+    def inherited_gone(self) -> int:
+        """Requests a lane's new client inherited that no worker held, answered ST_CLIENT_GONE."""
+        return self.counts.inherited_gone
 
     @property
     def withdrawn(self) -> int:
@@ -534,6 +545,7 @@ class QueueWorker:
             if now_ns - self._swept_ns < SWEEP_EVERY_NS:
                 return
             self._swept_ns = now_ns
+            self._answer_inherited()
             m = self._m
             for lane in self._slots_in.lanes():
                 # Its client closed (pid word 0) or died (lock free): an fd kept here would pin the
@@ -541,6 +553,46 @@ class QueueWorker:
                 if not m.q[m.geo.lane(lane, L_PID)] or not ofd_lock.held(m.seg.fd, 1 + lane):
                     self._slots_in.drop_lane(lane)
         self._sweep.step(SWEEP_STEP_NS)
+
+    def _answer_inherited(self) -> None:
+        """Answer ST_CLIENT_GONE the requests a lane's new client inherited (slot state INHERITED) that
+        this worker neither holds nor can still take, once seen so at two sweep passes.
+
+        Runs only when idle: an idle worker has claimed every request published before its poll, and
+        a claim runs between two passes, so a predecessor's request published before the first look is
+        held (or answered) by the second. The new client's own requests are never INHERITED, so one
+        being published as the worker looks is never answered as gone. The client stores the lane's
+        gen after marking its slots, so a lane is looked at when its gen moved, or while it has slots
+        noted at the previous pass.
+        """
+        m = self._m
+        q, spl = m.q, m.geo.spl
+        noted, self._inherited = self._inherited, {}
+        lanes = {g // spl for g in noted}
+        for lane, gen_i in enumerate(self._gen_i):
+            if q[gen_i] != self._inherit_gen[lane]:
+                self._inherit_gen[lane] = q[gen_i]
+                lanes.add(lane)
+        held = {it.g for it in self._carry}
+        gone: list[_Item] = []
+        for lane in sorted(lanes):
+            for g in range(lane * spl, (lane + 1) * spl):
+                si = self._slot_i[g]
+                seq = q[si + W_REQ_SEQ]
+                if q[si + W_REQ_STATE] != INHERITED or seq == q[si + W_RESP_SEQ]:
+                    continue
+                if g in self._outstanding or g in held:
+                    continue
+                if noted.get(g) != seq:
+                    self._inherited[g] = seq  # first seen: answered at the next pass if still so
+                    continue
+                it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], time.monotonic_ns())
+                q[si + W_CLAIM_SEQ] = seq
+                why = "inherited from the lane's previous client; no worker holds it"
+                self._answer(it, ST_CLIENT_GONE, None, None, f"lane {lane}: {why}")
+                gone.append(it)
+        self.counts.inherited_gone += len(gone)
+        self._wake_parked(gone)
 
     def reclaimable_lanes(self) -> list[int]:
         """Lanes whose client died (the kernel already released their locks; the next attach takes them)."""
