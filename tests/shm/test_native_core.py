@@ -73,12 +73,13 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     fake.send_request = None  # type: ignore[attr-defined]
     fake.Poller = type("Poller", (), dict.fromkeys(native.POLLER_CALLS))  # type: ignore[attr-defined]
     # (and 0.5.x, before receive_answer's copy took the caller's arrays and AnswerPlan the array type;
-    # 0.6.0 copied into arrays of the caller's that share memory)
-    for version in ("0.4.9", "", "0.5.0", "0.5.1", "0.6.0", "0.6.1-dev"):
+    # 0.6.0 copied into arrays of the caller's that share memory; 0.6.x answered one request alone in
+    # answer_known, with other arguments)
+    for version in ("0.4.9", "", "0.5.0", "0.5.1", "0.6.0", "0.6.1", "0.7.0-dev"):
         fake.VERSION = version  # type: ignore[attr-defined]
         mod, impl = native._load()
-        assert mod is None and "older than 0.6.1" in impl.reason and "make native" in impl.reason
-    fake.VERSION = "0.6.1"  # type: ignore[attr-defined]
+        assert mod is None and "older than 0.7.0" in impl.reason and "make native" in impl.reason
+    fake.VERSION = "0.7.0"  # type: ignore[attr-defined]
     assert native._load()[0] is fake
 
 

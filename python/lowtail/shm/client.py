@@ -1049,6 +1049,7 @@ class QueueClient:
         spin, then the park. Returns when it was seen and, when the core's call saw it, the core's read
         of it (``receive_answer``; None otherwise)."""
         clock = time.monotonic_ns
+        entered = clock()
         pred, counts = self._pred, self._counts
         deadline = 0
         # (a prediction below the margin never parks: the fast path skips the call; with no spin
@@ -1060,8 +1061,9 @@ class QueueClient:
         # The whole budget when the answer is due within it (a predictive sleep just ended before it,
         # or answers usually come that fast); else a round trip's worth, then park.
         due_ns = 0 if deadline else ticket.submit_ns + pred.predicted_ns
+        # Before the spin: a budget of up to a second ends at the wait's deadline, not after it.
+        deadline = deadline or deadline_ns(clock(), timeout_s)
         if self._native is not None:
-            deadline = deadline or deadline_ns(clock(), timeout_s)
             now, got = self._receive_or_park(ticket, deadline, due_ns, ans, copy)
             if got[0]:
                 return now, got
@@ -1070,8 +1072,9 @@ class QueueClient:
             first = True
             q, resp_i, seq = self._q, si + W_RESP_SEQ, ticket.seq
             now = start = clock()
-            spin_end = now + (
-                self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)
+            spin_end = min(
+                deadline,
+                now + (self._spin_ns if due_ns <= now + self._spin_ns else min(PURE_SPIN_NS, self._spin_ns)),
             )
             while True:
                 now = clock()  # read before the check that sees the answer: the time it came
@@ -1082,8 +1085,7 @@ class QueueClient:
                 if now > spin_end:
                     break
             counts.spin_ns += now - start
-        deadline = deadline or deadline_ns(now, timeout_s)
-        self._park(ticket, si, deadline, deadline, first)
+        self._park(ticket, si, deadline, deadline, first, since=entered)
         seen = clock()
         counts.parked += 1
         counts.park_ns += seen - now
@@ -1136,7 +1138,7 @@ class QueueClient:
                 counts.park_ns += now - parked_at
                 return now, got
         deadline = deadline_ns(start, timeout_s)
-        self._park(ticket, si, deadline, deadline, first=not got[8])
+        self._park(ticket, si, deadline, deadline, first=not got[8], since=start)
         seen = time.monotonic_ns()
         counts.parked += 1
         counts.park_ns += seen - parked_at
@@ -1150,7 +1152,7 @@ class QueueClient:
         ``_park``. Returns when the call ended and its result."""
         start = time.monotonic_ns()
         park_ns = max(1, min(deadline - start, PARK_SLICE_NS))
-        spin = self._spin_ns
+        spin = min(self._spin_ns, max(0, deadline - start))
         plan = ans and ans[5]
         got = self._receive(
             self._native, self.lane, ticket.slot, ticket.seq, plan, copy, spin, PURE_SPIN_NS, due_ns, park_ns
@@ -1257,16 +1259,16 @@ class QueueClient:
                 f"its answer's ndarray segment is gone with its worker ({e}); it is not sent again"
             ) from None
 
-    def _park(self, ticket: Ticket, si: int, until: int, deadline: int, first: bool = True) -> bool:
+    def _park(
+        self, ticket: Ticket, si: int, until: int, deadline: int, first: bool = True, *, since: int = 0
+    ) -> bool:
         """Sleep on the lane's answer counter: True once the answer is there, False at ``until``
         (monotonic ns, before ``deadline``). Raises QueueTimeout at the deadline and WorkerDied when
         the worker died holding the request. ``first``: no slice slept yet (the core's receive_answer
-        may have slept the first)."""
-        m = self._m
-        q = m.q
-        seq, resp_i = ticket.seq, si + W_RESP_SEQ
-        clock = time.monotonic_ns
-        start = clock()
+        may have slept the first). ``since``: when the wait began, which its timeout counts from."""
+        m, q = self._m, self._m.q
+        seq, resp_i, clock = ticket.seq, si + W_RESP_SEQ, time.monotonic_ns
+        start = since or clock()
         dead_worker = 0
         parked_i, count_i, waiter = self._parked_i, self._count_i, self._waiter
         nat = self._native
