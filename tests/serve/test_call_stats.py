@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import threading
 import time
 
@@ -150,3 +151,22 @@ def test_stats_segment_rejects_a_foreign_fd(tmp_path: object) -> None:
             StatsSegment.attach(fd)
     finally:
         os.close(fd)
+
+
+def test_the_workers_row_and_word_stores_are_the_int64_the_readers_read() -> None:
+    """The worker packs rows and stores words as the platform's C long where it is 8 bytes (a cheaper
+    conversion than long long's): the bytes must still be the int64 every reader maps, at both ends."""
+    seg = StatsSegment.create(capacity=16)
+    try:
+        pack, buffer, row0, _, width = seg.row_packer()
+        assert width == seg.raw.strides[0]
+        values = [-(1 << 63), (1 << 63) - 1, 1_765_000_000_123_456_789, -1, 0]
+        values += list(range(len(metrics.RAW_FIELDS) - len(values)))
+        pack(buffer, row0 + 3 * width, *values)
+        assert seg.raw[3].tolist() == values and not seg.raw[[2, 4]].any()  # its place, and only there
+        seg.words[COUNT] = (1 << 63) - 1
+        assert int(seg.header[COUNT]) == (1 << 63) - 1
+        with pytest.raises(struct.error):  # beyond int64: refused, not wrapped
+            pack(buffer, row0, *[1 << 63] * len(metrics.RAW_FIELDS))
+    finally:
+        seg.close()

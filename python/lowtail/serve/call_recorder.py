@@ -59,9 +59,9 @@ class CallRecorder:
     """Records the calls of one serving loop into its stats segment (worker-private state)."""
 
     __slots__ = (
-        "_cap", "_counters", "_cpu", "_every", "_fifo", "_first", "_hero", "_iv_last", "_pack", "_raw",
-        "_rd_last", "_record_ns", "_ring", "_slow_cpu_ns", "_slow_total_ns", "_width", "_words", "count",
-        "sampled", "threads",
+        "_cap", "_counters", "_cpu", "_descheduled_ns", "_every", "_fifo", "_first", "_hero", "_iv_last",
+        "_pack", "_raw", "_rd_last", "_record_ns", "_ring", "_samples", "_slow_cpu_ns", "_slow_total_ns",
+        "_width", "_words", "count", "sampled", "threads",
     )  # fmt: skip
 
     def __init__(
@@ -81,8 +81,11 @@ class CallRecorder:
         self._raw = stats.raw
         self._fifo = fifo
         self._hero, self._cpu = hero, cpu
-        # as ns: the slow check compares the stamps' differences, no row derived on the hot path
-        self._slow_cpu_ns, self._slow_total_ns = slow_engine_cpu_ms * 1e6, slow_total_ms * 1e6
+        # as whole ns: the slow check compares the stamps' differences (int with int: an int against a
+        # float costs several times the comparison), no row derived on the hot path
+        self._slow_cpu_ns, self._slow_total_ns = int(slow_engine_cpu_ms * 1e6), int(slow_total_ms * 1e6)
+        self._descheduled_ns = DESCHEDULED_NS
+        self._samples = 0  # samples served: kept here, so the word is stored, not read back and added
         self._every = stats_every
         self._counters = ThreadCounters()  # opened here: the thread that serves is the one it reads
         self._rd_last, self._iv_last = self._counters.run_delay_ns(), self._counters.nivcsw()
@@ -101,7 +104,7 @@ class CallRecorder:
         sampled = self.sampled
         t1 = st[T1]
         wall_ns = t1 - st[T0]
-        if sampled or wall_ns - (st[TH1] - st[TH0]) > DESCHEDULED_NS:
+        if sampled or wall_ns - (st[TH1] - st[TH0]) > self._descheduled_ns:
             r0 = clock()
             counters = self._counters
             rd, iv = counters.run_delay_ns(), counters.nivcsw()
@@ -111,18 +114,19 @@ class CallRecorder:
         else:
             rd_delta = iv_delta = read_ns = 0
         k = self.count
-        at = self._first + k % self._cap * self._width
         # A wait is the claim's clock less a submit stamp the client wrote (any u64): a stamp from the
-        # future reads as no wait, so a forged one cannot overflow the ring's int64 column.
-        wait = max(waits_ns)
-        self._pack(self._ring, at, *st, n, len(waits_ns), wait if wait > 0 else 0, claimed_ns, rd_delta,
-                   iv_delta, read_ns, self._record_ns, sampled)  # fmt: skip
+        # future reads as no wait, so a forged one cannot overflow the ring's int64 column. One request
+        # (served xN's every call) without max()'s call.
+        wait = waits_ns[0] if len(waits_ns) == 1 else max(waits_ns)
+        self._pack(self._ring, self._first + k % self._cap * self._width, *st, n, len(waits_ns),
+                   wait if wait > 0 else 0, claimed_ns, rd_delta, iv_delta, read_ns, self._record_ns,
+                   sampled)  # fmt: skip
         h = self._words
         h[HEARTBEAT] = t1
         self.count = count = k + 1
         self.sampled = count % self._every == 0
         h[COUNT] = count
-        h[SAMPLES] += n
+        h[SAMPLES] = self._samples = self._samples + n
         engine_cpu_ns = engine_thread_ns = st[ET1] - st[ET0]
         if sampled:  # the isolation ratio compares like with like: both clocks of the sampled calls
             engine_cpu_ns = st[EC1] - st[EC0]

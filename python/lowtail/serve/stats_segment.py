@@ -41,12 +41,18 @@ import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from lowtail.errors import LowtailError
 from lowtail.serve.call_stats import RAW_FIELDS, derive_calls
+
+# The worker's stores convert Python ints with the platform's C long where it is 8 bytes (Linux on
+# 64-bit): CPython 3.11 converts a long long through its generic byte-array routine, ~4x the
+# instructions per value (``benchmarks/worker-instructions.py``: 29 values a row and ~6 words a call).
+# Same bytes in the segment: the native byte order, int64.
+WORD: Literal["l", "q"] = "l" if struct.calcsize("l") == 8 else "q"
 
 MAGIC = int.from_bytes(b"LTWSTAT2", "little")  # 2: raw int64 rows (1 held derived float64 rows)
 HEADER_BYTES = 4096
@@ -97,7 +103,7 @@ class StatsSegment:
         self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.header = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=self._mm)
         # The same words for the worker's hot path: a memoryview item store is ~3x cheaper than numpy's.
-        self.words = memoryview(self._mm)[:HEADER_BYTES].cast("q")
+        self.words = memoryview(self._mm)[:HEADER_BYTES].cast(WORD)
         if int(self.header[0]) != MAGIC or int(self.header[NCOLS]) != len(RAW_FIELDS):
             self._unmap()
             raise StatsSegmentError(f"fd {fd}: not a lowtail worker stats segment of this version")
@@ -130,10 +136,10 @@ class StatsSegment:
         ``struct.pack_into`` and no call around it: ``pack(buffer, first + (k % capacity) * width,
         *values)``. ~1.7 us cheaper per call than assigning a tuple to a numpy row (measured in the
         worker loop's ``record_us`` stage, best of 5 on the KVM guest: 3.7 vs 5.4 us), and a closure
-        around it cost another 0.25 us warm."""
+        around it cost another 0.25 us warm. Native int64 words (``WORD``)."""
         width = 8 * len(RAW_FIELDS)
         return RowPacker(
-            struct.Struct(f"<{len(RAW_FIELDS)}q").pack_into, self._mm, HEADER_BYTES, self.capacity, width
+            struct.Struct(f"@{len(RAW_FIELDS)}{WORD}").pack_into, self._mm, HEADER_BYTES, self.capacity, width
         )
 
     def word(self, index: int) -> int:

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -297,6 +298,34 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
     return None
 
 
+# Batches per entry of ``_serve_batches``: CPython 3.11 specializes a function's bytecode (attribute
+# loads, list stores, calls) only after the function has been called 8 times, so a serving loop that
+# never returns runs generic bytecode for ever (a third of its instructions per call, measured by
+# benchmarks/worker-instructions.py). Returning every 64 batches specializes it after ~500 batches and
+# costs one call per 64.
+BATCHES_PER_ENTRY = 64
+
+
+@dataclass(slots=True)
+class _Loop:
+    """What the serving loop keeps between two entries of ``_serve_batches``: its bound callables, the
+    stamp list and the next housekeeping time."""
+
+    claim: Any
+    claim_timeout: float
+    drop_when_idle: bool
+    engine: Any
+    fifo: Any
+    h: Any
+    malformed: Any
+    next_check: int
+    per_call: bool
+    ppid: int
+    rec: Any
+    st: list[int]
+    stamp_index: tuple[int, ...]
+
+
 def serve(
     *,
     qworker: QueueWorker,
@@ -317,47 +346,20 @@ def serve(
     back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
     stamps it takes go to ``CallRecorder.record``, the call's bookkeeping. A batch lives in a ``with``
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
+    The loop itself is ``_serve_batches``, entered again every ``BATCHES_PER_ENTRY`` batches.
     """
+    from lowtail.serve import call_stats
     from lowtail.serve import stats_segment as ws
     from lowtail.serve.call_recorder import CallRecorder, stamps
-    from lowtail.serve.call_stats import (
-        A0,
-        A1,
-        C0,
-        C1,
-        E0,
-        E1,
-        EC0,
-        EC1,
-        ET0,
-        ET1,
-        F0,
-        F1,
-        K0,
-        M0,
-        T0,
-        T1,
-        TH0,
-        TH1,
-        WK,
-    )
     from lowtail.serve.engine import MalformedInput
 
-    claim_timeout = config.claim_timeout_s
     h = stats.words
     # ``ppid`` is the parent's own pid (main), not read here: once ready is sent the parent may exit at
     # once, and a getppid() after that returns the reaper's pid, so the orphan would serve forever.
     threads = int(ready["threads"])
-    rec = CallRecorder(
-        stats,
-        fifo,
-        hero=config.name,
-        cpu=cpu,
-        threads=threads,
-        slow_engine_cpu_ms=config.slow_engine_cpu_ms,
-        slow_total_ms=config.slow_total_ms,
-        stats_every=config.stats_every,
-    )
+    rec = CallRecorder(stats, fifo, hero=config.name, cpu=cpu, threads=threads,
+                       slow_engine_cpu_ms=config.slow_engine_cpu_ms, slow_total_ms=config.slow_total_ms,
+                       stats_every=config.stats_every)  # fmt: skip
     h[ws.THREADS] = threads
     h[ws.FIFO] = int(fifo.available)
     h[ws.HEARTBEAT] = time.monotonic_ns()
@@ -371,18 +373,38 @@ def serve(
         ready["nice"]["achieved"],
         threads,
     )
+    loop = _Loop(
+        claim=qworker.claim, claim_timeout=config.claim_timeout_s, drop_when_idle=config.fifo_scope == "work",
+        engine=engine, fifo=fifo, h=h, malformed=MalformedInput, next_check=0,
+        per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
+        st=stamps(),  # one list, refilled per call: the stamps record() reads by name
+        stamp_index=tuple(getattr(call_stats, name.upper()) for name in call_stats.STAMPS),
+    )  # fmt: skip
+    try:
+        while _serve_batches(loop, BATCHES_PER_ENTRY):
+            pass
+    finally:
+        rec.close()
+
+
+def _serve_batches(loop: _Loop, budget: int) -> bool:
+    """Serve up to ``budget`` batches; False when the loop is to end (stopped, or the parent is gone).
+
+    The hot path: every ``clock()`` pair below is one column of the breakdown (``call_stats.derive_calls``).
+    """
+    from lowtail.serve import stats_segment as ws
+
     # CLOCK_MONOTONIC for every wall time (perf_counter is the same clock on Linux, and the queue stamps
     # claims with it); the CPU clocks are system calls (~0.6 us each warm), the process one sums threads.
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
-    claim, check, infer, record = qworker.claim, engine.check, engine.infer, rec.record
+    claim, check, infer, rec = loop.claim, loop.engine.check, loop.engine.infer, loop.rec
+    record, fifo, h, st, malformed = rec.record, loop.fifo, loop.h, loop.st, loop.malformed
     enter, leave = fifo.enter, fifo.leave
-    per_call = config.fifo_scope == "call"
-    drop_when_idle = config.fifo_scope == "work"
-    stop_i = ws.STOP
-    st = stamps()  # one list, refilled per call: the stamps record() reads by name
-    next_check = 0
+    per_call, drop_when_idle, claim_timeout = loop.per_call, loop.drop_when_idle, loop.claim_timeout
+    next_check, stop_i, stop = loop.next_check, ws.STOP, _stop
+    (T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1, WK, WN) = loop.stamp_index
     try:
-        while not _stop["signalled"] and not h[stop_i]:
+        while budget and not stop["signalled"] and not h[stop_i]:
             if drop_when_idle and fifo.active:
                 batch = claim(0.0)  # back to back: stay in SCHED_FIFO, no system call
                 if batch is None:
@@ -397,13 +419,13 @@ def serve(
                     now = clock()
                     if now >= next_check:  # idle housekeeping, at most twice a second
                         next_check = now + HOUSEKEEPING_NS
-                        if _idle_housekeeping(h, rec, ppid, now):
-                            return
+                        if _idle_housekeeping(h, rec, loop.ppid, now):
+                            return False
                     continue
 
+            budget -= 1
             try:
                 with batch:
-                    # ---- hot path: every clock() pair below is one column of the breakdown ----
                     st[T0] = t0 = clock()
                     sampled = rec.sampled
                     st[TH0] = th0 = ttime()
@@ -414,7 +436,7 @@ def serve(
                     inputs = batch.inputs
                     try:
                         n = check(inputs, batch.layout)  # the queue's layout of them: one lookup
-                    except (MalformedInput, ValueError) as e:
+                    except (malformed, ValueError) as e:
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)
                         continue
@@ -436,20 +458,25 @@ def serve(
                     st[A0] = a0 = clock()
                     # Every answer carries its call's engine time and its deschedule so far (wall - thread
                     # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
-                    # It returns what its futex wakes of parked samplers cost, (ns, lanes): WK and WN.
-                    st[WK:] = batch.complete(outputs, engine_ns=e1 - e0, deschedule_ns=a0 - t0 - et1 + th0)
-                st[A1] = clock()
+                    # It returns what its futex wakes of parked samplers cost, (ns, lanes): WK and WN
+                    # (unpacked: a slice assignment of the list cost ~2,500 instructions per call).
+                    st[WK], st[WN] = batch.complete(
+                        outputs, engine_ns=e1 - e0, deschedule_ns=a0 - t0 - et1 + th0
+                    )
+                st[A1] = a1 = clock()
                 if per_call:
                     leave()
-                st[F1] = clock()
+                    st[F1] = clock()
+                else:  # no SCHED_FIFO call after the answer: its half of fifo_us is none, not a clock read
+                    st[F1] = a1
                 st[TH1] = ttime()
                 st[C1] = ptime() if sampled else 0
                 st[T1] = clock()
                 record(batch.queue_wait_ns, batch.claimed_ns, n, st)
                 if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
                     next_check = t0 + HOUSEKEEPING_NS
-                    if _orphaned(ppid):
-                        return
+                    if _orphaned(loop.ppid):
+                        return False
             except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()
                 h[ws.FAILED] += batch.failed
@@ -457,7 +484,8 @@ def serve(
                     "serving a batch of %d requests failed (%d answered failed)", len(batch), batch.failed
                 )
     finally:
-        rec.close()
+        loop.next_check = next_check
+    return budget == 0
 
 
 def _idle_housekeeping(h: Any, rec: Any, ppid: int, now: int) -> bool:
