@@ -555,8 +555,6 @@ class QueueClient:
         # to an answered slot, so reuse cannot cross answers.
         self._inflight: dict[int, weakref.ref[Ticket] | None] = {}
         self._recover_slots()
-        # After the slots are marked: a worker that sees the new gen sees them INHERITED (TSO)
-        q[geo.lane(lane, L_GEN)] = self._gen
         self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_req: dict[int, NdarraySegment] = {}
         self._attached = AttachedNdarraySegments()
@@ -706,7 +704,8 @@ class QueueClient:
         self._m.close()
 
     def _recover_slots(self) -> None:
-        """Sort this lane's slots, as a predecessor client may have left them, into free and in flight."""
+        """Sort this lane's slots, as a predecessor client may have left them, into free and in flight
+        (marked INHERITED), then store the lane's new gen: a worker that sees it sees the marks (TSO)."""
         q, geo = self._m.q, self._m.geo
         published = self._published_slots()
         for s in range(geo.spl):
@@ -725,6 +724,7 @@ class QueueClient:
                 q[geo.slot(g, S_REQ_STATE)] = INHERITED
                 self._inflight[s] = None
         self._free.reverse()  # pop() hands out slot 0 first
+        q[geo.lane(self.lane, L_GEN)] = self._gen
 
     def _drop_held(self) -> list[np.ndarray[Any, Any]]:
         """Invalidate every held zero-copy answer; the bases that arrays taken from them still keep."""

@@ -415,9 +415,8 @@ class QueueWorker:
         self._head_of = struct.Struct("<Q").unpack_from
         self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_resp: dict[int, NdarraySegment] = {}
-        self._slots_in = (
-            NdarraySegmentReader()
-        )  # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
+        # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
+        self._slots_in = NdarraySegmentReader()
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
         # Per request slot: the views of its last inline request, with that request's header key and layout
@@ -435,10 +434,7 @@ class QueueWorker:
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
-        # _answer_inherited: per lane the gen it last looked at (-1: never, so a worker that attaches
-        # looks at every lane once), and the INHERITED slots it saw unheld -> their req_seq
-        self._inherit_gen = [-1] * geo.lanes
-        self._inherited: dict[int, int] = {}
+        self._inherited: tuple[list[int], dict[int, int]] = ([-1] * geo.lanes, {})  # _answer_inherited
         self._active: list[int] = []
         self._rr = 0
         self.counts = WorkerCounts()
@@ -563,15 +559,17 @@ class QueueWorker:
         held (or answered) by the second. The new client's own requests are never INHERITED, so one
         being published as the worker looks is never answered as gone. The client stores the lane's
         gen after marking its slots, so a lane is looked at when its gen moved, or while it has slots
-        noted at the previous pass.
+        noted at the previous pass. ``_inherited``: per lane the gen last looked at (-1 at first: every
+        lane once, for a worker that attaches after the client), and the slots noted -> their req_seq.
         """
         m = self._m
         q, spl = m.q, m.geo.spl
-        noted, self._inherited = self._inherited, {}
+        seen_gen, noted = self._inherited
+        self._inherited = (seen_gen, {})
         lanes = {g // spl for g in noted}
         for lane, gen_i in enumerate(self._gen_i):
-            if q[gen_i] != self._inherit_gen[lane]:
-                self._inherit_gen[lane] = q[gen_i]
+            if q[gen_i] != seen_gen[lane]:
+                seen_gen[lane] = q[gen_i]
                 lanes.add(lane)
         held = {it.g for it in self._carry}
         gone: list[_Item] = []
@@ -584,7 +582,7 @@ class QueueWorker:
                 if g in self._outstanding or g in held:
                     continue
                 if noted.get(g) != seq:
-                    self._inherited[g] = seq  # first seen: answered at the next pass if still so
+                    self._inherited[1][g] = seq  # first seen: answered at the next pass if still so
                     continue
                 it = _Item(lane, g, si, seq, q[self._gen_i[lane]], q[si + W_SUBMIT_NS], time.monotonic_ns())
                 q[si + W_CLAIM_SEQ] = seq
