@@ -374,3 +374,38 @@ def test_the_rounds_target_counts_the_rounds_lowtail_was_ahead_in() -> None:
     assert t["met"] is None and "too few samples for p99.9" in t["why"]
     (t,) = rounds_target([])
     assert t["met"] is None and t["why"] == "not measured"
+
+
+@pytest.mark.parametrize("window", ["throughput", "fairness"])
+def test_a_ctrl_c_while_the_windows_server_attaches_stops_it(
+    window: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (KeyboardInterrupt) while the throughput or fairness window's server, deaf to it, is still
+    attaching: the run stops the server it started. Left running, multiprocessing would join it at exit
+    and the run would never end."""
+    import multiprocessing
+    import types
+
+    from lowtail.benchmarks import queue_transports as qt
+
+    pressed = []
+
+    def sleep(s: float) -> None:  # in the attach wait (its 5 ms steps), the server spawned
+        if s == 0.005 and not pressed:
+            pressed.append(s)
+            raise KeyboardInterrupt
+        time.sleep(s)
+
+    monkeypatch.setattr(qt, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    # Kept: as in a process that exits on it, the traceback keeps the run's frames (and its queue) alive.
+    with pytest.raises(KeyboardInterrupt) as caught:
+        if window == "throughput":
+            qt.throughput("lowtail", 1, 0.5, None, None, "normal")
+        else:
+            qt.fairness(1, 1, 0.5, None, None, "normal")
+    assert pressed, "the interrupt did not land in the attach wait"
+    deadline = time.monotonic() + 20
+    while left := multiprocessing.active_children():
+        assert time.monotonic() < deadline, f"still running after the interrupt: {left}"
+        time.sleep(0.05)
+    assert caught.tb is not None

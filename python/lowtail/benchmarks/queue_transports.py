@@ -826,10 +826,10 @@ def throughput(  # noqa: PLR0917
     t: LowtailTransport | FlockPollTransport = (
         LowtailTransport(worker_cpu, prio) if kind == "lowtail" else FlockPollTransport(worker_cpu, prio)
     )
-    t.start()
     flag = ctx.RawValue("i", 0)  # 0 wait, 1 run, 2 stop: one shared word, no lock on the clients' loop
     procs: list[SpawnProcess] = []
     try:
+        t.start()  # inside: a Ctrl-C while its server (deaf to it) attaches must still stop the server
         target: Any = t.server.descriptor if isinstance(t, LowtailTransport) else (t.seg.name, t.lock_path)
         out = ctx.Queue()
         procs = [
@@ -852,8 +852,10 @@ def throughput(  # noqa: PLR0917
             p.join(30)
         return float(total) / window
     finally:
-        _end_clients(procs, flag)
-        t.stop()
+        try:
+            _end_clients(procs, flag)
+        finally:  # a second Ctrl-C during the clients' joins still stops the server
+            t.stop()
 
 
 def _end_clients(procs: list[SpawnProcess], flag: Any) -> None:
@@ -917,10 +919,10 @@ def fairness(  # noqa: PLR0917
     ctx = _ctx()
     stagger = seconds / (2 * clients)  # client i starts i x this into the window: the last at its middle
     t = LowtailTransport(worker_cpu, prio)
-    t.start()
     flag = ctx.RawValue("i", 0)
     procs: list[SpawnProcess] = []
     try:
+        t.start()  # inside: a Ctrl-C while its server (deaf to it) attaches must still stop the server
         out = ctx.Queue()
         procs = [
             ctx.Process(
@@ -943,5 +945,7 @@ def fairness(  # noqa: PLR0917
             p.join(30)
         return [(np.frombuffer(raw, np.int64), unanswered) for _, raw, unanswered in sorted(got)]
     finally:
-        _end_clients(procs, flag)
-        t.stop()
+        try:
+            _end_clients(procs, flag)
+        finally:  # a second Ctrl-C during the clients' joins still stops the server
+            t.stop()
