@@ -3,10 +3,12 @@ and stats segment: what each call writes, when the loop returns, and that its by
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,9 @@ class _Batch:
 
     def __len__(self) -> int:
         return 1
+
+    def fail(self, message: str) -> None:
+        self.failed = len(self.sizes)
 
     def complete(self, outputs: Any, *, engine_ns: int, deschedule_ns: int) -> tuple[int, int]:
         self.answered = (outputs, engine_ns, deschedule_ns)
@@ -109,25 +114,57 @@ def test_every_call_is_one_row_with_the_wakes_complete_returned(
         assert (rows[:, COL["f1"]] == rows[:, COL["a1"]]).all()
 
 
-def test_the_loop_returns_within_its_budget_and_false_once_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def _loop(engine: Any, ppid: int) -> Iterator[tuple[Any, _Queue, StatsSegment]]:
+    """``_serve_batches``' state over a stand-in queue and ``engine``, with a real recorder and stats."""
     stats, queue, fifo = StatsSegment.create(64), _Queue(), SchedFifo()
     fifo.reason = "not used by this test"
-    monkeypatch.setitem(worker_main._stop, "signalled", False)
     try:
         rec = CallRecorder(stats, fifo, hero="t", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
                           stats_every=16)  # fmt: skip
-        loop = worker_main._Loop(
-            claim=queue.claim, claim_timeout=0.01, drop_when_idle=True, engine=_Engine(10**6), fifo=fifo,
-            h=stats.words, malformed=ValueError, next_check=0, per_call=False, ppid=os.getppid(), rec=rec,
+        yield worker_main._Loop(
+            claim=queue.claim, claim_timeout=0.01, drop_when_idle=True, engine=engine, fifo=fifo,
+            h=stats.words, malformed=ValueError, next_check=0, per_call=False, ppid=ppid, rec=rec,
             st=[0] * 20, stamp_index=tuple(range(20)),
-        )  # fmt: skip
+        ), queue, stats  # fmt: skip
+        rec.close()
+    finally:
+        stats.close()
+
+
+def test_the_loop_returns_within_its_budget_and_false_once_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(worker_main._stop, "signalled", False)
+    with _loop(_Engine(10**6), os.getppid()) as (loop, _, stats):
         assert worker_main._serve_batches(loop, 3) is True and stats.word(ws.COUNT) == 3
         assert loop.next_check > 0  # the housekeeping time carries over to the next entry
         stats.header[ws.STOP] = 1
         assert worker_main._serve_batches(loop, 3) is False and stats.word(ws.COUNT) == 3
-        rec.close()
-    finally:
-        stats.close()
+
+
+class _FailingEngine(_Engine):
+    def __init__(self, where: str) -> None:
+        super().__init__(10**6)
+        self.where = where
+
+    def check(self, inputs: Any, layout: object = None) -> int:
+        if self.where == "check":
+            raise ValueError("inputs do not fit the model")
+        return 2
+
+    def infer(self, inputs: Any, checked_batch: int = 0) -> dict[str, np.ndarray]:
+        raise RuntimeError("the engine failed")
+
+
+@pytest.mark.parametrize("where", ["check", "infer"])
+def test_a_loop_failing_every_batch_still_leaves_once_its_parent_is_gone(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Every batch fails (malformed inputs, or the engine raises) under constant load: the loop still
+    checks its parent on the housekeeping period and ends when it is gone (it skipped the check)."""
+    monkeypatch.setitem(worker_main._stop, "signalled", False)
+    with _loop(_FailingEngine(where), -1) as (loop, queue, _):  # the parent -1 is never this one's
+        assert worker_main._serve_batches(loop, 1000) is False
+        assert 1 <= len(queue.batches) < 1000 and all(b.failed == 1 for b in queue.batches)
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="CPython 3.11's specialization names")

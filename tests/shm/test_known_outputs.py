@@ -210,6 +210,23 @@ def test_many_batch_compositions_keep_the_known_layouts_bounded(
         assert (len(w._known) > 0) is (queue_impl == "native")
 
 
+def test_a_new_request_size_adds_to_the_kept_plans_up_to_the_bound(
+    four: InferenceQueue, queue_impl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch with one new request size beside known ones adds that size: the sizes kept before stay
+    answerable while the union fits KNOWN_PLANS_MAX (sizes already kept were counted twice and the
+    union of three sizes under a bound of 3 dropped one)."""
+    monkeypatch.setattr(server_module, "KNOWN_PLANS_MAX", 3)
+    with QueueWorker.attach(four.descriptor) as w:
+        cs = [QueueClient.attach(four.descriptor) for _ in range(3)]
+        _round(w, cs[:2], [1, 3], 1.0)  # 4 rows: sizes 1 and 3 kept
+        _round(w, cs, [1, 1, 2], 2.0)  # 4 rows again: size 2 is new, 1 is kept
+        for c in cs:
+            c.close()
+        kept = w._known_plans.get(4)
+        assert (sorted(kept[1]) if kept else []) == ([1, 2, 3] if queue_impl == "native" else [])
+
+
 @pytest.mark.usefixtures("queue_impl")
 def test_wrong_outputs_after_a_known_layout_are_refused_as_before(server: InferenceQueue) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -662,11 +663,12 @@ def test_a_wait_ends_at_its_timeout_even_when_its_spin_budget_is_longer() -> Non
     ):
         t = c.submit(_x(1.0))
         start = time.monotonic()
-        with pytest.raises(QueueTimeout, match=r"no answer within 0\.0[5-9]\d* s") as e:
+        with pytest.raises(QueueTimeout, match=r"no answer within (\d+\.\d+) s") as e:
             c.wait(t, timeout_s=0.05)
-        assert time.monotonic() - start < 0.7, (
-            f"a 50 ms wait took {time.monotonic() - start:.3f} s: {e.value}"
-        )
+        waited = time.monotonic() - start
+        # The defect added the whole 1 s spin budget: bounds below it leave room for a loaded host.
+        reported = float(re.search(r"within (\d+\.\d+) s", str(e.value)).group(1))  # type: ignore[union-attr]
+        assert 0.05 <= reported < 1.0 and waited < 1.0, f"a 50 ms wait took {waited:.3f} s: {e.value}"
 
 
 def test_a_zero_copy_answer_sent_as_the_next_request_is_copied_from_the_held_slot() -> None:

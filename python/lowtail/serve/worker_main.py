@@ -306,6 +306,11 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
 BATCHES_PER_ENTRY = 64
 
 
+# The stamps' names in the order ``_serve_batches`` unpacks their indices.
+_STAMP_ORDER = ("T0", "TH0", "C0", "M0", "F0", "K0", "ET0", "EC0", "E0", "E1", "ET1", "EC1", "A0", "A1", "F1",
+                "TH1", "C1", "T1", "WK", "WN")  # fmt: skip
+
+
 @dataclass(slots=True)
 class _Loop:
     """What the serving loop keeps between two entries of ``_serve_batches``: its bound callables, the
@@ -378,7 +383,7 @@ def serve(
         engine=engine, fifo=fifo, h=h, malformed=MalformedInput, next_check=0,
         per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
         st=stamps(),  # one list, refilled per call: the stamps record() reads by name
-        stamp_index=tuple(getattr(call_stats, name.upper()) for name in call_stats.STAMPS),
+        stamp_index=tuple(getattr(call_stats, k) for k in _STAMP_ORDER),  # by name, never by position
     )  # fmt: skip
     try:
         while _serve_batches(loop, BATCHES_PER_ENTRY):
@@ -439,6 +444,8 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                     except (malformed, ValueError) as e:
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)
+                        if t0 >= next_check and (next_check := t0 + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
+                            return False  # failing every batch, it still notices its parent is gone
                         continue
                     st[K0] = clock()
                     st[ET0] = ttime()
@@ -451,6 +458,8 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                         batch.fail(f"inference failed: {type(e).__name__}: {e}")
                         h[ws.FAILED] += len(batch.sizes)
                         log.error("inference failed for %d requests: %s", len(batch.sizes), e)
+                        if t0 >= next_check and (next_check := t0 + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
+                            return False
                         continue
                     st[E1] = e1 = clock()
                     st[ET1] = et1 = ttime()

@@ -1113,8 +1113,10 @@ class QueueWorker:
             return
         total = layout.batch
         prev = self._known_plans.get(total)
-        if prev is not None and prev[0] == layout and len(prev[1]) + len(plans) <= KNOWN_PLANS_MAX:
-            plans = {**prev[1], **plans}  # the sizes of earlier compositions stay answerable
+        if prev is not None and prev[0] == layout:
+            merged = {**prev[1], **plans}  # the sizes of earlier compositions stay answerable
+            if len(merged) <= KNOWN_PLANS_MAX:
+                plans = merged
         if total not in self._known and len(self._known) >= KNOWN_OUTPUTS_MAX:
             self._known.clear()  # batch sizes that vary without bound must not grow memory
             self._known_plans.clear()
