@@ -115,9 +115,9 @@ def test_every_call_is_one_row_with_the_wakes_complete_returned(
 
 
 @contextlib.contextmanager
-def _loop(engine: Any, ppid: int) -> Iterator[tuple[Any, _Queue, StatsSegment]]:
+def _loop(engine: Any, ppid: int, queue: _Queue | None = None) -> Iterator[tuple[Any, _Queue, StatsSegment]]:
     """``_serve_batches``' state over a stand-in queue and ``engine``, with a real recorder and stats."""
-    stats, queue, fifo = StatsSegment.create(64), _Queue(), SchedFifo()
+    stats, queue, fifo = StatsSegment.create(64), queue or _Queue(), SchedFifo()
     fifo.reason = "not used by this test"
     try:
         rec = CallRecorder(stats, fifo, hero="t", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
@@ -125,7 +125,7 @@ def _loop(engine: Any, ppid: int) -> Iterator[tuple[Any, _Queue, StatsSegment]]:
         yield worker_main._Loop(
             claim=queue.claim, claim_timeout=0.01, drop_when_idle=True, engine=engine, fifo=fifo,
             h=stats.words, malformed=ValueError, next_check=0, per_call=False, ppid=ppid, rec=rec,
-            st=[0] * 20, stamp_index=tuple(range(20)),
+            st=[0] * 20,
         ), queue, stats  # fmt: skip
         rec.close()
     finally:
@@ -155,14 +155,32 @@ class _FailingEngine(_Engine):
         raise RuntimeError("the engine failed")
 
 
-@pytest.mark.parametrize("where", ["check", "infer"])
+class _RefusingBatch(_Batch):
+    """``complete()`` refuses the outputs (as for outputs of another batch size): fails, then raises."""
+
+    def complete(self, outputs: Any, *, engine_ns: int, deschedule_ns: int) -> tuple[int, int]:
+        self.fail("worker outputs must share the batch's leading dimension")
+        raise ValueError("worker outputs must share the batch's leading dimension")
+
+
+class _RefusingQueue(_Queue):
+    def claim(self, timeout_s: float) -> _Batch:
+        self.batches.append(_RefusingBatch())
+        return self.batches[-1]
+
+
+@pytest.mark.parametrize("where", ["check", "infer", "complete"])
 def test_a_loop_failing_every_batch_still_leaves_once_its_parent_is_gone(
     monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """Every batch fails (malformed inputs, or the engine raises) under constant load: the loop still
-    checks its parent on the housekeeping period and ends when it is gone (it skipped the check)."""
+    """Every batch fails (malformed inputs, the engine raises, its outputs refused) under constant load:
+    the loop still checks its parent on the housekeeping period and ends when it is gone (it skipped
+    the check)."""
     monkeypatch.setitem(worker_main._stop, "signalled", False)
-    with _loop(_FailingEngine(where), -1) as (loop, queue, _):  # the parent -1 is never this one's
+    engine, refusing = (
+        (_Engine(10**6), _RefusingQueue()) if where == "complete" else (_FailingEngine(where), None)
+    )
+    with _loop(engine, -1, refusing) as (loop, queue, _):  # the parent -1 is never this one's
         assert worker_main._serve_batches(loop, 1000) is False
         assert 1 <= len(queue.batches) < 1000 and all(b.failed == 1 for b in queue.batches)
 

@@ -306,11 +306,6 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
 BATCHES_PER_ENTRY = 64
 
 
-# The stamps' names in the order ``_serve_batches`` unpacks their indices.
-_STAMP_ORDER = ("T0", "TH0", "C0", "M0", "F0", "K0", "ET0", "EC0", "E0", "E1", "ET1", "EC1", "A0", "A1", "F1",
-                "TH1", "C1", "T1", "WK", "WN")  # fmt: skip
-
-
 @dataclass(slots=True)
 class _Loop:
     """What the serving loop keeps between two entries of ``_serve_batches``: its bound callables, the
@@ -328,7 +323,6 @@ class _Loop:
     ppid: int
     rec: Any
     st: list[int]
-    stamp_index: tuple[int, ...]
 
 
 def serve(
@@ -353,7 +347,6 @@ def serve(
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     The loop itself is ``_serve_batches``, entered again every ``BATCHES_PER_ENTRY`` batches.
     """
-    from lowtail.serve import call_stats
     from lowtail.serve import stats_segment as ws
     from lowtail.serve.call_recorder import CallRecorder, stamps
     from lowtail.serve.engine import MalformedInput
@@ -383,7 +376,6 @@ def serve(
         engine=engine, fifo=fifo, h=h, malformed=MalformedInput, next_check=0,
         per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
         st=stamps(),  # one list, refilled per call: the stamps record() reads by name
-        stamp_index=tuple(getattr(call_stats, k) for k in _STAMP_ORDER),  # by name, never by position
     )  # fmt: skip
     try:
         while _serve_batches(loop, BATCHES_PER_ENTRY):
@@ -407,7 +399,11 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
     enter, leave = fifo.enter, fifo.leave
     per_call, drop_when_idle, claim_timeout = loop.per_call, loop.drop_when_idle, loop.claim_timeout
     next_check, stop_i, stop = loop.next_check, ws.STOP, _stop
-    (T0, TH0, C0, M0, F0, K0, ET0, EC0, E0, E1, ET1, EC1, A0, A1, F1, TH1, C1, T1, WK, WN) = loop.stamp_index
+    from lowtail.serve import call_stats as cs  # each stamp's index bound by its name, beside it
+
+    T0, TH0, C0, M0, F0, K0, ET0 = cs.T0, cs.TH0, cs.C0, cs.M0, cs.F0, cs.K0, cs.ET0  # fmt: skip
+    EC0, E0, E1, ET1, EC1, A0, A1 = cs.EC0, cs.E0, cs.E1, cs.ET1, cs.EC1, cs.A0, cs.A1  # fmt: skip
+    F1, TH1, C1, T1, WK, WN = cs.F1, cs.TH1, cs.C1, cs.T1, cs.WK, cs.WN  # fmt: skip
     try:
         while budget and not stop["signalled"] and not h[stop_i]:
             if drop_when_idle and fifo.active:
@@ -492,6 +488,9 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                 log.exception(
                     "serving a batch of %d requests failed (%d answered failed)", len(batch), batch.failed
                 )
+                now = clock()
+                if now >= next_check and (next_check := now + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
+                    return False
     finally:
         loop.next_check = next_check
     return budget == 0
