@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from callgrind_counts import path_env
+
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
 
@@ -86,8 +88,7 @@ if __name__ == "__main__":
 
 def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
     """One callgrind run of ``tree``'s sampler on ``path``: its counts per request (and top functions)."""
-    env = {k: v for k, v in os.environ.items() if k != "LOWTAIL_PURE_PYTHON"}
-    env |= {"LOWTAIL_PURE_PYTHON": "1"} if path == "python" else {}
+    env = path_env(path)
     with tempfile.TemporaryDirectory(prefix="lowtail-cg-") as tmp:
         out = Path(tmp) / "callgrind.out"
         script = Path(tmp) / "sampler.py"

@@ -535,6 +535,38 @@ def test_a_predecessors_request_the_worker_holds_is_answered_by_its_batch_not_as
             assert c.wait(t, timeout_s=1.0)["twice"][0, 0] == 7.0
 
 
+def test_a_poisoned_lanes_recovery_goes_unnoticed_by_the_neighbour_lane(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other lane's client, with a request the worker holds across the passes and round trips
+    between them, sees nothing of the poisoned lane's recovery: its held request is answered once by
+    its batch with its own rows, every round trip too, and only the poisoned lane's slots are gone."""
+    monkeypatch.setattr(server, "SWEEP_EVERY_NS", 20_000_000)
+    with _queue(lanes=2, spl=2) as (s, w):
+        q, geo = s._m.q, s._m.geo
+        with QueueClient.attach(s.descriptor) as neighbour:
+            with QueueClient.attach(s.descriptor) as bad:
+                for k in range(geo.spl):
+                    _claimed_by_no_worker(q, geo, geo.slot_word(bad.lane * geo.spl + k))
+            held_t = neighbour.submit(_x(5.0))
+            held = w.claim(timeout_s=1.0)
+            assert held is not None and held.lanes == [neighbour.lane]
+            with QueueClient.attach(s.descriptor) as c:
+                assert c.lane != neighbour.lane
+                for k in range(1, 16):  # passes every 20 ms, the neighbour's round trips between them
+                    t = neighbour.submit(_x(float(k)))
+                    assert _serve(w) == [neighbour.lane]
+                    assert neighbour.wait(t, timeout_s=1.0)["twice"][0, 0] == 2 * k + 1
+                    _idle_passes(w, 1)
+                assert w.inherited_gone == geo.spl  # the poisoned lane's two, none of the neighbour's
+                with held:
+                    held.complete(echo(held.inputs["x"]))
+                assert neighbour.wait(held_t, timeout_s=1.0)["twice"][0, 0] == 11.0
+                t = c.submit(_x(3.0))
+                _serve(w)
+                assert c.wait(t, timeout_s=1.0)["twice"][0, 0] == 7.0
+
+
 def test_the_next_clients_own_requests_are_never_answered_as_inherited(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -300,9 +300,9 @@ def wait_to_take_over(holder: Any, stats: StatsSegment, ppid: int) -> QueueWorke
 
 # Batches per entry of ``_serve_batches``: CPython 3.11 specializes a function's bytecode (attribute
 # loads, list stores, calls) only after the function has been called 8 times, so a serving loop that
-# never returns runs generic bytecode for ever (a third of its instructions per call, measured by
-# benchmarks/worker-instructions.py). Returning every 64 batches specializes it after ~500 batches and
-# costs one call per 64.
+# never returns runs generic bytecode for ever (about 3,400 of its ~90,000 instructions per call beyond
+# infer(), counted by benchmarks/worker-instructions.py). Returning every 64 batches specializes it
+# after ~500 batches and costs one call per 64.
 BATCHES_PER_ENTRY = 64
 
 
