@@ -14,6 +14,7 @@ use pyo3::intern;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use super::*;
+use crate::ndarray::{exact_array, layout_ok, nbytes_of, ArrayBytes};
 
 /// An output array the worker validated: its name, dtype object and shape (the batch's rows first).
 type KnownArray = (Py<PyString>, PyObject, Vec<isize>);
@@ -28,7 +29,9 @@ type OwnedPlan = (Vec<u8>, Vec<u64>, Vec<u64>, u64);
 #[pyclass(module = "lowtail_native", frozen)]
 pub struct KnownOutputs {
     arrays: Vec<KnownArray>,
+    nbytes: Vec<u64>, // each array's bytes (`ndarray::nbytes_of`)
     ndarray: PyObject,
+    direct: bool, // its arrays' bytes read from their fields (`ndarray::layout_ok`)
     plans: Vec<(u64, OwnedPlan)>,
 }
 
@@ -37,7 +40,7 @@ impl KnownOutputs {
     /// `arrays`: (name, dtype object, shape) of the validated outputs in their order; `ndarray`: the
     /// array type; `plans`: (request rows, plan) per request size, one offset and row size per array.
     #[new]
-    fn new(arrays: Vec<KnownArray>, ndarray: PyObject, plans: Vec<(u64, OwnedPlan)>) -> PyResult<Self> {
+    fn new(py: Python<'_>, arrays: Vec<KnownArray>, ndarray: PyObject, plans: Vec<(u64, OwnedPlan)>) -> PyResult<Self> {
         let k = arrays.len();
         let rows = arrays.first().and_then(|a| a.2.first().copied()).unwrap_or(0);
         if rows < 1 || arrays.iter().any(|a| a.2.first() != Some(&rows)) {
@@ -59,13 +62,15 @@ impl KnownOutputs {
                 return Err(PyValueError::new_err(format!("a plan for {n} rows: expected distinct sizes of 1 to {rows} rows")));
             }
         }
-        Ok(KnownOutputs { arrays, ndarray, plans })
+        let nbytes = arrays.iter().map(|(_, dtype, shape)| nbytes_of(py, dtype.bind(py), shape)).collect::<PyResult<_>>()?;
+        let direct = layout_ok(py, ndarray.bind(py));
+        Ok(KnownOutputs { arrays, nbytes, ndarray, direct, plans })
     }
 }
 
 /// The outputs' bytes in the layout's order when `outputs` is exactly `known`'s layout (a `dict` of
 /// its names in its order, each an `ndarray` of its dtype object and shape); None otherwise.
-fn known_sources(py: Python<'_>, known: &KnownOutputs, outputs: &Bound<'_, PyAny>) -> PyResult<Option<Vec<SrcBytes>>> {
+fn known_sources<'py>(py: Python<'py>, known: &KnownOutputs, outputs: &Bound<'py, PyAny>) -> PyResult<Option<Vec<ArrayBytes<'py, SrcBytes>>>> {
     let Ok(dict) = outputs.downcast_exact::<PyDict>() else {
         return Ok(None);
     };
@@ -74,12 +79,12 @@ fn known_sources(py: Python<'_>, known: &KnownOutputs, outputs: &Bound<'_, PyAny
     }
     let ndarray = known.ndarray.bind(py);
     let mut srcs = Vec::with_capacity(known.arrays.len());
-    for ((key, value), (name, dtype, shape)) in dict.iter().zip(&known.arrays) {
+    for ((key, value), ((name, dtype, shape), &n)) in dict.iter().zip(known.arrays.iter().zip(&known.nbytes)) {
         let name = name.bind(py);
         if !(key.is(name) || key.eq(name)?) {
             return Ok(None);
         }
-        let Some(src) = exact_array(&value, ndarray, dtype.bind(py), shape, SrcBytes::get) else {
+        let Some(src) = exact_array(value, known.direct, ndarray, dtype.bind(py), shape, n, SrcBytes::get) else {
             return Ok(None);
         };
         srcs.push(src);
@@ -145,8 +150,16 @@ pub fn answer_known(
         return Ok(None);
     };
     let plans: Vec<AnswerRowsPlan<'_>> = known.plans.iter().map(|(_, (p, o, r, e))| (p.as_slice(), o.as_slice(), r.as_slice(), *e)).collect();
+    let ins: Vec<&[u8]> = srcs.iter().map(ArrayBytes::bytes).collect();
+    // No Python code runs while the sources' bytes are read (they may be read from the arrays' own
+    // fields): the requests answered are marked done after the last copy, still before this returns.
+    let mut answered = Vec::with_capacity(work.len());
+    let result = seg.answer_sources(&work, &plans, &ins, engine_ns, call, &mut |i| answered.push(index[i]));
+    drop(srcs);
     let done = intern!(py, "done");
-    let mut published = |i: usize| items.get_item(index[i])?.setattr(done, true);
-    let (_, ns, woken) = seg.answer_sources(&work, &plans, &srcs, engine_ns, call, &mut published)?;
+    for i in answered {
+        items.get_item(i)?.setattr(done, true)?;
+    }
+    let (_, ns, woken) = result?;
     Ok(Some((ns, woken)))
 }

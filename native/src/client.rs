@@ -10,6 +10,19 @@
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
+use crate::ndarray::{exact_array, layout_ok, nbytes_of, ArrayBytes};
+
+/// Refused unless each array's byte count is what its dtype and shape take: a direct read of an array
+/// (`ndarray::exact_array`) takes that count as the array's length.
+fn check_nbytes(py: Python<'_>, arrays: impl Iterator<Item = (u64, Vec<isize>, PyObject)>) -> PyResult<()> {
+    for (k, (n, shape, dtype)) in arrays.enumerate() {
+        let want = nbytes_of(py, dtype.bind(py), &shape)?;
+        if n != want {
+            return Err(PyValueError::new_err(format!("array {k}: {n} bytes, its dtype and shape {shape:?} take {want}")));
+        }
+    }
+    Ok(())
+}
 
 /// Bounds shared by both plans: every array at or after the prefix/key and within `end`.
 fn check_arrays(head: usize, arrays: &[(u64, u64)]) -> PyResult<u64> {
@@ -36,16 +49,19 @@ pub struct RequestPlan {
     arrays: Vec<RequestArray>,
     end: u64,
     ndarray: PyObject,
+    direct: bool, // the arrays' bytes read from their fields (`ndarray::layout_ok`)
 }
 
 #[pymethods]
 impl RequestPlan {
     /// `arrays`: (name, offset, nbytes, shape, dtype) in header order; `ndarray`: the array type.
     #[new]
-    fn new(prefix: Vec<u8>, arrays: Vec<RequestArray>, ndarray: PyObject) -> PyResult<Self> {
+    fn new(py: Python<'_>, prefix: Vec<u8>, arrays: Vec<RequestArray>, ndarray: PyObject) -> PyResult<Self> {
         let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
         let end = check_arrays(prefix.len(), &spans)?;
-        Ok(RequestPlan { prefix, arrays, end, ndarray })
+        check_nbytes(py, arrays.iter().map(|a| (a.2, a.3.clone(), a.4.clone_ref(py))))?;
+        let direct = layout_ok(py, ndarray.bind(py));
+        Ok(RequestPlan { prefix, arrays, end, ndarray, direct })
     }
     /// The payload's end: the bytes a request of this layout takes in its region.
     #[getter]
@@ -57,7 +73,7 @@ impl RequestPlan {
 /// The request's arrays in the plan's order when `arrays` has exactly the plan's layout (the same
 /// number of entries, each name an `ndarray` of the plan's dtype object and shape, C-contiguous): as
 /// `PayloadLayout.matches` decides, plus the contiguity the copy needs. None otherwise.
-fn layout_buffers(py: Python<'_>, plan: &RequestPlan, arrays: &Bound<'_, PyAny>) -> PyResult<Option<Vec<RawBuffer>>> {
+fn layout_buffers<'py>(py: Python<'py>, plan: &RequestPlan, arrays: &Bound<'py, PyAny>) -> PyResult<Option<Vec<ArrayBytes<'py, RawBuffer>>>> {
     if !matches!(arrays.len(), Ok(n) if n == plan.arrays.len()) {
         return Ok(None);
     }
@@ -68,12 +84,9 @@ fn layout_buffers(py: Python<'_>, plan: &RequestPlan, arrays: &Bound<'_, PyAny>)
             return Ok(None); // not a mapping with this name
         };
         // Not C-contiguous (a strided view) too: the caller's copy handles any strides.
-        let Some(b) = exact_array(&obj, ndarray, dtype.bind(py), shape, RawBuffer::get) else {
+        let Some(b) = exact_array(obj, plan.direct, ndarray, dtype.bind(py), shape, *n, RawBuffer::get) else {
             return Ok(None);
         };
-        if b.bytes().len() as u64 != *n {
-            return Err(PyValueError::new_err(format!("array {}: {} bytes, its layout has {n}", name.bind(py), b.bytes().len())));
-        }
         bufs.push(b);
     }
     Ok(Some(bufs))
@@ -127,6 +140,7 @@ pub struct AnswerPlan {
     empty: PyObject,
     ndarray: PyObject, // the type of `empty`'s arrays: what a caller's array to copy into must be
     shapes: Vec<Vec<isize>>, // each array's shape, as a caller's array to copy into must have it
+    direct: bool, // a caller's arrays' bytes read from their fields (`ndarray::layout_ok`)
 }
 
 #[pymethods]
@@ -140,8 +154,10 @@ impl AnswerPlan {
         let spans: Vec<(u64, u64)> = arrays.iter().map(|a| (a.1, a.2)).collect();
         let end = check_arrays(key.len(), &spans)?;
         let ndarray = ndarray.unwrap_or_else(|| py.None()); // None: no array is of its type, none taken
-        let shapes = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
-        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes })
+        let shapes: Vec<Vec<isize>> = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
+        check_nbytes(py, arrays.iter().zip(&shapes).map(|(a, s)| (a.2, s.clone(), a.4.clone_ref(py))))?;
+        let direct = !ndarray.is_none(py) && layout_ok(py, ndarray.bind(py));
+        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct })
     }
 }
 
@@ -223,16 +239,16 @@ fn read_answer_into(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, in
             return cached();
         };
         // Not C-contiguous too: the caller's copy handles any strides.
-        let Some(b) = exact_array(&obj, plan.ndarray.bind(py), dtype.bind(py), shape, RawBuffer::get) else {
+        let Some(b) = exact_array(obj, plan.direct, plan.ndarray.bind(py), dtype.bind(py), shape, *n, RawBuffer::get) else {
             return cached();
         };
-        if b.view.readonly != 0 || b.bytes().len() as u64 != *n {
+        if !b.writeable() {
             return cached();
         }
         dsts.push(b);
     }
     // Two names over one buffer would take each other's bytes: the Python copy refuses that by name
-    let spans: Vec<(usize, usize)> = dsts.iter().map(|b| (b.view.buf as usize, b.view.len.max(0) as usize)).collect();
+    let spans: Vec<(usize, usize)> = dsts.iter().map(|b| (b.bytes().as_ptr() as usize, b.bytes().len())).collect();
     for (i, &(a, n)) in spans.iter().enumerate() {
         if spans[..i].iter().any(|&(b, m)| a < b + m && b < a + n) {
             return cached();

@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use crate::IdHasher;
+
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 
@@ -39,7 +41,7 @@ type Entry = (u8, u64, u64, u64, u64, u64, PyObject);
 
 /// A poll in progress: its round's lanes and where it stands, kept while Python decodes a request.
 struct Round {
-    heads: HashMap<u64, u64>,
+    heads: Vec<u64>, // each lane's doorbell as this poll read it (the lanes of `look`; by lane)
     look: Vec<u64>,
     pending: Vec<u64>,
     next: usize,
@@ -62,7 +64,7 @@ pub struct Poller {
     seen: Vec<u64>,
     leftover: Vec<u64>,
     rr: u64,
-    accepted: HashMap<u64, u64>, // header id -> samples, for the headers Python decoded inline
+    accepted: HashMap<u64, u64, IdHasher>, // header id -> samples, for the headers Python decoded inline
     round: Option<Round>,
 }
 
@@ -84,7 +86,7 @@ impl Poller {
         }
         // seen starts at the tails: a lane whose doorbell is not its tail is looked at (also one wrapped to 0)
         let seen = tails.clone();
-        Ok(Poller { spl, tails, seen, leftover: Vec::new(), rr: 0, accepted: HashMap::new(), round: None })
+        Ok(Poller { spl, tails, seen, leftover: Vec::new(), rr: 0, accepted: HashMap::default(), round: None })
     }
 
     /// The tails as this poll moved them (diagnostics, tests).
@@ -141,8 +143,11 @@ impl Poller {
                 self.seen[lane as usize] = w;
             }
         }
-        let heads: HashMap<u64, u64> = look.iter().map(|&l| (l, word(raw, l))).collect();
-        let mut order: Vec<u64> = look.iter().copied().filter(|l| heads[l] != self.tails[*l as usize]).collect();
+        let mut heads = vec![0u64; lanes as usize];
+        for &l in &look {
+            heads[l as usize] = word(raw, l);
+        }
+        let mut order: Vec<u64> = look.iter().copied().filter(|&l| heads[l as usize] != self.tails[l as usize]).collect();
         order.sort_unstable();
         let start = self.rr;
         let pending: Vec<u64> =
@@ -198,7 +203,7 @@ impl Poller {
     /// After a take in `lane`: the next round starts after it, and it goes again while it has work.
     fn served(&mut self, round: &mut Round, lane: u64) {
         self.rr = (lane + 1) % self.tails.len() as u64;
-        if self.tails[lane as usize] != round.heads[&lane] {
+        if self.tails[lane as usize] != round.heads[lane as usize] {
             round.again.push(lane);
         }
     }
@@ -223,7 +228,7 @@ impl Poller {
                     round.full = true;
                     break;
                 }
-                let (head, tail) = (round.heads[&lane], self.tails[lane as usize]);
+                let (head, tail) = (round.heads[lane as usize], self.tails[lane as usize]);
                 if !(1..=spl).contains(&head.wrapping_sub(tail)) {
                     // more published than the lane has slots, or a doorbell behind the tail (both modulo
                     // 2^64: a lane's previous holder may leave its doorbell at the maximum): impossible
@@ -272,7 +277,7 @@ impl Poller {
             round.next = 0;
         }
         let tails = &self.tails;
-        self.leftover = round.look.iter().copied().filter(|l| round.heads[l] != tails[*l as usize]).collect();
+        self.leftover = round.look.iter().copied().filter(|&l| round.heads[l as usize] != tails[l as usize]).collect();
         let left = round.full || !round.again.is_empty();
         Ok((out, if left { LEFT } else { DRAINED }))
     }

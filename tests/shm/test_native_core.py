@@ -274,7 +274,8 @@ def test_send_refuses_what_runs_past_the_request_region_and_writes_nothing() -> 
         assert fits.end == 256
         cases = [
             (lambda: plan(232), 0, "264-byte request in a 256-byte"),
-            (lambda: plan(64, 36), 0, "32 bytes, its layout has 36"),
+            # refused as the plan is made: a direct read takes the plan's bytes as the array's length
+            (lambda: plan(64, 36), 0, r"36 bytes, its dtype and shape \[4, 2\] take 32"),
             (lambda: fits, 2, "lane 2"),
         ]
         region = slice(geo.req_off(1), geo.req_off(1) + 256)
@@ -399,8 +400,12 @@ def test_receive_copies_only_an_answer_whose_header_is_the_plans_and_fits_the_re
         assert core.receive_answer(seg, 0, 1, 3, plan(b"\x06" * 64, 224), True)[7] is None
         assert core.receive_answer(seg, 0, 1, 3, plan(key, 232), True)[7] is None
         assert core.receive_answer(seg, 0, 1, 3, None, True)[7] is None
+        with pytest.raises(ValueError, match=r"32 bytes, its dtype and shape \[2, 2\] take 16"):
+            plan(key, 224, (2, 2))  # refused as the plan is made
+        wrong_empty = lambda shape, dtype: np.empty(4, dtype)  # noqa: E731 - makes the wrong array
+        short = core.AnswerPlan(key, [("y", 224, 32, (4, 2), np.dtype(np.float32))], wrong_empty)
         with pytest.raises(ValueError, match="a fresh array of 16 bytes, its layout has 32"):
-            core.receive_answer(seg, 0, 1, 3, plan(key, 224, (2, 2)), True)
+            core.receive_answer(seg, 0, 1, 3, short, True)  # an `empty` that makes the wrong array
         with pytest.raises(ValueError, match="4-byte key"):
             core.AnswerPlan(b"\x05" * 4, [], np.empty)
         with pytest.raises(ValueError, match="overlaps the 64-byte header"):

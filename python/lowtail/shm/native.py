@@ -147,7 +147,20 @@ def _load() -> tuple[ModuleType | None, Implementation]:
             f"the installed native core ({version or 'no VERSION'}) is older than {oldest}, whose calls this "
             f"package makes: rebuild it (make native)",
         )
-    return lowtail_native, Implementation("native", f"lowtail_native {version} loaded", version)
+    return lowtail_native, Implementation(
+        "native", f"lowtail_native {version} loaded{_array_reads(lowtail_native)}", version
+    )
+
+
+def _array_reads(core: ModuleType) -> str:
+    """What the reports add when the core reads arrays through buffer exports (its check of numpy's
+    array fields failed, or ``LOWTAIL_NATIVE_ARRAY_EXPORTS`` is set): slower, the same answers."""
+    direct = getattr(core, "direct_array_reads", None)
+    if direct is None:
+        return ""
+    import numpy as np
+
+    return "" if direct(np.ndarray) else "; arrays read through buffer exports"
 
 
 # What this package calls on a native Segment: an extension built before one of them existed (the same

@@ -1,0 +1,160 @@
+"""The native core's reads of numpy arrays from their own fields (``native/src/ndarray.rs``): only an
+exact, C-contiguous ``ndarray`` of the plan's dtype object and shape is read that way, at its own data
+address (a view's offset included), its bytes exactly; everything else goes where it went through the
+buffer export (declined, or copied to C order first). The same tests run again in a process that has
+the core read every array through the export (``LOWTAIL_NATIVE_ARRAY_EXPORTS``), so both ways give the
+same answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowtail.shm import native
+from tests.shm.test_native_core import _answer_in_slot_1, _mapped, _Sub, needs_native
+
+REPO = Path(__file__).resolve().parents[2]
+EXPORTS_ONLY = "LOWTAIL_NATIVE_ARRAY_EXPORTS"
+F4 = np.dtype(np.float32)
+
+
+@needs_native
+def test_this_numpy_is_read_from_its_fields_unless_exports_are_asked_for() -> None:
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    direct = EXPORTS_ONLY not in os.environ
+    assert lowtail_native.direct_array_reads(np.ndarray) is direct
+    assert ("buffer exports" in native.implementation().reason) is not direct
+
+
+def _region(geo: Any, mm: Any) -> bytes:
+    return bytes(mm[geo.req_off(1) : geo.req_off(1) + 256])
+
+
+@needs_native
+def test_a_request_is_read_at_its_own_address_and_anything_not_exactly_the_plans_array_is_declined() -> None:
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, _, core):
+        plan = core.RequestPlan(b"\x07" * 64, [("x", 64, 32, (4, 2), F4)], np.ndarray)
+        big = np.arange(12, dtype=np.float32).reshape(6, 2)
+        frozen = np.frombuffer(np.arange(8, dtype=np.float32).tobytes(), np.float32).reshape(4, 2)
+        taken = {
+            "a view at an offset": big[1:5],
+            "read-only, over bytes": frozen,
+            "a fresh array": np.full((4, 2), 7.5, np.float32),
+        }
+        for why, x in taken.items():
+            mm[geo.req_off(1) : geo.req_off(1) + 256] = bytes(256)
+            assert core.send_request(seg, 0, 1, 0, plan, {"x": x}) is not None, why
+            assert _region(geo, mm)[64:96] == x.tobytes(), why
+        wide = np.arange(16, dtype=np.float32).reshape(4, 4)
+        declined = {
+            "strided": wide[:, ::2],
+            "Fortran order": np.asfortranarray(wide[:, :2]),
+            "reversed rows": wide[::-1, :2],
+            "a subclass": big[1:5].view(_Sub),
+            "big-endian": big[1:5].astype(">f4"),
+            "an equal dtype, another object": big[1:5].astype(np.dtype("f4", metadata={"k": 1})),
+            "another shape": big[:4].reshape(2, 4),
+            "0-d": np.float32(1.0),
+        }
+        mm[geo.req_off(1) : geo.req_off(1) + 256] = bytes(256)
+        for why, x in declined.items():
+            assert core.send_request(seg, 0, 1, 0, plan, {"x": x}) is None, why
+            assert _region(geo, mm) == bytes(256), why
+
+
+@needs_native
+def test_an_empty_array_is_read_as_no_bytes() -> None:
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, _, core):
+        plan = core.RequestPlan(b"\x07" * 64, [("x", 64, 0, (0, 2), F4)], np.ndarray)
+        assert core.send_request(seg, 0, 1, 0, plan, {"x": np.empty((0, 2), np.float32)}) is not None
+        assert _region(geo, mm)[:64] == b"\x07" * 64 and _region(geo, mm)[64:] == bytes(192)
+
+
+@needs_native
+def test_an_answer_is_copied_into_the_callers_view_at_its_offset_and_read_only_targets_are_declined() -> None:
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key, y = _answer_in_slot_1(geo, mm)
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), F4)], np.empty, np.ndarray)
+        big = np.full((6, 2), -1.0, np.float32)
+        into = {"y": big[1:5]}
+        assert core.receive_answer(seg, 0, 1, 3, plan, into)[7] is into
+        assert big[1:5].tobytes() == y.tobytes()
+        assert (big[0] == -1).all() and (big[5] == -1).all()  # nothing outside the view
+        frozen = np.zeros((4, 2), np.float32)
+        frozen.flags.writeable = False
+        for why, target in {
+            "read-only": frozen,
+            "strided": np.zeros((4, 4), np.float32)[:, ::2],
+            "a subclass": np.zeros((4, 2), np.float32).view(_Sub),
+        }.items():
+            assert core.receive_answer(seg, 0, 1, 3, plan, {"y": target})[7] is True, why
+            assert not target.any(), why
+
+
+def _known(core: Any, shape: tuple[int, int]) -> Any:
+    """Outputs of one float32 array ``y`` of ``shape``, answered at offset 64 after a 64-byte key."""
+    rows, row_bytes = shape[0], shape[1] * 4
+    plan = (b"\x01" * 64, [64], [row_bytes], 64 + rows * row_bytes)
+    return core.KnownOutputs([("y", F4, list(shape))], np.ndarray, [(rows, plan)])
+
+
+@needs_native
+def test_known_outputs_are_answered_from_a_view_at_its_offset_and_a_strided_one_through_a_copy() -> None:
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        known = _known(core, (4, 2))
+        wide = np.arange(24, dtype=np.float32).reshape(6, 4)
+        for seq, y in enumerate([np.ascontiguousarray(wide[:4, :2])[0:4], wide[1:5, ::2], wide[1:5, 1:3]], 1):
+            item = SimpleNamespace(g=1, seq=seq, gen=0, done=False)
+            assert core.answer_known(seg, known, {"y": y}, [item], [4], 0, 0) == (0, 0)
+            off = geo.resp_off(1)
+            assert mm[off + 64 : off + 96] == np.ascontiguousarray(y).tobytes()
+            assert q[geo.slot_word(1) + W_RESP_SEQ] == seq and item.done is True
+        item = SimpleNamespace(g=1, seq=9, gen=0, done=False)
+        for why, y in {
+            "a subclass": wide[:4, :2].copy().view(_Sub),
+            "another dtype object": wide[:4, :2].astype(np.dtype("f4", metadata={"k": 1})),
+            "another shape": wide[:2, :4].copy(),
+        }.items():
+            assert core.answer_known(seg, known, {"y": y}, [item], [4], 0, 0) is None, why
+            assert item.done is False and q[geo.slot_word(1) + W_RESP_SEQ] == 3, why
+
+
+@needs_native
+def test_a_plan_whose_bytes_disagree_with_its_dtype_and_shape_is_refused_when_made() -> None:
+    import lowtail_native as core  # type: ignore[import-not-found, unused-ignore]
+
+    with pytest.raises(ValueError, match=r"array 0: 40 bytes, its dtype and shape \[4, 2\] take 32"):
+        core.AnswerPlan(b"\x05" * 64, [("y", 64, 40, (4, 2), F4)], np.empty, np.ndarray)
+    with pytest.raises(ValueError, match="expected dimensions >= 0"):
+        core.RequestPlan(b"\x07" * 64, [("x", 64, 0, (-1, 2), F4)], np.ndarray)
+    with pytest.raises(ValueError, match="expected dimensions >= 0"):
+        core.KnownOutputs([("y", F4, [4, -2])], np.ndarray, [(4, (b"", [64], [8], 96))])
+
+
+@needs_native
+@pytest.mark.skipif(EXPORTS_ONLY in os.environ, reason="this is the run through the exports")
+def test_the_core_array_tests_pass_with_every_array_read_through_its_buffer_export() -> None:
+    """This file and the core's plan tests again, in a process whose core reads arrays only through
+    the buffer protocol (the path where numpy's fields are not as the probe expects)."""
+    names = ("native_arrays", "native_core", "known_outputs", "answer_into")
+    files = [f"tests/shm/test_{name}.py" for name in names]
+    env = os.environ | {EXPORTS_ONLY: "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *files],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
