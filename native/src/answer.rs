@@ -77,13 +77,18 @@ fn known_sources<'py>(py: Python<'py>, known: &KnownOutputs, outputs: &Bound<'py
     if dict.len() != known.arrays.len() {
         return Ok(None);
     }
-    let ndarray = known.ndarray.bind(py);
-    let mut srcs = Vec::with_capacity(known.arrays.len());
-    for ((key, value), ((name, dtype, shape), &n)) in dict.iter().zip(known.arrays.iter().zip(&known.nbytes)) {
+    // The names first, on a snapshot of the entries: a key's __eq__ is Python code, which must not run
+    // once an array's bytes are taken (it could resize or free that array, or change the dict).
+    let entries: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = dict.iter().collect();
+    for ((key, _), (name, ..)) in entries.iter().zip(&known.arrays) {
         let name = name.bind(py);
         if !(key.is(name) || key.eq(name)?) {
             return Ok(None);
         }
+    }
+    let ndarray = known.ndarray.bind(py);
+    let mut srcs = Vec::with_capacity(known.arrays.len());
+    for ((_, value), ((_, dtype, shape), &n)) in entries.into_iter().zip(known.arrays.iter().zip(&known.nbytes)) {
         let Some(src) = exact_array(value, known.direct, ndarray, dtype.bind(py), shape, n, SrcBytes::get) else {
             return Ok(None);
         };
@@ -157,9 +162,13 @@ pub fn answer_known(
     let result = seg.answer_sources(&work, &plans, &ins, engine_ns, call, &mut |i| answered.push(index[i]));
     drop(srcs);
     let done = intern!(py, "done");
+    let mut marked = Ok(()); // every answered request marked, whatever one mark raised (the first kept)
     for i in answered {
-        items.get_item(i)?.setattr(done, true)?;
+        if let Err(e) = items.get_item(i).and_then(|it| it.setattr(done, true)) {
+            marked = marked.and(Err(e));
+        }
     }
-    let (_, ns, woken) = result?;
+    let (_, ns, woken) = result?; // the answer's own error first
+    marked?;
     Ok(Some((ns, woken)))
 }

@@ -77,12 +77,18 @@ fn layout_buffers<'py>(py: Python<'py>, plan: &RequestPlan, arrays: &Bound<'py, 
     if !matches!(arrays.len(), Ok(n) if n == plan.arrays.len()) {
         return Ok(None);
     }
-    let ndarray = plan.ndarray.bind(py);
-    let mut bufs = Vec::with_capacity(plan.arrays.len());
-    for (name, _, n, shape, dtype) in &plan.arrays {
+    // Every value looked up first: a mapping's __getitem__ is Python code, which must not run once
+    // an array's bytes are taken (it could resize or free that array).
+    let mut objs = Vec::with_capacity(plan.arrays.len());
+    for (name, ..) in &plan.arrays {
         let Ok(obj) = arrays.get_item(name.bind(py)) else {
             return Ok(None); // not a mapping with this name
         };
+        objs.push(obj);
+    }
+    let ndarray = plan.ndarray.bind(py);
+    let mut bufs = Vec::with_capacity(plan.arrays.len());
+    for ((_, _, n, shape, dtype), obj) in plan.arrays.iter().zip(objs) {
         // Not C-contiguous (a strided view) too: the caller's copy handles any strides.
         let Some(b) = exact_array(obj, plan.direct, ndarray, dtype.bind(py), shape, *n, RawBuffer::get) else {
             return Ok(None);
@@ -233,11 +239,16 @@ fn read_answer_into(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, in
     if plan.arrays.is_empty() || !matches!(into.len(), Ok(n) if n == plan.arrays.len()) {
         return cached();
     }
-    let mut dsts = Vec::with_capacity(plan.arrays.len());
-    for ((name, _, n, _, dtype), shape) in plan.arrays.iter().zip(&plan.shapes) {
+    // Every value looked up before any bytes are taken, as in `layout_buffers`.
+    let mut objs = Vec::with_capacity(plan.arrays.len());
+    for (name, ..) in &plan.arrays {
         let Ok(obj) = into.get_item(name.bind(py)) else {
             return cached();
         };
+        objs.push(obj);
+    }
+    let mut dsts = Vec::with_capacity(plan.arrays.len());
+    for (((_, _, n, _, dtype), shape), obj) in plan.arrays.iter().zip(&plan.shapes).zip(objs) {
         // Not C-contiguous too: the caller's copy handles any strides.
         let Some(b) = exact_array(obj, plan.direct, plan.ndarray.bind(py), dtype.bind(py), shape, *n, RawBuffer::get) else {
             return cached();

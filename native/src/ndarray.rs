@@ -16,17 +16,24 @@
 //! run no Python code between taking the bytes and the last copy.
 
 use std::ffi::c_int;
-use std::sync::OnceLock;
 
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
 
 use crate::Exported;
 
-// numpy's flag bits (`numpy/ndarraytypes.h`), stable since numpy 1.0.
+// numpy's flag bits (`numpy/ndarraytypes.h`): stable since numpy 1.0, WARN_ON_WRITE since 1.17 (an
+// array numpy warns about when written, e.g. `broadcast_arrays`'s: its buffer export is read-only).
 const NPY_ARRAY_C_CONTIGUOUS: c_int = 0x0001;
 const NPY_ARRAY_WRITEABLE: c_int = 0x0400;
+const NPY_ARRAY_WARN_ON_WRITE: u32 = 0x8000_0000;
+
+/// Whether an array of these flags may be written as its buffer export would allow.
+fn writeable(flags: c_int) -> bool {
+    flags & NPY_ARRAY_WRITEABLE != 0 && (flags as u32) & NPY_ARRAY_WARN_ON_WRITE == 0
+}
 
 /// numpy's array object up to its flags (`PyArrayObject_fields`).
 #[repr(C)]
@@ -54,7 +61,10 @@ fn dims(h: &NdHead) -> &[isize] {
     unsafe { std::slice::from_raw_parts(h.dimensions, h.nd as usize) }
 }
 
-static LAYOUT_OK: OnceLock<bool> = OnceLock::new();
+/// The array type probed (held, so its address is never another type's) and whether it passed. A
+/// GILOnceCell, not a OnceLock: the probe runs Python, which may let another thread take the GIL, and
+/// that thread must not block on a lock while holding it.
+static LAYOUT_OK: GILOnceCell<(Py<PyAny>, bool)> = GILOnceCell::new();
 
 /// Set (to anything) in the environment: every array goes through the buffer export, as where the
 /// probe fails (the tests run the core's array paths both ways with it).
@@ -63,8 +73,13 @@ const EXPORTS_ONLY: &str = "LOWTAIL_NATIVE_ARRAY_EXPORTS";
 /// Whether the fields of `ndarray`'s instances read as `NdHead` says, checked once per process against
 /// numpy's own answers for probe arrays (C-contiguous, transposed, read-only, 0-d, empty): the data
 /// address, the dimensions, the dtype object, the C-contiguous and writeable flags.
+/// Only for the type probed first: any other is read through exports.
 pub(crate) fn layout_ok(py: Python<'_>, ndarray: &Bound<'_, PyAny>) -> bool {
-    *LAYOUT_OK.get_or_init(|| std::env::var_os(EXPORTS_ONLY).is_none() && probe(py, ndarray).unwrap_or(false))
+    let (probed, ok) = LAYOUT_OK.get_or_init(py, || {
+        let ok = std::env::var_os(EXPORTS_ONLY).is_none() && probe(py, ndarray).unwrap_or(false);
+        (ndarray.clone().unbind(), ok)
+    });
+    *ok && probed.is(ndarray)
 }
 
 /// Whether this process reads exact arrays of the type `ndarray` from their fields (`layout_ok`): for
@@ -101,7 +116,7 @@ fn probe(py: Python<'_>, ndarray: &Bound<'_, PyAny>) -> PyResult<bool> {
             && h.nd as usize == shape.len()
             && std::ptr::eq(h.descr, p.getattr(intern!(py, "dtype"))?.as_ptr())
             && (h.flags & NPY_ARRAY_C_CONTIGUOUS != 0) == c
-            && (h.flags & NPY_ARRAY_WRITEABLE != 0) == w;
+            && writeable(h.flags) == w;
         if !same {
             return Ok(false);
         }
@@ -112,7 +127,15 @@ fn probe(py: Python<'_>, ndarray: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// The bytes of `shape.iter().product() * itemsize` (`nbytes`), checked once when a plan is made: what a
 /// direct read takes as the array's length, so a plan whose byte count disagrees with its dtype and shape
 /// is refused there, not read past.
+/// Only plain numbers and bools (dtype kinds b, i, u, f, c: every dtype `lowtail.shm.payload` carries):
+/// bytes another process wrote are never taken as object pointers, strings or dates.
 pub(crate) fn nbytes_of(py: Python<'_>, dtype: &Bound<'_, PyAny>, shape: &[isize]) -> PyResult<u64> {
+    let kind: String = dtype.getattr(intern!(py, "kind"))?.extract()?;
+    if !matches!(kind.as_str(), "b" | "i" | "u" | "f" | "c") {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "dtype {dtype} (kind {kind:?}): expected a bool or number dtype (kind b, i, u, f or c)"
+        )));
+    }
     let itemsize: u64 = dtype.getattr(intern!(py, "itemsize"))?.extract()?;
     shape.iter().try_fold(itemsize, |n, &d| u64::try_from(d).ok().and_then(|d| n.checked_mul(d))).ok_or_else(|| {
         pyo3::exceptions::PyValueError::new_err(format!("shape {shape:?} of {itemsize}-byte items: expected dimensions >= 0 whose bytes fit 64 bits"))
@@ -175,7 +198,7 @@ pub(crate) fn exact_array<'py, B: Exported>(
             return None;
         }
         if h.flags & NPY_ARRAY_C_CONTIGUOUS != 0 && (!h.data.is_null() || nbytes == 0) {
-            let (ptr, writeable) = (h.data, h.flags & NPY_ARRAY_WRITEABLE != 0);
+            let (ptr, writeable) = (h.data, writeable(h.flags));
             return Some(ArrayBytes::Direct { _obj: obj, ptr, len: nbytes as usize, writeable });
         }
     } else if !matches!(obj.getattr(intern!(obj.py(), "dtype")), Ok(d) if d.is(dtype)) {

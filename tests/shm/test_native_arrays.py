@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -142,6 +143,134 @@ def test_a_plan_whose_bytes_disagree_with_its_dtype_and_shape_is_refused_when_ma
         core.RequestPlan(b"\x07" * 64, [("x", 64, 0, (-1, 2), F4)], np.ndarray)
     with pytest.raises(ValueError, match="expected dimensions >= 0"):
         core.KnownOutputs([("y", F4, [4, -2])], np.ndarray, [(4, (b"", [64], [8], 96))])
+
+
+class _Resizing(Mapping[str, Any]):
+    """A mapping whose lookup of ``trigger`` resizes ``victim`` in place (its data reallocated)."""
+
+    def __init__(self, arrays: dict[str, Any], trigger: str, victim: Any) -> None:
+        self._arrays, self._trigger, self._victim = arrays, trigger, victim
+
+    def __getitem__(self, name: str) -> Any:
+        if name == self._trigger:
+            self._victim.resize((64, 2), refcheck=False)  # the old data freed: no pointer may survive it
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
+@needs_native
+def test_a_lookup_that_resizes_an_array_looked_up_before_leaves_no_pointer_to_its_old_data() -> None:
+    """Python code run by a lookup (a Mapping's ``__getitem__``) happens before any array's bytes are
+    taken: the resized array no longer has the plan's shape, so the request is declined (the caller's
+    Python path copies it), not read from freed memory."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 512, 512) as (geo, mm, seg, q, core):
+        plan = core.RequestPlan(
+            b"\x07" * 64, [("x", 64, 32, (4, 2), F4), ("y", 96, 32, (4, 2), F4)], np.ndarray
+        )
+        x, y = np.arange(8, dtype=np.float32).reshape(4, 2).copy(), np.ones((4, 2), np.float32)
+        assert core.send_request(seg, 0, 1, 0, plan, _Resizing({"x": x, "y": y}, "y", x)) is None
+        assert x.shape == (64, 2) and bytes(mm[geo.req_off(1) : geo.req_off(1) + 512]) == bytes(512)
+        key = b"\x05" * 64
+        off = geo.resp_off(1)
+        mm[off : off + 64] = key
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        aplan = core.AnswerPlan(
+            key, [("x", 64, 32, (4, 2), F4), ("y", 96, 32, (4, 2), F4)], np.empty, np.ndarray
+        )
+        a, b = np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)
+        assert core.receive_answer(seg, 0, 1, 3, aplan, _Resizing({"x": a, "y": b}, "y", a))[7] is True
+        assert a.shape == (64, 2) and not a.any() and not b.any()
+
+
+class _Sly(str):
+    """A name whose comparison resizes ``victim`` in place (Python code run by a dict key's __eq__)."""
+
+    victim: Any = None
+
+    def __eq__(self, other: object) -> bool:
+        if _Sly.victim is not None:
+            _Sly.victim.resize((64, 2), refcheck=False)
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+@needs_native
+def test_an_output_name_whose_comparison_resizes_an_output_leaves_no_pointer_to_its_old_data() -> None:
+    with _mapped(1, 2, 512, 512) as (geo, mm, seg, _, core):
+        plan = (b"\x01" * 64, [64, 96], [8, 8], 128)
+        known = core.KnownOutputs([("a", F4, [4, 2]), ("b", F4, [4, 2])], np.ndarray, [(4, plan)])
+        a, b = np.arange(8, dtype=np.float32).reshape(4, 2).copy(), np.ones((4, 2), np.float32)
+        _Sly.victim = a
+        try:
+            item = SimpleNamespace(g=1, seq=1, gen=0, done=False)
+            assert core.answer_known(seg, known, {"a": a, _Sly("b"): b}, [item], [4], 0, 0) is None
+        finally:
+            _Sly.victim = None
+        assert a.shape == (64, 2) and item.done is False
+        assert bytes(mm[geo.resp_off(1) : geo.resp_off(1) + 512]) == bytes(512)
+
+
+@needs_native
+def test_an_array_numpy_warns_about_writing_is_not_written_and_only_numbers_are_planned() -> None:
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key, _ = _answer_in_slot_1(geo, mm)
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), F4)], np.empty, np.ndarray)
+        src = np.zeros((4, 2), np.float32)
+        shared = np.broadcast_arrays(src, np.zeros((1, 4, 2), np.float32))[0][0]  # C-contiguous, warns
+        assert shared.flags.c_contiguous
+        assert core.receive_answer(seg, 0, 1, 3, plan, {"y": shared})[7] is True  # the caller decides
+        assert not src.any()
+        for dtype in ("O", "U4", "M8[s]", "V8"):
+            with pytest.raises(ValueError, match="expected a bool or number dtype"):
+                core.RequestPlan(b"\x07" * 64, [("x", 64, 32, (4,), np.dtype(dtype))], np.ndarray)
+    assert core.direct_array_reads(_Sub) is False  # only the type probed is read from its fields
+
+
+@needs_native
+def test_threads_making_their_first_plans_at_once_never_deadlock_on_the_probe() -> None:
+    """The probe runs Python (it may let another thread take the GIL): a second thread asking meanwhile
+    must not wait on a lock while holding the GIL. A collection that sleeps inside the probe makes the
+    window wide; both threads get their answer."""
+    script = """
+import gc, sys, threading, time, faulthandler
+faulthandler.dump_traceback_later(20, exit=True)
+import numpy as np
+import lowtail_native as core
+here = threading.local()
+def slow_collection(phase, info):
+    if getattr(here, "probing", False) and phase == "start":
+        time.sleep(0.05)
+gc.callbacks.append(slow_collection)
+got = []
+def first_plan():
+    here.probing = True
+    gc.set_threshold(1)
+    got.append(core.direct_array_reads(np.ndarray))
+    here.probing = False
+threads = [threading.Thread(target=first_plan, daemon=True) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(15)
+print("alive", sum(t.is_alive() for t in threads), "got", sorted(got), flush=True)
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    direct = EXPORTS_ONLY not in os.environ
+    assert f"alive 0 got [{direct}, {direct}]" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
 @needs_native
