@@ -7,6 +7,7 @@ same answers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -79,14 +80,20 @@ def test_an_empty_array_is_read_as_no_bytes() -> None:
         assert _region(geo, mm)[:64] == b"\x07" * 64 and _region(geo, mm)[64:] == bytes(192)
 
 
-@needs_native
-def test_an_answer_is_copied_into_the_callers_view_at_its_offset_and_read_only_targets_are_declined() -> None:
+@contextlib.contextmanager
+def _answered() -> Iterator[tuple[Any, Any, Any, np.ndarray[Any, Any]]]:
+    """A segment with the (4, 2) float32 answer ``y`` in lane 0's slot 1 as its seq 3, and its plan."""
     from lowtail.shm.layout import W_RESP_SEQ
 
     with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
         key, y = _answer_in_slot_1(geo, mm)
         q[geo.slot_word(1) + W_RESP_SEQ] = 3
-        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), F4)], np.empty, np.ndarray)
+        yield seg, core, core.AnswerPlan(key, [("y", 224, 32, (4, 2), F4)], np.empty, np.ndarray), y
+
+
+@needs_native
+def test_an_answer_is_copied_into_the_callers_view_at_its_offset_and_read_only_targets_are_declined() -> None:
+    with _answered() as (seg, core, plan, y):
         big = np.full((6, 2), -1.0, np.float32)
         into = {"y": big[1:5]}
         assert core.receive_answer(seg, 0, 1, 3, plan, into)[7] is into
@@ -220,12 +227,7 @@ def test_an_output_name_whose_comparison_resizes_an_output_leaves_no_pointer_to_
 
 @needs_native
 def test_an_array_numpy_warns_about_writing_is_not_written_and_only_numbers_are_planned() -> None:
-    from lowtail.shm.layout import W_RESP_SEQ
-
-    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
-        key, _ = _answer_in_slot_1(geo, mm)
-        q[geo.slot_word(1) + W_RESP_SEQ] = 3
-        plan = core.AnswerPlan(key, [("y", 224, 32, (4, 2), F4)], np.empty, np.ndarray)
+    with _answered() as (seg, core, plan, _):
         src = np.zeros((4, 2), np.float32)
         shared = np.broadcast_arrays(src, np.zeros((1, 4, 2), np.float32))[0][0]  # C-contiguous, warns
         assert shared.flags.c_contiguous
