@@ -122,18 +122,32 @@ class Transport:
         raise NotImplementedError
 
     def stop(self) -> None:
+        """Stop the server, then (in the subclasses) close what start() made. Safe after a start() that
+        failed anywhere, even between creating the server's Process and starting it, and safe twice."""
         stop_event = getattr(self, "stop_event", None)  # a server that polls a stop flag exits on its own
-        if stop_event is not None and self.proc is not None:
+        if stop_event is not None:
             stop_event.set()
-            self.proc.join(10)
         if self.proc is not None:
-            if self.proc.is_alive():
-                self.proc.terminate()
-            self.proc.join(10)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(5)
+            _end_process(self.proc, grace_s=10)
             self.proc = None
+
+    def _take(self, name: str) -> Any:
+        """Remove and return the attribute ``name``, None if start() never made it: what stop() closes is
+        closed once, however often stop() runs."""
+        return vars(self).pop(name, None)
+
+
+def _end_process(proc: SpawnProcess, grace_s: float) -> None:
+    """Give a process told to stop ``grace_s`` to leave, then terminate it, then kill it."""
+    if proc.pid is None:  # never started (Process.join asserts a started process): nothing to end
+        return
+    proc.join(grace_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(grace_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
 
 
 # -- lowtail --------------------------------------------------------------------------------------
@@ -189,15 +203,11 @@ class LowtailTransport(Transport):
         return self.client.infer(arrays, timeout_s=10.0)
 
     def stop(self) -> None:
-        if hasattr(self, "stop_event"):
-            self.stop_event.set()
-        if self.proc is not None:
-            self.proc.join(10)
         super().stop()
-        if hasattr(self, "client"):
-            self.client.close()
-        if hasattr(self, "server"):
-            self.server.close()
+        if (client := self._take("client")) is not None:
+            client.close()
+        if (server := self._take("server")) is not None:
+            server.close()
 
 
 class LowtailPythonTransport(LowtailTransport):
@@ -425,16 +435,13 @@ class FlockPollTransport(Transport):
         return self.client.infer(arrays)
 
     def stop(self) -> None:
-        if hasattr(self, "stop_event"):
-            self.stop_event.set()
-        if self.proc is not None:
-            self.proc.join(10)
         super().stop()
-        if hasattr(self, "client"):
-            self.client.close()
-        if hasattr(self, "seg"):
-            self.seg.close()
-            Path(self.lock_path).unlink(missing_ok=True)
+        if (client := self._take("client")) is not None:
+            client.close()
+        if (seg := self._take("seg")) is not None:
+            seg.close()
+        if (lock_path := self._take("lock_path")) is not None:
+            Path(lock_path).unlink(missing_ok=True)
 
 
 # -- multiprocessing Pipe, TCP ---------------------------------------------------------------------
@@ -455,9 +462,11 @@ class PipeTransport(Transport):
     def start(self) -> None:
         self.conn, child = _ctx().Pipe(duplex=True)
         self.proc = _ctx().Process(target=_pipe_worker, args=(child, self.worker_cpu, self.prio))
-        with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
-            self.proc.start()
-        child.close()
+        try:
+            with deaf_to_ctrl_c():  # the run stops it (stop()), a Ctrl-C is the run's
+                self.proc.start()
+        finally:  # the server's end, whether or not the server started
+            child.close()
 
     def round_trip(self, arrays: Arrays) -> Arrays:
         self.conn.send(arrays)
@@ -465,13 +474,13 @@ class PipeTransport(Transport):
         return out
 
     def stop(self) -> None:
-        if hasattr(self, "conn"):
+        conn = self._take("conn")
+        if conn is not None:
             with contextlib.suppress(OSError):
-                self.conn.send(None)
-            if self.proc is not None:
-                self.proc.join(10)
-            self.conn.close()
+                conn.send(None)  # the server's cue to return
         super().stop()
+        if conn is not None:
+            conn.close()
 
 
 _LEN = struct.Struct("<Q")
@@ -533,10 +542,8 @@ class TcpTransport(Transport):
         return out
 
     def stop(self) -> None:
-        if hasattr(self, "sock"):
-            self.sock.close()
-        if self.proc is not None:
-            self.proc.join(10)
+        if (sock := self._take("sock")) is not None:
+            sock.close()  # the server sees its peer gone and returns
         super().stop()
 
 
@@ -661,15 +668,13 @@ class SpinFloorTransport(Transport):
         return {"logits": self.resp.copy()}
 
     def stop(self) -> None:
-        if hasattr(self, "stop_event"):
-            self.stop_event.set()
-        if self.proc is not None:
-            self.proc.join(10)
         super().stop()
-        if hasattr(self, "seg"):
-            self.words.release()
-            del self.req, self.resp
-            self.seg.close()
+        if (words := self._take("words")) is not None:  # made after the server started: may be missing
+            words.release()
+        for view in ("req", "resp"):  # views of the segment, dropped before it is unmapped
+            self._take(view)
+        if (seg := self._take("seg")) is not None:
+            seg.close()
 
 
 # -- the native floor -------------------------------------------------------------------------------
@@ -753,16 +758,15 @@ class NativeFloorTransport(Transport):
         return {"logits": self.out.copy()}
 
     def stop(self) -> None:
-        if hasattr(self, "words"):
-            self.words[3] = 1  # the server's stop word
-        if self.proc is not None:
-            self.proc.join(10)
+        if (words := getattr(self, "words", None)) is not None:
+            words[3] = 1  # the server's stop word
         super().stop()
-        if hasattr(self, "seg"):
-            del self.words, self.mem
-            self.seg.close()
-        if hasattr(self, "tmp"):
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        for view in ("words", "mem"):  # views of the segment, dropped before it is unmapped
+            self._take(view)
+        if (seg := self._take("seg")) is not None:
+            seg.close()
+        if (tmp := self._take("tmp")) is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 TRANSPORTS: dict[str, type[Transport]] = {
@@ -863,15 +867,7 @@ def _end_clients(procs: list[SpawnProcess], flag: Any) -> None:
     first, then the signals for any that do not leave."""
     flag.value = 2
     for p in procs:
-        if p.pid is None:  # never started
-            continue
-        p.join(5)
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
+        _end_process(p, grace_s=5)
 
 
 # -- fairness: how long a ready request waits while other lanes are served ------------------------
