@@ -1,6 +1,6 @@
 """What the callgrind scripts here share: the checks of their common options, the functions a count
-spends most in, and the rows printed and saved (``worker-instructions.py``; the older scripts still
-carry their own copies)."""
+spends most in, and the rows printed and saved (``worker-instructions.py``, ``queue-instructions.py``;
+``sampler-instructions.py`` takes only ``path_env`` and still carries its own copies of the rest)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,17 @@ def top_functions(callgrind_file: str | Path, per: int, k: int) -> list[tuple[in
 
 
 def show(
-    rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str], schema: str, out: Path | None
+    rows: list[dict[str, Any]],
+    line: Callable[[dict[str, Any]], str],
+    schema: str,
+    out: Path | None,
+    fields: dict[str, Any] | None = None,
 ) -> None:
-    """Each row's line and its top functions; the rows as JSON into ``out`` under ``schema``."""
+    """Each row's line and its top functions; the rows as JSON into ``out`` under ``schema``, after
+    ``fields`` (what counted them, say)."""
     for r in rows:
         print(line(r))
         for n, fn in r["top"]:
             print(f"  {n:>9,}  {fn}")
     if out:
-        out.write_text(json.dumps({"schema": schema, "rows": rows}, indent=2) + "\n")
+        out.write_text(json.dumps({"schema": schema, **(fields or {}), "rows": rows}, indent=2) + "\n")

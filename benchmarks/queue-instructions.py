@@ -2,7 +2,7 @@
 """Instructions per queue round trip, counted by callgrind: a cost figure a noisy host cannot move.
 
     benchmarks/queue-instructions.py [--tree DIR ...] [--paths python,native] [--trips N] [--clients N]
-                                     [--json FILE]
+                                     [--top K] [--json FILE]
 
 For each source tree (default: this checkout), one process attaches a client and a worker to one
 queue and does ``bench queue``'s round trip in turn (submit a 16 x 512 float32 request, claim it,
@@ -20,20 +20,22 @@ Needs valgrind (the Debian package).
 core (the tree's own ``build/native-dev`` build when it has one, else the ``lowtail_native`` module this
 interpreter imports); each row names the path that really ran. ``--clients N`` splits the request among
 N clients (16/N rows each) that submit before the worker claims, so each round trip is one coalesced
-batch of N requests (N=1: ``bench queue``'s trip).
+batch of N requests (N=1: ``bench queue``'s trip). ``--top K`` prints under each row the K functions
+with most instructions (exclusive) per round trip, as the other callgrind scripts here do.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
@@ -86,19 +88,16 @@ for client in clients:
 """
 
 
-def count(tree: Path, trips: int, path: str, clients: int) -> tuple[int, str]:
-    """Instructions callgrind counted over ``trips`` round trips of ``tree``'s queue on ``path`` (each a
-    batch of ``clients`` requests), and the path that ran."""
-    env = dict(os.environ)
-    env.pop("LOWTAIL_PURE_PYTHON", None)
-    if path == "python":
-        env["LOWTAIL_PURE_PYTHON"] = "1"
+def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, Any]:
+    """One callgrind run of ``args.trips`` round trips of ``tree``'s queue on ``path`` (each a batch of
+    ``args.clients`` requests): its row, naming the path that ran."""
     with tempfile.TemporaryDirectory(prefix="lowtail-cg-") as tmp:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-             sys.executable, "-c", CHILD, str(tree / "python"), str(trips), str(WARMUP), str(clients)],
-            capture_output=True, text=True, check=False, env=env,
+             sys.executable, "-c", CHILD, str(tree / "python"), str(args.trips), str(WARMUP),
+             str(args.clients)],
+            capture_output=True, text=True, check=False, env=path_env(path),
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
         ran = re.search(r"^QUEUE_CORE=(\w+)", proc.stderr, re.MULTILINE)  # not valgrind's echo of -c
@@ -106,7 +105,11 @@ def count(tree: Path, trips: int, path: str, clients: int) -> tuple[int, str]:
             raise SystemExit(
                 f"callgrind run of {tree} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
             )
-        return int(found.group(1)), ran.group(1) if ran else "unknown"
+        top = top_functions(out, args.trips, args.top) if args.top else []
+    total = int(found.group(1))
+    return {"tree": str(tree), "revision": revision(tree), "path": ran.group(1) if ran else "unknown",
+            "trips": args.trips, "clients": args.clients, "instructions": total,
+            "per_round_trip": round(total / args.trips), "top": top}  # fmt: skip
 
 
 def revision(tree: Path) -> str:
@@ -121,27 +124,17 @@ def revision(tree: Path) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--tree", type=Path, action="append", help="a source tree (repeatable; default: this one)"
-    )
+    common_options(ap)
     ap.add_argument("--trips", type=int, default=2000, help="measured round trips per tree (default 2000)")
     ap.add_argument(
         "--clients", type=int, default=1, help="requests per round trip, one per client (1, 2, 4, 8 or 16)"
     )
-    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    ap.add_argument(
-        "--paths", default="python,native", help="the queue's paths to count (default: python,native)"
-    )
     args = ap.parse_args()
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed: apt-get install valgrind")
+    paths = paths_to_count(args.paths)
     if args.trips < 1:
         raise SystemExit(f"--trips {args.trips}: expected a positive number of round trips")
     if args.clients not in (1, 2, 4, 8, 16):
         raise SystemExit(f"--clients {args.clients}: expected 1, 2, 4, 8 or 16 (16 rows split evenly)")
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    if not paths or set(paths) - {"python", "native"}:
-        raise SystemExit(f"--paths {args.paths!r}: expected a subset of python,native")
     rows = []
     trees = args.tree or [REPO]
     for i, tree in enumerate(trees, 1):
@@ -153,25 +146,22 @@ def main() -> int:
                 f"of {args.clients} request(s) under callgrind",
                 file=sys.stderr,
             )
-            total, ran = count(tree, args.trips, path, args.clients)
-            rows.append({"tree": str(tree), "revision": revision(tree), "path": ran, "trips": args.trips,
-                         "clients": args.clients, "instructions": total,
-                         "per_round_trip": round(total / args.trips)})  # fmt: skip
+            rows.append(count(tree, args, path))
     first = rows[0]["per_round_trip"]
     print(f"{'revision':<24} {'path':<7} {'instructions per round trip':>28} {'vs first':>9}")
-    for r in rows:
+
+    def line(r: dict[str, Any]) -> str:
         per = r["per_round_trip"]
-        print(f"{r['revision']:<24} {r['path']:<7} {per:>28,} {per / first:>9.4f}")
-    if args.json:
-        version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=False)
-        payload = {
-            "schema": "lowtail.queue-instructions/1",
-            "python": sys.version.split()[0],
-            "valgrind": version.stdout.strip(),
-            "rows": rows,
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        return f"{r['revision']:<24} {r['path']:<7} {per:>28,} {per / first:>9.4f}"
+
+    show(rows, line, "lowtail.queue-instructions/1", args.json, _versions() if args.json else {})
     return 0
+
+
+def _versions() -> dict[str, str]:
+    """What the JSON names beside the rows: the interpreter and valgrind that counted them."""
+    version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=False)
+    return {"python": sys.version.split()[0], "valgrind": version.stdout.strip()}
 
 
 if __name__ == "__main__":
