@@ -144,14 +144,6 @@ KNOWN_PLANS_MAX = 64  # request sizes per known output layout the core has an an
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
-def _call_word(samples: int, deschedule_ns: int) -> int:
-    """An answer's call word: the call's samples (low 32 bits) and its deschedule in us, clamped to the
-    high 32 (71 minutes). Conditionals, not min()/max(): two builtin calls cost ~1,400 instructions."""
-    d_us = deschedule_ns // 1000 if deschedule_ns > 0 else 0
-    d_us = d_us if d_us < CALL_BATCH_MASK else CALL_BATCH_MASK
-    return (samples & CALL_BATCH_MASK) | (d_us << CALL_DESCHEDULE_SHIFT)
-
-
 class Batch:
     """Requests claimed together: merged inputs, and per-request completion. Use it as a context:
 
@@ -268,18 +260,19 @@ class Batch:
     ) -> tuple[int, int]:
         """Split ``outputs`` (leading dimension = total samples) per request and answer each.
 
-        ``engine_ns`` and ``deschedule_ns`` describe the call (its ``infer()`` wall time, and wall minus
-        thread CPU from the claim to here): every answer carries them with the call's sample count, and
-        a client reads them as ``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``.
-        The input views are refused afterwards: a client may reuse its slot as soon as it is answered.
-        Returns what waking its parked clients cost, as ``QueueWorker.wakes`` counts: (ns, lanes woken).
-        """
+        ``engine_ns``, ``deschedule_ns``: the call's ``infer()`` wall time, its wall minus thread CPU from
+        the claim to here (us in 32 bits: 71 minutes); every answer carries them and the call's samples
+        (``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``). The input views are refused
+        afterwards (a client may reuse its slot once answered). Returns what waking its parked clients
+        cost, as ``QueueWorker.wakes`` counts: (ns, lanes woken)."""
         if not self._open or self._worker._closed:  # _usable, inlined: this is the hot path
             raise self._refuse("complete() on")
         sizes = self.sizes
         total = sizes[0] if len(sizes) == 1 else sum(sizes)
         worker = self._worker
-        call = _call_word(total, deschedule_ns)
+        d_us = deschedule_ns // 1000 if deschedule_ns > 0 else 0  # not min()/max(): ~1,400 instructions
+        d_us = d_us if d_us < CALL_BATCH_MASK else CALL_BATCH_MASK
+        call = (total & CALL_BATCH_MASK) | (d_us << CALL_DESCHEDULE_SHIFT)
         kept = worker._known  # always empty on the Python path: one test there
         woken = self._complete_known(kept.get(total), outputs, engine_ns, call) if kept else None
         if woken is not None:
@@ -948,12 +941,14 @@ class QueueWorker:
 
     def _coalesce(self, items: list[_Item]) -> Batch:
         cfg = self._cfg
+        # When work was last found: the poll's clock (its requests' claim stamp), no read of its own
+        self._last_work_ns = items[-1].claim_ns
         if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
             first = items[0].layout  # polled items decoded: a layout each; one request, no generator
             samples = first.batch if len(items) == 1 and first is not None else _samples(items)
             if samples < cfg.min_batch_samples:
                 self._coalesce_wait(items)
-        self._last_work_ns = time.monotonic_ns()
+                self._last_work_ns = time.monotonic_ns()
         return self._batch(items)
 
     # The two helpers below hold the generator expressions of _coalesce and _batch: a function with
