@@ -133,7 +133,8 @@ fn known_work(
 /// Answer the requests of a batch (`items`, the worker's claimed requests: `g` (the slot's index in
 /// the queue), `seq`, `gen`, `done`; `rows`: each one's rows in the outputs, in order) with `outputs`
 /// when they are exactly `known`'s layout and `known` has a plan for each size not done: `answer_rows`
-/// with those plans, each answered request's `done` set True as it is published. A request already
+/// with those plans, each answered request's `done` set True after the last copy, before this returns
+/// (no Python code runs between its answer and its mark). A request already
 /// done is skipped (its rows still counted). Returns (ns in the wakes' system calls, lanes woken), or
 /// None when the outputs are not that layout or a size has no plan (nothing written).
 #[pyfunction]

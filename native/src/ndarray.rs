@@ -4,7 +4,7 @@
 //! validated": exactly `ndarray` (the type, not a subclass), the same dtype object, the same shape.
 //! Through the buffer protocol that check and the export cost about 900 instructions per array (numpy
 //! builds the buffer's format and shape info on every export) plus an attribute lookup for the dtype:
-//! about a tenth of the worker's bookkeeping per call with six outputs. numpy's array object starts with
+//! with six outputs, these reads and the poll's maps took 8,500 of 82,350 instructions per call off. numpy's array object starts with
 //! fields its C API has exposed unchanged since numpy 1.7, through 2.x (`PyArrayObject_fields` in
 //! `numpy/ndarraytypes.h`: data, nd, dimensions, strides, base, descr, flags); `rust-numpy` reads the
 //! same struct. They are read here only after `layout_ok` has checked them once per process against what

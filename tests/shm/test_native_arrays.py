@@ -64,7 +64,8 @@ def test_a_request_is_read_at_its_own_address_and_anything_not_exactly_the_plans
             "big-endian": big[1:5].astype(">f4"),
             "an equal dtype, another object": big[1:5].astype(np.dtype("f4", metadata={"k": 1})),
             "another shape": big[:4].reshape(2, 4),
-            "0-d": np.float32(1.0),
+            "0-d": np.array(1.0, np.float32),
+            "a numpy scalar": np.float32(1.0),
         }
         mm[geo.req_off(1) : geo.req_off(1) + 256] = bytes(256)
         for why, x in declined.items():

@@ -1149,9 +1149,9 @@ class QueueWorker:
     ) -> tuple[int, int] | None:
         """The core's answer of ``batch``'s requests with ``outputs`` when they are ``known``'s layout
         and it has the plan of each request's size: (wake ns, lanes woken), or None (nothing written)
-        when not. The core marks each request done as it publishes its answer (an interrupt after the
-        call cannot leave an answered request to be answered failed); a request done before is
-        skipped."""
+        when not. The core marks each request it answered done before it returns, with no Python run in
+        between (an interrupt after the call cannot leave an answered request to be answered failed); a
+        request done before is skipped."""
         items, sizes = batch._items, batch.sizes
         if len(sizes) != len(items):  # a request not decoded (no rows): validated, as before
             return None
