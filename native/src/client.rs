@@ -301,9 +301,15 @@ fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: b
         return Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
     }
     let out = PyDict::new(py);
-    for (name, off, n, shape, dtype) in &plan.arrays {
+    for ((name, off, n, shape, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
         let arr = plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?;
-        let mut dst = RawBuffer::get(arr.bind(py))?;
+        // `empty`'s fresh array of the plan's dtype and shape, read from its fields (no Python code runs
+        // until it is filled); anything else `empty` made goes through its export, its length checked.
+        let fresh = arr.bind(py).clone();
+        let mut dst = match exact_array(fresh, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
+            Some(b) if b.writeable() => b,
+            _ => ArrayBytes::Export(RawBuffer::get(arr.bind(py))?),
+        };
         let d = dst.bytes_mut()?;
         if d.len() as u64 != *n {
             let name = name.bind(py);
