@@ -1,6 +1,6 @@
 """What the callgrind scripts here share: the checks of their common options, the functions a count
-spends most in, and the rows printed and saved (``worker-instructions.py``, ``queue-instructions.py``;
-``sampler-instructions.py`` takes only ``path_env`` and still carries its own copies of the rest)."""
+spends most in, and the rows printed and saved (``worker-instructions.py``, ``queue-instructions.py``,
+``sampler-instructions.py``)."""
 
 from __future__ import annotations
 

@@ -18,16 +18,14 @@ goes. Needs valgrind.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_counts import path_env
+from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
@@ -106,19 +104,7 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
             raise SystemExit(
                 f"callgrind run of {tree} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
             )
-        top: list[tuple[int, str]] = []
-        if args.top:
-            ann = subprocess.run(
-                ["callgrind_annotate", "--threshold=100", str(out)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            for line in ann.stdout.splitlines():
-                m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(\S.*)$", line)
-                if m and "PROGRAM TOTALS" not in line:
-                    top.append((int(m.group(1).replace(",", "")) // args.requests, m.group(2)[:110]))
-            top = top[: args.top]
+        top = top_functions(out, args.requests, args.top) if args.top else []
     total = int(found.group(1))
     return {
         "tree": str(tree),
@@ -136,36 +122,25 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--tree", type=Path, action="append", help="a source tree (repeatable; default: this one)"
-    )
-    ap.add_argument("--paths", default="python,native", help="the queue's paths (default: python,native)")
+    common_options(ap)
     ap.add_argument("--requests", type=int, default=1000, help="measured requests (default 1000)")
     ap.add_argument("--busy-us", type=int, default=3000, help="the worker's hold per request (default 3000)")
     ap.add_argument("--samples", type=int, default=16, help="rows of 512 float32 per request (default 16)")
     ap.add_argument("--out", action="store_true", help="answers into the sampler's arrays (finish(out=))")
-    ap.add_argument("--top", type=int, default=0, help="print the K functions with most instructions")
-    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = ap.parse_args()
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed: apt-get install valgrind")
+    paths = paths_to_count(args.paths)
     if args.requests < 1 or args.busy_us < 0 or not 1 <= args.samples <= 16:
         raise SystemExit("--requests >= 1, --busy-us >= 0 and --samples 1..16 expected")
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    if not paths or set(paths) - {"python", "native"}:
-        raise SystemExit(f"--paths {args.paths!r}: expected a subset of python,native")
     rows = [count(tree, args, path) for tree in (args.tree or [REPO]) for path in paths]
-    for r in rows:
-        print(
+    show(
+        rows,
+        lambda r: (
             f"{r['tree']} {r['path']}: {r['per_request']:,} instructions per request "
             f"({r['samples']} x 512 f32, {r['parked']}/{r['requests']} parked)"
-        )
-        for n, fn in r["top"]:  # type: ignore[attr-defined]
-            print(f"  {n:>9,}  {fn}")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"schema": "lowtail.sampler-instructions/1", "rows": rows}, indent=2) + "\n"
-        )
+        ),
+        "lowtail.sampler-instructions/1",
+        args.json,
+    )
     return 0
 
 
