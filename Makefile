@@ -170,7 +170,8 @@ test-kubelet: oracle kubelet-equipment $(STAMP)
 # plain `+` on a word another process can write panics there, where the release build wraps silently.
 NATIVE_DEBUG_DIR := build/native-debug
 NATIVE_DEBUG_TESTS := tests/shm/test_native_bounds_review.py tests/shm/test_native_core.py \
-	tests/shm/test_native_differential.py tests/shm/test_queue_hostile.py tests/shm/test_queue_attacks.py
+	tests/shm/test_native_differential.py tests/shm/test_queue_hostile.py tests/shm/test_queue_attacks.py \
+	tests/serve/test_call_recorder.py
 test-native-debug: $(STAMP)
 	$(BIN)/python native/gen_layout.py --check
 	cd native && PYO3_PYTHON=$(CURDIR)/$(BIN)/python CARGO_TARGET_DIR=$(CURDIR)/$(NATIVE_DEBUG_DIR)/target \

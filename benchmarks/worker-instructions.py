@@ -4,17 +4,17 @@
     benchmarks/worker-instructions.py [--tree DIR ...] [--paths python,native] [--calls N] [--top K]
                                       [--json FILE] [--keep DIR]
 
-The real ``serve()`` (``lowtail.serve.worker_main``) runs in the measured process on a real queue
-shaped as ``bench serve``'s served x4 (4 lanes, 16 x 512 float32 per request, 16 samples per call),
-its real ``CallRecorder`` and stats segment, while 4 client processes (not under valgrind) keep a
-request in every lane, so every claim finds one ready and the loop never idles. The engine is a
-stand-in: ``check`` is the engine's cached-layout lookup and ``infer`` returns the default policy
-model's six output arrays (16 rows each), prebuilt. What it counts is the loop's own bookkeeping
-(claim, check, the clocks, SCHED_FIFO's calls, the answer's copy and publication, the recorder), not a
-model. Counting starts inside the stand-in's ``infer`` of call ``WARMUP`` and stops inside that of call
-``WARMUP + N``: N whole turns of the loop. The stand-in's ``infer`` is then counted alone (N calls in a
-loop, a second callgrind segment) and taken off, so ``per_call`` excludes the engine call; the loop
-that calls it alone adds a few instructions per call to what is taken off.
+The real ``serve()`` (``lowtail.serve.worker_main``) runs in the measured process on a real queue shaped
+as ``bench serve``'s served x4 (4 lanes, 16 x 512 float32 per request, 16 samples per call), its real
+recorder (``new_recorder``: the native core's on that path) and stats segment, while 4 client processes
+(not under valgrind) keep a request in every lane, so every claim finds one ready and the loop never
+idles. The engine is a stand-in: ``check`` is the engine's cached-layout lookup and ``infer`` returns the
+default policy model's six output arrays (16 rows each), prebuilt. What it counts is the loop's own
+bookkeeping (claim, check, the clocks, SCHED_FIFO's calls, the answer's copy and publication, the
+recorder), not a model. Counting starts inside the stand-in's ``infer`` of call ``WARMUP`` and stops
+inside that of call ``WARMUP + N``: N whole turns of the loop. The stand-in's ``infer`` is then counted
+alone (N calls in a loop, a second callgrind segment) and taken off, so ``per_call`` excludes the engine
+call; the loop that calls it alone adds a few instructions per call to what is taken off.
 
 Made deterministic on purpose, and what that leaves out: SCHED_FIFO is off (``fifo.enter``/``leave``
 are still called: their no-op cost is counted, the real switch is a system call a count does not

@@ -14,6 +14,7 @@ mod header;
 mod layout;
 mod ndarray;
 mod poll;
+mod recorder;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -803,6 +804,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_class::<answer::KnownOutputs>()?;
+    m.add_class::<recorder::CallRecorder>()?;
     m.add_function(wrap_pyfunction!(answer::answer_known, m)?)?;
     m.add_function(wrap_pyfunction!(ndarray::direct_array_reads, m)?)?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;

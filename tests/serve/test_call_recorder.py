@@ -1,8 +1,11 @@
-"""The worker's per-call bookkeeping: one row per answered batch, every value in the column of its name."""
+"""The worker's per-call bookkeeping: one row per answered batch, every value in the column of its name,
+from the Python recorder (the reference) and the native core's alike (``recorder_impl``)."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator
 from dataclasses import fields
 
 import numpy as np
@@ -10,10 +13,18 @@ import pytest
 
 from lowtail.serve import call_recorder, call_stats
 from lowtail.serve import stats_segment as ws
-from lowtail.serve.call_recorder import CallRecorder
+from lowtail.serve.call_recorder import new_recorder
 from lowtail.serve.call_stats import CALL_FIELDS, COL, RAW_FIELDS, CallRow, derive_calls
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
+from lowtail.shm import native
+
+
+@pytest.fixture(params=["python", "native"])
+def recorder_impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Which recorder ``new_recorder`` makes: the native core's is required where it is built (CI)."""
+    with native.use(request.param == "native"):
+        yield str(request.param)
 
 
 def _named(**stamps: int) -> list[int]:
@@ -90,11 +101,12 @@ def _stamps(base: int, steps_ns: list[int]) -> list[int]:
     return out
 
 
+@pytest.mark.usefixtures("recorder_impl")
 def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
     stats = StatsSegment.create(capacity=16)
     fifo = SchedFifo()
     fifo.reason = "not used by this test"
-    rec = CallRecorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
+    rec = new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
                        stats_every=1000)  # fmt: skip
     try:
         assert rec.sampled  # the first call of every stats_every reads the process clock and counters
@@ -173,10 +185,11 @@ def test_the_recorded_row_puts_every_stage_in_the_column_of_its_name() -> None:
         stats.close()
 
 
+@pytest.mark.usefixtures("recorder_impl")
 def test_a_slow_call_is_counted_and_logged_with_its_row(caplog: pytest.LogCaptureFixture) -> None:
     stats = StatsSegment.create(capacity=16)
     fifo = SchedFifo()
-    rec = CallRecorder(stats, fifo, hero="h", cpu=3, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=0.001,
+    rec = new_recorder(stats, fifo, hero="h", cpu=3, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=0.001,
                        stats_every=1)  # fmt: skip
     try:
         t0 = time.monotonic_ns() - 1_000_000
@@ -193,13 +206,14 @@ def test_a_slow_call_is_counted_and_logged_with_its_row(caplog: pytest.LogCaptur
 
 
 @pytest.mark.parametrize("submit_ns", [(1 << 64) - 1, 1 << 63, 0])
+@pytest.mark.usefixtures("recorder_impl")
 def test_a_submit_stamp_a_client_wrote_at_any_u64_is_recorded_clamped(submit_ns: int) -> None:
     """A request's submit stamp is a word its client writes: any u64. Its wait (the claim's clock less
     that stamp, negative for a stamp from the future) is recorded within 0..2^63 - 1, and the call is
     counted like any other."""
     stats = StatsSegment.create(capacity=16)
     fifo = SchedFifo()
-    rec = CallRecorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
+    rec = new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
                        stats_every=1000)  # fmt: skip
     try:
         t0 = time.monotonic_ns()
@@ -214,4 +228,103 @@ def test_a_submit_stamp_a_client_wrote_at_any_u64_is_recorded_clamped(submit_ns:
             assert wait_ms == t0 / 1e6  # an honest range is recorded as it is
     finally:
         rec.close()
+        stats.close()
+
+
+# What only the clock or the scheduler decides: the rest of a row is the same from either recorder.
+_TIMED = ("run_delay_ns", "nivcsw", "read_ns", "record_ns")
+_WORDS = ("COUNT", "HEARTBEAT", "SAMPLES", "SLOW", "ENGINE_CPU", "ENGINE_THREAD", "FIFO", "FIFO_SWITCHES",
+          "FIFO_COOLDOWNS")  # fmt: skip
+
+
+def _random_calls(rng: np.random.Generator, calls: int) -> list[tuple[list[int], int, int, list[int]]]:
+    """``record``'s arguments for a stream of calls: stamps in the loop's order with random gaps, some
+    slow or descheduled, batches of 1-16 requests whose waits include forged submit stamps (any u64)."""
+    out = []
+    t = time.monotonic_ns()
+    for _ in range(calls):
+        st = call_recorder.stamps()
+        for i in range(call_stats.N_STAMPS - 2):
+            t += int(rng.integers(0, 40_000 if rng.random() < 0.9 else 3_000_000))
+            st[i] = t
+        st[call_stats.TH0], st[call_stats.ET0] = int(rng.integers(0, 1 << 40)), int(rng.integers(0, 1 << 40))
+        st[call_stats.TH1] = st[call_stats.TH0] + int(rng.integers(0, 200_000))
+        st[call_stats.ET1] = st[call_stats.ET0] + int(rng.integers(0, 2_000_000))
+        st[call_stats.WK], st[call_stats.WN] = int(rng.integers(0, 50_000)), int(rng.integers(0, 4))
+        waits = [t - int(s) for s in rng.integers(0, 1 << 63, size=int(rng.integers(1, 17)), dtype=np.uint64)]
+        if rng.random() < 0.1:
+            waits[0] = t - ((1 << 64) - 1)  # a submit stamp from the far future: below int64
+        out.append((waits, t - int(rng.integers(0, 9_000)), int(rng.integers(1, 64)), st))
+    return out
+
+
+def _untimed(line: str) -> str:
+    """A slow_infer line without the scheduler's counters (``_TIMED``)."""
+    return re.sub(r" run_delay_ms=\S+ nivcsw=\S+", "", line)
+
+
+def test_the_native_recorder_writes_the_reference_rows_words_and_slow_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The native core's recorder against the reference over one random stream (300 calls across the
+    ring's wrap, the sampled rhythm, slow and descheduled calls, SCHED_FIFO lost midway): every value
+    that is not a clock's or the scheduler's is the same, and so are the header words and log lines."""
+    calls = _random_calls(np.random.default_rng(35), 300)
+    got = {}
+    for impl in ("python", "native"):
+        stats, fifo = StatsSegment.create(capacity=64), SchedFifo()
+        stats.words[ws.FIFO] = 1
+        with native.use(impl == "native"):
+            rec = new_recorder(stats, fifo, hero="h", cpu=2, threads=5, slow_engine_cpu_ms=1.5,
+                               slow_total_ms=2.5, stats_every=7)  # fmt: skip
+        assert type(rec).__module__ == ("lowtail_native" if impl == "native" else call_recorder.__name__)
+        caplog.clear()
+        try:
+            with caplog.at_level("WARNING"):
+                rows, sampled = [], []
+                for k, (waits, claimed_ns, n, st) in enumerate(calls):
+                    fifo.available, fifo.switches, fifo.cooldowns = k < 150, 2 * k, k // 3
+                    sampled.append(rec.sampled)
+                    rec.record(waits, claimed_ns, n, st)
+                    rows.append(stats.raw[k % 64].copy())
+                    if k == 200:
+                        rec.threads = 9  # the loop refreshes it when idle: the slow lines name it
+            assert rec.count == 300
+            got[impl] = (np.array(rows), sampled, [stats.word(getattr(ws, w)) for w in _WORDS],
+                         [_untimed(r.getMessage()) for r in caplog.records])  # fmt: skip
+        finally:
+            rec.close()
+            stats.close()
+    (py_rows, py_sampled, py_words, py_lines), (nat_rows, nat_sampled, nat_words, nat_lines) = got.values()
+    same = [i for i, f in enumerate(RAW_FIELDS) if f not in _TIMED]
+    assert (py_rows[:, same] == nat_rows[:, same]).all()
+    assert py_sampled == nat_sampled and py_words == nat_words
+    assert 10 < len(py_lines) < 300 and py_lines == nat_lines and "threads=9" in py_lines[-1]
+    assert py_words[_WORDS.index("FIFO")] == 0  # lost at call 150
+
+
+def test_the_native_recorder_refuses_a_ring_it_does_not_write() -> None:
+    """Made from what Python describes, checked once: another row layout, a header word past the
+    header, or a ring past the mapping is refused with what was expected."""
+    core = native.core()
+    assert core is not None, native.implementation().reason
+    stats = StatsSegment.create(capacity=16)
+    _, buffer, first, cap, width = stats.row_packer()
+    words = dict(call_recorder._WORDS)
+    args = {"threads": 1, "slow_cpu_ns": 1, "slow_total_ns": 1, "descheduled_ns": 1, "stats_every": 1}
+    fifo = SchedFifo()
+    try:
+        fields = list(RAW_FIELDS)
+        with pytest.raises(ValueError, match="this core writes"):
+            core.CallRecorder(buffer, first, cap, width, fields[::-1], words, fifo, print, **args)
+        with pytest.raises(ValueError, match="header word slow = 512 lies past the header"):
+            core.CallRecorder(buffer, first, cap, width, fields, words | {"slow": 512}, fifo, print, **args)
+        with pytest.raises(ValueError, match="a ring of 17 rows"):
+            core.CallRecorder(buffer, first, cap + 1, width, fields, words, fifo, print, **args)
+        rec = core.CallRecorder(buffer, first, cap, width, fields, words, fifo, print, **args)
+        rec.close()
+        assert rec.closed
+        with pytest.raises(ValueError, match="closed"):
+            rec.record([1], 0, 1, call_recorder.stamps())
+    finally:
         stats.close()

@@ -16,11 +16,12 @@ import pytest
 
 from lowtail.serve import stats_segment as ws
 from lowtail.serve import worker_main
-from lowtail.serve.call_recorder import CallRecorder
+from lowtail.serve.call_recorder import new_recorder
 from lowtail.serve.call_stats import RAW_FIELDS
 from lowtail.serve.config import WorkerConfig
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
+from lowtail.shm import native
 
 COL = {name: i for i, name in enumerate(RAW_FIELDS)}
 
@@ -98,11 +99,13 @@ def _serve(calls: int, monkeypatch: pytest.MonkeyPatch, scope: str = "work") -> 
         stats.close()
 
 
+@pytest.mark.parametrize("recorder", ["python", "native"])
 @pytest.mark.parametrize("scope", ["work", "call"])
 def test_every_call_is_one_row_with_the_wakes_complete_returned(
-    monkeypatch: pytest.MonkeyPatch, scope: str
+    monkeypatch: pytest.MonkeyPatch, scope: str, recorder: str
 ) -> None:
-    rows, queue = _serve(5, monkeypatch, scope)
+    with native.use(recorder == "native"):  # the recorder serve() makes (new_recorder)
+        rows, queue = _serve(5, monkeypatch, scope)
     assert rows.shape == (5, len(RAW_FIELDS)) and len(queue.batches) == 5
     assert (rows[:, COL["wk"]] == 1_234).all() and (rows[:, COL["wn"]] == 1).all()
     assert (rows[:, COL["batch"]] == 2).all() and (rows[:, COL["slots"]] == 1).all()
@@ -119,16 +122,16 @@ def _loop(engine: Any, ppid: int, queue: _Queue | None = None) -> Iterator[tuple
     """``_serve_batches``' state over a stand-in queue and ``engine``, with a real recorder and stats."""
     stats, queue, fifo = StatsSegment.create(64), queue or _Queue(), SchedFifo()
     fifo.reason = "not used by this test"
+    rec = new_recorder(stats, fifo, hero="t", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
+                       stats_every=16)  # fmt: skip
     try:
-        rec = CallRecorder(stats, fifo, hero="t", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=1e9,
-                          stats_every=16)  # fmt: skip
         yield worker_main._Loop(
             claim=queue.claim, claim_timeout=0.01, drop_when_idle=True, engine=engine, fifo=fifo,
             h=stats.words, malformed=ValueError, next_check=0, per_call=False, ppid=ppid, rec=rec,
             st=[0] * 20,
         ), queue, stats  # fmt: skip
-        rec.close()
     finally:
+        rec.close()  # first: the native recorder holds the stats mapping
         stats.close()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, TypedDict, Unpack
 
 from lowtail.serve.call_stats import (
     EC0,
@@ -20,6 +21,7 @@ from lowtail.serve.call_stats import (
     ET0,
     ET1,
     N_STAMPS,
+    RAW_FIELDS,
     SLOW_INFER_FORMAT,
     T0,
     T1,
@@ -49,6 +51,22 @@ log = logging.getLogger(__name__)
 DESCHEDULED_NS = 20_000
 
 
+class RecorderOptions(TypedDict):
+    """What a recorder is made with, beside its stats segment and SchedFifo: the worker's name and CPU
+    and thread count (its ``slow_infer`` line), the slow thresholds, and how often a call is sampled."""
+
+    hero: str
+    cpu: int
+    threads: int
+    slow_engine_cpu_ms: float
+    slow_total_ms: float
+    stats_every: int
+
+
+def _ns(ms: float) -> int:
+    return int(ms * 1e6)
+
+
 def stamps() -> list[int]:
     """The list one serving loop fills per call (indexed by ``call_stats.T0`` ... ``WN``) and hands to
     ``CallRecorder.record``."""
@@ -64,35 +82,24 @@ class CallRecorder:
         "_width", "_words", "count", "sampled", "threads",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        stats: StatsSegment,
-        fifo: SchedFifo,
-        *,
-        hero: str,
-        cpu: int,
-        threads: int,
-        slow_engine_cpu_ms: float,
-        slow_total_ms: float,
-        stats_every: int,
-    ) -> None:
+    def __init__(self, stats: StatsSegment, fifo: SchedFifo, **o: Unpack[RecorderOptions]) -> None:
         self._words = stats.words
         self._pack, self._ring, self._first, self._cap, self._width = stats.row_packer()
         self._raw = stats.raw
         self._fifo = fifo
-        self._hero, self._cpu = hero, cpu
+        self._hero, self._cpu = o["hero"], o["cpu"]
         # as whole ns: the slow check compares the stamps' differences (int with int: an int against a
         # float costs several times the comparison), no row derived on the hot path
-        self._slow_cpu_ns, self._slow_total_ns = int(slow_engine_cpu_ms * 1e6), int(slow_total_ms * 1e6)
+        self._slow_cpu_ns, self._slow_total_ns = _ns(o["slow_engine_cpu_ms"]), _ns(o["slow_total_ms"])
         self._descheduled_ns = DESCHEDULED_NS
         self._samples = 0  # samples served: kept here, so the word is stored, not read back and added
-        self._every = stats_every
+        self._every = o["stats_every"]
         self._counters = ThreadCounters()  # opened here: the thread that serves is the one it reads
         self._rd_last, self._iv_last = self._counters.run_delay_ns(), self._counters.nivcsw()
         self._record_ns = 0  # the cost of recording the previous call, reported in the next row
         self.count = 0  # calls recorded
         self.sampled = True  # the next call reads the process CPU clock (every stats_every-th call)
-        self.threads = threads  # the worker's threads, refreshed by the loop when idle (slow_infer line)
+        self.threads = o["threads"]  # the worker's threads, refreshed by the loop when idle (slow_infer line)
 
     def record(self, waits_ns: list[int], claimed_ns: int, n: int, st: list[int]) -> None:
         """One answered call of ``n`` samples from the requests that waited ``waits_ns``.
@@ -144,9 +151,41 @@ class CallRecorder:
     def _slow(self, k: int) -> None:
         """Call ``k`` was slow: counted, and logged with its derived row (the ``slow_infer`` line)."""
         self._words[SLOW] += 1
-        row = derive_calls(self._raw[k % self._cap][None])[0]
-        args = slow_infer_args(self._hero, self._cpu, row, self._fifo.available, self.threads)
-        log.warning(SLOW_INFER_FORMAT, *args)
+        log_slow(self._raw, k, hero=self._hero, cpu=self._cpu, fifo=self._fifo, threads=self.threads)
 
     def close(self) -> None:
         self._counters.close()
+
+
+def log_slow(raw: Any, k: int, *, hero: str, cpu: int, fifo: SchedFifo, threads: int) -> None:
+    """The ``slow_infer`` line of call ``k``, from its raw row in the ring ``raw``."""
+    row = derive_calls(raw[k % len(raw)][None])[0]
+    log.warning(SLOW_INFER_FORMAT, *slow_infer_args(hero, cpu, row, fifo.available, threads))
+
+
+# The header words the recorder writes, by the names the native core takes them under.
+_WORDS = {
+    "count": COUNT, "heartbeat": HEARTBEAT, "samples": SAMPLES, "slow": SLOW, "engine_cpu": ENGINE_CPU,
+    "engine_thread": ENGINE_THREAD, "fifo": FIFO, "fifo_switches": FIFO_SWITCHES,
+    "fifo_cooldowns": FIFO_COOLDOWNS,
+}  # fmt: skip
+
+
+def new_recorder(stats: StatsSegment, fifo: SchedFifo, **o: Unpack[RecorderOptions]) -> Any:
+    """The serving loop's recorder: the native core's ``CallRecorder`` when the queue's hot path is
+    native (``lowtail.shm.native.core()``), else this module's, the reference. Both take ``record``'s
+    arguments, write the same rows and words, and log the same ``slow_infer`` line. Made in the thread
+    that serves (it reads that thread's scheduler counters)."""
+    from lowtail.shm import native
+
+    core = native.core()
+    if core is None:
+        return CallRecorder(stats, fifo, **o)
+    _, buffer, first, cap, width = stats.row_packer()
+    raw, hero, cpu = stats.raw, o["hero"], o["cpu"]
+    return core.CallRecorder(
+        buffer, first, cap, width, list(RAW_FIELDS), _WORDS, fifo,
+        lambda k, threads: log_slow(raw, k, hero=hero, cpu=cpu, fifo=fifo, threads=threads),
+        threads=o["threads"], slow_cpu_ns=_ns(o["slow_engine_cpu_ms"]), slow_total_ns=_ns(o["slow_total_ms"]),
+        descheduled_ns=DESCHEDULED_NS, stats_every=o["stats_every"],
+    )  # fmt: skip

@@ -343,41 +343,42 @@ def serve(
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
     the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
     back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
-    stamps it takes go to ``CallRecorder.record``, the call's bookkeeping. A batch lives in a ``with``
+    stamps it takes go to the recorder's ``record`` (``call_recorder.new_recorder``: the native core's
+    when the queue's path is native), the call's bookkeeping. A batch lives in a ``with``
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     The loop itself is ``_serve_batches``, entered again every ``BATCHES_PER_ENTRY`` batches.
     """
     from lowtail.serve import stats_segment as ws
-    from lowtail.serve.call_recorder import CallRecorder, stamps
+    from lowtail.serve.call_recorder import new_recorder, stamps
     from lowtail.serve.engine import MalformedInput
 
     h = stats.words
     # ``ppid`` is the parent's own pid (main), not read here: once ready is sent the parent may exit at
     # once, and a getppid() after that returns the reaper's pid, so the orphan would serve forever.
     threads = int(ready["threads"])
-    rec = CallRecorder(stats, fifo, hero=config.name, cpu=cpu, threads=threads,
+    rec = new_recorder(stats, fifo, hero=config.name, cpu=cpu, threads=threads,
                        slow_engine_cpu_ms=config.slow_engine_cpu_ms, slow_total_ms=config.slow_total_ms,
                        stats_every=config.stats_every)  # fmt: skip
-    h[ws.THREADS] = threads
-    h[ws.FIFO] = int(fifo.available)
-    h[ws.HEARTBEAT] = time.monotonic_ns()
-    h[ws.STATE] = ws.SERVING
-    log.info(
-        "serving on CPU %d: precision=%s sched_fifo=%s (scope %s) nice=%d threads=%d",
-        cpu,
-        engine.precision,
-        fifo.available,
-        config.fifo_scope,
-        ready["nice"]["achieved"],
-        threads,
-    )
-    loop = _Loop(
-        claim=qworker.claim, claim_timeout=config.claim_timeout_s, drop_when_idle=config.fifo_scope == "work",
-        engine=engine, fifo=fifo, h=h, malformed=MalformedInput, next_check=0,
-        per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
-        st=stamps(),  # one list, refilled per call: the stamps record() reads by name
-    )  # fmt: skip
-    try:
+    try:  # the recorder holds the stats mapping (native: a buffer export) until closed
+        h[ws.THREADS] = threads
+        h[ws.FIFO] = int(fifo.available)
+        h[ws.HEARTBEAT] = time.monotonic_ns()
+        h[ws.STATE] = ws.SERVING
+        log.info(
+            "serving on CPU %d: precision=%s sched_fifo=%s (scope %s) nice=%d threads=%d",
+            cpu,
+            engine.precision,
+            fifo.available,
+            config.fifo_scope,
+            ready["nice"]["achieved"],
+            threads,
+        )
+        loop = _Loop(
+            claim=qworker.claim, claim_timeout=config.claim_timeout_s,
+            drop_when_idle=config.fifo_scope == "work", engine=engine, fifo=fifo, h=h,
+            malformed=MalformedInput, next_check=0, per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
+            st=stamps(),  # one list, refilled per call: the stamps record() reads by name
+        )  # fmt: skip
         while _serve_batches(loop, BATCHES_PER_ENTRY):
             pass
     finally:

@@ -182,9 +182,10 @@ POLLER_CALLS = ("poll", "resume", "accept")
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
-# and copy-out) and the plans those take. A call whose arguments change gets a new name, so an extension
-# built before the change is refused here rather than called with the wrong arguments.
-MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan")
+# and copy-out), the plans those take, and the serving loop's recorder (since 0.9.0). A call whose
+# arguments change gets a new name, so an extension built before the change is refused here rather
+# than called with the wrong arguments.
+MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan", "CallRecorder")
 # The oldest core whose calls take what this package passes: under the same names, receive_answer
 # gained its park slice in 0.5.0 and took the caller's arrays as its copy in 0.6.0 (AnswerPlan the
 # array type), and declines arrays that share memory since 0.6.1; answer_known and KnownOutputs take a
