@@ -142,6 +142,94 @@ impl CallRecorder {
         let w = self.word(i);
         w.store(w.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
+
+    /// The call's row, counters and words, and the slow check: (the slow call's index, the worker's
+    /// threads and the callback that logs it, when it was slow; the call's end stamp; the counters' read
+    /// time).
+    #[allow(clippy::type_complexity)]
+    fn write_call(
+        &mut self,
+        py: Python<'_>,
+        waits_ns: &Bound<'_, PyList>,
+        claimed_ns: i64,
+        n: i64,
+        st: &Bound<'_, PyList>,
+    ) -> PyResult<(Option<(u64, i64, Py<PyAny>)>, i64, i64)> {
+        if self.buf.is_none() {
+            return Err(PyValueError::new_err("the recorder is closed"));
+        }
+        if st.len() != N_STAMPS {
+            return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
+        }
+        let mut row = [0i64; 29];
+        for (i, v) in st.iter().enumerate() {
+            row[i] = v.extract()?;
+        }
+        let sampled = self.sampled;
+        let t1 = row[T1];
+        let wall_ns = t1.wrapping_sub(row[T0]);
+        let (mut rd_delta, mut iv_delta, mut read_ns) = (0, 0, 0);
+        if sampled || wall_ns.wrapping_sub(row[TH1].wrapping_sub(row[TH0])) > self.descheduled_ns {
+            let r0 = now_ns() as i64;
+            let (rd, iv) = (run_delay_ns(self.schedstat)?, nivcsw()?);
+            rd_delta = rd.wrapping_sub(self.rd_last);
+            iv_delta = iv.wrapping_sub(self.iv_last);
+            (self.rd_last, self.iv_last) = (rd, iv);
+            read_ns = (now_ns() as i64).wrapping_sub(r0);
+        }
+        let k = self.count;
+        let wait = longest_wait(waits_ns)?;
+        row[N_STAMPS..].copy_from_slice(&[
+            n,
+            waits_ns.len() as i64,
+            wait,
+            claimed_ns,
+            rd_delta,
+            iv_delta,
+            read_ns,
+            self.record_ns,
+            sampled as i64,
+        ]);
+        // Checked in new(): every row of the ring lies in the mapping.
+        let at = unsafe { self.base.add(self.first + (k % self.cap) as usize * self.width) as *mut i64 };
+        for (i, v) in row.iter().enumerate() {
+            unsafe { std::ptr::write_volatile(at.add(i), *v) };
+        }
+        let w = self.words;
+        self.store(w.heartbeat, t1);
+        let count = k + 1;
+        self.count = count;
+        self.sampled = count % self.every == 0;
+        self.word(w.count).store(count as i64, Ordering::Release); // the row before the count
+        self.samples = self.samples.wrapping_add(n);
+        self.store(w.samples, self.samples);
+        let engine_thread_ns = row[ET1].wrapping_sub(row[ET0]);
+        let mut engine_cpu_ns = engine_thread_ns;
+        if sampled {
+            engine_cpu_ns = row[EC1].wrapping_sub(row[EC0]);
+            self.add(w.engine_cpu, engine_cpu_ns);
+            self.add(w.engine_thread, engine_thread_ns);
+        }
+        let mut slow = None;
+        if engine_cpu_ns > self.slow_cpu_ns || wall_ns > self.slow_total_ns {
+            self.add(w.slow, 1);
+            slow = Some((k, self.threads, self.on_slow.clone_ref(py)));
+        }
+        Ok((slow, t1, read_ns))
+    }
+
+    /// The SCHED_FIFO words and what this call's recording cost (stored in the next call's row).
+    fn finish(&mut self, py: Python<'_>, t1: i64, read_ns: i64) -> PyResult<()> {
+        let w = self.words;
+        let fifo = self.fifo.bind(py);
+        if !fifo.getattr(intern!(py, "available"))?.is_truthy()? && self.word(w.fifo).load(Ordering::Relaxed) != 0 {
+            self.store(w.fifo, 0);
+        }
+        self.store(w.fifo_switches, fifo.getattr(intern!(py, "switches"))?.extract()?);
+        self.store(w.fifo_cooldowns, fifo.getattr(intern!(py, "cooldowns"))?.extract()?);
+        self.record_ns = (now_ns() as i64).wrapping_sub(t1).wrapping_sub(read_ns);
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -181,7 +269,7 @@ impl CallRecorder {
         let len = buf.len_bytes();
         let name = |n: &str| -> PyResult<usize> {
             let i = *words.get(n).ok_or_else(|| PyValueError::new_err(format!("no header word named {n}")))?;
-            if i * 8 + 8 > first {
+            if i >= first / 8 {
                 return Err(PyValueError::new_err(format!("header word {n} = {i} lies past the header (ring at byte {first})")));
             }
             Ok(i)
@@ -248,74 +336,14 @@ impl CallRecorder {
 
     /// One answered call of `n` samples from the requests that waited `waits_ns`; `st` its stamps
     /// (`call_stats.T0` ... `WN`), `claimed_ns` the poll that took the first request.
-    fn record(&mut self, py: Python<'_>, waits_ns: &Bound<'_, PyList>, claimed_ns: i64, n: i64, st: &Bound<'_, PyList>) -> PyResult<()> {
-        if self.buf.is_none() {
-            return Err(PyValueError::new_err("the recorder is closed"));
+    fn record(slf: &Bound<'_, Self>, waits_ns: &Bound<'_, PyList>, claimed_ns: i64, n: i64, st: &Bound<'_, PyList>) -> PyResult<()> {
+        let py = slf.py();
+        let (slow, t1, read_ns) = slf.borrow_mut().write_call(py, waits_ns, claimed_ns, n, st)?;
+        if let Some((k, threads, on_slow)) = slow {
+            // Called with the recorder not borrowed: a log handler may read it (count, threads).
+            on_slow.call1(py, (k, threads))?;
         }
-        if st.len() != N_STAMPS {
-            return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
-        }
-        let mut row = [0i64; 29];
-        for (i, v) in st.iter().enumerate() {
-            row[i] = v.extract()?;
-        }
-        let sampled = self.sampled;
-        let t1 = row[T1];
-        let wall_ns = t1.wrapping_sub(row[T0]);
-        let (mut rd_delta, mut iv_delta, mut read_ns) = (0, 0, 0);
-        if sampled || wall_ns.wrapping_sub(row[TH1].wrapping_sub(row[TH0])) > self.descheduled_ns {
-            let r0 = now_ns() as i64;
-            let (rd, iv) = (run_delay_ns(self.schedstat)?, nivcsw()?);
-            rd_delta = rd.wrapping_sub(self.rd_last);
-            iv_delta = iv.wrapping_sub(self.iv_last);
-            (self.rd_last, self.iv_last) = (rd, iv);
-            read_ns = (now_ns() as i64).wrapping_sub(r0);
-        }
-        let k = self.count;
-        let wait = longest_wait(waits_ns)?;
-        row[N_STAMPS..].copy_from_slice(&[
-            n,
-            waits_ns.len() as i64,
-            wait,
-            claimed_ns,
-            rd_delta,
-            iv_delta,
-            read_ns,
-            self.record_ns,
-            sampled as i64,
-        ]);
-        // Checked in new(): every row of the ring lies in the mapping.
-        let at = unsafe { self.base.add(self.first + (k % self.cap) as usize * self.width) as *mut i64 };
-        for (i, v) in row.iter().enumerate() {
-            unsafe { std::ptr::write_volatile(at.add(i), *v) };
-        }
-        let w = self.words;
-        self.store(w.heartbeat, t1);
-        let count = k + 1;
-        self.count = count;
-        self.sampled = count % self.every == 0;
-        self.word(w.count).store(count as i64, Ordering::Release); // the row before the count
-        self.samples = self.samples.wrapping_add(n);
-        self.store(w.samples, self.samples);
-        let engine_thread_ns = row[ET1].wrapping_sub(row[ET0]);
-        let mut engine_cpu_ns = engine_thread_ns;
-        if sampled {
-            engine_cpu_ns = row[EC1].wrapping_sub(row[EC0]);
-            self.add(w.engine_cpu, engine_cpu_ns);
-            self.add(w.engine_thread, engine_thread_ns);
-        }
-        if engine_cpu_ns > self.slow_cpu_ns || wall_ns > self.slow_total_ns {
-            self.add(w.slow, 1);
-            self.on_slow.call1(py, (k, self.threads))?;
-        }
-        let fifo = self.fifo.bind(py);
-        if !fifo.getattr(intern!(py, "available"))?.is_truthy()? && self.word(w.fifo).load(Ordering::Relaxed) != 0 {
-            self.store(w.fifo, 0);
-        }
-        self.store(w.fifo_switches, fifo.getattr(intern!(py, "switches"))?.extract()?);
-        self.store(w.fifo_cooldowns, fifo.getattr(intern!(py, "cooldowns"))?.extract()?);
-        self.record_ns = (now_ns() as i64).wrapping_sub(t1).wrapping_sub(read_ns);
-        Ok(())
+        slf.borrow_mut().finish(py, t1, read_ns)
     }
 
     /// Release the stats buffer and the schedstat file; every later record raises.

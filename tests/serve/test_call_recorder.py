@@ -3,6 +3,7 @@ from the Python recorder (the reference) and the native core's alike (``recorder
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -22,9 +23,16 @@ from lowtail.shm import native
 
 @pytest.fixture(params=["python", "native"])
 def recorder_impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Which recorder ``new_recorder`` makes: the native core's is required where it is built (CI)."""
+    """Which recorder ``new_recorder`` makes (the native core's where it is built, as ``queue_impl``)."""
+    if request.param == "native":
+        _need_native()
     with native.use(request.param == "native"):
         yield str(request.param)
+
+
+def _need_native() -> None:
+    if not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
 
 
 def _named(**stamps: int) -> list[int]:
@@ -248,7 +256,10 @@ def _random_calls(rng: np.random.Generator, calls: int) -> list[tuple[list[int],
             t += int(rng.integers(0, 40_000 if rng.random() < 0.9 else 3_000_000))
             st[i] = t
         st[call_stats.TH0], st[call_stats.ET0] = int(rng.integers(0, 1 << 40)), int(rng.integers(0, 1 << 40))
-        st[call_stats.TH1] = st[call_stats.TH0] + int(rng.integers(0, 200_000))
+        wall = st[call_stats.T1] - st[call_stats.T0]
+        # half on the CPU all along (not descheduled: no counter read unless sampled), half not
+        on_cpu = wall - int(rng.integers(0, 20_000)) if rng.random() < 0.5 else int(rng.integers(0, 200_000))
+        st[call_stats.TH1] = st[call_stats.TH0] + on_cpu
         st[call_stats.ET1] = st[call_stats.ET0] + int(rng.integers(0, 2_000_000))
         st[call_stats.WK], st[call_stats.WN] = int(rng.integers(0, 50_000)), int(rng.integers(0, 4))
         waits = [t - int(s) for s in rng.integers(0, 1 << 63, size=int(rng.integers(1, 17)), dtype=np.uint64)]
@@ -269,6 +280,7 @@ def test_the_native_recorder_writes_the_reference_rows_words_and_slow_lines(
     """The native core's recorder against the reference over one random stream (300 calls across the
     ring's wrap, the sampled rhythm, slow and descheduled calls, SCHED_FIFO lost midway): every value
     that is not a clock's or the scheduler's is the same, and so are the header words and log lines."""
+    _need_native()
     calls = _random_calls(np.random.default_rng(35), 300)
     got = {}
     for impl in ("python", "native"):
@@ -298,6 +310,10 @@ def test_the_native_recorder_writes_the_reference_rows_words_and_slow_lines(
     (py_rows, py_sampled, py_words, py_lines), (nat_rows, nat_sampled, nat_words, nat_lines) = got.values()
     same = [i for i, f in enumerate(RAW_FIELDS) if f not in _TIMED]
     assert (py_rows[:, same] == nat_rows[:, same]).all()
+    # the counters read on the same calls (sampled or descheduled), and some calls not
+    read = RAW_FIELDS.index("read_ns")
+    assert ((py_rows[:, read] > 0) == (nat_rows[:, read] > 0)).all()
+    assert 30 < (nat_rows[:, read] == 0).sum() < 270
     assert py_sampled == nat_sampled and py_words == nat_words
     assert 10 < len(py_lines) < 300 and py_lines == nat_lines and "threads=9" in py_lines[-1]
     assert py_words[_WORDS.index("FIFO")] == 0  # lost at call 150
@@ -306,8 +322,9 @@ def test_the_native_recorder_writes_the_reference_rows_words_and_slow_lines(
 def test_the_native_recorder_refuses_a_ring_it_does_not_write() -> None:
     """Made from what Python describes, checked once: another row layout, a header word past the
     header, or a ring past the mapping is refused with what was expected."""
+    _need_native()
     core = native.core()
-    assert core is not None, native.implementation().reason
+    assert core is not None
     stats = StatsSegment.create(capacity=16)
     _, buffer, first, cap, width = stats.row_packer()
     words = dict(call_recorder._WORDS)
@@ -317,8 +334,11 @@ def test_the_native_recorder_refuses_a_ring_it_does_not_write() -> None:
         fields = list(RAW_FIELDS)
         with pytest.raises(ValueError, match="this core writes"):
             core.CallRecorder(buffer, first, cap, width, fields[::-1], words, fifo, print, **args)
-        with pytest.raises(ValueError, match="header word slow = 512 lies past the header"):
-            core.CallRecorder(buffer, first, cap, width, fields, words | {"slow": 512}, fifo, print, **args)
+        for past in (512, 1 << 61):  # 2^61 words: 2^64 bytes, which would wrap to the header's start
+            with pytest.raises(ValueError, match=f"header word slow = {past} lies past the header"):
+                core.CallRecorder(
+                    buffer, first, cap, width, fields, words | {"slow": past}, fifo, print, **args
+                )
         with pytest.raises(ValueError, match="a ring of 17 rows"):
             core.CallRecorder(buffer, first, cap + 1, width, fields, words, fifo, print, **args)
         rec = core.CallRecorder(buffer, first, cap, width, fields, words, fifo, print, **args)
@@ -327,4 +347,29 @@ def test_the_native_recorder_refuses_a_ring_it_does_not_write() -> None:
         with pytest.raises(ValueError, match="closed"):
             rec.record([1], 0, 1, call_recorder.stamps())
     finally:
+        stats.close()
+
+
+@pytest.mark.usefixtures("recorder_impl")
+def test_a_log_handler_may_read_the_recorder_while_a_slow_call_is_logged() -> None:
+    """The slow_infer line is logged after the call's row and counters: a handler that reads the
+    recorder then sees the call counted (the native recorder is not held while it logs)."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec = new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=0.001,
+                       stats_every=1)  # fmt: skip
+    seen: list[tuple[int, int]] = []
+
+    class Reader(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((rec.count, rec.threads))
+
+    handler = Reader(logging.WARNING)
+    logging.getLogger(call_recorder.__name__).addHandler(handler)
+    try:
+        t0 = time.monotonic_ns()
+        rec.record([1000], t0, 1, _named(t0=t0, t1=t0 + 5_000_000, th1=4_000_000))
+        assert seen == [(1, 1)] and stats.word(ws.SLOW) == 1 and stats.word(ws.COUNT) == 1
+    finally:
+        logging.getLogger(call_recorder.__name__).removeHandler(handler)
+        rec.close()
         stats.close()

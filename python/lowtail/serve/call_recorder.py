@@ -64,7 +64,8 @@ class RecorderOptions(TypedDict):
 
 
 def _ns(ms: float) -> int:
-    return int(ms * 1e6)
+    """A threshold in ms as whole ns, within int64 (the native recorder's; beyond it nothing is slow)."""
+    return max(-(1 << 63), min(int(ms * 1e6), (1 << 63) - 1))
 
 
 def stamps() -> list[int]:
