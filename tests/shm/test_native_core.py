@@ -72,6 +72,12 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # every name there, but from a build before receive_answer took its park slice: refused by version
     fake.send_request = None  # type: ignore[attr-defined]
     fake.Poller = type("Poller", (), dict.fromkeys(native.POLLER_CALLS))  # type: ignore[attr-defined]
+    # a build before the serving loop's recorder moved into the core (0.9.0): refused by name
+    mod, impl = native._load()
+    assert mod is None and impl.reason.endswith(
+        "lacks CallRecorder: it was built from older sources; rebuild it (make native)"
+    )
+    fake.CallRecorder = None  # type: ignore[attr-defined]
     # (and 0.5.x, before receive_answer's copy took the caller's arrays and AnswerPlan the array type;
     # 0.6.0 copied into arrays of the caller's that share memory; 0.6.x answered one request alone in
     # answer_known, with other arguments)
