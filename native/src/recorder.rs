@@ -220,6 +220,10 @@ impl CallRecorder {
 
     /// The SCHED_FIFO words and what this call's recording cost (stored in the next call's row).
     fn finish(&mut self, py: Python<'_>, t1: i64, read_ns: i64) -> PyResult<()> {
+        if self.buf.is_none() {
+            // closed by the slow call's log handler: its words are not the recorder's to write any more
+            return Err(PyValueError::new_err("the recorder was closed while its slow call was logged"));
+        }
         let w = self.words;
         let fifo = self.fifo.bind(py);
         if !fifo.getattr(intern!(py, "available"))?.is_truthy()? && self.word(w.fifo).load(Ordering::Relaxed) != 0 {

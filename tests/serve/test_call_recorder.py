@@ -36,7 +36,7 @@ def _need_native() -> None:
 
 
 def _named(**stamps: int) -> list[int]:
-    """A stamp list for ``CallRecorder.record`` from the stamps' names (the rest 0)."""
+    """A stamp list for a recorder's ``record`` from the stamps' names (the rest 0)."""
     st = call_recorder.stamps()
     for name, value in stamps.items():
         st[getattr(call_stats, name.upper())] = value
@@ -371,5 +371,49 @@ def test_a_log_handler_may_read_the_recorder_while_a_slow_call_is_logged() -> No
         assert seen == [(1, 1)] and stats.word(ws.SLOW) == 1 and stats.word(ws.COUNT) == 1
     finally:
         logging.getLogger(call_recorder.__name__).removeHandler(handler)
+        rec.close()
+        stats.close()
+
+
+@pytest.mark.usefixtures("recorder_impl")
+def test_a_log_handler_that_closes_the_recorder_and_its_stats_fails_that_record_alone() -> None:
+    """A handler that closes the recorder and unmaps the stats while the slow call is logged: the
+    record raises (the native core writes no word after it, never into the unmapped pages)."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec = new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9, slow_total_ms=0.001,
+                       stats_every=1)  # fmt: skip
+    closed: list[bool] = []
+
+    class Closer(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            rec.close()
+            stats.close()
+            closed.append(True)
+
+    handler = Closer(logging.WARNING)
+    logging.getLogger(call_recorder.__name__).addHandler(handler)
+    try:
+        t0 = time.monotonic_ns()
+        with pytest.raises(ValueError, match=r"closed|released"):
+            rec.record([1000], t0, 1, _named(t0=t0, t1=t0 + 5_000_000, th1=4_000_000))
+        assert closed == [True]
+    finally:
+        logging.getLogger(call_recorder.__name__).removeHandler(handler)
+        if not closed:
+            rec.close()
+            stats.close()
+
+
+@pytest.mark.usefixtures("recorder_impl")
+def test_thresholds_beyond_int64_ns_mean_nothing_is_slow() -> None:
+    """A slow threshold of 1e300 ms (beyond int64 ns) is accepted by both recorders and never met."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec = new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e300, slow_total_ms=1e300,
+                       stats_every=1)  # fmt: skip
+    try:
+        t0 = time.monotonic_ns()
+        rec.record([1000], t0, 1, _named(t0=t0, t1=t0 + 10**12, th1=4_000_000, et1=10**12))
+        assert stats.word(ws.COUNT) == 1 and stats.word(ws.SLOW) == 0
+    finally:
         rec.close()
         stats.close()

@@ -6,7 +6,10 @@ raw row (the stamps as taken, ``call_stats.RAW_FIELDS``) stored in the stats rin
 the served/sampled counters, the ``slow_infer`` check (integer comparisons; its line is derived only for
 a slow call), and the SCHED_FIFO words. Every column readers see is derived from the raw rows when they
 read them (``call_stats.derive_calls``), not here. What recording costs is measured too (``record_ns``,
-stored in the next call's row). Imported after pinning (numpy).
+stored in the next call's row). This module's ``CallRecorder`` is the reference and the Python path's
+recorder; on the native path the core's (``lowtail_native.CallRecorder``, ``native/src/recorder.rs``)
+does the same in one call, and ``new_recorder`` picks the one the queue's hot path uses. Imported after
+pinning (numpy).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def _ns(ms: float) -> int:
 
 def stamps() -> list[int]:
     """The list one serving loop fills per call (indexed by ``call_stats.T0`` ... ``WN``) and hands to
-    ``CallRecorder.record``."""
+    its recorder's ``record`` (``new_recorder``'s: this module's or the native core's)."""
     return [0] * N_STAMPS
 
 
