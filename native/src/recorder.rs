@@ -14,7 +14,7 @@ use pyo3::exceptions::{PyOSError, PyOverflowError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use crate::now_ns;
 
@@ -31,10 +31,18 @@ const T0: usize = 0;
 const TH0: usize = 1;
 const ET0: usize = 6;
 const EC0: usize = 7;
+const E0: usize = 8;
+const E1: usize = 9;
 const ET1: usize = 10;
 const EC1: usize = 11;
+const A0: usize = 12;
+const A1: usize = 13;
+const F1: usize = 14;
 const TH1: usize = 15;
+const C1: usize = 16;
 const T1: usize = 17;
+const WK: usize = 18;
+const WN: usize = 19;
 
 /// The header words the recorder writes (`stats_segment`'s indices, passed in by name).
 #[derive(Clone, Copy)]
@@ -102,6 +110,14 @@ fn nivcsw() -> PyResult<i64> {
     Ok(ru.ru_nivcsw as i64)
 }
 
+/// A clock as Python's `time` module reads it: CLOCK_THREAD_CPUTIME_ID is `thread_time_ns`,
+/// CLOCK_PROCESS_CPUTIME_ID `process_time_ns` (both system calls on this guest, ~1 us each).
+fn clock_ns(id: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+}
+
 /// The longest of a call's waits, as int64: a wait below int64 (a forged submit stamp far in the
 /// future) reads as no wait, as it does in Python; one above it cannot be stored (Python's pack_into
 /// refuses it too).
@@ -143,7 +159,7 @@ impl CallRecorder {
         w.store(w.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    /// The call's row, counters and words, and the slow check: (the slow call's index, the worker's
+    /// The call's row (`row`, its stamps filled in), counters and words, and the slow check: (the slow call's index, the worker's
     /// threads and the callback that logs it, when it was slow; the call's end stamp; the counters' read
     /// time).
     #[allow(clippy::type_complexity)]
@@ -153,17 +169,10 @@ impl CallRecorder {
         waits_ns: &Bound<'_, PyList>,
         claimed_ns: i64,
         n: i64,
-        st: &Bound<'_, PyList>,
+        mut row: [i64; 29],
     ) -> PyResult<(Option<(u64, i64, Py<PyAny>)>, i64, i64)> {
         if self.buf.is_none() {
             return Err(PyValueError::new_err("the recorder is closed"));
-        }
-        if st.len() != N_STAMPS {
-            return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
-        }
-        let mut row = [0i64; 29];
-        for (i, v) in st.iter().enumerate() {
-            row[i] = v.extract()?;
         }
         let sampled = self.sampled;
         let t1 = row[T1];
@@ -341,13 +350,52 @@ impl CallRecorder {
     /// One answered call of `n` samples from the requests that waited `waits_ns`; `st` its stamps
     /// (`call_stats.T0` ... `WN`), `claimed_ns` the poll that took the first request.
     fn record(slf: &Bound<'_, Self>, waits_ns: &Bound<'_, PyList>, claimed_ns: i64, n: i64, st: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut row = [0i64; 29];
+        stamps_into(st, &mut row[..N_STAMPS])?;
+        record_row(slf, waits_ns, claimed_ns, n, row)
+    }
+
+    /// The rest of a call once its `infer()` returned, in one core call (the loop's Python for it cost
+    /// about a sixth of its instructions per call): the stamps from `e1` on, each from the clock the
+    /// loop reads; `batch.complete(outputs, engine_ns=, deschedule_ns=)` with the call's engine time
+    /// and its deschedule so far, as the loop computes them; `fifo.leave()` between `a1` and `f1` when
+    /// `per_call`; then `record`'s bookkeeping. `st` holds the stamps `t0` ... `e0` the loop took; the
+    /// later ones go into the row, not back into `st`. Whatever `complete` raises propagates with
+    /// nothing recorded, as in the loop; a recorder closed since raises after the answer.
+    #[pyo3(signature = (batch, outputs, n, st, per_call))]
+    fn finish_call(
+        slf: &Bound<'_, Self>,
+        batch: &Bound<'_, PyAny>,
+        outputs: &Bound<'_, PyAny>,
+        n: i64,
+        st: &Bound<'_, PyList>,
+        per_call: bool,
+    ) -> PyResult<()> {
         let py = slf.py();
-        let (slow, t1, read_ns) = slf.borrow_mut().write_call(py, waits_ns, claimed_ns, n, st)?;
-        if let Some((k, threads, on_slow)) = slow {
-            // Called with the recorder not borrowed: a log handler may read it (count, threads).
-            on_slow.call1(py, (k, threads))?;
+        let mut row = [0i64; 29];
+        row[E1] = now_ns() as i64;
+        let sampled = slf.borrow().sampled;
+        row[ET1] = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        row[EC1] = if sampled { clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) } else { 0 };
+        row[A0] = now_ns() as i64;
+        stamps_into(st, &mut row[..=E0])?;
+        let kw = PyDict::new(py);
+        kw.set_item(intern!(py, "engine_ns"), row[E1].wrapping_sub(row[E0]))?;
+        let deschedule = row[A0].wrapping_sub(row[T0]).wrapping_sub(row[ET1]).wrapping_add(row[TH0]);
+        kw.set_item(intern!(py, "deschedule_ns"), deschedule)?;
+        (row[WK], row[WN]) = batch.call_method(intern!(py, "complete"), (outputs,), Some(&kw))?.extract()?;
+        row[A1] = now_ns() as i64;
+        row[F1] = row[A1];
+        if per_call {
+            slf.borrow().fifo.bind(py).call_method0(intern!(py, "leave"))?;
+            row[F1] = now_ns() as i64;
         }
-        slf.borrow_mut().finish(py, t1, read_ns)
+        row[TH1] = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        row[C1] = if sampled { clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) } else { 0 };
+        row[T1] = now_ns() as i64;
+        let waits = batch.getattr(intern!(py, "queue_wait_ns"))?;
+        let claimed_ns: i64 = batch.getattr(intern!(py, "claimed_ns"))?.extract()?;
+        record_row(slf, waits.downcast::<PyList>()?, claimed_ns, n, row)
     }
 
     /// Release the stats buffer and the schedstat file; every later record raises.
@@ -362,6 +410,28 @@ impl CallRecorder {
     fn closed(&self) -> bool {
         self.buf.is_none()
     }
+}
+
+/// The stamps of `st` (the loop's list, `N_STAMPS` long) into `into`, from the first.
+fn stamps_into(st: &Bound<'_, PyList>, into: &mut [i64]) -> PyResult<()> {
+    if st.len() != N_STAMPS {
+        return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
+    }
+    for (i, v) in into.iter_mut().enumerate() {
+        *v = st.get_item(i)?.extract()?;
+    }
+    Ok(())
+}
+
+/// `record` of a row whose stamps are filled in.
+fn record_row(slf: &Bound<'_, CallRecorder>, waits_ns: &Bound<'_, PyList>, claimed_ns: i64, n: i64, row: [i64; 29]) -> PyResult<()> {
+    let py = slf.py();
+    let (slow, t1, read_ns) = slf.borrow_mut().write_call(py, waits_ns, claimed_ns, n, row)?;
+    if let Some((k, threads, on_slow)) = slow {
+        // Called with the recorder not borrowed: a log handler may read it (count, threads).
+        on_slow.call1(py, (k, threads))?;
+    }
+    slf.borrow_mut().finish(py, t1, read_ns)
 }
 
 impl Drop for CallRecorder {

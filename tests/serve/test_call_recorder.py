@@ -8,6 +8,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 import pytest
@@ -414,6 +415,100 @@ def test_thresholds_beyond_int64_ns_mean_nothing_is_slow() -> None:
         t0 = time.monotonic_ns()
         rec.record([1000], t0, 1, _named(t0=t0, t1=t0 + 10**12, th1=4_000_000, et1=10**12))
         assert stats.word(ws.COUNT) == 1 and stats.word(ws.SLOW) == 0
+    finally:
+        rec.close()
+        stats.close()
+
+
+class _Batch:
+    """What the native recorder's ``finish_call`` reads of a claimed batch: ``complete`` (each call
+    kept with the clock it ran at; it returns its wakes' cost, or raises ``raises``), the requests'
+    waits and the claim's clock."""
+
+    def __init__(self, raises: BaseException | None = None) -> None:
+        self.queue_wait_ns, self.claimed_ns, self.raises = [3_000, 9_000], 123, raises
+        self.calls: list[tuple[object, int, int, int]] = []
+
+    def complete(self, outputs: object, *, engine_ns: int, deschedule_ns: int) -> tuple[int, int]:
+        self.calls.append((outputs, engine_ns, deschedule_ns, time.monotonic_ns()))
+        if self.raises is not None:
+            raise self.raises
+        return 4_000, 2
+
+
+def _native_recorder(stats: StatsSegment, fifo: SchedFifo) -> object:
+    _need_native()
+    with native.use(True):
+        return new_recorder(stats, fifo, hero="h", cpu=0, threads=1, slow_engine_cpu_ms=1e9,
+                            slow_total_ms=1e9, stats_every=1000)  # fmt: skip
+
+
+def _before_infer() -> list[int]:
+    """The stamps the loop takes before ``infer()`` (``t0`` ... ``e0``), from the clocks it reads."""
+    t0, th0 = time.monotonic_ns(), time.thread_time_ns()
+    return _named(t0=t0, th0=th0, c0=time.process_time_ns(), m0=t0 + 1, f0=t0 + 2, k0=t0 + 3,
+                  et0=time.thread_time_ns(), ec0=time.process_time_ns(), e0=time.monotonic_ns())  # fmt: skip
+
+
+@pytest.mark.parametrize("per_call", [False, True])
+def test_the_native_finish_call_stamps_answers_and_records_the_rest_of_a_call(per_call: bool) -> None:
+    """``finish_call``, the loop's code after ``infer()`` in one core call: each later stamp from its
+    clock in the loop's order, ``complete`` given the engine time and deschedule those stamps make,
+    SCHED_FIFO left between ``a1`` and ``f1`` only per call, and the row recorded as ``record`` would."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    left: list[int] = []
+    fifo.leave = lambda: left.append(time.monotonic_ns())  # type: ignore[method-assign]
+    rec: Any = _native_recorder(stats, fifo)
+    try:
+        batch, outputs, st = _Batch(), {"y": np.zeros(3)}, _before_infer()
+        taken = list(st)
+        rec.finish_call(batch, outputs, 5, st, per_call)
+        end, end_thread = time.monotonic_ns(), time.thread_time_ns()
+        row = dict(zip(RAW_FIELDS, stats.raw[0].tolist(), strict=True))
+        assert st == taken  # the later stamps go into the row, not back into the loop's list
+        assert [row[f] for f in call_stats.STAMPS[:9]] == taken[:9]
+        ((got_outputs, engine_ns, deschedule_ns, answered_at),) = batch.calls
+        assert got_outputs is outputs
+        order = [row["e0"], row["e1"], row["a0"], answered_at, row["a1"], row["f1"], row["t1"], end]
+        assert order == sorted(order)
+        assert row["et0"] <= row["et1"] <= row["th1"] <= end_thread
+        assert row["c0"] <= row["ec1"] <= row["c1"] and row["sampled"] == 1  # the first call is sampled
+        assert engine_ns == row["e1"] - row["e0"]
+        assert deschedule_ns == row["a0"] - row["t0"] - row["et1"] + row["th0"]
+        if per_call:
+            assert len(left) == 1 and row["a1"] <= left[0] <= row["f1"]
+        else:
+            assert left == [] and row["f1"] == row["a1"]
+        assert (row["wk"], row["wn"], row["batch"], row["slots"]) == (4_000, 2, 5, 2)
+        assert (row["wait_ns"], row["claimed_ns"]) == (9_000, 123)
+        assert stats.word(ws.COUNT) == 1 and stats.word(ws.SAMPLES) == 5 and not rec.sampled
+        rec.finish_call(_Batch(), outputs, 2, _before_infer(), per_call)  # not sampled: no process clock
+        second = dict(zip(RAW_FIELDS, stats.raw[1].tolist(), strict=True))
+        assert second["ec1"] == second["c1"] == second["sampled"] == 0 and stats.word(ws.COUNT) == 2
+    finally:
+        rec.close()
+        stats.close()
+
+
+def test_the_native_finish_call_records_nothing_for_a_batch_it_did_not_answer() -> None:
+    """``complete`` raising propagates with no row written; stamps that are not the loop's list are
+    refused before ``complete`` runs; a recorder closed since answers, then raises."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec: Any = _native_recorder(stats, fifo)
+    try:
+        failing = _Batch(raises=OSError("the answer's write failed"))
+        with pytest.raises(OSError, match="the answer's write failed"):
+            rec.finish_call(failing, {}, 1, _before_infer(), False)
+        assert len(failing.calls) == 1 and stats.word(ws.COUNT) == 0 and rec.count == 0
+        short = _Batch()
+        with pytest.raises(ValueError, match=f"19 stamps: expected {call_stats.N_STAMPS}"):
+            rec.finish_call(short, {}, 1, _before_infer()[:-1], False)
+        assert short.calls == [] and rec.count == 0
+        rec.close()
+        late = _Batch()
+        with pytest.raises(ValueError, match="closed"):
+            rec.finish_call(late, {}, 1, _before_infer(), False)
+        assert len(late.calls) == 1  # the answer was delivered; the bookkeeping refused
     finally:
         rec.close()
         stats.close()

@@ -111,6 +111,8 @@ def test_every_call_is_one_row_with_the_wakes_complete_returned(
     assert (rows[:, COL["batch"]] == 2).all() and (rows[:, COL["slots"]] == 1).all()
     for row, batch in zip(rows, queue.batches, strict=True):
         assert batch.answered is not None and batch.answered[1] == row[COL["e1"]] - row[COL["e0"]]
+        # the deschedule every answer carries: wall less thread CPU from the claim to the answer
+        assert batch.answered[2] == row[COL["a0"]] - row[COL["t0"]] - row[COL["et1"]] + row[COL["th0"]]
     stamps = ["t0", "m0", "f0", "k0", "e0", "e1", "a0", "a1", "f1", "t1"]  # the wall stamps, in order
     assert (np.diff(rows[:, [COL[s] for s in stamps]], axis=1) >= 0).all()
     if scope == "work":  # no SCHED_FIFO call after the answer: that half of fifo_us is 0, not a clock read

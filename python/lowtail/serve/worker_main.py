@@ -397,6 +397,7 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
     claim, check, infer, rec = loop.claim, loop.engine.check, loop.engine.infer, loop.rec
     record, fifo, h, st, malformed = rec.record, loop.fifo, loop.h, loop.st, loop.malformed
+    finish = getattr(rec, "finish_call", None)  # the native recorder's (its docstring), else None
     enter, leave = fifo.enter, fifo.leave
     per_call, drop_when_idle, claim_timeout = loop.per_call, loop.drop_when_idle, loop.claim_timeout
     next_check, stop_i, stop = loop.next_check, ws.STOP, _stop
@@ -458,27 +459,26 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                         if t0 >= next_check and (next_check := t0 + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
                             return False
                         continue
-                    st[E1] = e1 = clock()
-                    st[ET1] = et1 = ttime()
-                    st[EC1] = ptime() if sampled else 0
-                    st[A0] = a0 = clock()
-                    # Every answer carries its call's engine time and its deschedule so far (wall - thread
-                    # CPU since the claim returned): the clients' RequestTiming, with no extra clock read.
-                    # It returns what its futex wakes of parked samplers cost, (ns, lanes): WK and WN
-                    # (unpacked: a slice assignment of the list cost ~2,500 instructions per call).
-                    st[WK], st[WN] = batch.complete(
-                        outputs, engine_ns=e1 - e0, deschedule_ns=a0 - t0 - et1 + th0
-                    )
-                st[A1] = a1 = clock()
-                if per_call:
-                    leave()
-                    st[F1] = clock()
-                else:  # no SCHED_FIFO call after the answer: its half of fifo_us is none, not a clock read
-                    st[F1] = a1
-                st[TH1] = ttime()
-                st[C1] = ptime() if sampled else 0
-                st[T1] = clock()
-                record(batch.queue_wait_ns, batch.claimed_ns, n, st)
+                    if finish is not None:  # the native recorder: the rest below in one core call
+                        finish(batch, outputs, n, st, per_call)
+                    else:
+                        st[E1] = e1 = clock()
+                        st[ET1] = et1 = ttime()
+                        st[EC1] = ptime() if sampled else 0
+                        st[A0] = a0 = clock()
+                        # The answers carry the call's engine time and deschedule so far (RequestTiming);
+                        # it returns its wakes' cost (ns, lanes), unpacked: a slice store cost ~2,500 instr.
+                        st[WK], st[WN] = batch.complete(
+                            outputs, engine_ns=e1 - e0, deschedule_ns=a0 - t0 - et1 + th0
+                        )
+                        st[A1] = a1 = clock()
+                        if per_call:
+                            leave()
+                        st[F1] = clock() if per_call else a1  # no SCHED_FIFO call after it: no clock read
+                        st[TH1] = ttime()
+                        st[C1] = ptime() if sampled else 0
+                        st[T1] = clock()
+                        record(batch.queue_wait_ns, batch.claimed_ns, n, st)
                 if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
                     next_check = t0 + HOUSEKEEPING_NS
                     if _orphaned(loop.ppid):
