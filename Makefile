@@ -171,7 +171,7 @@ test-kubelet: oracle kubelet-equipment $(STAMP)
 NATIVE_DEBUG_DIR := build/native-debug
 NATIVE_DEBUG_TESTS := tests/shm/test_native_bounds_review.py tests/shm/test_native_core.py \
 	tests/shm/test_native_differential.py tests/shm/test_queue_hostile.py tests/shm/test_queue_attacks.py \
-	tests/serve/test_call_recorder.py
+	tests/serve/test_call_recorder.py tests/serve/test_serve_loop.py tests/shm/test_known_outputs.py
 test-native-debug: $(STAMP)
 	$(BIN)/python native/gen_layout.py --check
 	cd native && PYO3_PYTHON=$(CURDIR)/$(BIN)/python CARGO_TARGET_DIR=$(CURDIR)/$(NATIVE_DEBUG_DIR)/target \

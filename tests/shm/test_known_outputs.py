@@ -7,11 +7,14 @@ change the outputs between calls of the same batch size (a dtype, the order of t
 more or less, the memory layout, the array type, a mapping that is not a dict) and check that every
 answer is what the worker returned, that outputs that are wrong after a known layout are refused as
 before, and that requests done before the answer, fenced lanes and many batch compositions are handled
-as the validated path handles them. On both paths.
+as the validated path handles them. On both paths, and each answered both ways (``answerer``): by
+``Batch.complete``, and by the native recorder's ``finish_call``, the serving loop's way on the native
+path, which answers a known layout in the core without ``complete``'s Python.
 """
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -19,10 +22,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from lowtail.serve import call_recorder
+from lowtail.serve.call_stats import RAW_FIELDS
+from lowtail.serve.pinning import SchedFifo
+from lowtail.serve.stats_segment import StatsSegment
+from lowtail.shm import native
 from lowtail.shm import server as server_module
 from lowtail.shm.layout import L_GEN, ST_CLIENT_GONE, ST_OK, W_RESP_STATUS
 from lowtail.shm.queue import (
     BadRequest,
+    BatchClosed,
     InferenceQueue,
     QueueClient,
     QueueConfig,
@@ -54,34 +63,92 @@ def _outputs(x: np.ndarray[Any, Any]) -> list[dict[str, np.ndarray[Any, Any]]]:
     return [first, {"twice": twice + 1, "rowsum": rowsum + 1}] + [o for c in changed for o in (c, first)]
 
 
-def _count_core_answers(w: QueueWorker) -> list[bool]:
-    """Each call of the worker's known-layout answer from now on: True when the core answered."""
-    answer_known, hits = w._answer_known, []
+class Answerer:
+    """Answers a claimed batch with outputs one of two ways, and keeps, per answer of a batch size
+    answered before, whether the core answered it as a known layout (``hits``)."""
 
-    def counted(*a: Any) -> Any:
-        got = answer_known(*a)
-        hits.append(got is not None)
-        return got
+    def __init__(self, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.how, self.hits = how, []
+        self._complete_calls = 0
+        self._rec: Any = None
+        if how == "complete":  # the reference path's known-layout answer, counted where it is tried
+            answer_known = QueueWorker._answer_known
 
-    w._answer_known = counted  # type: ignore[method-assign]
-    return hits
+            def counted(worker: QueueWorker, *a: Any) -> Any:
+                got = answer_known(worker, *a)
+                self.hits.append(got is not None)
+                return got
+
+            monkeypatch.setattr(QueueWorker, "_answer_known", counted)
+            return
+        self._stats = StatsSegment.create(capacity=64)
+        with native.use(True):
+            self._rec = call_recorder.new_recorder(
+                self._stats, SchedFifo(), hero="t", cpu=0, threads=1, slow_engine_cpu_ms=1e9,
+                slow_total_ms=1e9, stats_every=1000,
+            )  # fmt: skip
+        complete = server_module.Batch.complete
+
+        def counted_complete(batch: server_module.Batch, *a: Any, **kw: Any) -> Any:
+            self._complete_calls += 1
+            return complete(batch, *a, **kw)
+
+        monkeypatch.setattr(server_module.Batch, "complete", counted_complete)
+
+    def answer(self, batch: server_module.Batch, outputs: Any) -> None:
+        if self._rec is None:
+            batch.complete(outputs)
+            return
+        st = call_recorder.stamps()
+        # t0, th0 and e0, from which (with its own stamps) finish_call makes what its answers carry: a
+        # claim 5 ms ago that this thread did not run for, so the deschedule is never 0. The rest
+        # play no part here.
+        st[8] = time.monotonic_ns()
+        st[0], st[1] = st[8] - 5_000_000, time.thread_time_ns()
+        known, before = batch._worker._known.get(sum(batch.sizes)), self._complete_calls
+        self._rec.finish_call(batch, outputs, sum(batch.sizes), st, False)
+        if known is not None:  # complete() not called: the core answered the known layout itself
+            self.hits.append(self._complete_calls == before)
+
+    def last_row(self) -> dict[str, int]:
+        """The raw row ``finish_call`` recorded last."""
+        k = self._rec.count - 1
+        return dict(zip(RAW_FIELDS, self._stats.raw[k % len(self._stats.raw)].tolist(), strict=True))
+
+    def close(self) -> None:
+        if self._rec is not None:
+            self._rec.close()
+            self._stats.close()
+
+
+@pytest.fixture(params=["complete", "finish_call"])
+def answerer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Answerer]:
+    """``Batch.complete``, or the native recorder's ``finish_call``: on the Python path too, where it
+    finds no known layout and answers with ``complete`` (new_recorder pairs it with the native path)."""
+    if request.param == "finish_call" and not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+    a = Answerer(str(request.param), monkeypatch)
+    try:
+        yield a
+    finally:
+        a.close()
 
 
 @pytest.mark.parametrize("clients", [1, 2])
 def test_outputs_that_change_between_calls_of_one_batch_size_are_answered_as_they_are(
-    server: InferenceQueue, queue_impl: str, clients: int
+    server: InferenceQueue, queue_impl: str, clients: int, answerer: Answerer
 ) -> None:
     """One request per batch, then two coalesced: each client gets its rows of what the worker sent."""
     with QueueWorker.attach(server.descriptor) as w:
         cs = [QueueClient.attach(server.descriptor) for _ in range(clients)]
-        hits = _count_core_answers(w)
+        hits = answerer.hits
         for round_ in range(2):  # the second round starts with a layout known
             for k in range(len(_outputs(filled(1.0)["x"]))):
                 ts = [c.submit(filled(float(k + 1 + 100 * i))) for i, c in enumerate(cs)]
                 with w.claim(timeout_s=5.0) as batch:
                     assert len(batch) == clients
                     sent = _outputs(np.array(batch.inputs["x"]))[k]
-                    batch.complete(sent)
+                    answerer.answer(batch, sent)
                 for c, t in zip(cs, ts, strict=True):
                     got = c.wait(t, timeout_s=5.0)
                     assert list(got) == list(sent), (round_, k)
@@ -106,7 +173,9 @@ def four() -> Iterator[InferenceQueue]:
         yield s
 
 
-def _round(w: QueueWorker, cs: list[QueueClient], rows: list[int], tag: float, fail: int = -1) -> None:
+def _round(
+    answerer: Answerer, w: QueueWorker, cs: list[QueueClient], rows: list[int], tag: float, *, fail: int = -1
+) -> None:
     """Client k sends ``rows[k]`` rows of ``tag + k``; one batch answers them all (request ``fail`` of
     the batch failed first); each client gets its own rows back doubled, and their sums."""
     ts = [c.submit(filled(tag + k, n)) for k, (c, n) in enumerate(zip(cs, rows, strict=True))]
@@ -115,7 +184,7 @@ def _round(w: QueueWorker, cs: list[QueueClient], rows: list[int], tag: float, f
         if fail >= 0:
             batch.fail_request(fail, "failed on its own")
         x = np.array(batch.inputs["x"])
-        batch.complete({"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)})
+        answerer.answer(batch, {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)})
         failed = batch.lanes[fail] if fail >= 0 else -1
     for k, (c, t, n) in enumerate(zip(cs, ts, rows, strict=True)):
         if c.lane == failed:
@@ -128,17 +197,17 @@ def _round(w: QueueWorker, cs: list[QueueClient], rows: list[int], tag: float, f
 
 
 def test_a_coalesced_batch_of_a_known_layout_is_answered_by_the_core_in_any_composition(
-    four: InferenceQueue, queue_impl: str
+    four: InferenceQueue, queue_impl: str, answerer: Answerer
 ) -> None:
     """The core answers a batch of several requests whose outputs are the layout it knows for that many
     rows, once it has the plan of each request's size; a size it has none for is validated, and its
     plan is kept with the others."""
     with QueueWorker.attach(four.descriptor) as w:
         cs = [QueueClient.attach(four.descriptor) for _ in range(4)]
-        hits = _count_core_answers(w)
+        hits = answerer.hits
         compositions = [[1, 1, 1, 1], [1, 1, 1, 1], [2, 1, 1], [1, 1, 2], [3, 1], [2, 2], [1, 3]]
         for k, rows in enumerate(compositions):
-            _round(w, cs[: len(rows)], rows, 10.0 * (k + 1))
+            _round(answerer, w, cs[: len(rows)], rows, 10.0 * (k + 1))
         for c in cs:
             c.close()
         # the first batch of 4 rows is validated (no layout known), then: known, a size 2 unknown,
@@ -150,27 +219,27 @@ def test_a_coalesced_batch_of_a_known_layout_is_answered_by_the_core_in_any_comp
 
 
 def test_a_request_done_before_complete_is_skipped_and_the_rest_answered(
-    four: InferenceQueue, queue_impl: str
+    four: InferenceQueue, queue_impl: str, answerer: Answerer
 ) -> None:
     with QueueWorker.attach(four.descriptor) as w:
         cs = [QueueClient.attach(four.descriptor) for _ in range(3)]
-        hits = _count_core_answers(w)
-        _round(w, cs, [1, 2, 1], 1.0)  # the layout known from here
+        hits = answerer.hits
+        _round(answerer, w, cs, [1, 2, 1], 1.0)  # the layout known from here
         for fail in range(3):
-            _round(w, cs, [1, 2, 1], 10.0 * (fail + 1), fail=fail)
+            _round(answerer, w, cs, [1, 2, 1], 10.0 * (fail + 1), fail=fail)
         for c in cs:
             c.close()
         assert hits == ([True] * 3 if queue_impl == "native" else []), hits
 
 
 def test_a_fenced_lane_in_a_coalesced_batch_is_answered_client_gone_and_the_rest_ok(
-    four: InferenceQueue, queue_impl: str
+    four: InferenceQueue, queue_impl: str, answerer: Answerer
 ) -> None:
     """A lane that changed hands between the claim and the answer (its generation moved) gets the
     client-gone answer, the others their rows: on both paths, known layout or not."""
     with QueueWorker.attach(four.descriptor) as w:
         a, b = QueueClient.attach(four.descriptor), QueueClient.attach(four.descriptor)
-        hits = _count_core_answers(w)
+        hits = answerer.hits
         q, geo = w._m.q, w._m.geo
         for _ in range(2):  # the second time with the layout known
             ta, tb = a.submit(filled(1.0)), b.submit(filled(2.0))
@@ -178,7 +247,7 @@ def test_a_fenced_lane_in_a_coalesced_batch_is_answered_client_gone_and_the_rest
                 x = np.array(batch.inputs["x"])
                 gen = q[geo.lane(b.lane, L_GEN)]
                 q[geo.lane(b.lane, L_GEN)] = gen + 1
-                batch.complete({"twice": x * 2})
+                answerer.answer(batch, {"twice": x * 2})
                 g_of = {it.lane: it.g for it in batch._items}
             q[geo.lane(b.lane, L_GEN)] = gen  # b's own again: it may close
             assert q[geo.slot_word(g_of[b.lane]) + W_RESP_STATUS] == ST_CLIENT_GONE
@@ -193,7 +262,7 @@ def test_a_fenced_lane_in_a_coalesced_batch_is_answered_client_gone_and_the_rest
 
 
 def test_many_batch_compositions_keep_the_known_layouts_bounded(
-    four: InferenceQueue, queue_impl: str, monkeypatch: pytest.MonkeyPatch
+    four: InferenceQueue, queue_impl: str, monkeypatch: pytest.MonkeyPatch, answerer: Answerer
 ) -> None:
     """Batch sizes and request sizes that vary without bound: the worker keeps at most
     KNOWN_OUTPUTS_MAX layouts and KNOWN_PLANS_MAX request sizes for each, and answers every batch."""
@@ -202,7 +271,7 @@ def test_many_batch_compositions_keep_the_known_layouts_bounded(
     with QueueWorker.attach(four.descriptor) as w:
         cs = [QueueClient.attach(four.descriptor) for _ in range(3)]
         for k, rows in enumerate([[n, m, r] for n in (1, 2, 3) for m in (1, 4) for r in (2, 5)]):
-            _round(w, cs, rows, float(k))
+            _round(answerer, w, cs, rows, float(k))
             assert len(w._known) <= 3 and w._known.keys() == w._known_plans.keys()
             assert all(len(plans) <= 2 for _, plans in w._known_plans.values())
         for c in cs:
@@ -211,7 +280,7 @@ def test_many_batch_compositions_keep_the_known_layouts_bounded(
 
 
 def test_a_new_request_size_adds_to_the_kept_plans_up_to_the_bound(
-    four: InferenceQueue, queue_impl: str, monkeypatch: pytest.MonkeyPatch
+    four: InferenceQueue, queue_impl: str, monkeypatch: pytest.MonkeyPatch, answerer: Answerer
 ) -> None:
     """A batch with one new request size beside known ones adds that size: the sizes kept before stay
     answerable while the union fits KNOWN_PLANS_MAX (sizes already kept were counted twice and the
@@ -219,8 +288,8 @@ def test_a_new_request_size_adds_to_the_kept_plans_up_to_the_bound(
     monkeypatch.setattr(server_module, "KNOWN_PLANS_MAX", 3)
     with QueueWorker.attach(four.descriptor) as w:
         cs = [QueueClient.attach(four.descriptor) for _ in range(3)]
-        _round(w, cs[:2], [1, 3], 1.0)  # 4 rows: sizes 1 and 3 kept
-        _round(w, cs, [1, 1, 2], 2.0)  # 4 rows again: size 2 is new, 1 is kept
+        _round(answerer, w, cs[:2], [1, 3], 1.0)  # 4 rows: sizes 1 and 3 kept
+        _round(answerer, w, cs, [1, 1, 2], 2.0)  # 4 rows again: size 2 is new, 1 is kept
         for c in cs:
             c.close()
         kept = w._known_plans.get(4)
@@ -228,12 +297,14 @@ def test_a_new_request_size_adds_to_the_kept_plans_up_to_the_bound(
 
 
 @pytest.mark.usefixtures("queue_impl")
-def test_wrong_outputs_after_a_known_layout_are_refused_as_before(server: InferenceQueue) -> None:
+def test_wrong_outputs_after_a_known_layout_are_refused_as_before(
+    server: InferenceQueue, answerer: Answerer
+) -> None:
     with QueueClient.attach(server.descriptor) as c, QueueWorker.attach(server.descriptor) as w:
         t = c.submit(filled(1.0))
         with w.claim(timeout_s=5.0) as batch:
             x = np.array(batch.inputs["x"])
-            batch.complete({"twice": x * 2})
+            answerer.answer(batch, {"twice": x * 2})
         np.testing.assert_array_equal(c.wait(t, timeout_s=5.0)["twice"], x * 2)
         bad: list[tuple[Any, str]] = [
             ({"twice": x[:1] * 2}, "leading dimension 2"),
@@ -243,10 +314,95 @@ def test_wrong_outputs_after_a_known_layout_are_refused_as_before(server: Infere
         for outputs, why in bad:
             t = c.submit(filled(1.0))
             with w.claim(timeout_s=5.0) as batch, pytest.raises(BadRequest, match=why):
-                batch.complete(outputs)
+                answerer.answer(batch, outputs)
             with pytest.raises(RequestFailed, match=why):
                 c.wait(t, timeout_s=5.0)
         t = c.submit(filled(2.0))
         with w.claim(timeout_s=5.0) as batch:
-            batch.complete({"twice": np.array(batch.inputs["x"]) * 2})
+            answerer.answer(batch, {"twice": np.array(batch.inputs["x"]) * 2})
         np.testing.assert_array_equal(c.wait(t, timeout_s=5.0)["twice"], np.full((2, 4), 4.0, np.float32))
+
+
+def test_the_cores_answer_in_finish_call_carries_the_calls_engine_time_rows_and_deschedule(
+    four: InferenceQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answers ``finish_call`` writes itself carry the call's words as ``complete`` writes them: the
+    engine time and the deschedule (whole us) its stamps make, and the batch's rows."""
+    if not native.available():
+        pytest.skip(f"the native core is not available: {native.implementation().reason}")
+    answerer = Answerer("finish_call", monkeypatch)
+    try:
+        with native.use(True), QueueWorker.attach(four.descriptor) as w:
+            cs = [QueueClient.attach(four.descriptor) for _ in range(2)]
+            _round(answerer, w, cs, [1, 2], 1.0)  # validated: the layout is known from here
+            tickets = [c.submit(filled(5.0 + k, n)) for k, (c, n) in enumerate(zip(cs, [1, 2], strict=True))]
+            with w.claim(timeout_s=5.0) as batch:
+                x = np.array(batch.inputs["x"])
+                rowsum = x.sum(axis=1, keepdims=True).astype(np.float64)
+                answerer.answer(batch, {"twice": x * 2, "rowsum": rowsum})
+                with pytest.raises(BatchClosed):  # answered: its views are refused from here
+                    _ = batch.inputs
+            assert answerer.hits == [True] and not w._outstanding
+            row = answerer.last_row()
+            d = row["a0"] - row["t0"] - row["et1"] + row["th0"]
+            assert d > 5_000_000
+            for c, t in zip(cs, tickets, strict=True):
+                c.wait(t, timeout_s=5.0)
+                assert t.timing is not None and t.timing.batch_size == 3
+                assert t.timing.engine_s == pytest.approx((row["e1"] - row["e0"]) / 1e9)
+                assert t.timing.call_deschedule_s == pytest.approx((d // 1000 if d > 0 else 0) / 1e6)
+            for c in cs:
+                c.close()
+    finally:
+        answerer.close()
+
+
+class _Unmarkable(server_module._Item):
+    """A claimed request whose ``done`` cannot be set: the mark after its answer raises."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def done(self) -> bool:
+        return False
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        if value:
+            raise RuntimeError("this request cannot be marked done")
+
+
+def test_a_mark_that_raises_after_the_cores_answer_closes_the_batch_and_fails_what_is_not_done(
+    four: InferenceQueue, queue_impl: str, answerer: Answerer
+) -> None:
+    """Whichever way the batch is answered: the error propagates, the batch is closed, and the
+    request that could not be marked is answered failed naming it; the other keeps its rows."""
+    with QueueWorker.attach(four.descriptor) as w:
+        cs = [QueueClient.attach(four.descriptor) for _ in range(2)]
+        _round(answerer, w, cs, [1, 1], 1.0)
+        assert (2 in w._known) is (queue_impl == "native")  # the core answers the layout from here
+        tickets = [c.submit(filled(3.0 + k, 1)) for k, c in enumerate(cs)]
+        with w.claim(timeout_s=5.0) as batch:
+            it = batch._items[1]
+            stuck = _Unmarkable.__new__(_Unmarkable)
+            for name in server_module._Item.__slots__:
+                if name != "done":
+                    setattr(stuck, name, getattr(it, name))
+            batch._items[1] = stuck
+            x = np.array(batch.inputs["x"])
+            with pytest.raises(RuntimeError, match="cannot be marked done"):
+                answerer.answer(
+                    batch, {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)}
+                )
+            with pytest.raises(BatchClosed):
+                _ = batch.inputs
+        lanes = [stuck.lane if i else batch._items[0].lane for i in range(2)]
+        for c, t in zip(cs, tickets, strict=True):
+            if c.lane == lanes[1]:
+                with pytest.raises(RequestFailed, match="cannot be marked done"):
+                    c.wait(t, timeout_s=5.0)
+            else:
+                got = c.wait(t, timeout_s=5.0)["twice"]
+                np.testing.assert_array_equal(got, np.full((1, 4), 2 * (3.0 + cs.index(c)), np.float32))
+        for c in cs:
+            c.close()
