@@ -512,3 +512,23 @@ def test_the_native_finish_call_records_nothing_for_a_batch_it_did_not_answer() 
     finally:
         rec.close()
         stats.close()
+
+
+def test_the_native_finish_call_leaves_sched_fifo_with_the_recorder_free() -> None:
+    """``fifo.leave()`` may log, and a log handler may use the recorder: set its thread count, or close
+    it. ``finish_call`` calls leave with the recorder not borrowed (it raised 'Already borrowed'), and
+    a recorder closed there refuses the row after the answer, as ``record`` does."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec: Any = _native_recorder(stats, fifo)
+    try:
+        fifo.leave = lambda: setattr(rec, "threads", 7)  # type: ignore[method-assign]
+        rec.finish_call(_Batch(), {}, 1, _before_infer(), True)
+        assert rec.threads == 7 and rec.count == 1
+        fifo.leave = rec.close  # type: ignore[method-assign]
+        answered = _Batch()
+        with pytest.raises(ValueError, match="closed"):
+            rec.finish_call(answered, {}, 1, _before_infer(), True)
+        assert len(answered.calls) == 1 and rec.closed
+    finally:
+        rec.close()
+        stats.close()

@@ -110,6 +110,10 @@ class Answerer:
         if known is not None:  # complete() not called: the core answered the known layout itself
             self.hits.append(self._complete_calls == before)
 
+    def recorded(self) -> int:
+        """The calls ``finish_call`` recorded so far (0 answering by ``complete``)."""
+        return 0 if self._rec is None else int(self._rec.count)
+
     def last_row(self) -> dict[str, int]:
         """The raw row ``finish_call`` recorded last."""
         k = self._rec.count - 1
@@ -406,3 +410,40 @@ def test_a_mark_that_raises_after_the_cores_answer_closes_the_batch_and_fails_wh
                 np.testing.assert_array_equal(got, np.full((1, 4), 2 * (3.0 + cs.index(c)), np.float32))
         for c in cs:
             c.close()
+
+
+def test_a_batch_answered_or_of_a_closed_worker_is_refused_with_its_layout_known(
+    four: InferenceQueue, queue_impl: str, answerer: Answerer
+) -> None:
+    """A second answer of one batch, and the answer of a batch whose worker was closed, are refused
+    (``BatchClosed``) with nothing recorded, whichever way they come: the core's known-layout answer
+    declines them to ``complete()``, which refuses them (without its checks the core answered nothing
+    and ``finish_call`` recorded a call that never ran)."""
+    w = QueueWorker.attach(four.descriptor)
+    cs = [QueueClient.attach(four.descriptor) for _ in range(2)]
+    try:
+        _round(answerer, w, cs, [1, 1], 1.0)
+        assert (2 in w._known) is (queue_impl == "native")  # the core answers the layout from here
+        outputs = {"twice": np.zeros((2, 4), np.float32), "rowsum": np.zeros((2, 1), np.float64)}
+        for k, c in enumerate(cs):
+            c.submit(filled(1.0 + k, 1))
+        with w.claim(timeout_s=5.0) as batch:
+            answerer.answer(batch, outputs)
+            recorded = answerer.recorded()
+            with pytest.raises(BatchClosed, match="already answered"):
+                answerer.answer(batch, outputs)
+            assert answerer.recorded() == recorded
+        tickets = [c.submit(filled(3.0 + k, 1)) for k, c in enumerate(cs)]
+        batch = w.claim(timeout_s=5.0)
+        assert batch is not None and len(batch) == 2
+        w.close()
+        with pytest.raises(BatchClosed, match="worker was closed"):
+            answerer.answer(batch, outputs)
+        assert answerer.recorded() == recorded
+        for c, t in zip(cs, tickets, strict=True):
+            with pytest.raises(RequestFailed):
+                c.wait(t, timeout_s=5.0)
+    finally:
+        for c in cs:
+            c.close()
+        w.close()

@@ -82,7 +82,8 @@ COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 # The raw row: what the serving loop measured for one call, stored as it is (int64) in the stats ring
 # with one pack_into; ``derive_calls`` turns it into the CallRow columns when the ring is read.
 # First the loop's clock stamps (ns), in the hot path's order (``serve()`` in worker_main fills them as
-# one list, ``st``, indexed by the names below): T0 claim returned, TH0/C0 thread/process CPU, M0 before
+# one list, ``st``, indexed by the names below; on the native path the core's ``finish_call`` takes
+# those from E1 on into the row itself): T0 claim returned, TH0/C0 thread/process CPU, M0 before
 # SCHED_FIFO enter, F0 after it, K0 inputs checked, ET0/EC0/E0 before infer(), E1/ET1/EC1 after it,
 # A0/A1 around complete(), F1 after the SCHED_FIFO leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read only
 # on sampled calls (0 otherwise). WK and WN are not clocks: the ns complete() spent in the futex-wake

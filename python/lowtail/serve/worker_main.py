@@ -343,8 +343,9 @@ def serve(
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
     the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
     back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
-    stamps it takes go to the recorder's ``record`` (``call_recorder.new_recorder``: the native core's
-    when the queue's path is native), the call's bookkeeping. A batch lives in a ``with``
+    stamps it takes go to the recorder's ``record`` (``call_recorder.new_recorder``), the call's
+    bookkeeping; on the native path the core's recorder takes those from ``e1`` on itself, answers and
+    records in one call (``finish_call``), all inside the batch's block. A batch lives in a ``with``
     block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     The loop itself is ``_serve_batches``, entered again every ``BATCHES_PER_ENTRY`` batches.
     """
