@@ -225,7 +225,8 @@ pub fn complete_known(py: Python<'_>, batch: &Bound<'_, PyAny>, outputs: &Bound<
     // The call word of every answer, as complete() makes it: the rows, and the deschedule in us.
     let d_us = if deschedule_ns > 0 { (deschedule_ns as u64 / 1000).min(CALL_BATCH_MASK) } else { 0 };
     let call = (total & CALL_BATCH_MASK) | (d_us << CALL_DESCHEDULE_SHIFT);
-    let got = answer_known_in(py, &seg.borrow(), known.get(), outputs, items, sizes, engine_ns, call);
+    // The segment borrowed for the answer alone: the Python called after it may use the segment.
+    let got = answer_known_in(py, &*seg.try_borrow()?, known.get(), outputs, items, sizes, engine_ns, call);
     match got {
         Ok(None) => Ok(None),
         Ok(Some(woken)) => {
@@ -245,7 +246,8 @@ pub fn complete_known(py: Python<'_>, batch: &Bound<'_, PyAny>, outputs: &Bound<
                 .call_method0(intern!(py, "_close"))
                 .and_then(|_| batch.call_method1(intern!(py, "_fail_unanswered"), (e.value(py),)));
             if let Err(later) = failed {
-                later.set_cause(py, Some(e)); // as Python chains an error raised while handling one
+                // Its __context__, as Python sets it on an error raised while handling another.
+                later.value(py).setattr(intern!(py, "__context__"), e.value(py))?;
                 return Err(later);
             }
             Err(e)

@@ -28,7 +28,7 @@ from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
 from lowtail.shm import native
 from lowtail.shm import server as server_module
-from lowtail.shm.layout import L_GEN, ST_CLIENT_GONE, ST_OK, W_RESP_STATUS
+from lowtail.shm.layout import L_GEN, L_PARKED, ST_CLIENT_GONE, ST_OK, W_RESP_STATUS
 from lowtail.shm.queue import (
     BadRequest,
     BatchClosed,
@@ -327,11 +327,12 @@ def test_wrong_outputs_after_a_known_layout_are_refused_as_before(
         np.testing.assert_array_equal(c.wait(t, timeout_s=5.0)["twice"], np.full((2, 4), 4.0, np.float32))
 
 
-def test_the_cores_answer_in_finish_call_carries_the_calls_engine_time_rows_and_deschedule(
+def test_the_native_cores_answer_in_finish_call_carries_the_calls_words_and_its_wakes(
     four: InferenceQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The answers ``finish_call`` writes itself carry the call's words as ``complete`` writes them: the
-    engine time and the deschedule (whole us) its stamps make, and the batch's rows."""
+    engine time and the deschedule (whole us) its stamps make, and the batch's rows; the row it records
+    holds the wake of the one parked client (its flag set as park() sets it)."""
     if not native.available():
         pytest.skip(f"the native core is not available: {native.implementation().reason}")
     answerer = Answerer("finish_call", monkeypatch)
@@ -340,14 +341,18 @@ def test_the_cores_answer_in_finish_call_carries_the_calls_engine_time_rows_and_
             cs = [QueueClient.attach(four.descriptor) for _ in range(2)]
             _round(answerer, w, cs, [1, 2], 1.0)  # validated: the layout is known from here
             tickets = [c.submit(filled(5.0 + k, n)) for k, (c, n) in enumerate(zip(cs, [1, 2], strict=True))]
+            parked = w._m.geo.lane(cs[1].lane, L_PARKED)
             with w.claim(timeout_s=5.0) as batch:
                 x = np.array(batch.inputs["x"])
                 rowsum = x.sum(axis=1, keepdims=True).astype(np.float64)
+                w._m.q[parked] = 1
                 answerer.answer(batch, {"twice": x * 2, "rowsum": rowsum})
+                w._m.q[parked] = 0
                 with pytest.raises(BatchClosed):  # answered: its views are refused from here
                     _ = batch.inputs
             assert answerer.hits == [True] and not w._outstanding
             row = answerer.last_row()
+            assert row["wn"] == 1 and row["wk"] > 0
             d = row["a0"] - row["t0"] - row["et1"] + row["th0"]
             assert d > 5_000_000
             for c, t in zip(cs, tickets, strict=True):
@@ -447,3 +452,36 @@ def test_a_batch_answered_or_of_a_closed_worker_is_refused_with_its_layout_known
         for c in cs:
             c.close()
         w.close()
+
+
+def test_an_error_while_failing_what_a_raised_answer_left_has_that_answers_error_as_its_context(
+    four: InferenceQueue, answerer: Answerer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark that raises after the answer, then failing the rest raising too: the second error
+    propagates with the first as its ``__context__`` (as Python sets it), whichever way the batch is
+    answered."""
+    with QueueWorker.attach(four.descriptor) as w:
+        cs = [QueueClient.attach(four.descriptor) for _ in range(2)]
+        _round(answerer, w, cs, [1, 1], 1.0)
+        for k, c in enumerate(cs):
+            c.submit(filled(3.0 + k, 1))
+
+        def failing_too(batch: server_module.Batch, e: BaseException) -> tuple[int, int]:
+            raise OSError("failing the rest failed too")  # what is left is failed when w closes
+
+        monkeypatch.setattr(server_module.Batch, "_fail_unanswered", failing_too)
+        with w.claim(timeout_s=5.0) as batch:
+            it = batch._items[1]
+            stuck = _Unmarkable.__new__(_Unmarkable)
+            for name in server_module._Item.__slots__:
+                if name != "done":
+                    setattr(stuck, name, getattr(it, name))
+            batch._items[1] = stuck
+            x = np.array(batch.inputs["x"])
+            outputs = {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)}
+            with pytest.raises(OSError, match="failing the rest failed too") as raised:
+                answerer.answer(batch, outputs)
+        assert isinstance(raised.value.__context__, RuntimeError) and raised.value.__cause__ is None
+        assert "cannot be marked done" in str(raised.value.__context__)
+        for c in cs:
+            c.close()

@@ -64,7 +64,7 @@ class CallRow:
     claim_us: float  # the poll that took the first request -> claim() returned: decode, merge, coalescing
     check_us: float  # checking the inputs against the model
     fifo_us: float  # the SCHED_FIFO enter/leave system calls
-    answer_us: float  # Batch.complete: split, copy outputs back, publish, wake parked samplers
+    answer_us: float  # the answer (Batch.complete, or finish_call's own): copy outputs back, publish, wake
     measure_us: float  # reading clocks and scheduler counters inside the call
     record_us: float  # writing the previous call's row and counters (measured there, stored here)
     overhead_us: float  # the sum of the six above: the worker's cost per call beyond infer()
@@ -85,9 +85,10 @@ COL = {name: i for i, name in enumerate(CALL_FIELDS)}
 # one list, ``st``, indexed by the names below; on the native path the core's ``finish_call`` takes
 # those from E1 on into the row itself): T0 claim returned, TH0/C0 thread/process CPU, M0 before
 # SCHED_FIFO enter, F0 after it, K0 inputs checked, ET0/EC0/E0 before infer(), E1/ET1/EC1 after it,
-# A0/A1 around complete(), F1 after the SCHED_FIFO leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read only
-# on sampled calls (0 otherwise). WK and WN are not clocks: the ns complete() spent in the futex-wake
-# system calls of parked samplers, and the lanes it woke (what complete() returns).
+# A0/A1 around the answer (complete(), or the core's own in finish_call), F1 after the SCHED_FIFO
+# leave, TH1/C1/T1 the end. C0/EC0/EC1/C1 are read only on sampled calls (0 otherwise). WK and WN are
+# not clocks: the ns the answer spent in the futex-wake system calls of parked samplers, and the lanes
+# it woke (what complete() returns).
 STAMPS: tuple[str, ...] = (
     "t0", "th0", "c0", "m0", "f0", "k0", "et0", "ec0", "e0", "e1", "et1", "ec1", "a0", "a1", "f1", "th1",
     "c1", "t1", "wk", "wn",
