@@ -381,6 +381,17 @@ class _Unmarkable(server_module._Item):
             raise RuntimeError("this request cannot be marked done")
 
 
+def _unmarkable_second(batch: server_module.Batch) -> _Unmarkable:
+    """The batch's second request swapped for an ``_Unmarkable`` copy of it (the same request)."""
+    it = batch._items[1]
+    stuck = _Unmarkable.__new__(_Unmarkable)
+    for name in server_module._Item.__slots__:
+        if name != "done":
+            setattr(stuck, name, getattr(it, name))
+    batch._items[1] = stuck
+    return stuck
+
+
 def test_a_mark_that_raises_after_the_cores_answer_closes_the_batch_and_fails_what_is_not_done(
     four: InferenceQueue, queue_impl: str, answerer: Answerer
 ) -> None:
@@ -392,12 +403,7 @@ def test_a_mark_that_raises_after_the_cores_answer_closes_the_batch_and_fails_wh
         assert (2 in w._known) is (queue_impl == "native")  # the core answers the layout from here
         tickets = [c.submit(filled(3.0 + k, 1)) for k, c in enumerate(cs)]
         with w.claim(timeout_s=5.0) as batch:
-            it = batch._items[1]
-            stuck = _Unmarkable.__new__(_Unmarkable)
-            for name in server_module._Item.__slots__:
-                if name != "done":
-                    setattr(stuck, name, getattr(it, name))
-            batch._items[1] = stuck
+            stuck = _unmarkable_second(batch)
             x = np.array(batch.inputs["x"])
             with pytest.raises(RuntimeError, match="cannot be marked done"):
                 answerer.answer(
@@ -471,12 +477,7 @@ def test_an_error_while_failing_what_a_raised_answer_left_has_that_answers_error
 
         monkeypatch.setattr(server_module.Batch, "_fail_unanswered", failing_too)
         with w.claim(timeout_s=5.0) as batch:
-            it = batch._items[1]
-            stuck = _Unmarkable.__new__(_Unmarkable)
-            for name in server_module._Item.__slots__:
-                if name != "done":
-                    setattr(stuck, name, getattr(it, name))
-            batch._items[1] = stuck
+            _unmarkable_second(batch)
             x = np.array(batch.inputs["x"])
             outputs = {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)}
             with pytest.raises(OSError, match="failing the rest failed too") as raised:
