@@ -197,7 +197,13 @@ fn answer_known_in(
 /// Returns (wake ns, lanes woken), or None with nothing written where `complete` must run instead: a
 /// batch closed or of a closed worker (`complete` refuses it), a stand-in without `_open`, a request
 /// not decoded, no known layout of its rows, or outputs not exactly that layout.
-pub fn complete_known(py: Python<'_>, batch: &Bound<'_, PyAny>, outputs: &Bound<'_, PyAny>, engine_ns: u64, deschedule_ns: i64) -> PyResult<Option<(u64, u64)>> {
+pub fn complete_known(
+    py: Python<'_>,
+    batch: &Bound<'_, PyAny>,
+    outputs: &Bound<'_, PyAny>,
+    engine_ns: u64,
+    deschedule_ns: i64,
+) -> PyResult<Option<(u64, u64)>> {
     let Ok(open) = batch.getattr(intern!(py, "_open")) else {
         return Ok(None);
     };

@@ -160,9 +160,9 @@ impl CallRecorder {
         w.store(w.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    /// The call's row (`row`, its stamps filled in), counters and words, and the slow check: (the slow call's index, the worker's
-    /// threads and the callback that logs it, when it was slow; the call's end stamp; the counters' read
-    /// time).
+    /// The call's row (`row`, its stamps filled in), counters and words, and the slow check: (the slow
+    /// call's index, the worker's threads and the callback that logs it, when it was slow; the call's
+    /// end stamp; the counters' read time).
     #[allow(clippy::type_complexity)]
     fn write_call(
         &mut self,
@@ -357,10 +357,11 @@ impl CallRecorder {
     }
 
     /// The rest of a call once its `infer()` returned, in one core call (moving the loop's Python here
-    /// took its count from 60,318 to 56,823 instructions per call beyond `infer()`): the stamps from `e1` on, each from the clock the
-    /// loop reads; `batch.complete(outputs, engine_ns=, deschedule_ns=)` with the call's engine time
-    /// and its deschedule so far, as the loop computes them; `fifo.leave()` between `a1` and `f1` when
-    /// `per_call`; then `record`'s bookkeeping. `st` holds the stamps `t0` ... `e0` the loop took; the
+    /// took its count from 60,318 to 56,823 instructions per call beyond `infer()`): the stamps from
+    /// `e1` on, each from the clock the loop reads; the answer with the call's engine time and its
+    /// deschedule so far, as the loop computes them (`complete_known`, else
+    /// `batch.complete(outputs, engine_ns=, deschedule_ns=)`); `fifo.leave()` between `a1` and `f1`
+    /// when `per_call`; then `record`'s bookkeeping. `st` holds the stamps `t0` ... `e0` the loop took; the
     /// later ones go into the row, not back into `st`. Whatever `complete` raises propagates with
     /// nothing recorded, as in the loop; a recorder closed since raises after the answer.
     #[pyo3(signature = (batch, outputs, n, st, per_call))]
