@@ -85,6 +85,9 @@ SWEEP_EVERY_NS = 1_000_000_000
 # A standby whose wait cannot watch the live worker's pid (pid 0, reused, another namespace) re-tries
 # the worker lock this often: bounded CPU, and a takeover at most this late in those corner cases.
 STANDBY_RETRY_S = 0.002
+# A lane is "active lately" when the worker saw a request of it this recently: a batch under
+# min_batch_samples waits up to coalesce_us for such a lane, never for a lane long quiet.
+ACTIVE_LANE_NS = 50_000_000
 
 
 def _samples(items: list[_Item]) -> int:
@@ -959,7 +962,7 @@ class QueueWorker:
         cfg = self._cfg
         now = time.monotonic_ns()
         in_batch = {it.lane for it in items}
-        recent = now - 50_000_000
+        recent = now - ACTIVE_LANE_NS
         if any(t > recent and lane not in in_batch for lane, t in enumerate(self._lane_seen_ns)):
             end = now + cfg.coalesce_us * 1000
             while time.monotonic_ns() < end and len(items) < cfg.max_batch_slots:
