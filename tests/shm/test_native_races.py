@@ -649,6 +649,16 @@ def tagged_rounds(desc: Any, cid: int, seconds: float, out: Any) -> None:
     out.put((cid, ends))
 
 
+def _processing(s: InferenceQueue) -> bool:
+    """Whether a request of the queue is claimed and not answered (PROCESSING)."""
+    q, geo = s._m.q, s._m.geo
+    for g in range(geo.lanes * geo.spl):
+        si = geo.slot_word(g)
+        if q[si + W_CLAIM_SEQ] == q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ]:
+            return True
+    return False
+
+
 def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_it_died(
     ctx: BaseContext,
 ) -> None:
@@ -672,6 +682,9 @@ def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_
                     assert time.monotonic() < deadline and w.is_alive(), "a worker never attached"
                     time.sleep(0.001)
                 time.sleep(float(rng.uniform(0.02, 0.2)))
+                if k % 2:  # and at least these land on a claimed request, however late a loaded host ran it
+                    while not _processing(s):
+                        assert time.monotonic() < deadline and w.is_alive(), "a worker never claimed"
                 os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 w.join(10)
             workers.append(ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0)))

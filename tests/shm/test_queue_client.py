@@ -179,18 +179,33 @@ def test_a_client_that_learned_its_wait_sleeps_then_meets_the_answer_spinning(
     """The worker answers 20 ms after each submit. The client learns that, sleeps until shortly before
     it and spins: the answer finds it spinning, so the worker has no parked client to wake. (A spin
     budget of 100 ms absorbs any lateness of the answer on a loaded host. The client's own wake-up
-    can be late by up to a millisecond on a loaded 2-vCPU guest: it learns that lateness, the bound
-    below allows for the answers that find it still asleep meanwhile.)"""
+    can be late by up to a millisecond on a loaded 2-vCPU guest: it learns that lateness, and answers
+    that find it still asleep meanwhile are allowed, as long as one finds it spinning.)
+
+    A wait is judged when its premise held: the client entered it at least 10 ms before its sleep
+    would end, with its answers predictable (at most ``MAX_LATE`` late). A loaded host can run the
+    wait later, when sleeping no longer pays (rightly not done); such a round runs again."""
+    x, judged, spinning = np.ones((1, 4), np.float32), 0, 0
     with _worker_at(ctx, server, [0.02]), QueueClient.attach(server.descriptor, spin_us=100_000) as c:
         _rounds(c, 8)
         assert 20 * MS <= c.predicted_ns < 1000 * MS
-        n = 12
-        delta = _rounds(c, n)
-    assert delta["timed_parks"] == n, delta  # every wait slept first
-    assert delta["spinning"] + delta["parked"] == n, delta
-    assert delta["spinning"] >= 1, (
-        delta
-    )  # and answers found it spinning (how many: the host's wake-up lateness)
+        for _ in range(60):
+            pred, before = c._pred, c.wait_counts
+            predicted, margin, late = pred.predicted_ns, MARGIN_NS + pred.oversleep_ns, pred.late
+            t = c.submit({"x": x})
+            entered = time.monotonic_ns()
+            np.testing.assert_array_equal(c.wait(t, timeout_s=30.0)["y"], x)
+            delta = {k: v - before[k] for k, v in c.wait_counts.items()}
+            sleep_left = t.submit_ns + predicted - margin - entered
+            if late.bit_count() > client_mod.MAX_LATE or sleep_left < MIN_TIMED_PARK_NS + 10 * MS:
+                continue
+            judged += 1
+            assert delta["timed_parks"] == 1, delta  # every judged wait slept first
+            assert delta["spinning"] + delta["parked"] == 1, delta
+            spinning += delta["spinning"]
+            if judged >= 12 and spinning:
+                break
+    assert judged and spinning >= 1, (judged, spinning)  # and answers found it spinning
 
 
 def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
@@ -340,14 +355,28 @@ def test_a_client_on_a_shared_cpu_parks_through_a_slow_request(
 
 
 def test_a_client_with_a_spin_budget_spins_for_its_answer(ctx: BaseContext, server: InferenceQueue) -> None:
+    """A client that has learned nothing spins its whole budget for an answer due 20 ms after submit.
+
+    A round is judged when the client entered its wait within 10 ms of its submit: a loaded host can
+    run it later, when the answer may be there already (taken at once, rightly). Such a round runs
+    again, with a fresh client."""
+    x, judged = np.ones((1, 4), np.float32), 0
     with _worker_at(ctx, server, [0.02]):
         with QueueClient.attach(server.descriptor, spin_us=0) as warm:
             _rounds(warm, 1)  # the worker is up before the measured client starts
-        with QueueClient.attach(server.descriptor, spin_us=1_000_000) as c:
-            delta = _rounds(c, 1)  # nothing learned yet: the whole budget is spun
-            times = c.wait_times
-    assert delta["spinning"] == 1 and delta["futex_waits"] == 0, delta
-    assert times["spin_ns"] >= 10 * MS and times["park_ns"] == 0, times  # the answer came ~20 ms in
+        for _ in range(10):
+            with QueueClient.attach(server.descriptor, spin_us=1_000_000) as c:
+                t = c.submit({"x": x})
+                entered = time.monotonic_ns()
+                np.testing.assert_array_equal(c.wait(t, timeout_s=30.0)["y"], x)
+                delta, times = c.wait_counts, c.wait_times
+            if entered - t.submit_ns >= 10 * MS:
+                continue
+            judged += 1
+            assert delta["spinning"] == 1 and delta["futex_waits"] == 0, delta
+            assert times["spin_ns"] >= 10 * MS and times["park_ns"] == 0, times  # the answer came ~20 ms in
+            break
+    assert judged, "no round entered its wait within 10 ms of its submit on this host"
 
 
 def test_a_parked_client_whose_worker_is_killed_gets_worker_died_promptly(
