@@ -30,6 +30,10 @@ const N_STAMPS: usize = 20;
 // The stamps the recorder reads, by their index in RAW_FIELDS.
 const T0: usize = 0;
 const TH0: usize = 1;
+const C0: usize = 2;
+const M0: usize = 3;
+const F0: usize = 4;
+const K0: usize = 5;
 const ET0: usize = 6;
 const EC0: usize = 7;
 const E0: usize = 8;
@@ -356,6 +360,41 @@ impl CallRecorder {
         record_row(slf, waits_ns, claimed_ns, n, row)
     }
 
+    /// The start of a call on a claimed batch, as the loop takes it: the stamps `t0`, `th0`, `c0` (on
+    /// sampled calls), `m0`, then `fifo.enter()` (with the recorder not borrowed), `f0`, into `st`;
+    /// returns the batch's inputs. An open batch of a live worker has them read here without the
+    /// `inputs` property's Python frame; anything else goes to the property, which refuses it.
+    #[pyo3(signature = (batch, st))]
+    fn begin_call<'py>(slf: &Bound<'py, Self>, batch: &Bound<'py, PyAny>, st: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        if st.len() != N_STAMPS {
+            return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
+        }
+        st.set_item(T0, now_ns() as i64)?;
+        let (sampled, fifo) = {
+            let r = slf.try_borrow()?;
+            (r.sampled, r.fifo.clone_ref(py))
+        };
+        st.set_item(TH0, clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))?;
+        st.set_item(C0, if sampled { clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) } else { 0 })?;
+        st.set_item(M0, now_ns() as i64)?;
+        fifo.bind(py).call_method0(intern!(py, "enter"))?;
+        st.set_item(F0, now_ns() as i64)?;
+        batch_inputs(py, batch)
+    }
+
+    /// The stamps between the model's check and its call, as the loop takes them: `k0`, `et0`, `ec0`
+    /// (on sampled calls), `e0`, into `st`.
+    fn start_engine(&self, st: &Bound<'_, PyList>) -> PyResult<()> {
+        if st.len() != N_STAMPS {
+            return Err(PyValueError::new_err(format!("{} stamps: expected {N_STAMPS}", st.len())));
+        }
+        st.set_item(K0, now_ns() as i64)?;
+        st.set_item(ET0, clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))?;
+        st.set_item(EC0, if self.sampled { clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) } else { 0 })?;
+        st.set_item(E0, now_ns() as i64)
+    }
+
     /// The rest of a call once its `infer()` returned, in one core call (moving the loop's Python here
     /// took its count from 60,318 to 56,823 instructions per call beyond `infer()`): the stamps from
     /// `e1` on, each from the clock the loop reads; the answer with the call's engine time and its
@@ -422,6 +461,17 @@ impl CallRecorder {
     fn closed(&self) -> bool {
         self.buf.is_none()
     }
+}
+
+/// `batch.inputs` (`lowtail.shm.server.Batch`): read from the open batch of a live worker, else the
+/// property's, which raises `BatchClosed` with its reason (one source for that message).
+fn batch_inputs<'py>(py: Python<'py>, batch: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if let (Ok(open), Ok(worker)) = (batch.getattr(intern!(py, "_open")), batch.getattr(intern!(py, "_worker"))) {
+        if open.is_truthy()? && !worker.getattr(intern!(py, "_closed"))?.is_truthy()? {
+            return batch.getattr(intern!(py, "_inputs"));
+        }
+    }
+    batch.getattr(intern!(py, "inputs"))
 }
 
 /// The stamps of `st` (the loop's list, `N_STAMPS` long) into `into`, from the first.

@@ -23,7 +23,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "python/lowtail/shm/client.py::QueueClient._park": (81, HOT_PATH),
     "python/lowtail/shm/server.py::QueueWorker._poll": (82, HOT_PATH),
     "python/lowtail/serve/call_recorder.py::CallRecorder.record": (71, HOT_PATH),
-    "python/lowtail/serve/worker_main.py::_serve_batches": (110, HOT_PATH),
+    "python/lowtail/serve/worker_main.py::_serve_batches": (106, HOT_PATH),
     "python/lowtail/shm/payload.py::decode_header": (62, "one bounded parse of a header from shared memory"),
     "python/lowtail/benchmarks/queue_bench.py::register": (62, "an argparse option table, read in order"),
 }

@@ -20,6 +20,7 @@ from lowtail.serve.call_stats import CALL_FIELDS, COL, RAW_FIELDS, CallRow, deri
 from lowtail.serve.pinning import SchedFifo
 from lowtail.serve.stats_segment import StatsSegment
 from lowtail.shm import native
+from lowtail.shm.queue import BatchClosed, InferenceQueue, QueueClient, QueueConfig, QueueWorker
 
 
 @pytest.fixture(params=["python", "native"])
@@ -529,6 +530,88 @@ def test_the_native_finish_call_leaves_sched_fifo_with_the_recorder_free() -> No
         with pytest.raises(ValueError, match="closed"):
             rec.finish_call(answered, {}, 1, _before_infer(), True)
         assert len(answered.calls) == 1 and rec.closed
+    finally:
+        rec.close()
+        stats.close()
+
+
+class _Claimed:
+    """A claimed batch as ``begin_call`` reads it where it is not a queue's ``Batch``: ``inputs``."""
+
+    def __init__(self) -> None:
+        self.inputs = {"obs": np.ones((2, 3), np.float32)}
+
+
+def test_the_native_begin_call_and_start_engine_stamp_the_start_of_a_call() -> None:
+    """``begin_call`` takes the stamps before the model's check as the loop does (``t0``, ``th0``,
+    ``c0`` on a sampled call, ``m0``, ``fifo.enter()`` with the recorder free, ``f0``) and returns the
+    batch's inputs; ``start_engine`` the ones between check and call (``k0``, ``et0``, ``ec0``,
+    ``e0``). Stamps that are not the loop's list are refused before anything is stamped or entered."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    entered: list[int] = []
+    rec: Any = _native_recorder(stats, fifo)
+
+    def enter() -> None:
+        rec.threads = 5  # the recorder is not borrowed while SCHED_FIFO is entered
+        entered.append(time.monotonic_ns())
+
+    fifo.enter = enter  # type: ignore[method-assign]
+    try:
+        batch, st = _Claimed(), call_recorder.stamps()
+        start, start_thread = time.monotonic_ns(), time.thread_time_ns()
+        assert rec.begin_call(batch, st) is batch.inputs
+        between = time.monotonic_ns()
+        rec.start_engine(st)
+        end, end_thread = time.monotonic_ns(), time.thread_time_ns()
+        s = {name: st[getattr(call_stats, name.upper())] for name in call_stats.STAMPS}
+        order = [start, s["t0"], s["m0"], *entered, s["f0"], between, s["k0"], s["e0"], end]
+        assert len(entered) == 1 and order == sorted(order) and rec.threads == 5
+        assert start_thread <= s["th0"] <= s["et0"] <= end_thread
+        assert 0 < s["c0"] <= s["ec0"] and rec.sampled  # the first call is sampled: the process clock
+        assert all(s[name] == 0 for name in call_stats.STAMPS[9:])  # the rest is finish_call's
+        rec.finish_call(_Batch(), {}, 2, st, False)
+        assert not rec.sampled
+        rec.begin_call(batch, st)
+        rec.start_engine(st)
+        assert st[call_stats.C0] == st[call_stats.EC0] == 0  # not sampled: no process clock
+        short = [0] * (call_stats.N_STAMPS - 1)
+        with pytest.raises(ValueError, match=f"19 stamps: expected {call_stats.N_STAMPS}"):
+            rec.begin_call(batch, short)
+        with pytest.raises(ValueError, match=f"19 stamps: expected {call_stats.N_STAMPS}"):
+            rec.start_engine(short)
+        assert short == [0] * (call_stats.N_STAMPS - 1) and len(entered) == 2
+    finally:
+        rec.close()
+        stats.close()
+
+
+def test_the_native_begin_call_reads_a_claimed_batchs_views_and_refuses_a_closed_batch() -> None:
+    """A queue's open batch has its inputs read without the property (the very views it holds); an
+    answered batch, and the batch of a closed worker, go to the property, which refuses them."""
+    stats, fifo = StatsSegment.create(capacity=16), SchedFifo()
+    rec: Any = _native_recorder(stats, fifo)
+    st = call_recorder.stamps()
+    try:
+        with (
+            native.use(True),
+            InferenceQueue.create(
+                QueueConfig(lanes=1, slots_per_lane=2, coalesce_us=0, max_batch_slots=1)
+            ) as q,
+            QueueClient.attach(q.descriptor) as client,
+            QueueWorker.attach(q.descriptor) as worker,
+        ):
+            client.submit({"x": np.arange(16, dtype=np.float32).reshape(2, 8)})
+            client.submit({"x": np.ones((1, 8), np.float32)})
+            answered, orphaned = worker.claim(1.0), worker.claim(1.0)
+            assert answered is not None and orphaned is not None
+            got = rec.begin_call(answered, st)
+            assert got is answered.inputs and got["x"].tolist() == np.arange(16).reshape(2, 8).tolist()
+            answered.fail("answered")
+            with pytest.raises(BatchClosed, match="already answered"):
+                rec.begin_call(answered, st)
+            worker.close()
+            with pytest.raises(BatchClosed, match="worker was closed"):
+                rec.begin_call(orphaned, st)
     finally:
         rec.close()
         stats.close()

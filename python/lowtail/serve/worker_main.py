@@ -309,7 +309,8 @@ BATCHES_PER_ENTRY = 64
 @dataclass(slots=True)
 class _Loop:
     """What the serving loop keeps between two entries of ``_serve_batches``: its bound callables, the
-    stamp list and the next housekeeping time."""
+    stamp list and the next housekeeping time (the loop's start: the parent is first checked after the
+    first call, or on the first empty claim)."""
 
     claim: Any
     claim_timeout: float
@@ -377,7 +378,8 @@ def serve(
         loop = _Loop(
             claim=qworker.claim, claim_timeout=config.claim_timeout_s,
             drop_when_idle=config.fifo_scope == "work", engine=engine, fifo=fifo, h=h,
-            malformed=MalformedInput, next_check=0, per_call=config.fifo_scope == "call", ppid=ppid, rec=rec,
+            malformed=MalformedInput, next_check=time.monotonic_ns(), per_call=config.fifo_scope == "call",
+            ppid=ppid, rec=rec,
             st=stamps(),  # one list, refilled per call: the stamps record() reads by name
         )  # fmt: skip
         while _serve_batches(loop, BATCHES_PER_ENTRY):
@@ -398,7 +400,9 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
     clock, ptime, ttime = time.monotonic_ns, time.process_time_ns, time.thread_time_ns
     claim, check, infer, rec = loop.claim, loop.engine.check, loop.engine.infer, loop.rec
     record, fifo, h, st, malformed = rec.record, loop.fifo, loop.h, loop.st, loop.malformed
-    finish = getattr(rec, "finish_call", None)  # the native recorder's (its docstring), else None
+    # The native recorder's calls (their docstrings) take the stamps and answer in the core; else None
+    core = [getattr(rec, name, None) for name in ("begin_call", "start_engine", "finish_call")]
+    begin, engine, finish = core if None not in core else (None, None, None)
     enter, leave = fifo.enter, fifo.leave
     per_call, drop_when_idle, claim_timeout = loop.per_call, loop.drop_when_idle, loop.claim_timeout
     next_check, stop_i, stop = loop.next_check, ws.STOP, _stop
@@ -409,58 +413,56 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
     F1, TH1, C1, T1, WK, WN = cs.F1, cs.TH1, cs.C1, cs.T1, cs.WK, cs.WN  # fmt: skip
     try:
         while budget and not stop["signalled"] and not h[stop_i]:
-            if drop_when_idle and fifo.active:
-                batch = claim(0.0)  # back to back: stay in SCHED_FIFO, no system call
-                if batch is None:
-                    leave()  # nothing ready: never spin or park in SCHED_FIFO
-                    h[ws.FIFO_SWITCHES] = fifo.switches
-                    continue
-            else:
-                batch = claim(claim_timeout)
-                if batch is None:
-                    leave()
-                    h[ws.FIFO_SWITCHES] = fifo.switches
-                    now = clock()
-                    if now >= next_check:  # idle housekeeping, at most twice a second
-                        next_check = now + HOUSEKEEPING_NS
-                        if _idle_housekeeping(h, rec, loop.ppid, now):
-                            return False
-                    continue
-
+            # Busy, claims never come back empty: the parent is checked here after a call (answered or
+            # failed, so a worker failing every batch still notices), at most twice a second.
+            if (t0 := st[T0]) >= next_check:
+                next_check = t0 + HOUSEKEEPING_NS
+                if _orphaned(loop.ppid):
+                    return False
+            batch = claim(0.0 if drop_when_idle and fifo.active else claim_timeout)  # 0: no system call
+            if batch is None:
+                leave()  # nothing ready: never spin or park in SCHED_FIFO
+                h[ws.FIFO_SWITCHES] = fifo.switches
+                now = clock()
+                if now >= next_check:  # idle housekeeping, at most twice a second
+                    next_check = now + HOUSEKEEPING_NS
+                    if _idle_housekeeping(h, rec, loop.ppid, now):
+                        return False
+                continue
             budget -= 1
             try:
                 with batch:
-                    st[T0] = t0 = clock()
-                    sampled = rec.sampled
-                    st[TH0] = th0 = ttime()
-                    st[C0] = ptime() if sampled else 0
-                    st[M0] = clock()
-                    enter()  # no system call when already in SCHED_FIFO
-                    st[F0] = clock()
-                    inputs = batch.inputs
+                    if begin is not None:
+                        inputs = begin(batch, st)
+                    else:
+                        st[T0] = t0 = clock()
+                        sampled = rec.sampled
+                        st[TH0] = th0 = ttime()
+                        st[C0] = ptime() if sampled else 0
+                        st[M0] = clock()
+                        enter()  # no system call when already in SCHED_FIFO
+                        st[F0] = clock()
+                        inputs = batch.inputs
                     try:
                         n = check(inputs, batch.layout)  # the queue's layout of them: one lookup
                     except (malformed, ValueError) as e:
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)
-                        if t0 >= next_check and (next_check := t0 + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
-                            return False  # failing every batch, it still notices its parent is gone
                         continue
-                    st[K0] = clock()
-                    st[ET0] = ttime()
-                    st[EC0] = ptime() if sampled else 0
-                    st[E0] = e0 = clock()
+                    if engine is not None:
+                        engine(st)
+                    else:
+                        st[K0] = clock()
+                        st[ET0] = ttime()
+                        st[EC0] = ptime() if sampled else 0
+                        st[E0] = e0 = clock()
                     try:
                         outputs = infer(inputs, n)
                     except Exception as e:
                         leave()
-                        batch.fail(f"inference failed: {type(e).__name__}: {e}")
-                        h[ws.FAILED] += len(batch.sizes)
-                        log.error("inference failed for %d requests: %s", len(batch.sizes), e)
-                        if t0 >= next_check and (next_check := t0 + HOUSEKEEPING_NS) and _orphaned(loop.ppid):
-                            return False
+                        h[ws.FAILED] += _inference_failed(batch, e)
                         continue
-                    if finish is not None:  # the native recorder: the rest below in one core call
+                    if finish is not None:
                         finish(batch, outputs, n, st, per_call)
                     else:
                         st[E1] = e1 = clock()
@@ -480,10 +482,6 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                         st[C1] = ptime() if sampled else 0
                         st[T1] = clock()
                         record(batch.queue_wait_ns, batch.claimed_ns, n, st)
-                if t0 >= next_check:  # busy: claims never come back empty, so the parent is checked here
-                    next_check = t0 + HOUSEKEEPING_NS
-                    if _orphaned(loop.ppid):
-                        return False
             except Exception:  # the batch's block answered what it had not: it fails alone
                 leave()
                 h[ws.FAILED] += batch.failed
@@ -514,6 +512,13 @@ def _orphaned(ppid: int) -> bool:
         return False
     log.warning("parent %d is gone; exiting", ppid)
     return True
+
+
+def _inference_failed(batch: Any, error: Exception) -> int:
+    """Fail a batch whose ``infer()`` raised; returns the number of requests failed."""
+    batch.fail(f"inference failed: {type(error).__name__}: {error}")
+    log.error("inference failed for %d requests: %s", len(batch.sizes), error)
+    return len(batch.sizes)
 
 
 def fail_malformed(batch: Any, error: Exception) -> int:
