@@ -17,6 +17,7 @@ use crate::IdHasher;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::layout::*;
 use crate::Segment;
@@ -53,6 +54,7 @@ struct Round {
     max_samples: u64,
     now: u64,
     stopped: u64, // the lane of the request Python decodes
+    direct: bool, // requests are still made items here (no APPEND entry went to Python before them)
 }
 
 /// The poll's state across calls (worker-private): each lane's tail as this worker moved it, the
@@ -121,6 +123,80 @@ impl Poller {
         max_samples: u64,
         now: u64,
     ) -> PyResult<(Vec<Entry>, u8)> {
+        let round = self.start(&seg, raw, items, samples, max_slots, max_samples, now)?;
+        self.run(py, &seg, round, Vec::new(), None)
+    }
+
+    /// `poll`, with the requests of the common case made the worker's items here: a request taken into
+    /// this batch whose slot's cached views are for its header (a sampler's next request) becomes an
+    /// item `cache[3](lane, g, si, seq, gen, submit_ns, now, layout, views, True)` appended to
+    /// `items`, and its lane's last-seen stamp is set to `now`, as `QueueWorker._polled` does; `cache` is
+    /// the worker's (views by slot as (header id, views, layout), last-seen stamps by lane, slot word by
+    /// slot, the item class). The other requests come back as entries, as from `poll`; once one taken
+    /// into the batch does, none after it is made an item here, so `items` keeps the claim order.
+    #[allow(clippy::too_many_arguments)]
+    fn poll_into(
+        &mut self,
+        py: Python<'_>,
+        seg: PyRef<'_, Segment>,
+        raw: &[u8],
+        items: &Bound<'_, PyList>,
+        samples: u64,
+        max_slots: u64,
+        max_samples: u64,
+        now: u64,
+        cache: &Bound<'_, PyTuple>,
+    ) -> PyResult<(Vec<Entry>, u8)> {
+        let maker = ItemMaker::new(items, cache)?;
+        let round = self.start(&seg, raw, items.len() as u64, samples, max_slots, max_samples, now)?;
+        self.run(py, &seg, round, Vec::new(), Some(&maker))
+    }
+
+    /// `resume` for `poll_into`: `last`, the item Python decoded the stopped request to, is appended
+    /// to `items` here when it is taken into the batch, before the requests after it.
+    #[pyo3(signature = (seg, samples, last, items, cache))]
+    fn resume_into(
+        &mut self,
+        py: Python<'_>,
+        seg: PyRef<'_, Segment>,
+        samples: Option<u64>,
+        last: &Bound<'_, PyAny>,
+        items: &Bound<'_, PyList>,
+        cache: &Bound<'_, PyTuple>,
+    ) -> PyResult<(u8, Vec<Entry>, u8)> {
+        let maker = ItemMaker::new(items, cache)?;
+        let (taken, round) = self.resumed(samples)?;
+        if taken == APPEND {
+            items.append(last)?;
+        }
+        let (entries, end) = self.run(py, &seg, round, Vec::new(), Some(&maker))?;
+        Ok((taken, entries, end))
+    }
+
+    /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
+    /// it failed, answered already). Returns (what became of it: APPEND or CARRY, or 255 when not
+    /// taken; entries; end) as `poll`.
+    #[pyo3(signature = (seg, samples))]
+    fn resume(&mut self, py: Python<'_>, seg: PyRef<'_, Segment>, samples: Option<u64>) -> PyResult<(u8, Vec<Entry>, u8)> {
+        let (taken, round) = self.resumed(samples)?;
+        let (entries, end) = self.run(py, &seg, round, Vec::new(), None)?;
+        Ok((taken, entries, end))
+    }
+}
+
+impl Poller {
+    /// A new poll's round: the lanes to look at from the doorbells `raw`, in the order served.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        seg: &Segment,
+        raw: &[u8],
+        items: u64,
+        samples: u64,
+        max_slots: u64,
+        max_samples: u64,
+        now: u64,
+    ) -> PyResult<Round> {
         let lanes = self.tails.len() as u64;
         if raw.len() as u64 != 8 * lanes || seg.geo.lanes != lanes || seg.geo.spl != self.spl {
             return Err(PyValueError::new_err(format!(
@@ -152,7 +228,7 @@ impl Poller {
         let start = self.rr;
         let pending: Vec<u64> =
             order.iter().copied().filter(|&l| l >= start).chain(order.iter().copied().filter(|&l| l < start)).collect();
-        let round = Round {
+        Ok(Round {
             heads,
             look,
             pending,
@@ -165,15 +241,12 @@ impl Poller {
             max_samples,
             now,
             stopped: 0,
-        };
-        self.run(py, &seg, round, Vec::new())
+            direct: true,
+        })
     }
 
-    /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
-    /// it failed, answered already). Returns (what became of it: APPEND or CARRY, or 255 when not
-    /// taken; entries; end) as `poll`.
-    #[pyo3(signature = (seg, samples))]
-    fn resume(&mut self, py: Python<'_>, seg: PyRef<'_, Segment>, samples: Option<u64>) -> PyResult<(u8, Vec<Entry>, u8)> {
+    /// The stopped poll's round, its request counted with the `samples` Python decoded it to.
+    fn resumed(&mut self, samples: Option<u64>) -> PyResult<(u8, Round)> {
         let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume without a stopped poll"))?;
         let lane = round.stopped;
         let taken = match samples {
@@ -182,12 +255,9 @@ impl Poller {
         };
         self.served(&mut round, lane);
         round.next += 1;
-        let (entries, end) = self.run(py, &seg, round, Vec::new())?;
-        Ok((taken, entries, end))
+        Ok((taken, round))
     }
-}
 
-impl Poller {
     /// The batch limits for a request of `n` samples: into this batch, or carried (the batch is full).
     fn count(round: &mut Round, n: u64) -> u8 {
         if round.items > 0 && round.samples + n > round.max_samples {
@@ -216,7 +286,14 @@ impl Poller {
         Ok(head)
     }
 
-    fn run(&mut self, py: Python<'_>, seg: &Segment, mut round: Round, mut out: Vec<Entry>) -> PyResult<(Vec<Entry>, u8)> {
+    fn run(
+        &mut self,
+        py: Python<'_>,
+        seg: &Segment,
+        mut round: Round,
+        mut out: Vec<Entry>,
+        maker: Option<&ItemMaker<'_, '_>>,
+    ) -> PyResult<(Vec<Entry>, u8)> {
         let spl = self.spl;
         loop {
             while round.next < round.pending.len() {
@@ -255,7 +332,16 @@ impl Poller {
                             match self.accepted.get(&id) {
                                 Some(&n) => {
                                     let what = Self::count(&mut round, n);
-                                    out.push((what, lane, s, seq, gen, submit, hdr));
+                                    let made = match maker {
+                                        Some(maker) if what == APPEND && round.direct => {
+                                            maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now)?
+                                        }
+                                        _ => false,
+                                    };
+                                    if !made {
+                                        round.direct &= what != APPEND;
+                                        out.push((what, lane, s, seq, gen, submit, hdr));
+                                    }
                                 }
                                 None => {
                                     out.push((DECODE, lane, s, seq, gen, submit, hdr));
@@ -280,5 +366,50 @@ impl Poller {
         self.leftover = round.look.iter().copied().filter(|&l| round.heads[l as usize] != tails[l as usize]).collect();
         let left = round.full || !round.again.is_empty();
         Ok((out, if left { LEFT } else { DRAINED }))
+    }
+}
+
+/// What `poll_into` makes the worker's items with (`QueueWorker._claim_cache`, see `poll_into`).
+struct ItemMaker<'a, 'py> {
+    items: &'a Bound<'py, PyList>,
+    views: Bound<'py, PyDict>,
+    seen: Bound<'py, PyList>,
+    slot_i: Bound<'py, PyList>,
+    item: Bound<'py, PyAny>,
+}
+
+impl<'a, 'py> ItemMaker<'a, 'py> {
+    fn new(items: &'a Bound<'py, PyList>, cache: &Bound<'py, PyTuple>) -> PyResult<Self> {
+        if cache.len() != 4 {
+            return Err(PyValueError::new_err(format!("a cache of {} parts: expected 4", cache.len())));
+        }
+        Ok(ItemMaker {
+            items,
+            views: cache.get_item(0)?.downcast_into::<PyDict>()?,
+            seen: cache.get_item(1)?.downcast_into::<PyList>()?,
+            slot_i: cache.get_item(2)?.downcast_into::<PyList>()?,
+            item: cache.get_item(3)?,
+        })
+    }
+
+    /// The item of the request in slot `g` when its cached views are for header `id`: appended to
+    /// `items`, its lane seen `now`; false (nothing done) when they are not.
+    #[allow(clippy::too_many_arguments)]
+    fn item(&self, py: Python<'py>, lane: u64, g: u64, seq: u64, gen: u64, submit: u64, id: u64, now: u64) -> PyResult<bool> {
+        let Some(cached) = self.views.get_item(g)? else {
+            return Ok(false);
+        };
+        let Ok(cached) = cached.downcast::<PyTuple>() else {
+            return Ok(false);
+        };
+        if cached.len() != 3 || cached.get_item(0)?.extract::<u64>().ok() != Some(id) {
+            return Ok(false);
+        }
+        let si = self.slot_i.get_item(g as usize)?;
+        let now = now.into_pyobject(py)?;
+        let args = (lane, g, si, seq, gen, submit, &now, cached.get_item(2)?, cached.get_item(1)?, true);
+        self.items.append(self.item.call1(args)?)?;
+        self.seen.set_item(lane as usize, now)?;
+        Ok(true)
     }
 }

@@ -455,6 +455,83 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
     other[1].close()
 
 
+def _claim_rounds(use_native: bool, rounds: list[tuple[int, int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each round: clients a and b submit a request of that many rows, the worker claims them in one
+    batch and echoes it. Returns each batch's lanes in claim order, and (native) the kinds of the poll
+    entries that reached Python's ``_polled`` per round."""
+    from lowtail.shm.queue import QueueWorker
+    from tests.shm.helpers import echo
+
+    order: list[list[int]] = []
+    reached: list[list[int]] = []
+    cfg = QueueConfig(lanes=2, slots_per_lane=1, coalesce_us=0)
+    with (
+        native.use(use_native),
+        InferenceQueue.create(cfg) as q,
+        QueueClient.attach(q.descriptor) as a,
+        QueueClient.attach(q.descriptor) as b,
+        QueueWorker.attach(q.descriptor) as w,
+    ):
+        polled = w._polled
+
+        def spy(entries: list[Any], items: list[Any], now: int) -> Any:
+            reached[-1].extend(e[0] for e in entries)
+            return polled(entries, items, now)
+
+        w._polled = spy  # type: ignore[method-assign]
+        for k, (rows_a, rows_b) in enumerate(rounds):
+            reached.append([])
+            xa, xb = np.full((rows_a, 8), k, np.float32), np.full((rows_b, 8), -k, np.float32)
+            ta, tb = a.submit({"x": xa}), b.submit({"x": xb})
+            batch = w.claim(1.0)
+            assert batch is not None and len(batch) == 2
+            order.append(batch.lanes)
+            with batch:
+                batch.complete(echo(batch.inputs["x"]))
+            assert (a.wait(ta, 1.0)["twice"] == 2 * xa + 1).all() and (
+                b.wait(tb, 1.0)["twice"] == 2 * xb + 1
+            ).all()
+    return order, reached
+
+
+@needs_native
+def test_the_native_poll_makes_a_samplers_next_request_its_item_in_the_core_in_claim_order() -> None:
+    """``poll_into``: a request whose slot's cached views are for its header (a sampler's next request)
+    becomes the worker's ``_Item`` in the core, and no entry of it reaches ``_polled``; a request whose
+    header is new is decoded by Python; one whose header was accepted elsewhere but whose slot holds
+    other views goes to Python as an APPEND entry, and no request after it is made an item in the core,
+    so every batch holds its requests in the order the Python poll takes them."""
+    rounds = [(2, 3), (2, 3), (3, 3), (3, 3), (2, 3), (2, 2), (2, 2)]
+    order, reached = _claim_rounds(True, rounds)
+    assert order == _claim_rounds(False, rounds)[0] == [[0, 1]] * len(rounds)  # lane a first each time
+    append, decode = 0, 4  # server._APPEND, server._DECODE
+    assert reached == [
+        [decode, decode],  # both headers new to the core
+        [],  # each slot's views are for its request's header: both made items in the core
+        [append, append],  # a's (3, 8) header was accepted from b, its slot holds (2, 8) views; b after it
+        [],
+        [append, append],  # a's (2, 8) accepted, its slot holds (3, 8) views; b after it
+        [append],  # a's made in the core, b's (2, 8) accepted with (3, 8) views in its slot
+        [],
+    ]
+
+
+@needs_native
+def test_the_native_poll_into_refuses_a_cache_that_is_not_the_workers() -> None:
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    _, mm, seg = _anon_segment(2, 4, 256, 256)
+    poller = lowtail_native.Poller([0, 0], 4)
+    with pytest.raises(ValueError, match="a cache of 3 parts: expected 4"):
+        poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ({}, [0, 0], [0] * 8))
+    with pytest.raises(TypeError):
+        poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ([], [0, 0], [0] * 8, object))
+    with pytest.raises(ValueError, match="resume without a stopped poll"):
+        poller.resume_into(seg, 1, object(), [], ({}, [0, 0], [0] * 8, object))
+    seg.close()
+    mm.close()
+
+
 def _requests(spl: int, *at: tuple[int, int, int]) -> list[types.SimpleNamespace]:
     """Claimed requests as ``answer_known`` reads them (the worker's ``_Item``): (lane, slot, seq) each."""
     return [

@@ -178,7 +178,7 @@ SEGMENT_CALLS = (
     "wake_lanes",
     "wakes",
 )
-POLLER_CALLS = ("poll", "resume", "accept")
+POLLER_CALLS = ("poll", "resume", "accept", "poll_into", "resume_into")
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read

@@ -121,7 +121,17 @@ class _Item:
     )
 
     def __init__(  # noqa: PLR0917 - built once per request on the hot path: positional is cheapest
-        self, lane: int, g: int, si: int, seq: int, gen: int, submit_ns: int, claim_ns: int
+        self,
+        lane: int,
+        g: int,
+        si: int,
+        seq: int,
+        gen: int,
+        submit_ns: int,
+        claim_ns: int,
+        layout: PayloadLayout | None = None,
+        inputs: Arrays | None = None,
+        inline: bool = False,
     ) -> None:
         self.lane = lane
         self.g = g
@@ -130,9 +140,9 @@ class _Item:
         self.gen = gen
         self.submit_ns = submit_ns
         self.claim_ns = claim_ns
-        self.layout: PayloadLayout | None = None
-        self.inputs: Arrays | None = None
-        self.inline = False  # the inputs are views of the request's slot (not an ndarray segment's copy)
+        self.layout = layout
+        self.inputs = inputs
+        self.inline = inline  # the inputs are views of the request's slot (not an ndarray segment's copy)
         self.done = False
 
 
@@ -407,8 +417,6 @@ class QueueWorker:
         self._known: dict[int, Any] = {}  # the output layouts the core recognises (_bind_native)
         # Per batch size: the layout of _known's entry and its answer plan per request size
         self._known_plans: dict[int, tuple[PayloadLayout, dict[int, _Plan]]] = {}
-        if self._native is not None:
-            self._bind_native(geo.spl)
         self._db_i = HW_DOORBELLS
         self._doorbells = q[self._db_i : self._db_i + geo.lanes]
         self._drained = b""
@@ -443,6 +451,8 @@ class QueueWorker:
         self._rr = 0
         self.counts = WorkerCounts()
         self._closed = False
+        if self._native is not None:
+            self._bind_native(geo.spl)
         self.counts.orphans_failed = self._fail_orphans(prev)
 
     def _bind_native(self, spl: int) -> None:
@@ -451,8 +461,11 @@ class QueueWorker:
         for the core; and what answers outputs of a layout answered before (``_known``: per batch
         rows, the outputs of the batch answered last with that many rows, as the core recognises them,
         with the answer plans of the request sizes answered in that layout; a core without
-        ``KnownOutputs`` leaves it empty)."""
+        ``KnownOutputs`` leaves it empty). ``_claim_cache`` is what the core's poll makes a sampler's
+        next request an ``_Item`` with (``Poller.poll_into``): the objects ``_polled`` uses, so none
+        of them may be rebound (the views cache is cleared in place)."""
         self._poller = native.poller(self._tails, spl)
+        self._claim_cache = (self._in_views, self._lane_seen_ns, self._slot_i, _Item)
         self._poll = self._poll_native  # type: ignore[method-assign]
         self._take = self._take_refused  # type: ignore[method-assign]
         self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
@@ -791,18 +804,18 @@ class QueueWorker:
         cfg, poller, nat = self._cfg, self._poller, self._native
         now = time.monotonic_ns()
         samples = _samples(items) if items else 0
-        entries, end = poller.poll(
-            nat, raw, len(items), samples, cfg.max_batch_slots, cfg.max_batch_samples, now
+        cache = self._claim_cache
+        entries, end = poller.poll_into(
+            nat, raw, items, samples, cfg.max_batch_slots, cfg.max_batch_samples, now, cache
         )  # fmt: skip
         while True:
-            last = self._polled(entries, items, now)
+            last = self._polled(entries, items, now) if entries else None
             if end != _STOPPED:
                 break
             assert last is not None
-            taken, entries, end = poller.resume(nat, None if last.layout is None else last.layout.batch)
-            if taken == _APPEND:
-                items.append(last)
-            elif taken == _CARRY:
+            decoded = None if last.layout is None else last.layout.batch
+            taken, entries, end = poller.resume_into(nat, decoded, last, items, cache)  # appends it if taken
+            if taken == _CARRY:
                 self._carry.append(last)
         self._drained = raw if end == _DRAINED else b""
 
@@ -819,8 +832,7 @@ class QueueWorker:
                 g = lane * spl + s
                 cached = in_views.get(g)
                 if cached is not None and cached[0] == hdr:
-                    it = _Item(lane, g, slot_i[g], seq, gen, submit_ns, now)
-                    it.inputs, it.layout, it.inline = cached[1], cached[2], True
+                    it = _Item(lane, g, slot_i[g], seq, gen, submit_ns, now, cached[2], cached[1], True)
                     seen[lane] = now
                     items.append(it)
                     continue
