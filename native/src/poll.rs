@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::IdHasher;
 
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -294,6 +294,35 @@ impl Poller {
         mut out: Vec<Entry>,
         maker: Option<&ItemMaker<'_, '_>>,
     ) -> PyResult<(Vec<Entry>, u8)> {
+        match self.take_round(py, seg, &mut round, &mut out, maker) {
+            Err(e) => {
+                // Every lane this poll looked at is looked at again by the next one: a lane whose
+                // doorbell this poll marked seen is not left waiting for its doorbell to move again.
+                self.leftover = round.look;
+                Err(e)
+            }
+            Ok(true) => {
+                self.round = Some(round);
+                Ok((out, STOPPED))
+            }
+            Ok(false) => {
+                let tails = &self.tails;
+                self.leftover = round.look.iter().copied().filter(|&l| round.heads[l as usize] != tails[l as usize]).collect();
+                let left = round.full || !round.again.is_empty();
+                Ok((out, if left { LEFT } else { DRAINED }))
+            }
+        }
+    }
+
+    /// The round's lanes taken into `out` (and `maker`'s items); true when stopped at a DECODE entry.
+    fn take_round(
+        &mut self,
+        py: Python<'_>,
+        seg: &Segment,
+        round: &mut Round,
+        out: &mut Vec<Entry>,
+        maker: Option<&ItemMaker<'_, '_>>,
+    ) -> PyResult<bool> {
         let spl = self.spl;
         loop {
             while round.next < round.pending.len() {
@@ -331,10 +360,17 @@ impl Poller {
                             let hdr = id.into_pyobject(py)?.into_any().unbind();
                             match self.accepted.get(&id) {
                                 Some(&n) => {
-                                    let what = Self::count(&mut round, n);
+                                    let what = Self::count(round, n);
+                                    // An item the core could not make (its class raised an Exception)
+                                    // goes to Python as an entry, as any other: claimed, it is never
+                                    // dropped here. A BaseException only (KeyboardInterrupt) propagates.
                                     let made = match maker {
                                         Some(maker) if what == APPEND && round.direct => {
-                                            maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now)?
+                                            match maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now) {
+                                                Ok(made) => made,
+                                                Err(e) if e.is_instance_of::<PyException>(py) => false,
+                                                Err(e) => return Err(e),
+                                            }
                                         }
                                         _ => false,
                                     };
@@ -346,26 +382,21 @@ impl Poller {
                                 None => {
                                     out.push((DECODE, lane, s, seq, gen, submit, hdr));
                                     round.stopped = lane;
-                                    self.round = Some(round);
-                                    return Ok((out, STOPPED));
+                                    return Ok(true);
                                 }
                             }
                         }
                     },
                 }
-                self.served(&mut round, lane);
+                self.served(round, lane);
                 round.next += 1;
             }
             if round.full || round.again.is_empty() {
-                break;
+                return Ok(false);
             }
             round.pending = std::mem::take(&mut round.again);
             round.next = 0;
         }
-        let tails = &self.tails;
-        self.leftover = round.look.iter().copied().filter(|&l| round.heads[l as usize] != tails[l as usize]).collect();
-        let left = round.full || !round.again.is_empty();
-        Ok((out, if left { LEFT } else { DRAINED }))
     }
 }
 
@@ -407,9 +438,10 @@ impl<'a, 'py> ItemMaker<'a, 'py> {
         }
         let si = self.slot_i.get_item(g as usize)?;
         let now = now.into_pyobject(py)?;
-        let args = (lane, g, si, seq, gen, submit, &now, cached.get_item(2)?, cached.get_item(1)?, true);
+        self.seen.set_item(lane as usize, &now)?;
+        let args = (lane, g, si, seq, gen, submit, now, cached.get_item(2)?, cached.get_item(1)?, true);
+        // Appended last: an error before it leaves nothing in `items` (the request goes to Python)
         self.items.append(self.item.call1(args)?)?;
-        self.seen.set_item(lane as usize, now)?;
         Ok(true)
     }
 }

@@ -174,9 +174,10 @@ class _RefusingQueue(_Queue):
         return self.batches[-1]
 
 
+@pytest.mark.parametrize("recorder", ["python", "native"])
 @pytest.mark.parametrize("where", ["check", "infer", "complete"])
 def test_a_loop_failing_every_batch_still_leaves_once_its_parent_is_gone(
-    monkeypatch: pytest.MonkeyPatch, where: str
+    monkeypatch: pytest.MonkeyPatch, where: str, recorder: str
 ) -> None:
     """Every batch fails (malformed inputs, the engine raises, its outputs refused) under constant load:
     the loop still checks its parent on the housekeeping period and ends when it is gone (it skipped
@@ -185,9 +186,32 @@ def test_a_loop_failing_every_batch_still_leaves_once_its_parent_is_gone(
     engine, refusing = (
         (_Engine(10**6), _RefusingQueue()) if where == "complete" else (_FailingEngine(where), None)
     )
-    with _loop(engine, -1, refusing) as (loop, queue, _):  # the parent -1 is never this one's
+    with (
+        native.use(recorder == "native"),
+        _loop(engine, -1, refusing) as (loop, queue, _),
+    ):  # -1: never the parent
         assert worker_main._serve_batches(loop, 1000) is False
         assert 1 <= len(queue.batches) < 1000 and all(b.failed == 1 for b in queue.batches)
+
+
+@pytest.mark.parametrize("recorder", ["python", "native"])
+def test_a_busy_loop_checks_its_parent_at_most_twice_a_second(
+    monkeypatch: pytest.MonkeyPatch, recorder: str
+) -> None:
+    """Under constant load (claims never empty) the parent is checked once per housekeeping period, not
+    per call: ``getppid`` is a system call."""
+    monkeypatch.setitem(worker_main._stop, "signalled", False)
+    checks: list[int] = []
+    monkeypatch.setattr(worker_main, "_orphaned", lambda ppid: checks.append(time.monotonic_ns()) or False)
+    with native.use(recorder == "native"), _loop(_Engine(10**6), os.getppid()) as (loop, _, stats):
+        start = time.monotonic_ns()
+        while time.monotonic_ns() - start < 1.2e9:
+            worker_main._serve_batches(loop, 64)
+        elapsed, calls = time.monotonic_ns() - start, stats.word(ws.COUNT)
+    assert calls > 100 and 1 <= len(checks) <= elapsed // worker_main.HOUSEKEEPING_NS + 1, (
+        calls,
+        len(checks),
+    )
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="CPython 3.11's specialization names")

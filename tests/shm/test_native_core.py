@@ -20,6 +20,7 @@ import pytest
 from lowtail.shm import native
 from lowtail.shm.errors import BadRequest
 from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig
+from tests.shm.helpers import echo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -455,15 +456,12 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
     other[1].close()
 
 
-def _claim_rounds(use_native: bool, rounds: list[tuple[int, int]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Each round: clients a and b submit a request of that many rows, the worker claims them in one
-    batch and echoes it. Returns each batch's lanes in claim order, and (native) the kinds of the poll
-    entries that reached Python's ``_polled`` per round."""
+@contextlib.contextmanager
+def _two_clients(use_native: bool) -> Iterator[tuple[Any, QueueClient, QueueClient, Any]]:
+    """A queue of two lanes of one slot, no coalescing, on the chosen path: its clients a and b (lanes
+    0 and 1) and its worker."""
     from lowtail.shm.queue import QueueWorker
-    from tests.shm.helpers import echo
 
-    order: list[list[int]] = []
-    reached: list[list[int]] = []
     cfg = QueueConfig(lanes=2, slots_per_lane=1, coalesce_us=0)
     with (
         native.use(use_native),
@@ -472,6 +470,16 @@ def _claim_rounds(use_native: bool, rounds: list[tuple[int, int]]) -> tuple[list
         QueueClient.attach(q.descriptor) as b,
         QueueWorker.attach(q.descriptor) as w,
     ):
+        yield q, a, b, w
+
+
+def _claim_rounds(use_native: bool, rounds: list[tuple[int, int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each round: clients a and b submit a request of that many rows, the worker claims them in one
+    batch and echoes it. Returns each batch's lanes in claim order, and (native) the kinds of the poll
+    entries that reached Python's ``_polled`` per round."""
+    order: list[list[int]] = []
+    reached: list[list[int]] = []
+    with _two_clients(use_native) as (_, a, b, w):
         polled = w._polled
 
         def spy(entries: list[Any], items: list[Any], now: int) -> Any:
@@ -514,6 +522,104 @@ def test_the_native_poll_makes_a_samplers_next_request_its_item_in_the_core_in_c
         [append],  # a's made in the core, b's (2, 8) accepted with (3, 8) views in its slot
         [],
     ]
+
+
+@needs_native
+def test_the_items_the_native_poll_makes_carry_the_claim_as_the_python_poll_stamps_it() -> None:
+    """An item made in the core is the one ``_polled`` makes: claimed at the poll's clock (the stamp the
+    slot's claim word got, the batch's queue wait and claim time from it), its lane seen then, its
+    inputs the slot's cached views (inline), through the worker's own caches."""
+    from lowtail.shm.layout import W_CLAIM_NS
+
+    with _two_clients(True) as (q, a, b, w):
+        assert w._claim_cache[:3] == (w._in_views, w._lane_seen_ns, w._slot_i)
+        assert all(
+            x is y for x, y in zip(w._claim_cache, (w._in_views, w._lane_seen_ns, w._slot_i), strict=False)
+        )
+        reached: list[object] = []
+        polled = w._polled
+
+        def spy(entries: list[Any], items: list[Any], now: int) -> Any:
+            reached.extend(entries)
+            return polled(entries, items, now)
+
+        w._polled = spy  # type: ignore[method-assign]
+        words = q._m.q
+        for k in range(3):
+            reached.clear()
+            ta, tb = (
+                a.submit({"x": np.full((2, 8), k, np.float32)}),
+                b.submit({"x": np.ones((3, 8), np.float32)}),
+            )
+            batch = w.claim(1.0)
+            assert batch is not None and batch.lanes == [0, 1]
+            claims = [words[it.si + W_CLAIM_NS] for it in batch._items]
+            assert claims[0] == claims[1] > 0  # one poll, one clock
+            assert batch.queue_wait_ns == [claims[0] - ta.submit_ns, claims[1] - tb.submit_ns]
+            assert batch.claimed_ns == claims[0] and w._lane_seen_ns == claims
+            if k:  # each slot's views are for its request's header: both made in the core
+                assert reached == [] and all(it.inline for it in batch._items)
+                assert [it.inputs for it in batch._items] == [w._in_views[it.g][1] for it in batch._items]
+            with batch:
+                batch.complete(echo(batch.inputs["x"]))
+            assert (a.wait(ta, 1.0)["twice"] == 2 * k + 1).all() and (b.wait(tb, 1.0)["twice"] == 3).all()
+
+
+class _RaisingItem:
+    """An item class that raises ``error`` when made (counted): what the core does when it cannot make
+    one."""
+
+    error: BaseException = MemoryError("no memory for the item")
+    tried = 0
+
+    def __init__(self, *args: object) -> None:
+        _RaisingItem.tried += 1
+        raise self.error
+
+
+@needs_native
+def test_a_request_the_native_poll_cannot_make_an_item_goes_to_python_and_an_interrupt_strands_no_lane() -> (
+    None
+):
+    """An Exception from the item class: the request goes to ``_polled`` as an entry, is made there and
+    answered with the rest. A BaseException (KeyboardInterrupt) propagates from the claim; the lanes
+    the poll looked at but did not take are looked at again by the next poll, not left until their
+    doorbells move (the lane after the interrupted one was stranded)."""
+    from lowtail.shm.queue import QueueTimeout
+
+    x = {"x": np.ones((2, 8), np.float32)}
+    with _two_clients(True) as (_, a, b, w):
+
+        def round_trip() -> list[int]:
+            ta, tb = a.submit(x), b.submit(x)
+            batch = w.claim(1.0)
+            assert batch is not None
+            with batch:
+                batch.complete(echo(batch.inputs["x"]))
+            assert (a.wait(ta, 1.0)["twice"] == 3).all() and (b.wait(tb, 1.0)["twice"] == 3).all()
+            return batch.lanes
+
+        cache = w._claim_cache
+        assert round_trip() == [0, 1]  # the headers decoded by Python, each slot's views cached
+        w._claim_cache = (*cache[:3], _RaisingItem)
+        _RaisingItem.tried = 0
+        assert round_trip() == [0, 1]  # a's item could not be made in the core: both made by _polled
+        assert _RaisingItem.tried == 1  # and none after it tried there
+        _RaisingItem.error = KeyboardInterrupt()
+        try:
+            ta, tb = a.submit(x), b.submit(x)
+            with pytest.raises(KeyboardInterrupt):
+                w.claim(1.0)
+        finally:
+            _RaisingItem.error = MemoryError("no memory for the item")
+            w._claim_cache = cache
+        batch = w.claim(1.0)  # lane b, not taken by the interrupted poll
+        assert batch is not None and batch.lanes == [1]
+        with batch:
+            batch.complete(echo(batch.inputs["x"]))
+        assert (b.wait(tb, 1.0)["twice"] == 3).all()
+        with pytest.raises(QueueTimeout):  # a's request, claimed when the interrupt came: never run
+            a.wait(ta, 0.2)
 
 
 @needs_native

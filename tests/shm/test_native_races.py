@@ -618,17 +618,18 @@ def test_the_next_clients_own_requests_are_never_answered_as_inherited(
 # -- a worker killed at random moments of its native claims and answers -----------------------------------
 
 
-def tagged_rounds(desc: Any, cid: int, seconds: float, out: Any) -> None:
-    """Keep up to three tagged requests in flight for ``seconds``; count how each ended: answered with
-    its own rows, answered with another's, WorkerDied, or no end within its timeout (a process body)."""
+def tagged_rounds(desc: Any, cid: int, stop: Any, out: Any) -> None:
+    """Keep up to three tagged requests in flight until ``stop`` is set; count how each ended: answered
+    with its own rows, answered with another's, WorkerDied, or no end within its timeout (a process
+    body)."""
     from lowtail.shm.errors import LaneBusy, QueueTimeout, WorkerDied
 
     ends = {"own": 0, "crossed": 0, "died": 0, "lost": 0}
     with QueueClient.attach(desc) as c:
         inflight: list[tuple[float, Any]] = []
-        k, end = 0, time.monotonic() + seconds
-        while time.monotonic() < end or inflight:
-            if time.monotonic() < end and len(inflight) < 3:
+        k = 0
+        while not stop.is_set() or inflight:
+            if not stop.is_set() and len(inflight) < 3:
                 k += 1
                 tag = cid * 1e6 + k
                 try:
@@ -667,7 +668,8 @@ def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_
     rng = np.random.default_rng(11)
     with InferenceQueue.create(_conf(4, 4, coalesce_us=200)) as s:
         out = ctx.Queue()
-        clients = [ctx.Process(target=tagged_rounds, args=(s.descriptor, cid, 2.0, out)) for cid in range(3)]
+        stop = ctx.Event()  # set after the last kill: the clients keep requests coming until then
+        clients = [ctx.Process(target=tagged_rounds, args=(s.descriptor, cid, stop, out)) for cid in range(3)]
         workers = []
         try:
             for p in clients:
@@ -682,15 +684,19 @@ def test_a_worker_killed_at_random_moments_answers_each_request_once_or_reports_
                     assert time.monotonic() < deadline and w.is_alive(), "a worker never attached"
                     time.sleep(0.001)
                 time.sleep(float(rng.uniform(0.02, 0.2)))
-                if k % 2:  # and at least these land on a claimed request, however late a loaded host ran it
+                if k % 2:  # and these land on a claimed request (its own or its predecessor's), however late
                     while not _processing(s):
                         assert time.monotonic() < deadline and w.is_alive(), "a worker never claimed"
+                        time.sleep(0.0005)
                 os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 w.join(10)
             workers.append(ctx.Process(target=echo_server, args=(s.descriptor, None, 60.0)))
             workers[-1].start()  # the last one serves what is left
+            time.sleep(0.2)  # and a few rounds more
+            stop.set()
             ends = [out.get(timeout=60)[1] for _ in clients]
         finally:
+            stop.set()
             for p in clients + workers:
                 p.join(0.1 if p in workers else 30)
                 if p.is_alive():
