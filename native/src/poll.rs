@@ -133,7 +133,9 @@ impl Poller {
     /// `items`, and its lane's last-seen stamp is set to `now`, as `QueueWorker._polled` does; `cache` is
     /// the worker's (views by slot as (header id, views, layout), last-seen stamps by lane, slot word by
     /// slot, the item class). The other requests come back as entries, as from `poll`; once one taken
-    /// into the batch does, none after it is made an item here, so `items` keeps the claim order.
+    /// into the batch comes back as an APPEND entry, none after it in this poll is made an item here (a
+    /// request Python decodes is appended by `resume_into`, and the ones after it are made here again),
+    /// so `items` keeps the claim order.
     #[allow(clippy::too_many_arguments)]
     fn poll_into(
         &mut self,
@@ -357,13 +359,15 @@ impl Poller {
                     _ => match seg.header_id(lane * spl + s)? {
                         Err(why) => out.push((REFUSED, lane, s, seq, gen, submit, why.into_pyobject(py)?.into_any().unbind())),
                         Ok(id) => {
-                            let hdr = id.into_pyobject(py)?.into_any().unbind();
+                            // The header id as Python's: only for an entry (an item made here needs none)
+                            let hdr = || id.into_pyobject(py).map(|h| h.into_any().unbind());
                             match self.accepted.get(&id) {
                                 Some(&n) => {
                                     let what = Self::count(round, n);
                                     // An item the core could not make (its class raised an Exception)
-                                    // goes to Python as an entry, as any other: claimed, it is never
-                                    // dropped here. A BaseException only (KeyboardInterrupt) propagates.
+                                    // goes to Python as an entry, as any other. A BaseException only
+                                    // (KeyboardInterrupt) propagates: what this poll claimed stays
+                                    // unanswered, as when the Python poll is interrupted.
                                     let made = match maker {
                                         Some(maker) if what == APPEND && round.direct => {
                                             match maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now) {
@@ -376,11 +380,11 @@ impl Poller {
                                     };
                                     if !made {
                                         round.direct &= what != APPEND;
-                                        out.push((what, lane, s, seq, gen, submit, hdr));
+                                        out.push((what, lane, s, seq, gen, submit, hdr()?));
                                     }
                                 }
                                 None => {
-                                    out.push((DECODE, lane, s, seq, gen, submit, hdr));
+                                    out.push((DECODE, lane, s, seq, gen, submit, hdr()?));
                                     round.stopped = lane;
                                     return Ok(true);
                                 }
@@ -440,7 +444,8 @@ impl<'a, 'py> ItemMaker<'a, 'py> {
         let now = now.into_pyobject(py)?;
         self.seen.set_item(lane as usize, &now)?;
         let args = (lane, g, si, seq, gen, submit, now, cached.get_item(2)?, cached.get_item(1)?, true);
-        // Appended last: an error before it leaves nothing in `items` (the request goes to Python)
+        // Appended last: an error before it leaves nothing in `items` (the request goes to Python,
+        // which sets the lane's stamp again)
         self.items.append(self.item.call1(args)?)?;
         Ok(true)
     }

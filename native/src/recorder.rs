@@ -1,6 +1,7 @@
-//! The serving loop's bookkeeping after each answered call, as `lowtail.serve.call_recorder.CallRecorder`
-//! does it (the reference): the scheduler counters when the call was sampled or descheduled, the raw
-//! row in the stats ring, the served and sampled counters, the slow check and the SCHED_FIFO words.
+//! The serving loop's stamps and its bookkeeping after each answered call, as the loop and
+//! `lowtail.serve.call_recorder.CallRecorder` do them (the reference): the scheduler counters when the
+//! call was sampled or descheduled, the raw row in the stats ring, the served and sampled counters, the
+//! slow check and the SCHED_FIFO words.
 //!
 //! The stats segment is the worker's own mapping (other processes only read it), so nothing here is
 //! hostile input; still every place is checked once, when the recorder is made: the row's fields by
@@ -363,7 +364,8 @@ impl CallRecorder {
     /// The start of a call on a claimed batch, as the loop takes it: the stamps `t0`, `th0`, `c0` (on
     /// sampled calls), `m0`, then `fifo.enter()` (with the recorder not borrowed), `f0`, into `st`;
     /// returns the batch's inputs. An open batch of a live worker has them read here without the
-    /// `inputs` property's Python frame; anything else goes to the property, which refuses it.
+    /// `inputs` property's Python frame; any other object's `inputs` is read as an attribute, so a
+    /// closed batch's property refuses it (after the stamps and `enter()`: the loop leaves SCHED_FIFO).
     #[pyo3(signature = (batch, st))]
     fn begin_call<'py>(slf: &Bound<'py, Self>, batch: &Bound<'py, PyAny>, st: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
@@ -400,7 +402,7 @@ impl CallRecorder {
     /// `e1` on, each from the clock the loop reads; the answer with the call's engine time and its
     /// deschedule so far, as the loop computes them (`complete_known`, else
     /// `batch.complete(outputs, engine_ns=, deschedule_ns=)`); `fifo.leave()` between `a1` and `f1`
-    /// when `per_call`; then `record`'s bookkeeping. `st` holds the stamps `t0` ... `e0` the loop took; the
+    /// when `per_call`; then `record`'s bookkeeping. `st` holds the stamps `t0` ... `e0` (`begin_call`'s and `start_engine`'s, or the loop's); the
     /// later ones go into the row, not back into `st`. Whatever `complete` raises propagates with
     /// nothing recorded, as in the loop; a recorder closed since raises after the answer.
     #[pyo3(signature = (batch, outputs, n, st, per_call))]

@@ -73,7 +73,8 @@ def _ns(ms: float) -> int:
 
 def stamps() -> list[int]:
     """The list one serving loop fills per call (indexed by ``call_stats.T0`` ... ``WN``) and hands to
-    its recorder's ``record`` (``new_recorder``'s: this module's or the native core's)."""
+    its recorder's ``record`` (``new_recorder``'s: this module's or the native core's, whose
+    ``begin_call``, ``start_engine`` and ``finish_call`` take the stamps themselves)."""
     return [0] * N_STAMPS
 
 

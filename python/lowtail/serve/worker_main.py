@@ -344,10 +344,10 @@ def serve(
     through L2), so the loop touches as little as it can: one clock (CLOCK_MONOTONIC through the vDSO,
     the queue's clock too), the stats header as a memoryview, bound methods, and no policy switch between
     back-to-back batches in the default FIFO scope (``bench serve --breakdown`` shows each stage). The
-    stamps it takes go to the recorder's ``record`` (``call_recorder.new_recorder``), the call's
-    bookkeeping; on the native path the core's recorder takes those from ``e1`` on itself, answers and
-    records in one call (``finish_call``), all inside the batch's block. A batch lives in a ``with``
-    block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
+    stamps it takes go to the recorder's ``record`` (``call_recorder.new_recorder``); on the native path
+    the core's recorder takes them itself (``begin_call`` with SCHED_FIFO's ``enter``, ``start_engine``,
+    and ``finish_call``, which answers and records), all inside the batch's block. A batch lives in a
+    ``with`` block: whatever goes wrong inside fails that batch's requests alone and the loop claims the next.
     The loop itself is ``_serve_batches``, entered again every ``BATCHES_PER_ENTRY`` batches.
     """
     from lowtail.serve import stats_segment as ws
@@ -391,7 +391,7 @@ def serve(
 def _serve_batches(loop: _Loop, budget: int) -> bool:
     """Serve up to ``budget`` batches; False when the loop is to end (stopped, or the parent is gone).
 
-    The hot path: every ``clock()`` pair below is one column of the breakdown (``call_stats.derive_calls``).
+    The hot path: each pair of stamps (the core's on the native path) is a breakdown column (``call_stats``).
     """
     from lowtail.serve import stats_segment as ws
 
@@ -402,7 +402,7 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
     record, fifo, h, st, malformed = rec.record, loop.fifo, loop.h, loop.st, loop.malformed
     # The native recorder's calls (their docstrings) take the stamps and answer in the core; else None
     core = [getattr(rec, name, None) for name in ("begin_call", "start_engine", "finish_call")]
-    begin, engine, finish = core if None not in core else (None, None, None)
+    begin, start_engine, finish = core if None not in core else (None, None, None)
     enter, leave = fifo.enter, fifo.leave
     per_call, drop_when_idle, claim_timeout = loop.per_call, loop.drop_when_idle, loop.claim_timeout
     next_check, stop_i, stop = loop.next_check, ws.STOP, _stop
@@ -449,8 +449,8 @@ def _serve_batches(loop: _Loop, budget: int) -> bool:
                         leave()
                         h[ws.FAILED] += fail_malformed(batch, e)
                         continue
-                    if engine is not None:
-                        engine(st)
+                    if start_engine is not None:
+                        start_engine(st)
                     else:
                         st[K0] = clock()
                         st[ET0] = ttime()

@@ -104,7 +104,8 @@ def _write_message(m: Mapped, g: int, message: str) -> int:
 
 
 class _Item:
-    """One claimed request (worker-private)."""
+    """One claimed request (worker-private). Also made positionally by the native poll
+    (``Poller.poll_into``, ``ItemMaker::item`` in native/src/poll.rs): keep the order in step."""
 
     __slots__ = (
         "claim_ns",
@@ -146,7 +147,7 @@ class _Item:
         self.done = False
 
 
-# What the native poll did with a request (lowtail_native.Poller.poll), and how the poll ended.
+# What the native poll did with a request (lowtail_native.Poller.poll_into), and how the poll ended.
 _APPEND, _CARRY, _POLL_WITHDRAWN, _REFUSED, _DECODE, _FENCE = 0, 1, 2, 3, 4, 5
 _DRAINED, _LEFT, _STOPPED = 0, 1, 2
 # What the core copies for one answer layout: prefix bytes, each array's offset and bytes per row, the end
@@ -795,9 +796,11 @@ class QueueWorker:
         return it
 
     def _poll_native(self, items: list[_Item]) -> None:
-        """``_poll`` in the core (``lowtail_native.Poller``): the same lanes in the same order within the
-        same limits, every claim and header decode in one call per batch. A request whose header the
-        core has not seen accepted stops it: decoded here, its samples go back with ``resume``."""
+        """``_poll`` in the core (``lowtail_native.Poller.poll_into``): the same lanes in the same order
+        within the same limits, every claim and header decode in one call per batch, a sampler's next
+        request made its ``_Item`` there; the other requests come back as entries for ``_polled``. A
+        request whose header the core has not seen accepted stops it: decoded here, it goes back with
+        ``resume_into``, which appends it when it is taken."""
         raw = self._doorbells.tobytes()
         if raw == self._drained:
             return
@@ -827,8 +830,9 @@ class QueueWorker:
         spl, slot_i, in_views, seen = self._m.geo.spl, self._slot_i, self._in_views, self._lane_seen_ns
         for what, lane, s, seq, gen, submit_ns, hdr in entries:
             if what == _APPEND:
-                # The common case, the header the slot's views were made for (a sampler's next request):
-                # those views and their layout, without the lookups and the call of _decode below.
+                # The header the slot's views were made for (a sampler's next request), which the core
+                # sent here (after an earlier APPEND entry of this poll, or when it could not make the
+                # item): those views and their layout, without the lookups and the call of _decode below.
                 g = lane * spl + s
                 cached = in_views.get(g)
                 if cached is not None and cached[0] == hdr:
