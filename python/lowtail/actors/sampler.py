@@ -32,6 +32,9 @@ from lowtail.actors.inference_client import InferenceClient, PendingInference, R
 from lowtail.actors.metrics_hub import MetricsConfig, get_node_metrics
 from lowtail.node.lease import Lease
 
+# How long a run waits for its last metrics push to reach the hub (SamplerActorImpl._push)
+LAST_PUSH_TIMEOUT_S = 10.0
+
 log = logging.getLogger(__name__)
 
 
@@ -292,7 +295,7 @@ class SamplerActorImpl:
             for name, n in r.errors.items():
                 result.errors[name] = result.errors.get(name, 0) + n
             result.waits += r.waits
-        self._push(result)
+        self._push(result, last=True)
         return result
 
     def _start_all(
@@ -347,7 +350,11 @@ class SamplerActorImpl:
                 out[f"{hero}/{name}"] = value
         return out or None
 
-    def _push(self, result: SamplerResult) -> None:
+    def _push(self, result: SamplerResult, last: bool = False) -> None:
+        """The series and samples since the last push, to the node's metrics hub. The ``last`` push of a
+        run is waited for (bounded): a caller that flushes the hub once the run returned, then stops
+        this actor, would otherwise race it (Ray orders no calls of different callers, and a call a
+        stopped actor had not sent is lost), and a short run's samples could miss every window."""
         merged: dict[str, list[float]] = {}
         samples = 0
         for client in self._clients.values():
@@ -357,7 +364,12 @@ class SamplerActorImpl:
                 merged.setdefault(name, []).extend(values)
         result.rpc_ms.extend(merged.get("rpc_elapsed_ms", []))
         if self._metrics is not None:
-            self._metrics.push.remote(self._owner, {k: v for k, v in merged.items() if v}, samples)
+            ref = self._metrics.push.remote(self._owner, {k: v for k, v in merged.items() if v}, samples)
+            if last:
+                try:
+                    ray.get(ref, timeout=LAST_PUSH_TIMEOUT_S)
+                except ray.exceptions.RayError as e:  # a hub gone or stalled: the run's result stands
+                    log.warning("the last metrics push of %s was not confirmed: %s", self._owner, e)
 
     def shutdown(self) -> None:
         if self._init_error is not None:
