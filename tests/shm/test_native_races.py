@@ -509,10 +509,14 @@ def test_slot_words_a_lanes_last_holder_leaves_do_not_deny_the_lane_to_the_next_
 
 
 def _idle_passes(w: QueueWorker, passes: int) -> None:
-    """Idle claims over ``passes`` sweep passes (SWEEP_EVERY_NS shortened to 20 ms by the caller)."""
-    end = time.monotonic() + passes * 0.02 + 0.05
-    while time.monotonic() < end:
+    """Idle claims until the worker has begun ``passes`` sweep passes (SWEEP_EVERY_NS shortened to 20 ms
+    by the caller). Counted, not timed: a loaded host that stalls the worker runs fewer in a given time."""
+    deadline, last, begun = time.monotonic() + 30, w._swept_ns, 0
+    while begun < passes:
+        assert time.monotonic() < deadline, f"{begun} of {passes} sweep passes begun in 30 s of idle claims"
         assert w.claim(timeout_s=0.005) is None
+        if w._swept_ns != last:
+            last, begun = w._swept_ns, begun + 1
 
 
 def test_a_predecessors_request_the_worker_holds_is_answered_by_its_batch_not_as_inherited(

@@ -215,15 +215,28 @@ def test_a_client_that_learned_its_wait_sleeps_then_meets_the_answer_spinning(
 def test_an_answer_earlier_than_predicted_wakes_the_sleeping_client(
     ctx: BaseContext, server: InferenceQueue
 ) -> None:
-    """The predictive sleep keeps the parked-flag handshake: an early answer is not left waiting for
-    the sleep's timeout. Four answers at 20 ms teach the client 20 ms; the fifth comes after 1 ms and
-    finds it parked (the worker wakes it), or already there."""
-    with _worker_at(ctx, server, [0.02] * 4 + [0.001]), QueueClient.attach(server.descriptor) as c:
-        _rounds(c, 4)
-        assert c.predicted_ns >= 20 * MS
-        delta = _rounds(c, 1)
-        assert delta["parked"] + delta["immediate"] == 1 and delta["spinning"] == 0, delta
-        assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
+    """An answer earlier than predicted is met as any other and learned at once. Four answers at 20 ms
+    teach a fresh client 20 ms; the fifth comes after 1 ms and finds it parked (the worker wakes it), or
+    already there. (With no CPU of its own here the client parks at once: no predictive sleep, no spin.)
+
+    A round is judged when the fifth answer was stamped done within 20 ms of its submit: a loaded host
+    can stall the worker past the prediction, and that answer is then not early. Such a round runs
+    again, with a fresh client (one that learned an early answer takes many rounds to unlearn it)."""
+    rounds, judged = 5, 0
+    with _worker_at(ctx, server, ([0.02] * 4 + [0.001]) * rounds):
+        for _ in range(rounds):
+            with QueueClient.attach(server.descriptor) as c:
+                _rounds(c, 4)
+                assert c.predicted_ns >= 20 * MS
+                delta = _rounds(c, 1)
+                timing = c.last_timing
+                if timing["queue_wait_ns"] + timing["infer_ns"] >= 20 * MS:
+                    continue  # the fifth answer came late: not earlier than predicted
+                judged += 1
+                assert delta["parked"] + delta["immediate"] == 1 and delta["spinning"] == 0, delta
+                assert c.predicted_ns < 20 * MS  # the early answer was taken early, and learned
+                break
+    assert judged, "no early answer came within 20 ms of its submit on this host: nothing was judged"
 
 
 def test_a_client_with_no_spin_budget_parks_without_spinning(
@@ -419,7 +432,11 @@ def test_a_native_client_that_parks_at_once_takes_each_answer_in_one_core_call(
 ) -> None:
     """No spin budget on the native core: ``wait`` checks, parks and reads in one ``receive_answer``
     call, whether the answer came while it was parked or was there already, with none of ``_await``'s
-    Python before it; the wait counts say which, as on the other paths."""
+    Python before it; the wait counts say which, as on the other paths.
+
+    A wait for an answer due 5 ms after its submit is judged when the core call looked for it at least
+    1 ms before the worker stamped it done (by the core's clock, read at the look): a loaded host can
+    stall the client past the answer, which is then rightly taken at once. Such a wait runs again."""
     if not native.available():
         pytest.skip(f"the native core is not available: {native.implementation().reason}")
 
@@ -431,15 +448,35 @@ def test_a_native_client_that_parks_at_once_takes_each_answer_in_one_core_call(
         assert c.spin_policy.spin_us == 0
         _rounds(c, 1)  # the worker's start-up, and the answer's layout learned
         calls: list[tuple[Any, ...]] = []
+        looked: list[int] = []  # when each core call looked for the answer
         slices: list[tuple[Any, ...]] = []  # waits that outlasted the core call's park slice (a slow host)
         receive, park = c._receive, c._park
-        monkeypatch.setattr(c, "_receive", lambda *a: calls.append(a) or receive(*a))
+
+        def receive_seen(*a: Any) -> Any:
+            calls.append(a)
+            got = receive(*a)
+            looked.append(got[8] or got[1])  # parked at, or (not parked) returned at: read at the look
+            return got
+
+        monkeypatch.setattr(c, "_receive", receive_seen)
         monkeypatch.setattr(c, "_park", lambda *a, **k: slices.append(a) or park(*a, **k))
         monkeypatch.setattr(QueueClient, "_await", no_await)
-        delta = _rounds(c, 3)  # each answer ~5 ms after its submit: found parked
-        # one core call per answer; one more to read an answer that ``_park`` saw after the first slice
-        assert len(calls) == 3 + len(slices), (calls, slices)
-        assert delta["parked"] == 3 and delta["immediate"] == 0 and delta["futex_waits"] >= 3, delta
+        judged = 0
+        for _ in range(20):
+            before, calls[:], looked[:], slices[:] = c.wait_counts, [], [], []
+            t = c.submit(x)  # answered ~5 ms after its submit: found parked
+            np.testing.assert_array_equal(c.wait(t, timeout_s=30.0)["y"], x["x"])
+            delta = {k: v - before[k] for k, v in c.wait_counts.items()}
+            assert t.stamps is not None
+            if looked[0] > t.stamps[1] - MS:
+                continue  # the client came to its wait late: the answer may have been there already
+            judged += 1
+            # one core call per answer; one more to read an answer that ``_park`` saw after the first slice
+            assert len(calls) == 1 + len(slices), (calls, slices)
+            assert delta["parked"] == 1 and delta["immediate"] == 0 and delta["futex_waits"] >= 1, delta
+            if judged >= 3:
+                break
+        assert judged, "no wait looked for its answer 1 ms before it came on this host: nothing was judged"
         t = c.submit(x)
         deadline = time.monotonic() + 30
         while not c.ready(t):
