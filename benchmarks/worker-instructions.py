@@ -23,7 +23,10 @@ see); the recorder's read of the scheduler counters on a descheduled call is swi
 ``stats_every``-th call stay; ``slow_infer`` thresholds are raised (a 16-fold slower loop). The toggles
 go through a helper process, so the measured process only writes a byte and blocks in one read each
 time (a ``subprocess.run`` from inside it counted 1-10 million instructions of its own, varying).
-Each row names the queue path that really ran. Needs valgrind.
+Each tree runs on its own build of the core (``build/native-dev``, as ``native/build-dev.sh`` makes it)
+when it has one, else on the ``lowtail_native`` this interpreter imports: a tree whose package needs a
+newer core than that refuses it and runs the Python path. Each row names the queue path that really
+ran. Needs valgrind.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ for line in sys.stdin:
 
 CHILD = r"""
 import multiprocessing, os, subprocess, sys
-sys.path.insert(0, sys.argv[1])
+dev = os.path.join(os.path.dirname(sys.argv[1]), "build", "native-dev")
+sys.path[:0] = [sys.argv[1]] + ([dev] if os.path.isdir(dev) else [])
 import numpy as np
 from lowtail.shm.queue import InferenceQueue, QueueConfig
 

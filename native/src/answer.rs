@@ -189,14 +189,15 @@ fn answer_known_in(
 }
 
 /// `Batch.complete(outputs, engine_ns=, deschedule_ns=)` of a batch whose outputs are a layout its
-/// worker answered before, for the native recorder's `finish_call`: the steps of `Batch.complete`,
-/// `Batch._complete_known` and `QueueWorker._answer_known` (the reference) with no Python frame
-/// between the model's call and the answers (7,247 fewer instructions per call). It reads
-/// the batch's `_open`, `_items` and `sizes`, and its worker's `_closed`, `_native`, `_known` and
-/// `_outstanding`; it calls the batch's `_close` and, when the answer raised, `_fail_unanswered`.
-/// Returns (wake ns, lanes woken), or None with nothing written where `complete` must run instead: a
-/// batch closed or of a closed worker (`complete` refuses it), a stand-in without `_open`, a request
-/// not decoded, no known layout of its rows, or outputs not exactly that layout.
+/// worker answered before, in one call: `Batch.complete`'s first step and the native recorder's
+/// `finish_call`'s answer, with no Python frame between the model's call and the answers (7,247 fewer
+/// instructions per call in the serving loop when it was written). It reads the batch's `_open`,
+/// `_items` and `sizes`, and its worker's `_closed`, `_native`, `_known` and `_outstanding`; it calls
+/// the batch's `_close` and, when the answer raised, `_fail_unanswered`. Returns (wake ns, lanes
+/// woken), or None with nothing written where `complete`'s validating path must run instead: a batch
+/// closed or of a closed worker (`complete` refuses it), a stand-in without `_open`, a request not
+/// decoded, no known layout of its rows, or outputs not exactly that layout.
+#[pyfunction]
 pub fn complete_known(
     py: Python<'_>,
     batch: &Bound<'_, PyAny>,

@@ -7,8 +7,8 @@
 //! are reached; a request that would pass the sample limit after the first is claimed and carried into
 //! the next batch. What only Python can do stays Python: a request whose header this poll has not seen
 //! accepted (its first appearance, an ndarray segment's payload) stops the poll right after its claim;
-//! Python decodes it and `resume` goes on from there with its sample count, so the limits are applied
-//! to what Python accepted. Fences and the answers of withdrawn or refused requests are left to Python,
+//! Python decodes it and `resume_into` goes on from there with its sample count, so the limits are
+//! applied to what Python accepted. Fences and the answers of withdrawn or refused requests are left to Python,
 //! in the order they happened; the fence's tail resynchronisation is done here, where the tails live.
 
 use std::collections::HashMap;
@@ -22,12 +22,13 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use crate::layout::*;
 use crate::Segment;
 
-// What `poll` returns per claimed request (or fenced lane): what the worker does with it.
+// What `poll_into` returns per claimed request (or fenced lane) it did not make an item of: what the
+// worker does with it.
 const APPEND: u8 = 0; // into this batch (its header accepted, its samples counted)
 const CARRY: u8 = 1; // claimed, first in the next batch (it would pass the sample limit)
 const WITHDRAWN: u8 = 2; // withdrawn by its client: answer it ST_WITHDRAWN
 const REFUSED: u8 = 3; // its header refused by the core: answer it ST_BAD_REQUEST (the str says why)
-const DECODE: u8 = 4; // not seen accepted: decode it, then `resume` (always the last entry)
+const DECODE: u8 = 4; // not seen accepted: decode it, then `resume_into` (always the last entry)
 const FENCE: u8 = 5; // an impossible control word in the lane (slot 0, seq = the tail set, str = why)
 
 // The poll's end: every lane looked at fully taken (the doorbells as given are drained), work left
@@ -97,7 +98,7 @@ impl Poller {
         self.tails.clone()
     }
 
-    /// Header `id` (from `take`/`poll`) decoded by Python into an inline payload of `samples` rows:
+    /// Header `id` (from a `poll_into` entry) decoded by Python into an inline payload of `samples` rows:
     /// later requests with it are counted here, without stopping.
     fn accept(&mut self, id: u64, samples: u64) {
         if self.accepted.len() >= ACCEPTED_MAX {
@@ -107,35 +108,17 @@ impl Poller {
     }
 
     /// Take published requests within the limits, fairly across lanes, from the doorbells `raw` (the
-    /// doorbell words as bytes, read once by the caller); `items` and `samples` are what the batch
-    /// holds already. Returns (entries, end): entries (what, lane, slot, seq, gen, submit_ns, header)
-    /// in claim order, header an id or a str; end DRAINED, LEFT or STOPPED (decode the last entry,
-    /// then `resume`). Never blocks.
-    #[allow(clippy::too_many_arguments)]
-    fn poll(
-        &mut self,
-        py: Python<'_>,
-        seg: PyRef<'_, Segment>,
-        raw: &[u8],
-        items: u64,
-        samples: u64,
-        max_slots: u64,
-        max_samples: u64,
-        now: u64,
-    ) -> PyResult<(Vec<Entry>, u8)> {
-        let round = self.start(&seg, raw, items, samples, max_slots, max_samples, now)?;
-        self.run(py, &seg, round, Vec::new(), None)
-    }
-
-    /// `poll`, with the requests of the common case made the worker's items here: a request taken into
-    /// this batch whose slot's cached views are for its header (a sampler's next request) becomes an
-    /// item `cache[3](lane, g, si, seq, gen, submit_ns, now, layout, views, True)` appended to
-    /// `items`, and its lane's last-seen stamp is set to `now`, as `QueueWorker._polled` does; `cache` is
-    /// the worker's (views by slot as (header id, views, layout), last-seen stamps by lane, slot word by
-    /// slot, the item class). The other requests come back as entries, as from `poll`; once one taken
-    /// into the batch comes back as an APPEND entry, none after it in this poll is made an item here (a
-    /// request Python decodes is appended by `resume_into`, and the ones after it are made here again),
-    /// so `items` keeps the claim order.
+    /// doorbell words as bytes, read once by the caller); `items` (a list) and `samples` are what the
+    /// batch holds already. A request taken into this batch whose slot's cached views are for its
+    /// header (a sampler's next request) becomes an item `cache[3](lane, g, si, seq, gen, submit_ns,
+    /// now, layout, views, True)` appended to `items`, and its lane's last-seen stamp is set to `now`,
+    /// as `QueueWorker._polled` does; `cache` is the worker's (views by slot as (header id, views,
+    /// layout), last-seen stamps by lane, slot word by slot, the item class). Returns (entries, end):
+    /// the other requests, as entries (what, lane, slot, seq, gen, submit_ns, header) in claim order,
+    /// header an id or a str; end DRAINED, LEFT or STOPPED (decode the last entry, then
+    /// `resume_into`). Once a request taken into the batch comes back as an APPEND entry, none after it
+    /// in this poll is made an item here (a request Python decodes is appended by `resume_into`, and
+    /// the ones after it are made here again), so `items` keeps the claim order. Never blocks.
     #[allow(clippy::too_many_arguments)]
     fn poll_into(
         &mut self,
@@ -151,11 +134,13 @@ impl Poller {
     ) -> PyResult<(Vec<Entry>, u8)> {
         let maker = ItemMaker::new(items, cache)?;
         let round = self.start(&seg, raw, items.len() as u64, samples, max_slots, max_samples, now)?;
-        self.run(py, &seg, round, Vec::new(), Some(&maker))
+        self.run(py, &seg, round, Vec::new(), &maker)
     }
 
-    /// `resume` for `poll_into`: `last`, the item Python decoded the stopped request to, is appended
-    /// to `items` here when it is taken into the batch, before the requests after it.
+    /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
+    /// it failed, answered already), `last` the item it made, appended to `items` here when it is
+    /// taken into the batch, before the requests after it. Returns (what became of it: APPEND or
+    /// CARRY, or 255 when not taken; entries; end) as `poll_into`.
     #[pyo3(signature = (seg, samples, last, items, cache))]
     fn resume_into(
         &mut self,
@@ -171,17 +156,7 @@ impl Poller {
         if taken == APPEND {
             items.append(last)?;
         }
-        let (entries, end) = self.run(py, &seg, round, Vec::new(), Some(&maker))?;
-        Ok((taken, entries, end))
-    }
-
-    /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
-    /// it failed, answered already). Returns (what became of it: APPEND or CARRY, or 255 when not
-    /// taken; entries; end) as `poll`.
-    #[pyo3(signature = (seg, samples))]
-    fn resume(&mut self, py: Python<'_>, seg: PyRef<'_, Segment>, samples: Option<u64>) -> PyResult<(u8, Vec<Entry>, u8)> {
-        let (taken, round) = self.resumed(samples)?;
-        let (entries, end) = self.run(py, &seg, round, Vec::new(), None)?;
+        let (entries, end) = self.run(py, &seg, round, Vec::new(), &maker)?;
         Ok((taken, entries, end))
     }
 }
@@ -209,7 +184,7 @@ impl Poller {
             )));
         }
         if self.round.is_some() {
-            return Err(PyValueError::new_err("poll while a stopped poll waits for resume"));
+            return Err(PyValueError::new_err("poll while a stopped poll waits for resume_into"));
         }
         let mut look: Vec<u64> = self.leftover.clone();
         for lane in 0..lanes {
@@ -249,7 +224,7 @@ impl Poller {
 
     /// The stopped poll's round, its request counted with the `samples` Python decoded it to.
     fn resumed(&mut self, samples: Option<u64>) -> PyResult<(u8, Round)> {
-        let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume without a stopped poll"))?;
+        let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume_into without a stopped poll"))?;
         let lane = round.stopped;
         let taken = match samples {
             Some(n) => Self::count(&mut round, n),
@@ -294,7 +269,7 @@ impl Poller {
         seg: &Segment,
         mut round: Round,
         mut out: Vec<Entry>,
-        maker: Option<&ItemMaker<'_, '_>>,
+        maker: &ItemMaker<'_, '_>,
     ) -> PyResult<(Vec<Entry>, u8)> {
         match self.take_round(py, seg, &mut round, &mut out, maker) {
             Err(e) => {
@@ -323,7 +298,7 @@ impl Poller {
         seg: &Segment,
         round: &mut Round,
         out: &mut Vec<Entry>,
-        maker: Option<&ItemMaker<'_, '_>>,
+        maker: &ItemMaker<'_, '_>,
     ) -> PyResult<bool> {
         let spl = self.spl;
         loop {
@@ -368,15 +343,14 @@ impl Poller {
                                     // goes to Python as an entry, as any other. A BaseException only
                                     // (KeyboardInterrupt) propagates: what this poll claimed stays
                                     // unanswered, as when the Python poll is interrupted.
-                                    let made = match maker {
-                                        Some(maker) if what == APPEND && round.direct => {
-                                            match maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now) {
-                                                Ok(made) => made,
-                                                Err(e) if e.is_instance_of::<PyException>(py) => false,
-                                                Err(e) => return Err(e),
-                                            }
+                                    let made = if what == APPEND && round.direct {
+                                        match maker.item(py, lane, lane * spl + s, seq, gen, submit, id, round.now) {
+                                            Ok(made) => made,
+                                            Err(e) if e.is_instance_of::<PyException>(py) => false,
+                                            Err(e) => return Err(e),
                                         }
-                                        _ => false,
+                                    } else {
+                                        false
                                     };
                                     if !made {
                                         round.direct &= what != APPEND;

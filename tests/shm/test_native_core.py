@@ -76,9 +76,15 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # a build before the serving loop's recorder moved into the core (0.9.0): refused by name
     mod, impl = native._load()
     assert mod is None and impl.reason.endswith(
-        "lacks CallRecorder: it was built from older sources; rebuild it (make native)"
+        "lacks CallRecorder, complete_known: it was built from older sources; rebuild it (make native)"
     )
     fake.CallRecorder = None  # type: ignore[attr-defined]
+    # a build before Batch.complete called the core's known-layout answer (0.12.0): refused by name
+    mod, impl = native._load()
+    assert mod is None and impl.reason.endswith(
+        "lacks complete_known: it was built from older sources; rebuild it (make native)"
+    )
+    fake.complete_known = None  # type: ignore[attr-defined]
     # (and 0.5.x, before receive_answer's copy took the caller's arrays and AnswerPlan the array type;
     # 0.6.0 copied into arrays of the caller's that share memory; 0.6.x answered one request alone in
     # answer_known, with other arguments)
@@ -432,23 +438,26 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
     with pytest.raises(ValueError, match="0 lanes of 4 slots"):
         lowtail_native.Poller([], 4)
     poller = lowtail_native.Poller([0, 0], 4)
+    items: list[Any] = []
+    cache = ({}, [0, 0], [0] * 8, tuple)  # no cached views: every request would come back an entry
     with pytest.raises(ValueError, match="8 doorbell bytes for a poll of 2 lanes"):
-        poller.poll(seg, bytes(8), 0, 0, 4, 16, 1)
-    with pytest.raises(ValueError, match="resume without a stopped poll"):
-        poller.resume(seg, 1)
+        poller.poll_into(seg, bytes(8), items, 0, 4, 16, 1, cache)
+    with pytest.raises(ValueError, match="resume_into without a stopped poll"):
+        poller.resume_into(seg, 1, object(), items, cache)
     other = _anon_segment(3, 4, 256, 256)
     with pytest.raises(ValueError, match="for a poll of 2 lanes"):
-        poller.poll(other[2], bytes(16), 0, 0, 4, 16, 1)
+        poller.poll_into(other[2], bytes(16), items, 0, 4, 16, 1, cache)
     # a doorbell far past the tail (a garbage word): the lane is fenced, its tail set to the doorbell
     q = memoryview(mm).cast("Q")
     q[HW_DOORBELLS + 1] = 1 << 40  # a word index
     raw = bytes(mm[8 * HW_DOORBELLS : 8 * HW_DOORBELLS + 16])
-    entries, end = poller.poll(seg, raw, 0, 0, 4, 16, 1)
+    entries, end = poller.poll_into(seg, raw, items, 0, 4, 16, 1, cache)
     assert [e[:4] for e in entries] == [
         (5, 1, 0, 1 << 40)
     ] and "doorbell 1099511627776 with tail 0" in entries[0][6]
     assert end == 0 and poller.tails == [0, 1 << 40] and q[geo.lane(1, L_TAIL)] == 1 << 40
-    assert poller.poll(seg, raw, 0, 0, 4, 16, 1) == ([], 0)  # nothing new: nothing looked at
+    assert poller.poll_into(seg, raw, items, 0, 4, 16, 1, cache) == ([], 0)  # nothing new: nothing looked at
+    assert items == []
     q.release()
     for s in (seg, other[2]):
         s.close()
@@ -632,7 +641,7 @@ def test_the_native_poll_into_refuses_a_cache_that_is_not_the_workers() -> None:
         poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ({}, [0, 0], [0] * 8))
     with pytest.raises(TypeError):
         poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ([], [0, 0], [0] * 8, object))
-    with pytest.raises(ValueError, match="resume without a stopped poll"):
+    with pytest.raises(ValueError, match="resume_into without a stopped poll"):
         poller.resume_into(seg, 1, object(), [], ({}, [0, 0], [0] * 8, object))
     seg.close()
     mm.close()

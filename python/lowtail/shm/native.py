@@ -178,14 +178,22 @@ SEGMENT_CALLS = (
     "wake_lanes",
     "wakes",
 )
-POLLER_CALLS = ("poll", "resume", "accept", "poll_into", "resume_into")
+POLLER_CALLS = ("accept", "poll_into", "resume_into")
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
-# and copy-out), the plans those take, and the serving loop's recorder (since 0.9.0). A call whose
-# arguments change gets a new name, so an extension built before the change is refused here rather
-# than called with the wrong arguments.
-MODULE_CALLS = ("send_request", "receive_answer", "RequestPlan", "AnswerPlan", "CallRecorder")
+# and copy-out), the plans those take, the serving loop's recorder (since 0.9.0) and the answer of a
+# known layout that ``Batch.complete`` calls first (since 0.12.0). A call whose arguments change gets
+# a new name, so an extension built before the change is refused here rather than called with the
+# wrong arguments.
+MODULE_CALLS = (
+    "send_request",
+    "receive_answer",
+    "RequestPlan",
+    "AnswerPlan",
+    "CallRecorder",
+    "complete_known",
+)
 # The oldest core whose calls take what this package passes: under the same names, receive_answer
 # gained its park slice in 0.5.0 and took the caller's arrays as its copy in 0.6.0 (AnswerPlan the
 # array type), and declines arrays that share memory since 0.6.1; answer_known and KnownOutputs take a

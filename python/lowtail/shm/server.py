@@ -279,18 +279,18 @@ class Batch:
         (``RequestTiming.engine_s`` / ``call_deschedule_s`` / ``batch_size``). The input views are refused
         afterwards (a client may reuse its slot once answered). Returns what waking its parked clients
         cost, as ``QueueWorker.wakes`` counts: (ns, lanes woken)."""
-        if not self._open or self._worker._closed:  # _usable, inlined: this is the hot path
+        worker = self._worker
+        # A layout answered before: the core (complete_known; _known is empty on the Python path)
+        woken = worker._complete_known(self, outputs, engine_ns, deschedule_ns) if worker._known else None
+        if woken is not None:
+            return woken  # type: ignore[no-any-return]
+        if not self._open or worker._closed:  # _usable, inlined: this is the hot path
             raise self._refuse("complete() on")
         sizes = self.sizes
         total = sizes[0] if len(sizes) == 1 else sum(sizes)
-        worker = self._worker
         d_us = deschedule_ns // 1000 if deschedule_ns > 0 else 0  # not min()/max(): ~1,400 instructions
         d_us = d_us if d_us < CALL_BATCH_MASK else CALL_BATCH_MASK
         call = (total & CALL_BATCH_MASK) | (d_us << CALL_DESCHEDULE_SHIFT)
-        kept = worker._known  # always empty on the Python path: one test there
-        woken = self._complete_known(kept.get(total), outputs, engine_ns, call) if kept else None
-        if woken is not None:
-            return woken
         try:
             layout = validated_layout(outputs)
         except BadRequest as e:
@@ -315,7 +315,10 @@ class Batch:
                     assert it.layout is not None
                     n = it.layout.batch
                     if not it.done:
-                        part = {k: v[off : off + n] for k, v in outputs.items()}
+                        # a loop: a comprehension capturing off and n makes them cells on every call
+                        part = {}
+                        for k, v in outputs.items():
+                            part[k] = v[off : off + n]
                         worker._answer(
                             it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call
                         )
@@ -328,26 +331,6 @@ class Batch:
         finally:
             if woken is None:
                 woken = worker._wake_parked(self._items)
-        return woken
-
-    def _complete_known(
-        self, known: Any, outputs: Mapping[str, np.ndarray[Any, Any]], engine_ns: int, call: int
-    ) -> tuple[int, int] | None:
-        """``complete()`` when its worker answered outputs of this batch's size before (``known``, or
-        None): outputs of exactly that layout (the engine's own arrays, call after call) are answered
-        by the core in one call, without validated_layout (~3 us cold), whatever requests the batch
-        coalesced when the core has the answer plan of each one's size; anything else comes back None
-        with nothing written, for ``complete()`` to validate."""
-        if known is None:
-            return None
-        try:
-            woken = self._worker._answer_known(self, known, outputs, engine_ns, call)
-        except BaseException as e:
-            self._close()
-            self._fail_unanswered(e)
-            raise
-        if woken is not None:
-            self._close()
         return woken
 
     def _fail_unanswered(self, e: BaseException) -> tuple[int, int]:
@@ -472,7 +455,7 @@ class QueueWorker:
         self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
         core = native.core_of(self._native)
         self._known_outputs: Any = getattr(core, "KnownOutputs", None)
-        self._answer_known_core: Any = getattr(core, "answer_known", None)
+        self._complete_known: Any = core.complete_known  # Batch.complete's first step
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
@@ -1138,11 +1121,11 @@ class QueueWorker:
         self, outputs: Mapping[str, np.ndarray[Any, Any]], layout: PayloadLayout, plans: dict[int, _Plan]
     ) -> None:
         """Keep ``outputs``' layout (validated, answered inline) with the answer ``plans`` of the request
-        sizes it was answered in, for ``_answer_known``: outputs of that layout (the same names in
-        order, ndarrays of the same dtype objects and shapes) are then answered by the core without
-        validating them again, in batches of those request sizes. Only a dict of ndarrays by str keys:
-        what the core compares. Bounded: KNOWN_OUTPUTS_MAX batch sizes, KNOWN_PLANS_MAX request sizes
-        each."""
+        sizes it was answered in, for the core's ``complete_known`` (``Batch.complete``'s first step):
+        outputs of that layout (the same names in order, ndarrays of the same dtype objects and shapes)
+        are then answered by the core without validating them again, in batches of those request sizes.
+        Only a dict of ndarrays by str keys: what the core compares. Bounded: KNOWN_OUTPUTS_MAX batch
+        sizes, KNOWN_PLANS_MAX request sizes each."""
         make = self._known_outputs
         if make is None or type(outputs) is not dict or not 0 < len(plans) <= KNOWN_PLANS_MAX:
             return
@@ -1162,24 +1145,6 @@ class QueueWorker:
         self._known[total] = make(
             [(k, a.dtype, a.shape) for k, a in outputs.items()], np.ndarray, list(plans.items())
         )
-
-    def _answer_known(
-        self, batch: Batch, known: Any, outputs: Mapping[str, np.ndarray[Any, Any]], engine_ns: int, call: int
-    ) -> tuple[int, int] | None:
-        """The core's answer of ``batch``'s requests with ``outputs`` when they are ``known``'s layout
-        and it has the plan of each request's size: (wake ns, lanes woken), or None (nothing written)
-        when not. The core marks each request it answered done before it returns, with no Python run in
-        between (an interrupt after the call cannot leave an answered request to be answered failed); a
-        request done before is skipped."""
-        items, sizes = batch._items, batch.sizes
-        if len(sizes) != len(items):  # a request not decoded (no rows): validated, as before
-            return None
-        got = self._answer_known_core(self._native, known, outputs, items, sizes, engine_ns, call)
-        if got is not None:
-            out = self._outstanding
-            for it in items:
-                out.pop(it.g, None)
-        return got  # type: ignore[no-any-return]
 
     def _answer_rows(
         self,
