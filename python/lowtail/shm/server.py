@@ -95,6 +95,12 @@ def _samples(items: list[_Item]) -> int:
     return sum(it.layout.batch for it in items if it.layout is not None)
 
 
+def _rows(outputs: Mapping[str, np.ndarray[Any, Any]], off: int, n: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Rows ``off`` to ``off + n`` of each output. A function of its own: a comprehension that captures
+    ``off`` and ``n`` makes them cells of the function it is in, allocated on each of its calls."""
+    return {k: v[off : off + n] for k, v in outputs.items()}
+
+
 def _write_message(m: Mapped, g: int, message: str) -> int:
     """An error answer's message into the response region of slot ``g`` (truncated to it); its length."""
     raw = message.encode("utf-8", "replace")[: m.geo.resp_bytes]
@@ -315,10 +321,7 @@ class Batch:
                     assert it.layout is not None
                     n = it.layout.batch
                     if not it.done:
-                        # a loop: a comprehension capturing off and n makes them cells on every call
-                        part = {}
-                        for k, v in outputs.items():
-                            part[k] = v[off : off + n]
+                        part = _rows(outputs, off, n)
                         worker._answer(
                             it, ST_OK, part, layout.with_batch(n), "", engine_ns=engine_ns, call=call
                         )
