@@ -188,6 +188,25 @@ fn answer_known_in(
     Ok(Some((ns, woken)))
 }
 
+/// `complete_known` as `Batch.complete` calls it, with the call's figures as the caller gave them: an
+/// `engine_ns` that is not a u64 or a `deschedule_ns` that is not an i64 (out of range, or not an int)
+/// comes back None with nothing done, so `complete()`'s validating path meets it as it meets any
+/// figure (it fails the batch naming the error, or clamps the deschedule), rather than raising here
+/// with the batch left open and its requests unanswered. (The recorder passes figures of its own.)
+#[pyfunction(name = "complete_known")]
+pub fn complete_known_py(
+    py: Python<'_>,
+    batch: &Bound<'_, PyAny>,
+    outputs: &Bound<'_, PyAny>,
+    engine_ns: &Bound<'_, PyAny>,
+    deschedule_ns: &Bound<'_, PyAny>,
+) -> PyResult<Option<(u64, u64)>> {
+    let (Ok(engine_ns), Ok(deschedule_ns)) = (engine_ns.extract::<u64>(), deschedule_ns.extract::<i64>()) else {
+        return Ok(None);
+    };
+    complete_known(py, batch, outputs, engine_ns, deschedule_ns)
+}
+
 /// `Batch.complete(outputs, engine_ns=, deschedule_ns=)` of a batch whose outputs are a layout its
 /// worker answered before, in one call: `Batch.complete`'s first step and the native recorder's
 /// `finish_call`'s answer, with no Python frame between the model's call and the answers (7,247 fewer
@@ -197,7 +216,6 @@ fn answer_known_in(
 /// woken), or None with nothing written where `complete`'s validating path must run instead: a batch
 /// closed or of a closed worker (`complete` refuses it), a stand-in without `_open`, a request not
 /// decoded, no known layout of its rows, or outputs not exactly that layout.
-#[pyfunction]
 pub fn complete_known(
     py: Python<'_>,
     batch: &Bound<'_, PyAny>,

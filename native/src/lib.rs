@@ -806,7 +806,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<answer::KnownOutputs>()?;
     m.add_class::<recorder::CallRecorder>()?;
     m.add_function(wrap_pyfunction!(answer::answer_known, m)?)?;
-    m.add_function(wrap_pyfunction!(answer::complete_known, m)?)?;
+    m.add_function(wrap_pyfunction!(answer::complete_known_py, m)?)?;
     m.add_function(wrap_pyfunction!(ndarray::direct_array_reads, m)?)?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;

@@ -8,8 +8,9 @@
 //! the next batch. What only Python can do stays Python: a request whose header this poll has not seen
 //! accepted (its first appearance, an ndarray segment's payload) stops the poll right after its claim;
 //! Python decodes it and `resume_into` goes on from there with its sample count, so the limits are
-//! applied to what Python accepted. Fences and the answers of withdrawn or refused requests are left to Python,
-//! in the order they happened; the fence's tail resynchronisation is done here, where the tails live.
+//! applied to what Python accepted. Fences and the answers of withdrawn or refused requests are left to
+//! Python, in the order they happened; the fence's tail resynchronisation is done here, where the tails
+//! live.
 
 use std::collections::HashMap;
 

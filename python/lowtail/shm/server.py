@@ -96,8 +96,8 @@ def _samples(items: list[_Item]) -> int:
 
 
 def _rows(outputs: Mapping[str, np.ndarray[Any, Any]], off: int, n: int) -> dict[str, np.ndarray[Any, Any]]:
-    """Rows ``off`` to ``off + n`` of each output. A function of its own: a comprehension that captures
-    ``off`` and ``n`` makes them cells of the function it is in, allocated on each of its calls."""
+    """Rows ``off`` to ``off + n`` of each output. A function of its own: on CPython 3.11 a comprehension
+    that captures ``off`` and ``n`` makes them cells of the function it is in, allocated on each call."""
     return {k: v[off : off + n] for k, v in outputs.items()}
 
 
@@ -447,17 +447,16 @@ class QueueWorker:
         reference), bound here rather than tested per call, so the Python path's hot path pays nothing
         for the core; and what answers outputs of a layout answered before (``_known``: per batch
         rows, the outputs of the batch answered last with that many rows, as the core recognises them,
-        with the answer plans of the request sizes answered in that layout; a core without
-        ``KnownOutputs`` leaves it empty). ``_claim_cache`` is what the core's poll makes a sampler's
-        next request an ``_Item`` with (``Poller.poll_into``): the objects ``_polled`` uses, so none
-        of them may be rebound (the views cache is cleared in place)."""
+        with the answer plans of the request sizes answered in that layout). ``_claim_cache`` is what
+        the core's poll makes a sampler's next request an ``_Item`` with (``Poller.poll_into``): the
+        objects ``_polled`` uses, so none of them may be rebound (the views cache is cleared in place)."""
         self._poller = native.poller(self._tails, spl)
         self._claim_cache = (self._in_views, self._lane_seen_ns, self._slot_i, _Item)
         self._poll = self._poll_native  # type: ignore[method-assign]
         self._take = self._take_refused  # type: ignore[method-assign]
         self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
         core = native.core_of(self._native)
-        self._known_outputs: Any = getattr(core, "KnownOutputs", None)
+        self._known_outputs: Any = core.KnownOutputs
         self._complete_known: Any = core.complete_known  # Batch.complete's first step
 
     @classmethod
@@ -1130,7 +1129,7 @@ class QueueWorker:
         Only a dict of ndarrays by str keys: what the core compares. Bounded: KNOWN_OUTPUTS_MAX batch
         sizes, KNOWN_PLANS_MAX request sizes each."""
         make = self._known_outputs
-        if make is None or type(outputs) is not dict or not 0 < len(plans) <= KNOWN_PLANS_MAX:
+        if type(outputs) is not dict or not 0 < len(plans) <= KNOWN_PLANS_MAX:
             return
         arrays = list(outputs.values())
         if not all(type(k) is str for k in outputs) or not all(type(a) is np.ndarray for a in arrays):
