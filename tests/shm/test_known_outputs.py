@@ -501,29 +501,31 @@ def test_figures_out_of_range_are_answered_as_the_validating_path_answers_them(
     before it ran, leaving the batch open and its request unanswered: seen failing first.)"""
     w = QueueWorker.attach(four.descriptor)
     c = QueueClient.attach(four.descriptor)
+
+    def answer(engine_ns: int, deschedule_ns: int, fails: bool, why: tuple[Any, ...]) -> None:
+        t = c.submit(filled(2.0, 1))
+        with w.claim(timeout_s=5.0) as batch:
+            x = np.array(batch.inputs["x"])
+            out = {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)}
+            try:
+                batch.complete(out, engine_ns=engine_ns, deschedule_ns=deschedule_ns)
+            except (OverflowError, ValueError):  # the core's, or a memoryview's word
+                assert fails, why
+            assert not batch._open and not w._outstanding, why
+        if fails:
+            with pytest.raises(RequestFailed, match=r"answer not written: (OverflowError|ValueError)"):
+                c.wait(t, timeout_s=5.0)
+        else:
+            np.testing.assert_array_equal(c.wait(t, timeout_s=5.0)["twice"], np.full((1, 4), 4.0), str(why))
+
     try:
-        for engine_ns, deschedule_ns, fails in ((0, 0, False), (-1, 0, True), (2**64, 0, True),
-                                                 (0, 2**63, False), (0, -(2**63) - 1, False)):  # fmt: skip
-            for known in (False, True):  # a layout new to the worker, then the same layout known
-                if not known:
-                    w._known.clear()
-                t = c.submit(filled(2.0, 1))
-                with w.claim(timeout_s=5.0) as batch:
-                    x = np.array(batch.inputs["x"])
-                    out = {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)}
-                    try:
-                        batch.complete(out, engine_ns=engine_ns, deschedule_ns=deschedule_ns)
-                    except (OverflowError, ValueError):  # the core's, or a memoryview's word
-                        assert fails, (engine_ns, deschedule_ns, known)
-                    assert not batch._open and not w._outstanding, (engine_ns, deschedule_ns, known)
-                if fails:
-                    with pytest.raises(
-                        RequestFailed, match=r"answer not written: (OverflowError|ValueError)"
-                    ):
-                        c.wait(t, timeout_s=5.0)
-                else:
-                    np.testing.assert_array_equal(c.wait(t, timeout_s=5.0)["twice"], np.full((1, 4), 4.0))
-                    assert (1 in w._known) is (queue_impl == "native")
+        for engine_ns, deschedule_ns, fails in ((-1, 0, True), (2**64, 0, True), (0, 2**63, False),
+                                                 (0, -(2**63) - 1, False)):  # fmt: skip
+            w._known.clear()
+            answer(engine_ns, deschedule_ns, fails, (engine_ns, deschedule_ns, "a layout new to it"))
+            answer(0, 0, False, "the layout learned")
+            assert (1 in w._known) is (queue_impl == "native")
+            answer(engine_ns, deschedule_ns, fails, (engine_ns, deschedule_ns, "the layout known"))
     finally:
         c.close()
         w.close()
