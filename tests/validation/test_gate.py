@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +139,29 @@ def test_an_older_report_without_intervals_is_not_compared_rather_than_guessed(t
 # ---- two real runs of this unchanged host ----------------------------------------------------------
 
 
+def _cpu_pressure_us() -> int:
+    """Microseconds, since boot, in which some task on this host waited for a CPU (PSI)."""
+    some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    return int(some.rsplit("total=", 1)[1])
+
+
+def _same_contention(before: float, after: float) -> bool:
+    """Both runs of a pair saw the host's other work alike: CPU pressure within 1.5x and 2 points.
+    A sustained neighbour on the probe CPU reads 13-16% here against 2.1-2.4% quiet; what the
+    hypervisor steals is the guest's own noise and stays in."""
+    return max(before, after) <= 1.5 * min(before, after) + 2.0
+
+
 @pytest.mark.slow
 def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Path) -> None:
-    """20 quick probe runs (3,000 samples of deschedule and timer on one CPU, ~2 s each)."""
+    """Quick probe runs in pairs (3,000 samples of deschedule and timer on one CPU, ~3 s each).
+
+    The premise is an unchanged host, and under ``make test`` other suites start and stop beside this
+    one: a neighbour that spins up during one run of a pair really does make that run worse. So a pair
+    is judged only when the host's CPU pressure was alike in its two runs, and another pair is run in its
+    place; ten judged pairs, at most 30 tried, and never fewer than five judged."""
+    if not Path("/proc/pressure/cpu").exists():
+        pytest.fail("this test needs PSI (/proc/pressure/cpu) to tell a changed host from an unchanged one")
     cmd = [
         sys.executable,
         "-m",
@@ -152,16 +173,24 @@ def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Pat
         "3000",
     ]
     cmd += ["--cpus", str(PROBE_CPU), "--no-progress"]
-    verdicts = []
-    for pair in range(10):
+    judged, unjudged = [], []
+    for pair in range(30):
         paths = [tmp_path / f"{pair}-{side}.json" for side in ("b", "a")]
+        pressure = []
         for p in paths:
+            t0, w0 = time.monotonic(), _cpu_pressure_us()
             run = subprocess.run([*cmd, "--json", str(p)], check=False, capture_output=True, timeout=300)
+            pressure.append(100 * (_cpu_pressure_us() - w0) / 1e6 / (time.monotonic() - t0))
             assert run.returncode in (0, 1), run.stderr  # 1: the probes failed their limits, as may be
         rc = main(["compare", *map(str, paths), "--json", str(tmp_path / "c.json")])
         cmp = json.loads((tmp_path / "c.json").read_text())
-        verdicts.append((rc, cmp["verdict"], cmp["worse"], cmp["not_compared"]))
-    assert verdicts == [(0, "not worse", [], [])] * 10
+        verdict = (rc, cmp["verdict"], cmp["worse"], cmp["not_compared"])
+        seen = f"pair {pair}: CPU pressure {pressure[0]:.1f}% -> {pressure[1]:.1f}%: {verdict}"
+        (judged if _same_contention(*pressure) else unjudged).append((verdict, seen))
+        if len(judged) == 10:
+            break
+    assert len(judged) >= 5, f"the host changed under most pairs: {[s for _, s in unjudged]}"
+    assert [v for v, _ in judged] == [(0, "not worse", [], [])] * len(judged), [s for _, s in judged]
 
 
 # ---- validate --rounds -----------------------------------------------------------------------------
