@@ -37,7 +37,12 @@ def containers() -> set[str]:
 
 @pytest.fixture(scope="module")
 def demo() -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
-    assert not containers() & set(NODES), f"demo nodes already exist: {containers() & set(NODES)}"
+    left = containers() & set(NODES)
+    # Never removed here: they may be someone's running demo (LOWTAIL_DEMO_KEEP=1)
+    assert not left, (
+        f"demo nodes already exist: {sorted(left)} (a demo or test run killed before its cleanup "
+        "leaves them; 'make demo-clean' removes them)"
+    )
     report = REPO / "build" / "demo" / "cluster.json"
     report.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
