@@ -414,8 +414,7 @@ class QueueWorker:
         self._head_of = struct.Struct("<Q").unpack_from
         self._pool = NdarraySegmentPool(cfg.shm_dir, cfg.mode, cfg.numa_node)
         self._nd_resp: dict[int, NdarraySegment] = {}
-        # clients' ndarray segments: read, never mapped (see NdarraySegmentReader)
-        self._slots_in = NdarraySegmentReader()
+        self._slots_in = NdarraySegmentReader()  # clients' ndarray segments: read, never mapped
         self._swept_ns = 0
         self._sweep = DeadSweep(cfg.shm_dir, kinds=("nd",))
         # Per request slot: the views of its last inline request, with that request's header key and layout
@@ -430,6 +429,7 @@ class QueueWorker:
         self._out_views: dict[int, tuple[PayloadLayout, Arrays]] = {}
         self._carry: list[_Item] = []
         self._outstanding: dict[int, _Item] = {}
+        self._hold_slots = cfg.max_batch_slots if cfg.coalesce_us > 0 else 0  # a batch held below this
         self._last_work_ns = time.monotonic_ns()
         self._lane_seen_ns = [0] * geo.lanes
         self._lane_gen = [0] * geo.lanes  # the gen whose ndarray segments _slots_in holds, per lane
@@ -944,18 +944,27 @@ class QueueWorker:
         self._wake_parked([it])
 
     def _coalesce(self, items: list[_Item]) -> Batch:
-        cfg = self._cfg
+        """The batch of what a claim's poll took: held for up to ``coalesce_us`` while under
+        ``min_batch_samples`` (``_coalesce_wait``), then made (``_batch``, inlined: a frame less per
+        claim, whose hot path is one request that nothing holds)."""
         # When work was last found: the poll's clock (its requests' claim stamp), no read of its own
         self._last_work_ns = items[-1].claim_ns
-        if cfg.coalesce_us > 0 and len(items) < cfg.max_batch_slots:
+        n = len(items)
+        if n < self._hold_slots:  # coalescing on (else 0) and the batch not full
             first = items[0].layout  # polled items decoded: a layout each; one request, no generator
-            samples = first.batch if len(items) == 1 and first is not None else _samples(items)
-            if samples < cfg.min_batch_samples:
+            samples = first.batch if n == 1 and first is not None else _samples(items)
+            if samples < self._cfg.min_batch_samples:
                 self._coalesce_wait(items)
                 self._last_work_ns = time.monotonic_ns()
-        return self._batch(items)
+                n = len(items)
+        if n > 1:
+            items = self._mergeable(items)
+        outstanding = self._outstanding
+        for it in items:
+            outstanding[it.g] = it
+        return Batch(self, items)
 
-    # The two helpers below hold the generator expressions of _coalesce and _batch: a function with
+    # _coalesce_wait and _mergeable hold the generator expressions of making a batch: a function with
     # one keeps the names it captures in cells, made on every call (every claim), taken or not.
     def _coalesce_wait(self, items: list[_Item]) -> None:
         """Poll for up to ``coalesce_us`` more while the batch is under ``min_batch_samples``, when
@@ -972,6 +981,7 @@ class QueueWorker:
                     break
 
     def _batch(self, items: list[_Item]) -> Batch:
+        """A batch of carried requests (``_coalesce`` makes a polled one the same way)."""
         if len(items) > 1:
             items = self._mergeable(items)
         for it in items:
