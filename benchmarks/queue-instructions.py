@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions
+from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions, warn_unequal_paths
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
@@ -137,6 +137,7 @@ def main() -> int:
         raise SystemExit(f"--clients {args.clients}: expected 1, 2, 4, 8 or 16 (16 rows split evenly)")
     rows = []
     trees = args.tree or [REPO]
+    warn_unequal_paths(trees)
     for i, tree in enumerate(trees, 1):
         if not (tree / "python/lowtail/shm/client.py").is_file():
             raise SystemExit(f"--tree {tree}: expected a lowtail checkout (python/lowtail/shm/client.py)")

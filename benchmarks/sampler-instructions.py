@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions
+from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions, warn_unequal_paths
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 200
@@ -131,6 +131,7 @@ def main() -> int:
     paths = paths_to_count(args.paths)
     if args.requests < 1 or args.busy_us < 0 or not 1 <= args.samples <= 16:
         raise SystemExit("--requests >= 1, --busy-us >= 0 and --samples 1..16 expected")
+    warn_unequal_paths(args.tree or [REPO])
     rows = [count(tree, args, path) for tree in (args.tree or [REPO]) for path in paths]
     show(
         rows,

@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions
+from callgrind_counts import common_options, path_env, paths_to_count, show, top_functions, warn_unequal_paths
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 1000  # past the loop's specialization (8 entries of 64 batches: see BATCHES_PER_ENTRY)
@@ -231,6 +231,7 @@ def main() -> int:
     paths = paths_to_count(args.paths)
     if args.calls < 1:
         raise SystemExit(f"--calls {args.calls}: expected >= 1")
+    warn_unequal_paths(args.tree or [REPO])
     rows = [count(tree, args, path) for tree in (args.tree or [REPO]) for path in paths]
     show(rows, _line, "lowtail.worker-instructions/1", args.json)
     return 0
