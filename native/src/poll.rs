@@ -7,7 +7,7 @@
 //! are reached; a request that would pass the sample limit after the first is claimed and carried into
 //! the next batch. What only Python can do stays Python: a request whose header this poll has not seen
 //! accepted (its first appearance, an ndarray segment's payload) stops the poll right after its claim;
-//! Python decodes it and `resume_into` goes on from there with its sample count, so the limits are
+//! Python decodes it and `resume_bound` goes on from there with its sample count, so the limits are
 //! applied to what Python accepted. Fences and the answers of withdrawn or refused requests are left to
 //! Python, in the order they happened; the fence's tail resynchronisation is done here, where the tails
 //! live.
@@ -23,13 +23,13 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use crate::layout::*;
 use crate::Segment;
 
-// What `poll_into` returns per claimed request (or fenced lane) it did not make an item of: what the
+// What `poll_bound` returns per claimed request (or fenced lane) it did not make an item of: what the
 // worker does with it.
 const APPEND: u8 = 0; // into this batch (its header accepted, its samples counted)
 const CARRY: u8 = 1; // claimed, first in the next batch (it would pass the sample limit)
 const WITHDRAWN: u8 = 2; // withdrawn by its client: answer it ST_WITHDRAWN
 const REFUSED: u8 = 3; // its header refused by the core: answer it ST_BAD_REQUEST (the str says why)
-const DECODE: u8 = 4; // not seen accepted: decode it, then `resume_into` (always the last entry)
+const DECODE: u8 = 4; // not seen accepted: decode it, then `resume_bound` (always the last entry)
 const FENCE: u8 = 5; // an impossible control word in the lane (slot 0, seq = the tail set, str = why)
 
 // The poll's end: every lane looked at fully taken (the doorbells as given are drained), work left
@@ -59,6 +59,19 @@ struct Round {
     direct: bool, // requests are still made items here (no APPEND entry went to Python before them)
 }
 
+/// What every poll of one worker works on, bound once (`Poller.bind`): the worker's segment, its batch
+/// limits, and what items are made with (`QueueWorker._claim_cache`: views by slot as (header id,
+/// views, layout), last-seen stamps by lane, slot word by slot, the item class).
+struct Binding {
+    seg: Py<Segment>,
+    max_slots: u64,
+    max_samples: u64,
+    views: Py<PyDict>,
+    seen: Py<PyList>,
+    slot_i: Py<PyList>,
+    item: PyObject,
+}
+
 /// The poll's state across calls (worker-private): each lane's tail as this worker moved it, the
 /// doorbells seen at the last poll, the lanes it left with work, the lane after the last one served.
 #[pyclass(module = "lowtail_native")]
@@ -70,6 +83,7 @@ pub struct Poller {
     rr: u64,
     accepted: HashMap<u64, u64, IdHasher>, // header id -> samples, for the headers Python decoded inline
     round: Option<Round>,
+    bound: Option<Binding>,
 }
 
 fn word(raw: &[u8], lane: u64) -> u64 {
@@ -90,7 +104,7 @@ impl Poller {
         }
         // seen starts at the tails: a lane whose doorbell is not its tail is looked at (also one wrapped to 0)
         let seen = tails.clone();
-        Ok(Poller { spl, tails, seen, leftover: Vec::new(), rr: 0, accepted: HashMap::default(), round: None })
+        Ok(Poller { spl, tails, seen, leftover: Vec::new(), rr: 0, accepted: HashMap::default(), round: None, bound: None })
     }
 
     /// The tails as this poll moved them (diagnostics, tests).
@@ -99,7 +113,7 @@ impl Poller {
         self.tails.clone()
     }
 
-    /// Header `id` (from a `poll_into` entry) decoded by Python into an inline payload of `samples` rows:
+    /// Header `id` (from a `poll_bound` entry) decoded by Python into an inline payload of `samples` rows:
     /// later requests with it are counted here, without stopping.
     fn accept(&mut self, id: u64, samples: u64) {
         if self.accepted.len() >= ACCEPTED_MAX {
@@ -108,51 +122,70 @@ impl Poller {
         self.accepted.insert(id, samples);
     }
 
+    /// Bind the poll to the worker's segment `seg`, its batch limits and `cache` (the worker's, as
+    /// `Binding` says), once, before the first `poll_bound`: the hot path's call then carries only what
+    /// changes per poll. The segment must have this poll's lanes and slots per lane.
+    fn bind(&mut self, seg: &Bound<'_, Segment>, max_slots: u64, max_samples: u64, cache: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let geo = &seg.borrow().geo;
+        if geo.lanes != self.tails.len() as u64 || geo.spl != self.spl {
+            return Err(PyValueError::new_err(format!(
+                "a segment of {} lanes x {} slots for a poll of {} lanes x {} slots",
+                geo.lanes,
+                geo.spl,
+                self.tails.len(),
+                self.spl
+            )));
+        }
+        if cache.len() != 4 {
+            return Err(PyValueError::new_err(format!("a cache of {} parts: expected 4", cache.len())));
+        }
+        self.bound = Some(Binding {
+            seg: seg.clone().unbind(),
+            max_slots,
+            max_samples,
+            views: cache.get_item(0)?.downcast_into::<PyDict>()?.unbind(),
+            seen: cache.get_item(1)?.downcast_into::<PyList>()?.unbind(),
+            slot_i: cache.get_item(2)?.downcast_into::<PyList>()?.unbind(),
+            item: cache.get_item(3)?.unbind(),
+        });
+        Ok(())
+    }
+
     /// Take published requests within the limits, fairly across lanes, from the doorbells `raw` (the
     /// doorbell words as bytes, read once by the caller); `items` (a list) and `samples` are what the
     /// batch holds already. A request taken into this batch whose slot's cached views are for its
-    /// header (a sampler's next request) becomes an item `cache[3](lane, g, si, seq, gen, submit_ns,
-    /// now, layout, views, True)` appended to `items`, and its lane's last-seen stamp is set to `now`,
-    /// as `QueueWorker._polled` does; `cache` is the worker's (views by slot as (header id, views,
-    /// layout), last-seen stamps by lane, slot word by slot, the item class). Returns (entries, end):
-    /// the other requests, as entries (what, lane, slot, seq, gen, submit_ns, header) in claim order,
-    /// header an id or a str; end DRAINED, LEFT or STOPPED (decode the last entry, then
-    /// `resume_into`). Once a request taken into the batch comes back as an APPEND entry, none after it
-    /// in this poll is made an item here (a request Python decodes is appended by `resume_into`, and
-    /// the ones after it are made here again), so `items` keeps the claim order. Never blocks.
-    #[allow(clippy::too_many_arguments)]
-    fn poll_into(
-        &mut self,
-        py: Python<'_>,
-        seg: PyRef<'_, Segment>,
-        raw: &[u8],
-        items: &Bound<'_, PyList>,
-        samples: u64,
-        max_slots: u64,
-        max_samples: u64,
-        now: u64,
-        cache: &Bound<'_, PyTuple>,
-    ) -> PyResult<(Vec<Entry>, u8)> {
-        let maker = ItemMaker::new(items, cache)?;
+    /// header (a sampler's next request) becomes an item `item(lane, g, si, seq, gen, submit_ns, now,
+    /// layout, views, True)` appended to `items`, and its lane's last-seen stamp is set to `now`, as
+    /// `QueueWorker._polled` does (the bound cache's parts). Returns (entries, end, now): the other
+    /// requests, as entries (what, lane, slot, seq, gen, submit_ns, header) in claim order, header an id
+    /// or a str; end DRAINED, LEFT or STOPPED (decode the last entry, then `resume_bound`); now the
+    /// poll's CLOCK_MONOTONIC stamp, its requests' claim time. Once a request taken into the batch
+    /// comes back as an APPEND entry, none after it in this poll is made an item here (a request Python
+    /// decodes is appended by `resume_bound`, and the ones after it are made here again), so `items`
+    /// keeps the claim order. Never blocks. Refused before `bind`.
+    fn poll_bound(&mut self, py: Python<'_>, raw: &[u8], items: &Bound<'_, PyList>, samples: u64) -> PyResult<(Vec<Entry>, u8, u64)> {
+        let (seg, max_slots, max_samples, maker) = self.bound_parts(py, items)?;
+        let seg = seg.borrow();
+        let now = crate::now_ns();
         let round = self.start(&seg, raw, items.len() as u64, samples, max_slots, max_samples, now)?;
-        self.run(py, &seg, round, Vec::new(), &maker)
+        let (entries, end) = self.run(py, &seg, round, Vec::new(), &maker)?;
+        Ok((entries, end, now))
     }
 
     /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:
     /// it failed, answered already), `last` the item it made, appended to `items` here when it is
     /// taken into the batch, before the requests after it. Returns (what became of it: APPEND or
-    /// CARRY, or 255 when not taken; entries; end) as `poll_into`.
-    #[pyo3(signature = (seg, samples, last, items, cache))]
-    fn resume_into(
+    /// CARRY, or 255 when not taken; entries; end) as `poll_bound`.
+    #[pyo3(signature = (samples, last, items))]
+    fn resume_bound(
         &mut self,
         py: Python<'_>,
-        seg: PyRef<'_, Segment>,
         samples: Option<u64>,
         last: &Bound<'_, PyAny>,
         items: &Bound<'_, PyList>,
-        cache: &Bound<'_, PyTuple>,
     ) -> PyResult<(u8, Vec<Entry>, u8)> {
-        let maker = ItemMaker::new(items, cache)?;
+        let (seg, _, _, maker) = self.bound_parts(py, items)?;
+        let seg = seg.borrow();
         let (taken, round) = self.resumed(samples)?;
         if taken == APPEND {
             items.append(last)?;
@@ -163,6 +196,24 @@ impl Poller {
 }
 
 impl Poller {
+    /// The bound segment, limits and item maker (new references: `self` stays free to change).
+    #[allow(clippy::type_complexity)]
+    fn bound_parts<'a, 'py>(
+        &self,
+        py: Python<'py>,
+        items: &'a Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, Segment>, u64, u64, ItemMaker<'a, 'py>)> {
+        let b = self.bound.as_ref().ok_or_else(|| PyValueError::new_err("a poll before bind"))?;
+        let maker = ItemMaker {
+            items,
+            views: b.views.bind(py).clone(),
+            seen: b.seen.bind(py).clone(),
+            slot_i: b.slot_i.bind(py).clone(),
+            item: b.item.bind(py).clone(),
+        };
+        Ok((b.seg.bind(py).clone(), b.max_slots, b.max_samples, maker))
+    }
+
     /// A new poll's round: the lanes to look at from the doorbells `raw`, in the order served.
     #[allow(clippy::too_many_arguments)]
     fn start(
@@ -185,7 +236,7 @@ impl Poller {
             )));
         }
         if self.round.is_some() {
-            return Err(PyValueError::new_err("poll while a stopped poll waits for resume_into"));
+            return Err(PyValueError::new_err("poll while a stopped poll waits for resume_bound"));
         }
         let mut look: Vec<u64> = self.leftover.clone();
         for lane in 0..lanes {
@@ -225,7 +276,7 @@ impl Poller {
 
     /// The stopped poll's round, its request counted with the `samples` Python decoded it to.
     fn resumed(&mut self, samples: Option<u64>) -> PyResult<(u8, Round)> {
-        let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume_into without a stopped poll"))?;
+        let mut round = self.round.take().ok_or_else(|| PyValueError::new_err("resume_bound without a stopped poll"))?;
         let lane = round.stopped;
         let taken = match samples {
             Some(n) => Self::count(&mut round, n),
@@ -379,7 +430,7 @@ impl Poller {
     }
 }
 
-/// What `poll_into` makes the worker's items with (`QueueWorker._claim_cache`, see `poll_into`).
+/// What `poll_bound` makes the worker's items with (the bound cache's parts, see `Binding`).
 struct ItemMaker<'a, 'py> {
     items: &'a Bound<'py, PyList>,
     views: Bound<'py, PyDict>,
@@ -389,19 +440,6 @@ struct ItemMaker<'a, 'py> {
 }
 
 impl<'a, 'py> ItemMaker<'a, 'py> {
-    fn new(items: &'a Bound<'py, PyList>, cache: &Bound<'py, PyTuple>) -> PyResult<Self> {
-        if cache.len() != 4 {
-            return Err(PyValueError::new_err(format!("a cache of {} parts: expected 4", cache.len())));
-        }
-        Ok(ItemMaker {
-            items,
-            views: cache.get_item(0)?.downcast_into::<PyDict>()?,
-            seen: cache.get_item(1)?.downcast_into::<PyList>()?,
-            slot_i: cache.get_item(2)?.downcast_into::<PyList>()?,
-            item: cache.get_item(3)?,
-        })
-    }
-
     /// The item of the request in slot `g` when its cached views are for header `id`: appended to
     /// `items`, its lane seen `now`; false (nothing done) when they are not.
     #[allow(clippy::too_many_arguments)]

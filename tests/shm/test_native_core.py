@@ -72,6 +72,11 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     assert mod is None and "send_request" in impl.reason and "receive_answer" not in impl.reason
     # every name there, but from a build before receive_answer took its park slice: refused by version
     fake.send_request = None  # type: ignore[attr-defined]
+    # a build before the poll was bound once (0.13.0), whose poll took the segment and cache every
+    # call: refused by name
+    fake.Poller = type("Poller", (), dict.fromkeys(("accept", "poll_into", "resume_into")))  # type: ignore[attr-defined]
+    mod, impl = native._load()
+    assert mod is None and "Poller.bind, Poller.poll_bound, Poller.resume_bound" in impl.reason
     fake.Poller = type("Poller", (), dict.fromkeys(native.POLLER_CALLS))  # type: ignore[attr-defined]
     # a build before the serving loop's recorder moved into the core (0.9.0): refused by name
     mod, impl = native._load()
@@ -440,27 +445,36 @@ def test_the_native_poll_refuses_doorbells_of_another_geometry_and_a_resume_out_
     poller = lowtail_native.Poller([0, 0], 4)
     items: list[Any] = []
     cache = ({}, [0, 0], [0] * 8, tuple)  # no cached views: every request would come back an entry
-    with pytest.raises(ValueError, match="8 doorbell bytes for a poll of 2 lanes"):
-        poller.poll_into(seg, bytes(8), items, 0, 4, 16, 1, cache)
-    with pytest.raises(ValueError, match="resume_into without a stopped poll"):
-        poller.resume_into(seg, 1, object(), items, cache)
+    with pytest.raises(ValueError, match="a poll before bind"):
+        poller.poll_bound(bytes(16), items, 0)
     other = _anon_segment(3, 4, 256, 256)
-    with pytest.raises(ValueError, match="for a poll of 2 lanes"):
-        poller.poll_into(other[2], bytes(16), items, 0, 4, 16, 1, cache)
+    with pytest.raises(ValueError, match="a segment of 3 lanes x 4 slots for a poll of 2 lanes x 4 slots"):
+        poller.bind(other[2], 4, 16, cache)
+    poller.bind(seg, 4, 16, cache)
+    with pytest.raises(ValueError, match="8 doorbell bytes for a poll of 2 lanes"):
+        poller.poll_bound(bytes(8), items, 0)
+    with pytest.raises(ValueError, match="resume_bound without a stopped poll"):
+        poller.resume_bound(1, object(), items)
     # a doorbell far past the tail (a garbage word): the lane is fenced, its tail set to the doorbell
     q = memoryview(mm).cast("Q")
     q[HW_DOORBELLS + 1] = 1 << 40  # a word index
     raw = bytes(mm[8 * HW_DOORBELLS : 8 * HW_DOORBELLS + 16])
-    entries, end = poller.poll_into(seg, raw, items, 0, 4, 16, 1, cache)
+    before = time.monotonic_ns()
+    entries, end, now = poller.poll_bound(raw, items, 0)
+    assert before <= now <= time.monotonic_ns()  # the poll's own stamp, on the queue's clock
     assert [e[:4] for e in entries] == [
         (5, 1, 0, 1 << 40)
     ] and "doorbell 1099511627776 with tail 0" in entries[0][6]
     assert end == 0 and poller.tails == [0, 1 << 40] and q[geo.lane(1, L_TAIL)] == 1 << 40
-    assert poller.poll_into(seg, raw, items, 0, 4, 16, 1, cache) == ([], 0)  # nothing new: nothing looked at
+    assert poller.poll_bound(raw, items, 0)[:2] == ([], 0)  # nothing new: nothing looked at
     assert items == []
+    # the bound segment closed under the poll: a clean error, not a read of an unmapped page
+    q[HW_DOORBELLS] = 1
+    seg.close()
+    with pytest.raises(IndexError, match="or closed"):
+        poller.poll_bound(bytes(mm[8 * HW_DOORBELLS : 8 * HW_DOORBELLS + 16]), items, 0)
     q.release()
-    for s in (seg, other[2]):
-        s.close()
+    other[2].close()
     mm.close()
     other[1].close()
 
@@ -610,7 +624,7 @@ def test_a_request_the_native_poll_cannot_make_an_item_goes_to_python_and_an_int
 
         cache = w._claim_cache
         assert round_trip() == [0, 1]  # the headers decoded by Python, each slot's views cached
-        w._claim_cache = (*cache[:3], _RaisingItem)
+        _bind_cache(w, (*cache[:3], _RaisingItem))
         _RaisingItem.tried = 0
         assert round_trip() == [0, 1]  # a's item could not be made in the core: both made by _polled
         assert _RaisingItem.tried == 1  # and none after it tried there
@@ -621,7 +635,7 @@ def test_a_request_the_native_poll_cannot_make_an_item_goes_to_python_and_an_int
                 w.claim(1.0)
         finally:
             _RaisingItem.error = MemoryError("no memory for the item")
-            w._claim_cache = cache
+            _bind_cache(w, cache)
         batch = w.claim(1.0)  # lane b, not taken by the interrupted poll
         assert batch is not None and batch.lanes == [1]
         with batch:
@@ -632,19 +646,26 @@ def test_a_request_the_native_poll_cannot_make_an_item_goes_to_python_and_an_int
 
 
 @needs_native
-def test_the_native_poll_into_refuses_a_cache_that_is_not_the_workers() -> None:
+def test_the_native_poll_is_bound_to_a_cache_of_the_workers_shape_or_refuses_it() -> None:
     import lowtail_native  # type: ignore[import-not-found, unused-ignore]
 
     _, mm, seg = _anon_segment(2, 4, 256, 256)
     poller = lowtail_native.Poller([0, 0], 4)
     with pytest.raises(ValueError, match="a cache of 3 parts: expected 4"):
-        poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ({}, [0, 0], [0] * 8))
+        poller.bind(seg, 4, 16, ({}, [0, 0], [0] * 8))
     with pytest.raises(TypeError):
-        poller.poll_into(seg, bytes(16), [], 0, 4, 16, 1, ([], [0, 0], [0] * 8, object))
-    with pytest.raises(ValueError, match="resume_into without a stopped poll"):
-        poller.resume_into(seg, 1, object(), [], ({}, [0, 0], [0] * 8, object))
+        poller.bind(seg, 4, 16, ([], [0, 0], [0] * 8, object))
+    with pytest.raises(ValueError, match="a poll before bind"):  # a refused bind binds nothing
+        poller.resume_bound(1, object(), [])
     seg.close()
     mm.close()
+
+
+def _bind_cache(w: Any, cache: tuple[Any, ...]) -> None:
+    """The worker's claim cache swapped, and its poll bound to it (``QueueWorker._bind_native``)."""
+    cfg = w._cfg
+    w._claim_cache = cache
+    w._poller.bind(w._native, cfg.max_batch_slots, cfg.max_batch_samples, cache)
 
 
 def _requests(spl: int, *at: tuple[int, int, int]) -> list[types.SimpleNamespace]:

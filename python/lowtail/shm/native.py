@@ -178,7 +178,7 @@ SEGMENT_CALLS = (
     "wake_lanes",
     "wakes",
 )
-POLLER_CALLS = ("accept", "poll_into", "resume_into")
+POLLER_CALLS = ("accept", "bind", "poll_bound", "resume_bound")  # bound once since 0.13.0
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read

@@ -111,7 +111,7 @@ def _write_message(m: Mapped, g: int, message: str) -> int:
 
 class _Item:
     """One claimed request (worker-private). Also made positionally by the native poll
-    (``Poller.poll_into``, ``ItemMaker::item`` in native/src/poll.rs): keep the order in step."""
+    (``Poller.poll_bound``, ``ItemMaker::item`` in native/src/poll.rs): keep the order in step."""
 
     __slots__ = (
         "claim_ns",
@@ -153,7 +153,7 @@ class _Item:
         self.done = False
 
 
-# What the native poll did with a request (lowtail_native.Poller.poll_into), and how the poll ended.
+# What the native poll did with a request (lowtail_native.Poller.poll_bound), and how the poll ended.
 _APPEND, _CARRY, _POLL_WITHDRAWN, _REFUSED, _DECODE, _FENCE = 0, 1, 2, 3, 4, 5
 _DRAINED, _LEFT, _STOPPED = 0, 1, 2
 # What the core copies for one answer layout: prefix bytes, each array's offset and bytes per row, the end
@@ -448,10 +448,13 @@ class QueueWorker:
         for the core; and what answers outputs of a layout answered before (``_known``: per batch
         rows, the outputs of the batch answered last with that many rows, as the core recognises them,
         with the answer plans of the request sizes answered in that layout). ``_claim_cache`` is what
-        the core's poll makes a sampler's next request an ``_Item`` with (``Poller.poll_into``): the
-        objects ``_polled`` uses, so none of them may be rebound (the views cache is cleared in place)."""
+        the core's poll makes a sampler's next request an ``_Item`` with (``Poller.poll_bound``): the
+        objects ``_polled`` uses, bound into the poll here with the segment and the batch limits, so
+        none of them may be rebound (the views cache is cleared in place)."""
         self._poller = native.poller(self._tails, spl)
         self._claim_cache = (self._in_views, self._lane_seen_ns, self._slot_i, _Item)
+        cfg = self._cfg
+        self._poller.bind(self._native, cfg.max_batch_slots, cfg.max_batch_samples, self._claim_cache)
         self._poll = self._poll_native  # type: ignore[method-assign]
         self._take = self._take_refused  # type: ignore[method-assign]
         self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
@@ -781,28 +784,24 @@ class QueueWorker:
         return it
 
     def _poll_native(self, items: list[_Item]) -> None:
-        """``_poll`` in the core (``lowtail_native.Poller.poll_into``): the same lanes in the same order
-        within the same limits, every claim and header decode in one call per batch, a sampler's next
-        request made its ``_Item`` there; the other requests come back as entries for ``_polled``. A
-        request whose header the core has not seen accepted stops it: decoded here, it goes back with
-        ``resume_into``, which appends it when it is taken."""
+        """``_poll`` in the core (``lowtail_native.Poller.poll_bound``, bound at attach to this worker's
+        segment, batch limits and ``_claim_cache``): the same lanes in the same order within the same
+        limits, every claim and header decode in one call per batch, stamped with the core's clock, a
+        sampler's next request made its ``_Item`` there; the other requests come back as entries for
+        ``_polled``. A request whose header the core has not seen accepted stops it: decoded here, it
+        goes back with ``resume_bound``, which appends it when it is taken."""
         raw = self._doorbells.tobytes()
         if raw == self._drained:
             return
-        cfg, poller, nat = self._cfg, self._poller, self._native
-        now = time.monotonic_ns()
-        samples = _samples(items) if items else 0
-        cache = self._claim_cache
-        entries, end = poller.poll_into(
-            nat, raw, items, samples, cfg.max_batch_slots, cfg.max_batch_samples, now, cache
-        )  # fmt: skip
+        poller = self._poller
+        entries, end, now = poller.poll_bound(raw, items, _samples(items) if items else 0)
         while True:
             last = self._polled(entries, items, now) if entries else None
             if end != _STOPPED:
                 break
             assert last is not None
             decoded = None if last.layout is None else last.layout.batch
-            taken, entries, end = poller.resume_into(nat, decoded, last, items, cache)  # appends it if taken
+            taken, entries, end = poller.resume_bound(decoded, last, items)  # appends it if taken
             if taken == _CARRY:
                 self._carry.append(last)
         self._drained = raw if end == _DRAINED else b""
