@@ -146,10 +146,13 @@ def _cpu_pressure_us() -> int:
 
 
 def _same_contention(before: float, after: float) -> bool:
-    """Both runs of a pair saw the host's other work alike: CPU pressure within 1.5x and 2 points.
-    A sustained neighbour on the probe CPU reads 13-16% here against 2.1-2.4% quiet; what the
-    hypervisor steals is the guest's own noise and stays in."""
-    return max(before, after) <= 1.5 * min(before, after) + 2.0
+    """Both runs of a pair saw the host's other work alike: CPU pressure within 5 points, or 1.25x
+    when higher. A sustained neighbour on the probe CPU adds 11-14 points here (13-16% against 2.1-2.4%
+    quiet), at any background level; a burst of tens of ms moves a 3 s run's figure by about a point,
+    but it can set the maximum of the block or two it falls in, and ``compare`` calls a maximum worse
+    only when half the blocks moved. What the hypervisor steals is the guest's own noise and stays in."""
+    low, high = sorted((before, after))
+    return high - low <= max(5.0, 0.25 * low)
 
 
 @pytest.mark.slow
@@ -159,7 +162,8 @@ def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Pat
     The premise is an unchanged host, and under ``make test`` other suites start and stop beside this
     one: a neighbour that spins up during one run of a pair really does make that run worse. So a pair
     is judged only when the host's CPU pressure was alike in its two runs, and another pair is run in its
-    place; ten judged pairs, at most 30 tried, and never fewer than five judged."""
+    place; ten judged pairs, at most 30 tried, and never fewer than five judged. Every pair, judged or
+    not, must compare every check (nothing "not compared")."""
     if not Path("/proc/pressure/cpu").exists():
         pytest.fail("this test needs PSI (/proc/pressure/cpu) to tell a changed host from an unchanged one")
     cmd = [
@@ -186,6 +190,7 @@ def test_ten_pairs_of_real_runs_of_an_unchanged_host_are_not_worse(tmp_path: Pat
         cmp = json.loads((tmp_path / "c.json").read_text())
         verdict = (rc, cmp["verdict"], cmp["worse"], cmp["not_compared"])
         seen = f"pair {pair}: CPU pressure {pressure[0]:.1f}% -> {pressure[1]:.1f}%: {verdict}"
+        assert rc in (0, 1) and cmp["not_compared"] == [], seen  # what the host's load cannot explain
         (judged if _same_contention(*pressure) else unjudged).append((verdict, seen))
         if len(judged) == 10:
             break
