@@ -334,16 +334,19 @@ def test_two_phase_start_returns_before_the_answer_and_finish_collects_it(server
         np.testing.assert_allclose(pending.finish(timeout_s=1.0)["twice"], x * 2 + 1)
 
 
-def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active() -> None:
+@pytest.mark.parametrize("late_cols", [8, 4], ids=["same-layout", "other-layout"])
+def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active(late_cols: int) -> None:
     """A claim of 1 sample < min_batch_samples waits (bounded) for a lane seen within ACTIVE_LANE_NS.
 
     A round is judged only when it ran inside that window, from lane b's first claim to the second
     claim's return: on a loaded host a step can take longer, lane b is then rightly no longer "active
     lately", and the round runs again. Inside the window the claim cannot have waited out coalesce_us
-    (twice the window), so it returned because b's late request joined it: the batch must hold both."""
+    (twice the window), so it returned because b's late request came: of the same layout, the batch
+    must hold both; of another layout (8 x 4 against 1 x 8), the held batch holds a's alone and b's is
+    claimed and carried into the next batch, never merged with it."""
     cfg = QueueConfig(lanes=2, min_batch_samples=8, coalesce_us=100_000)
     assert cfg.coalesce_us * 1000 > ACTIVE_LANE_NS
-    judged, eight = 0, {"x": np.ones((8, 8), np.float32)}
+    judged, late_req = 0, {"x": np.ones((8, late_cols), np.float32)}
     with (
         InferenceQueue.create(cfg) as s,
         QueueClient.attach(s.descriptor) as a,
@@ -359,21 +362,26 @@ def test_worker_coalesces_up_to_min_batch_when_another_lane_is_active() -> None:
             b.wait(t, 1.0)
             ta = a.submit({"x": np.ones((1, 8), np.float32)})
             late: list[Ticket] = []
-            timer = threading.Timer(0.01, lambda out=late: out.append(b.submit(eight)))
+            timer = threading.Timer(0.01, lambda out=late: out.append(b.submit(late_req)))
             timer.start()
             batch = w.claim(1.0)
             inside = time.monotonic_ns() - start < ACTIVE_LANE_NS
+            carried = len(w._carry)
             timer.join()
             assert batch is not None
             if inside:
                 judged += 1
-                assert sorted(batch.sizes) == [1, 8]
+                if late_cols == 8:
+                    assert sorted(batch.sizes) == [1, 8]
+                else:
+                    assert batch.sizes == [1] and carried == 1  # b's claimed in the hold, not merged
             batch.complete(echo(batch.inputs["x"]))
-            if len(batch.sizes) == 1:  # not coalesced (an unjudged round): b's request is a batch of its own
+            if len(batch.sizes) == 1:  # b's request (carried, or not coalesced): a batch of its own
                 again = w.claim(1.0)
-                assert again is not None
+                assert again is not None and again.sizes == [8]
                 again.complete(echo(again.inputs["x"]))
-            assert a.wait(ta, 1.0)["twice"].shape == (1, 8) and b.wait(late[0], 1.0)["twice"].shape == (8, 8)
+            assert a.wait(ta, 1.0)["twice"].shape == (1, 8)
+            assert b.wait(late[0], 1.0)["twice"].shape == (8, late_cols)
             if judged >= 3:
                 break
     assert judged, "no round ran inside ACTIVE_LANE_NS on this host: nothing was judged"
