@@ -31,13 +31,14 @@ def warn_unequal_paths(trees: list[Path]) -> None:
     allocates those paths, glibc's malloc state differs with their lengths, and the same tree counted
     from /work/main (10 characters) read 0.2-0.5% fewer instructions per round trip than from
     /work/wt-old or /work/wt-new (12) or /work/wt-base (13)
-    (``_int_malloc``; docs/benchmarks.md, "The twelfth step"). Worktrees with names of one length
+    (``_int_malloc``; docs/benchmarks.md, "The twelfth step"). Length is a heuristic, not the whole
+    cause (a path of 8 characters read level with one of 12): worktrees with names of one length
     compare like for like."""
-    lengths = {len(str(t.resolve())) for t in trees}
+    lengths = {len(str(t)) for t in trees}  # as the measured process is given them (tree / "python")
     if len(lengths) > 1:
         print(
             "note: the trees' paths differ in length ("
-            + ", ".join(f"{t.resolve()}: {len(str(t.resolve()))}" for t in trees)
+            + ", ".join(f"{t}: {len(str(t))}" for t in trees)
             + "); malloc's state after start-up differs with them, up to about 0.5% of a round trip's count: "
             "put the trees in worktrees whose paths have one length to compare them",
             file=sys.stderr,

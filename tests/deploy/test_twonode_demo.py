@@ -40,8 +40,8 @@ def demo() -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
     left = containers() & set(NODES)
     # Never removed here: they may be someone's running demo (LOWTAIL_DEMO_KEEP=1)
     assert not left, (
-        f"demo nodes already exist: {sorted(left)} (a demo or test run killed before its cleanup "
-        "leaves them; 'make demo-clean' removes them)"
+        f"demo nodes already exist: {sorted(left)} (a demo kept with LOWTAIL_DEMO_KEEP=1, or a demo or "
+        "test run killed before its cleanup, leaves them; 'make demo-clean' removes them)"
     )
     report = REPO / "build" / "demo" / "cluster.json"
     report.unlink(missing_ok=True)
