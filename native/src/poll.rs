@@ -124,9 +124,16 @@ impl Poller {
 
     /// Bind the poll to the worker's segment `seg`, its batch limits and `cache` (the worker's, as
     /// `Binding` says), once, before the first `poll_bound`: the hot path's call then carries only what
-    /// changes per poll. The segment must have this poll's lanes and slots per lane.
+    /// changes per poll. The segment must have this poll's lanes and slots per lane; refused while a
+    /// stopped poll waits for `resume_bound`. The binding holds its objects strongly and is not seen by
+    /// the garbage collector (no `__traverse__`): none of them may refer back to the worker or the
+    /// poll, as the worker's dicts, lists and item class do not.
     fn bind(&mut self, seg: &Bound<'_, Segment>, max_slots: u64, max_samples: u64, cache: &Bound<'_, PyTuple>) -> PyResult<()> {
-        let geo = &seg.borrow().geo;
+        if self.round.is_some() {
+            // its resume would go on with another segment and cache than its round began with
+            return Err(PyValueError::new_err("bind while a stopped poll waits for resume_bound"));
+        }
+        let geo = &seg.try_borrow()?.geo;
         if geo.lanes != self.tails.len() as u64 || geo.spl != self.spl {
             return Err(PyValueError::new_err(format!(
                 "a segment of {} lanes x {} slots for a poll of {} lanes x {} slots",
@@ -165,7 +172,7 @@ impl Poller {
     /// keeps the claim order. Never blocks. Refused before `bind`.
     fn poll_bound(&mut self, py: Python<'_>, raw: &[u8], items: &Bound<'_, PyList>, samples: u64) -> PyResult<(Vec<Entry>, u8, u64)> {
         let (seg, max_slots, max_samples, maker) = self.bound_parts(py, items)?;
-        let seg = seg.borrow();
+        let seg = seg.try_borrow()?; // a Segment borrowed mutably (closing) raises, never panics
         let now = crate::now_ns();
         let round = self.start(&seg, raw, items.len() as u64, samples, max_slots, max_samples, now)?;
         let (entries, end) = self.run(py, &seg, round, Vec::new(), &maker)?;
@@ -185,7 +192,7 @@ impl Poller {
         items: &Bound<'_, PyList>,
     ) -> PyResult<(u8, Vec<Entry>, u8)> {
         let (seg, _, _, maker) = self.bound_parts(py, items)?;
-        let seg = seg.borrow();
+        let seg = seg.try_borrow()?; // a Segment borrowed mutably (closing) raises, never panics
         let (taken, round) = self.resumed(samples)?;
         if taken == APPEND {
             items.append(last)?;

@@ -527,7 +527,7 @@ def _claim_rounds(use_native: bool, rounds: list[tuple[int, int]]) -> tuple[list
 
 @needs_native
 def test_the_native_poll_makes_a_samplers_next_request_its_item_in_the_core_in_claim_order() -> None:
-    """``poll_into``: a request whose slot's cached views are for its header (a sampler's next request)
+    """``poll_bound``: a request whose slot's cached views are for its header (a sampler's next request)
     becomes the worker's ``_Item`` in the core, and no entry of it reaches ``_polled``; a request whose
     header is new is decoded by Python; one whose header was accepted elsewhere but whose slot holds
     other views goes to Python as an APPEND entry, and no request after it is made an item in the core,
@@ -659,6 +659,22 @@ def test_the_native_poll_is_bound_to_a_cache_of_the_workers_shape_or_refuses_it(
         poller.resume_bound(1, object(), [])
     seg.close()
     mm.close()
+
+
+@needs_native
+def test_the_native_poll_refuses_a_bind_while_a_stopped_poll_waits_for_its_resume() -> None:
+    """A poll stopped at a header new to the core keeps its round for ``resume_bound``: a bind then
+    would resume it with another segment and cache, so it is refused, and taken once the round ends."""
+    with _two_clients(True) as (_, a, _b, w):
+        a.submit({"x": np.ones((2, 8), np.float32)})  # a layout the core has not seen: the poll stops at it
+        items: list[Any] = []
+        entries, end, _ = w._poller.poll_bound(w._doorbells.tobytes(), items, 0)
+        assert end == 2 and entries[-1][0] == 4  # STOPPED at a DECODE entry
+        with pytest.raises(ValueError, match="bind while a stopped poll waits for resume_bound"):
+            _bind_cache(w, w._claim_cache)
+        taken, _, end = w._poller.resume_bound(None, object(), items)  # decoded to nothing: not taken
+        assert taken == 255 and end != 2 and items == []
+        _bind_cache(w, w._claim_cache)  # the round is over: bound again
 
 
 def _bind_cache(w: Any, cache: tuple[Any, ...]) -> None:
