@@ -148,9 +148,10 @@ def _cpu_pressure_us() -> int:
 def _same_contention(before: float, after: float) -> bool:
     """Both runs of a pair saw the host's other work alike: CPU pressure within 5 points, or 1.25x
     when higher. A sustained neighbour on the probe CPU adds 11-14 points here (13-16% against 2.1-2.4%
-    quiet), at any background level; a burst of tens of ms moves a 3 s run's figure by about a point,
-    but it can set the maximum of the block or two it falls in, and ``compare`` calls a maximum worse
-    only when half the blocks moved. What the hypervisor steals is the guest's own noise and stays in."""
+    quiet; measured on an otherwise quiet host only); a burst of tens of ms moves a 3 s run's figure by
+    about a point, but it can set the maximum of the block or two it falls in, and ``compare`` calls a
+    maximum worse only when half the blocks moved. What the hypervisor steals is the guest's own noise
+    and stays in."""
     low, high = sorted((before, after))
     return high - low <= max(5.0, 0.25 * low)
 
