@@ -2,12 +2,14 @@
 """Instructions a sampler spends per request, counted by callgrind in the sampler's process alone.
 
     benchmarks/sampler-instructions.py [--tree DIR ...] [--paths python,native] [--requests N]
-                                       [--busy-us US] [--samples 16] [--top K] [--json FILE]
+                                       [--busy-us US] [--samples 16] [--out | --infer] [--top K]
+                                       [--json FILE]
 
 ``queue-instructions.py`` counts a client and a worker in one process; this counts the client's side
 only, as ``bench serve``'s sampler runs it: ``client.start(x).finish()`` in a loop, the request
 ``samples`` x 512 float32 (16: a served x4 request, 32 KiB; 1: traffic 16x1's; ``--out``: its answer
-copied into the sampler's arrays, ``finish(out=...)``), against a worker in
+copied into the sampler's arrays, ``finish(out=...)``; ``--infer``: ``client.infer(x)``, the one-call
+round trip on the native core), against a worker in
 another process (not under valgrind) that holds each request ``busy_us`` before it answers
 ``obs[:, :64]``, so the client finds its answer not there and parks, as a sampler without a CPU of its
 own does. Callgrind counts only after a warm-up. ``--top`` prints the functions that take the most
@@ -51,7 +53,8 @@ def serve(desc, busy_us, stop):
                 b.complete({"act": np.ascontiguousarray(b.inputs["obs"][:, :64])})
 
 if __name__ == "__main__":
-    requests, warmup, busy_us, samples, into = (int(v) for v in sys.argv[2:7])
+    requests, warmup, busy_us, samples = (int(v) for v in sys.argv[2:6])
+    mode = sys.argv[6]  # "finish", "out" (finish into the sampler's arrays) or "infer"
     try:
         from lowtail.shm import native
         print("QUEUE_CORE=" + native.implementation().name, file=sys.stderr)
@@ -66,13 +69,17 @@ if __name__ == "__main__":
             with QueueClient.attach(q.descriptor, spin_us=0) as c:
                 x = {"obs": np.ones((samples, 512), np.float32)}
                 for _ in range(warmup):
-                    y = c.start(x).finish(timeout_s=60.0)
-                kw = {"out": {k: np.empty_like(v) for k, v in y.items()}} if into else {}
+                    y = c.infer(x, timeout_s=60.0) if mode == "infer" else c.start(x).finish(timeout_s=60.0)
+                kw = {"out": {k: np.empty_like(v) for k, v in y.items()}} if mode == "out" else {}
                 parked0 = c.wait_counts["parked"]
                 control = ["callgrind_control", "--instr={}", str(os.getpid())]
                 subprocess.run([a.format("on") for a in control], check=True, capture_output=True)
-                for _ in range(requests):
-                    c.start(x).finish(timeout_s=60.0, **kw)
+                if mode == "infer":
+                    for _ in range(requests):
+                        c.infer(x, timeout_s=60.0)
+                else:
+                    for _ in range(requests):
+                        c.start(x).finish(timeout_s=60.0, **kw)
                 subprocess.run([a.format("off") for a in control], check=True, capture_output=True)
                 print("PARKED=%d" % (c.wait_counts["parked"] - parked0), file=sys.stderr)
         finally:
@@ -87,6 +94,7 @@ if __name__ == "__main__":
 def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
     """One callgrind run of ``tree``'s sampler on ``path``: its counts per request (and top functions)."""
     env = path_env(path)
+    mode = "infer" if args.infer else "out" if args.out else "finish"
     with tempfile.TemporaryDirectory(prefix="lowtail-cg-") as tmp:
         out = Path(tmp) / "callgrind.out"
         script = Path(tmp) / "sampler.py"
@@ -94,7 +102,7 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
              sys.executable, str(script), str(tree / "python"), str(args.requests), str(WARMUP),
-             str(args.busy_us), str(args.samples), str(int(args.out))],
+             str(args.busy_us), str(args.samples), mode],
             capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", proc.stderr)
@@ -113,6 +121,7 @@ def count(tree: Path, args: argparse.Namespace, path: str) -> dict[str, object]:
         "samples": args.samples,
         "busy_us": args.busy_us,
         "out": args.out,
+        "infer": args.infer,
         "instructions": total,
         "per_request": round(total / args.requests),
         "parked": int(parked.group(1)) if parked else -1,
@@ -127,17 +136,21 @@ def main() -> int:
     ap.add_argument("--busy-us", type=int, default=3000, help="the worker's hold per request (default 3000)")
     ap.add_argument("--samples", type=int, default=16, help="rows of 512 float32 per request (default 16)")
     ap.add_argument("--out", action="store_true", help="answers into the sampler's arrays (finish(out=))")
+    ap.add_argument("--infer", action="store_true", help="client.infer(x) per request, not start().finish()")
     args = ap.parse_args()
     paths = paths_to_count(args.paths)
-    if args.requests < 1 or args.busy_us < 0 or not 1 <= args.samples <= 16:
-        raise SystemExit("--requests >= 1, --busy-us >= 0 and --samples 1..16 expected")
+    if args.requests < 1 or args.busy_us < 0 or not 1 <= args.samples <= 16 or (args.out and args.infer):
+        raise SystemExit(
+            "--requests >= 1, --busy-us >= 0, --samples 1..16 and not both --out and --infer expected"
+        )
     warn_unequal_paths(args.tree or [REPO])
     rows = [count(tree, args, path) for tree in (args.tree or [REPO]) for path in paths]
     show(
         rows,
         lambda r: (
             f"{r['tree']} {r['path']}: {r['per_request']:,} instructions per request "
-            f"({r['samples']} x 512 f32, {r['parked']}/{r['requests']} parked)"
+            f"({r['samples']} x 512 f32, {'infer' if r['infer'] else 'start/finish'}, "
+            f"{r['parked']}/{r['requests']} parked)"
         ),
         "lowtail.sampler-instructions/1",
         args.json,

@@ -112,13 +112,18 @@ pub fn send_request(
     plan: PyRef<'_, RequestPlan>,
     arrays: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(u64, u64)>> {
+    send(py, &seg, lane, slot, head, &plan, arrays)
+}
+
+/// `send_request` on a borrowed segment and plan.
+fn send(py: Python<'_>, seg: &Segment, lane: u64, slot: u64, head: u64, plan: &RequestPlan, arrays: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
     seg.check_lane(lane)?;
     seg.check_slot(slot)?;
     let g = &seg.geo;
     if plan.end > g.req_bytes {
         return Err(PyIndexError::new_err(format!("a {}-byte request in a {}-byte request region", plan.end, g.req_bytes)));
     }
-    let Some(bufs) = layout_buffers(py, &plan, arrays)? else {
+    let Some(bufs) = layout_buffers(py, plan, arrays)? else {
         return Ok(None);
     };
     let region = g.req_base + (lane * g.spl + slot) * g.req_bytes;
@@ -198,7 +203,26 @@ pub fn receive_answer(
     short_ns: u64,
     due_ns: u64,
     park_ns: u64,
-) -> PyResult<(bool, u64, u64, u64, u64, u64, u64, PyObject, u64, bool)> {
+) -> PyResult<Received> {
+    receive(py, &seg, lane, slot, seq, plan.as_deref(), copy, (spin_ns, short_ns, due_ns, park_ns))
+}
+
+/// `receive_answer`'s result: (answered, now, status, claim_ns, done_ns, engine_ns, call, out,
+/// parked_at, slept).
+type Received = (bool, u64, u64, u64, u64, u64, u64, PyObject, u64, bool);
+
+/// `receive_answer` on a borrowed segment; `wait` is (spin_ns, short_ns, due_ns, park_ns).
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    py: Python<'_>,
+    seg: &Segment,
+    lane: u64,
+    slot: u64,
+    seq: u64,
+    plan: Option<&AnswerPlan>,
+    copy: &Bound<'_, PyAny>,
+    (spin_ns, short_ns, due_ns, park_ns): (u64, u64, u64, u64),
+) -> PyResult<Received> {
     let (mut answered, mut now) = if spin_ns != 0 {
         let now = now_ns();
         let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
@@ -222,11 +246,48 @@ pub fn receive_answer(
     if let (Some(plan), ST_OK) = (plan, status) {
         let g = lane * seg.geo.spl + slot;
         out = match copy.downcast::<PyBool>() {
-            Ok(copy) => read_answer(py, &seg, g, &plan, copy.is_true())?,
-            Err(_) => read_answer_into(py, &seg, g, &plan, copy)?,
+            Ok(copy) => read_answer(py, seg, g, plan, copy.is_true())?,
+            Err(_) => read_answer_into(py, seg, g, plan, copy)?,
         };
     }
     Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
+}
+
+/// A whole round trip in one call, `QueueClient.infer`'s common case: `send_request` (a request of
+/// `plan`'s layout into `slot` of `lane`, published as ring position `head`), then `receive_answer` for
+/// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus
+/// `predicted_ns`. Returns None when `arrays` is not the plan's layout (nothing written), else (seq,
+/// submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept) as `receive_answer` gives them
+/// (an answer's status, engine time and call word are left to `wait`: `out` is a dict only for an
+/// ST_OK answer of the plan's header). Once the request is published it is never lost to an error
+/// here: a failed read of its answer comes back unanswered (answered False, no stamps), so the
+/// caller's `wait` reads it again, with a ticket, and raises it.
+#[pyfunction]
+#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn round_trip(
+    py: Python<'_>,
+    seg: PyRef<'_, Segment>,
+    lane: u64,
+    slot: u64,
+    head: u64,
+    plan: PyRef<'_, RequestPlan>,
+    arrays: &Bound<'_, PyAny>,
+    answer: Option<PyRef<'_, AnswerPlan>>,
+    spin_ns: u64,
+    short_ns: u64,
+    predicted_ns: u64,
+    park_ns: u64,
+) -> PyResult<Option<(u64, u64, bool, u64, u64, u64, PyObject, u64, bool)>> {
+    let Some((seq, submitted)) = send(py, &seg, lane, slot, head, &plan, arrays)? else {
+        return Ok(None);
+    };
+    let copy = PyBool::new(py, true);
+    let wait = (spin_ns, short_ns, submitted.saturating_add(predicted_ns), park_ns);
+    Ok(Some(match receive(py, &seg, lane, slot, seq, answer.as_deref(), copy.as_any(), wait) {
+        Ok((answered, now, _, claim, done, _, _, out, parked_at, slept)) => (seq, submitted, answered, now, claim, done, out, parked_at, slept),
+        Err(_) => (seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false), // read again by `wait`
+    }))
 }
 
 /// The answer of slot `g` by `plan` copied into the caller's arrays `into` (see `receive_answer`): None

@@ -802,6 +802,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::AnswerPlan>()?;
     m.add_function(wrap_pyfunction!(client::send_request, m)?)?;
     m.add_function(wrap_pyfunction!(client::receive_answer, m)?)?;
+    m.add_function(wrap_pyfunction!(client::round_trip, m)?)?;
     m.add_class::<poll::Poller>()?;
     m.add_class::<answer::KnownOutputs>()?;
     m.add_class::<recorder::CallRecorder>()?;

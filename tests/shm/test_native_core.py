@@ -62,7 +62,7 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # every Segment call there, but not the client's round trip on the module
     fake.Segment = type("Segment", (), dict.fromkeys(native.SEGMENT_CALLS))  # type: ignore[attr-defined]
     mod, impl = native._load()
-    assert mod is None and "send_request, receive_answer, RequestPlan, AnswerPlan" in impl.reason
+    assert mod is None and "send_request, receive_answer, round_trip, RequestPlan, AnswerPlan" in impl.reason
     # an extension whose send took any mapping (no layout check of its own) is refused by name: its
     # RequestPlan takes other arguments
     old = {"send": None, "receive_answer": None, "RequestPlan": None, "AnswerPlan": None}
@@ -72,6 +72,10 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     assert mod is None and "send_request" in impl.reason and "receive_answer" not in impl.reason
     # every name there, but from a build before receive_answer took its park slice: refused by version
     fake.send_request = None  # type: ignore[attr-defined]
+    # a build before infer's round trip was one core call (0.14.0): refused by name
+    mod, impl = native._load()
+    assert mod is None and "lacks round_trip, CallRecorder, complete_known, Poller." in impl.reason
+    fake.round_trip = None  # type: ignore[attr-defined]
     # a build before the poll was bound once (0.13.0), whose poll took the segment and cache every
     # call: refused by name
     fake.Poller = type("Poller", (), dict.fromkeys(("accept", "poll_into", "resume_into")))  # type: ignore[attr-defined]

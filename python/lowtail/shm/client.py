@@ -8,6 +8,7 @@ offsets and their single writers are in ``lowtail.shm.layout``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -515,6 +516,8 @@ class QueueClient:
     """
 
     _park_at_once = False  # on the native core without a spin budget: ``wait`` calls ``_receive_parked``
+    _timeout = (math.nan, 0, 0, 0)  # ``_infer_native``: the last timeout's ``_budgets`` (a NaN: none yet)
+    _timing = (0, 0, 0, 0)  # the last answer's submit, claim, done and seen stamps (``last_timing``)
 
     def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin: SpinPolicy) -> None:
         self.descriptor = desc
@@ -545,8 +548,10 @@ class QueueClient:
         core = m.native and native.core_of(m.native)
         self._send: Any = core and core.send_request  # the core's round trip (lowtail_native's client.rs)
         self._receive: Any = core and core.receive_answer
+        self._round_trip: Any = core and core.round_trip  # both in one call (``infer``)
         if core is not None:  # bound once: the Python path's submit tests nothing about the core
             self.submit = self._submit_native  # type: ignore[method-assign]
+            self.infer = self._infer_native  # type: ignore[method-assign]
             self._park_at_once = not self._spin_ns  # ``wait``: ``_receive_parked``
         self._free: list[int] = []
         # Slots with a request in flight -> its ticket (a weak reference), or None once nobody waits
@@ -567,7 +572,6 @@ class QueueClient:
         self._req_views: list[tuple[PayloadLayout, tuple[tuple[str, np.ndarray[Any, Any]], ...]] | None]
         self._req_views = [None] * geo.spl
         self._answers: list[_AnswerLayout | None] = [None] * geo.spl
-        self._timing = (0, 0, 0, 0)
         # Slots whose answer is held zero-copy: the HeldOutputs (weakly) and the memoryview its arrays
         # export. Reused only once released, or once both it and every array over it are gone.
         self._held: dict[int, tuple[weakref.ref[HeldOutputs], memoryview, weakref.ref[Any]]] = {}
@@ -912,6 +916,71 @@ class QueueClient:
         ticket = Ticket(s, seq, self._layout.batch, now, False, now - entered)  # type: ignore[union-attr]
         self._inflight[s] = weakref.ref(ticket)
         return ticket
+
+    def _infer_native(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0) -> Arrays:
+        """``infer`` on the native core (bound at attach). A request of the last layout's whose answer is
+        not due beyond a predictive sleep makes its whole round trip in one core call (``round_trip``:
+        copy-in, publication, the spin or the park's first slice, the answer's words and copy-out), with
+        no ticket; ``wait`` takes what that call leaves, with a ticket: an answer later than the first
+        slice, or of another header, in an ndarray segment or an error status. A request of another
+        layout, or one whose answer is due after a sleep, goes ``submit``'s and ``wait``'s way."""
+        plan, pred, spin = self._req_plan, self._pred, self._spin_ns
+        sleep_first = spin and pred.predicted_ns > MARGIN_NS and pred.late.bit_count() <= MAX_LATE
+        if plan is None or self._closed or sleep_first:  # (``_await``'s predictive sleep)
+            return self.wait(self.submit(arrays), timeout_s)
+        if timeout_s != self._timeout[0]:  # (a NaN is never equal: refused below every time)
+            self._timeout = self._budgets(timeout_s)  # refused before anything is sent
+        _, left, spin_ns, park_ns = self._timeout
+        s = self._free.pop() if self._free else self._take_slot()
+        head, ans = self._head, self._answers[s]
+        try:
+            got = self._round_trip(
+                self._native, self.lane, s, head, plan, arrays, ans and ans[5],
+                spin_ns, PURE_SPIN_NS, pred.predicted_ns, park_ns,
+            )  # fmt: skip
+        except BaseException:  # nothing was published
+            self._q[self._si[s] + W_REQ_STATE] = FREE
+            self._free.append(s)
+            raise
+        if got is None:  # another layout, or a strided array: nothing was written
+            self._free.append(s)
+            return self.wait(QueueClient.submit(self, arrays), timeout_s)
+        seq, submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept = got
+        if self._nd_req:
+            self._drop_nd_req(s)
+        self._head = head + 1 if head != U64_MAX else 0
+        counts = self._counts  # as ``_receive_or_park`` and ``_receive_parked`` count
+        if parked_at:
+            counts.park_ns += now - parked_at
+            counts.futex_waits += slept
+            counts.parked += answered
+        elif not answered:
+            pass
+        elif spin:
+            counts.spinning += 1
+        else:
+            counts.immediate += 1
+        if spin:
+            counts.spin_ns += (parked_at or now) - submit_ns
+        if answered and type(out) is dict:
+            self._timing = (submit_ns, claim_ns, done_ns, now)
+            latency = done_ns - submit_ns  # learned as ``wait`` learns it
+            pred.late = ((pred.late << 1) | (latency > pred.predicted_ns + spin)) & LATE_WINDOW
+            pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
+            self._q[self._si[s] + W_REQ_STATE] = FREE
+            self._free.append(s)
+            return out
+        ticket = Ticket(s, seq, self._layout.batch, submit_ns)  # type: ignore[union-attr]
+        self._inflight[s] = weakref.ref(ticket)
+        # ``wait`` finds an answer that is there at once, and counts it so: it was counted above.
+        counts.immediate -= answered
+        return self.wait(ticket, max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9))
+
+    def _budgets(self, timeout_s: float) -> tuple[float, int, int, int]:
+        """``_infer_native``'s budgets for a timeout, kept while the timeout is the same: the timeout,
+        in ns, the spin budget within it and the first park slice (as ``_receive_or_park`` sets them)."""
+        left = deadline_ns(0, timeout_s)
+        return timeout_s, left, min(self._spin_ns, left), max(1, min(left, PARK_SLICE_NS))
 
     def _drop_nd_req(self, s: int) -> None:
         """Slot ``s`` holds an inline request now: its last one's ndarray segment goes back to the pool."""

@@ -182,13 +182,14 @@ POLLER_CALLS = ("accept", "bind", "poll_bound", "resume_bound")  # bound once si
 
 
 # And what it calls on the module: the client's round trip (copy-in and publication, the answer's read
-# and copy-out), the plans those take, the serving loop's recorder (since 0.9.0) and the answer of a
-# known layout that ``Batch.complete`` calls first (since 0.12.0). A call whose arguments change gets
-# a new name, so an extension built before the change is refused here rather than called with the
-# wrong arguments.
+# and copy-out, and since 0.14.0 both in one call for ``infer``), the plans those take, the serving
+# loop's recorder (since 0.9.0) and the answer of a known layout that ``Batch.complete`` calls first
+# (since 0.12.0). A call whose arguments change gets a new name, so an extension built before the
+# change is refused here rather than called with the wrong arguments.
 MODULE_CALLS = (
     "send_request",
     "receive_answer",
+    "round_trip",
     "RequestPlan",
     "AnswerPlan",
     "CallRecorder",

@@ -1,0 +1,258 @@
+"""``QueueClient.infer`` on the native core: a request of the last layout's makes its whole round trip in
+one core call (``round_trip``), and every request that call leaves goes ``submit``'s and ``wait``'s way
+with a ticket. Either way ``infer`` gives what the Python path gives, counts its wait as ``wait``
+would, and loses no published request to an error.
+
+A worker thread of this process serves the streams: the core call releases the GIL while it spins or
+parks, so the worker runs meanwhile, as a worker process would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowtail.shm import native
+from lowtail.shm.client import PARK_SLICE_S
+from lowtail.shm.layout import FREE, HW_DOORBELLS, W_REQ_SEQ, W_REQ_STATE, W_RESP_SEQ
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueError, QueueTimeout, QueueWorker
+from tests.shm import helpers
+from tests.shm.test_native_differential import _outcome, _state
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.implementation().reason)
+
+# 1 KiB answers inline; a 200-wide request's answer (8 rows x 200 x 4 B) goes to an ndarray segment
+CONFIG = QueueConfig(lanes=2, slots_per_lane=2, request_bytes=8192, response_bytes=1024, coalesce_us=0)
+
+
+def _model(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    return {"y": x * 2.0 + 1.0}
+
+
+@contextlib.contextmanager
+def _serving(desc: Any, *, fail_tags: frozenset[int] = frozenset()) -> Iterator[list[int]]:
+    """A Python worker in a thread: each batch answered by ``_model``, or failed when its first value is
+    in ``fail_tags``. Yields the number of batches served (one element)."""
+    stop, served = threading.Event(), [0]
+    worker = QueueWorker.attach(desc)
+
+    def serve() -> None:
+        while not stop.is_set():
+            b = worker.claim(0.02)
+            if b is None:
+                continue
+            with b:
+                x = b.inputs["x"]
+                if int(x.flat[0]) in fail_tags:
+                    b.fail(f"tag {int(x.flat[0])} refused")
+                else:
+                    b.complete(_model(x))
+            served[0] += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield served
+    finally:
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive(), "the worker thread did not stop"
+        worker.close()
+
+
+def _stream(seed: int, use_native: bool, spin_us: int) -> tuple[list[Any], dict[str, int]]:
+    """A random stream of ``infer`` calls (rows, widths inline and past the answer slot, strided views,
+    refused tags, other dtypes); every outcome and the queue's state after it, and how often the core's
+    round trip answered alone (native) or handed the request to ``wait``."""
+    rnd = random.Random(seed)
+    log: list[Any] = []
+    ways = {"round_trip": 0, "answered": 0, "wait": 0}
+    with InferenceQueue.create(CONFIG) as q:
+        with native.use(use_native):
+            c = QueueClient.attach(q.descriptor, spin_us)
+        assert (c._native is not None) == use_native
+        if use_native:
+            round_trip, wait = c._round_trip, c.wait
+
+            def counted_round_trip(*a: Any) -> Any:
+                got = round_trip(*a)
+                ways["round_trip"] += 1
+                ways["answered"] += bool(got is not None and got[2] and type(got[6]) is dict)
+                return got
+
+            def counted_wait(*a: Any, **k: Any) -> Any:
+                ways["wait"] += 1
+                return wait(*a, **k)
+
+            c._round_trip, c.wait = counted_round_trip, counted_wait  # type: ignore[method-assign]
+        with c, _serving(q.descriptor, fail_tags=frozenset({3, 17, 29})):
+            rows, width, dtype = 2, 4, np.float32
+            for tag in range(60):
+                if rnd.random() < 0.2:  # another layout now and then; runs of one between
+                    rows, width = rnd.choice([1, 2, 8]), rnd.choice([4, 16, 200])
+                    dtype = np.float64 if rnd.random() < 0.2 else np.float32
+                x = np.full((rows, width), float(tag), dtype)
+                if rnd.random() < 0.1:  # a strided view: the core leaves its copy to Python
+                    x = np.repeat(x, 2, axis=1)[:, ::2]
+                # A thread worker's answers take longer than a spinning client sleeps for (``_await``'s
+                # predictive sleep, ``submit`` and ``wait``'s way): unlearned, it spins first.
+                c._pred.predicted_ns = 0
+                log.append(("infer", tag, _outcome(lambda x=x: c.infer({"x": x}, timeout_s=30.0))))
+            # how each wait went depends on timing; that each answer taken was counted once does not
+            taken = sum(c.wait_counts[k] for k in ("immediate", "spinning", "parked"))
+        log.append(("state", _state(q), taken))
+    return log, ways
+
+
+@pytest.mark.parametrize("spin_us", [0, 200])
+@pytest.mark.parametrize("seed", range(3))
+def test_infer_gives_what_the_python_path_gives_over_a_random_stream(seed: int, spin_us: int) -> None:
+    """The same stream on both paths: identical answers, errors and end state; on the native core most
+    requests make their round trip in the one core call, and the others (a new layout or header, an
+    ndarray-segment answer, an error, a strided input) go ``wait``'s way."""
+    want, _ = _stream(seed, False, spin_us)
+    got, ways = _stream(seed, True, spin_us)
+    assert any(e[2][0] == "ok" for e in want[:-1]) and any(e[2][0] == "error" for e in want[:-1])
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, f"event {i} differs"
+    assert ways["answered"] >= 20, ways  # the common case really took the one call
+    assert ways["wait"] >= 5, ways  # and the others really went wait's way
+
+
+@pytest.fixture
+def queue() -> Iterator[InferenceQueue]:
+    with InferenceQueue.create(CONFIG) as q:
+        yield q
+
+
+def _native_client(desc: Any, spin_us: int = 0) -> QueueClient:
+    with native.use(True):
+        c = QueueClient.attach(desc, spin_us)
+    assert c._native is not None
+    return c
+
+
+X = {"x": np.ones((2, 4), np.float32)}
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, -math.inf, "1"])
+def test_a_bad_timeout_is_refused_before_anything_is_sent(queue: InferenceQueue, bad: Any) -> None:
+    with _serving(queue.descriptor), _native_client(queue.descriptor) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])  # the plan is made
+        head = int(c._q[HW_DOORBELLS + c.lane])
+        with pytest.raises((QueueError, TypeError), match=r"timeout_s=|not supported"):
+            c.infer(X, bad)
+        assert int(c._q[HW_DOORBELLS + c.lane]) == head  # nothing was published
+        assert all(c._q[c._si[s] + W_REQ_STATE] == FREE for s in range(CONFIG.slots_per_lane))
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        with pytest.raises((QueueError, TypeError), match=r"timeout_s=|not supported"):
+            c.infer(X, bad)  # refused again, not taken from the cached timeout
+
+
+def test_a_timeout_leaves_the_request_in_flight_and_its_answer_frees_the_slot(queue: InferenceQueue) -> None:
+    """No worker: ``infer`` times out within its timeout (no hang), the request stays queued, and the
+    worker that comes later answers it, which frees its slot for the client's next requests."""
+    with _native_client(queue.descriptor) as c:
+        for first in (True, False):  # the first by ``submit`` and ``wait`` (no plan yet), then the core's
+            t0 = time.monotonic()
+            with pytest.raises(QueueTimeout, match="stays in flight"):
+                c.infer(X, 0.2)
+            assert time.monotonic() - t0 < 5.0
+            with _serving(queue.descriptor):
+                np.testing.assert_array_equal(c.infer(X, 10.0)["y"], _model(X["x"])["y"])
+                deadline = time.monotonic() + 10
+                while any(c._q[si + W_RESP_SEQ] != c._q[si + W_REQ_SEQ] for si in c._si):
+                    assert time.monotonic() < deadline, "the timed-out request was never answered"
+                    time.sleep(0.01)
+                # every slot of the lane in use at once: the timed-out request's came back
+                pendings = [c.start(X) for _ in range(CONFIG.slots_per_lane)]
+                for p in pendings:
+                    np.testing.assert_array_equal(p.finish(10.0)["y"], _model(X["x"])["y"])
+            assert first or c._req_plan is not None
+
+
+def test_an_answer_later_than_the_first_park_slice_is_waited_for_and_counted_once(
+    ctx: BaseContext, queue: InferenceQueue
+) -> None:
+    """The core call parks one slice; an answer 3 slices later comes through ``wait``, counted as one
+    parked answer (not also as one found at once)."""
+    late = 3 * PARK_SLICE_S
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, [0.0, late], 60.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with _native_client(queue.descriptor) as c:
+            x = {"x": np.ones((1, 4), np.float32)}
+            np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])  # the plans are made
+            calls: list[int] = []
+            wait = c.wait
+            c.wait = lambda *a, **k: calls.append(1) or wait(*a, **k)  # type: ignore[method-assign]
+            before = c.wait_counts
+            t0 = time.monotonic()
+            np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])
+            took = time.monotonic() - t0
+            delta = {k: v - before[k] for k, v in c.wait_counts.items()}
+        if took < 2 * PARK_SLICE_S:
+            pytest.skip(f"the answer came after {took:.3f} s, within the first slice: nothing to judge")
+        assert calls == [1], "the late answer did not go wait's way"
+        assert delta["parked"] == 1 and delta["immediate"] == 0 and delta["spinning"] == 0, delta
+    finally:
+        worker.kill()
+        worker.join(10)
+
+
+def test_a_failed_read_after_publication_is_not_lost(queue: InferenceQueue) -> None:
+    """The core call's read of an answer fails after its request was published (here: making the
+    fresh array raises): the call reports it unanswered, ``wait`` reads it again and raises the error,
+    as ``wait`` does for a ticket; nobody holds the ticket, so its slot comes back."""
+    with _serving(queue.descriptor) as served, _native_client(queue.descriptor) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        core = native.core_of(c._native)
+        for s, ans in enumerate(c._answers):  # every slot's cached answer plan: its fresh arrays fail
+            if ans is not None:
+
+                def no_memory(*_: Any) -> Any:
+                    raise MemoryError("no memory for the answer")
+
+                arrays = [(name, off, n, shape, dtype) for name, dtype, shape, off, n in ans[2]]
+                plan = core.AnswerPlan(ans[0], arrays, no_memory, np.ndarray)
+                c._answers[s] = (*ans[:5], plan)
+        before, waits, wait = served[0], [], c.wait
+        c.wait = lambda *a, **k: waits.append(1) or wait(*a, **k)  # type: ignore[method-assign]
+        with pytest.raises(MemoryError, match="no memory"):
+            c.infer(X, 5.0)
+        assert served[0] == before + 1  # it was published and answered, once
+        assert len(waits) == 1  # the core call reported it unanswered: ``wait`` raised, with the ticket
+        assert all(ref is None or ref() is None for ref in c._inflight.values())  # nobody waits for it
+        c._answers = [None] * CONFIG.slots_per_lane  # parsed again from the slots' headers
+        # every slot of the lane in use at once: the failed request's came back
+        pendings = [c.start(X) for _ in range(CONFIG.slots_per_lane)]
+        for p in pendings:
+            np.testing.assert_array_equal(p.finish(5.0)["y"], _model(X["x"])["y"])
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+
+
+def test_a_client_that_would_sleep_first_goes_the_way_of_wait(queue: InferenceQueue) -> None:
+    """A spinning client whose answers are predicted beyond the margin sleeps before it spins
+    (``_await``): that is ``submit`` and ``wait``'s way, not the core's round trip."""
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us=200) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        calls: list[str] = []
+        round_trip, wait = c._round_trip, c.wait
+        c._round_trip = lambda *a: calls.append("round_trip") or round_trip(*a)
+        c.wait = lambda *a, **k: calls.append("wait") or wait(*a, **k)  # type: ignore[method-assign]
+        c._pred.predicted_ns = 0  # nothing learned: it spins first (a thread worker may answer slowly)
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        assert calls == ["round_trip"]
+        calls.clear()
+        c._pred.predicted_ns, c._pred.late = 10_000_000, 0  # 10 ms: a sleep first
+        c.infer(X, 5.0)
+        assert calls == ["wait"]
