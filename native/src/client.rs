@@ -276,14 +276,22 @@ pub fn round_trip(
     answer: Option<PyRef<'_, AnswerPlan>>,
     spin_ns: u64,
     short_ns: u64,
-    predicted_ns: u64,
+    predicted_ns: &Bound<'_, PyAny>,
     park_ns: u64,
 ) -> PyResult<Option<(u64, u64, bool, u64, u64, u64, PyObject, u64, bool)>> {
+    // A prediction learned from a garbage stamp may be negative or past 2^64 (the difference of two
+    // u64 stamps): a due time all the same. An i64 first, the common case's cheap conversion; read
+    // before anything is published, so a bad one fails the call with nothing sent.
+    let predicted = match predicted_ns.extract::<i64>() {
+        Ok(p) => i128::from(p),
+        Err(_) => predicted_ns.extract::<i128>()?,
+    };
     let Some((seq, submitted)) = send(py, &seg, lane, slot, head, &plan, arrays)? else {
         return Ok(None);
     };
     let copy = PyBool::new(py, true);
-    let wait = (spin_ns, short_ns, submitted.saturating_add(predicted_ns), park_ns);
+    let due = (submitted as i128).saturating_add(predicted).clamp(0, u64::MAX as i128) as u64;
+    let wait = (spin_ns, short_ns, due, park_ns);
     Ok(Some(match receive(py, &seg, lane, slot, seq, answer.as_deref(), copy.as_any(), wait) {
         Ok((answered, now, _, claim, done, _, _, out, parked_at, slept)) => (seq, submitted, answered, now, claim, done, out, parked_at, slept),
         Err(_) => (seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false), // read again by `wait`

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +25,16 @@ import pytest
 
 from lowtail.shm import native
 from lowtail.shm.client import PARK_SLICE_S
-from lowtail.shm.layout import FREE, HW_DOORBELLS, W_REQ_SEQ, W_REQ_STATE, W_RESP_SEQ
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueError, QueueTimeout, QueueWorker
+from lowtail.shm.layout import FREE, HW_DOORBELLS, W_CLAIM_SEQ, W_REQ_SEQ, W_REQ_STATE, W_RESP_SEQ
+from lowtail.shm.queue import (
+    InferenceQueue,
+    QueueClient,
+    QueueConfig,
+    QueueError,
+    QueueTimeout,
+    QueueWorker,
+    WorkerDied,
+)
 from tests.shm import helpers
 from tests.shm.test_native_differential import _outcome, _state
 
@@ -180,21 +190,32 @@ def test_a_timeout_leaves_the_request_in_flight_and_its_answer_frees_the_slot(qu
             assert first or c._req_plan is not None
 
 
-def test_an_answer_later_than_the_first_park_slice_is_waited_for_and_counted_once(
-    ctx: BaseContext, queue: InferenceQueue
+@pytest.mark.parametrize("spin_us", [0, 200])
+def test_an_answer_later_than_the_first_park_slice_is_parked_for_and_counted_once(
+    ctx: BaseContext, queue: InferenceQueue, spin_us: int
 ) -> None:
-    """The core call parks one slice; an answer 3 slices later comes through ``wait``, counted as one
-    parked answer (not also as one found at once)."""
+    """The core call spins and parks one slice; an answer 3 slices later is parked for on from there
+    (no second spin, no second first slice) and read by ``wait``, counted as one parked answer (not
+    also as one found at once)."""
     late = 3 * PARK_SLICE_S
     worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, [0.0, late], 60.0))  # type: ignore[attr-defined]
     worker.start()
     try:
-        with _native_client(queue.descriptor) as c:
+        with _native_client(queue.descriptor, spin_us) as c:
             x = {"x": np.ones((1, 4), np.float32)}
             np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])  # the plans are made
+            c._pred.predicted_ns = 0  # (the first answer's start-up is not a prediction)
             calls: list[int] = []
-            wait = c.wait
+            receives: list[tuple[Any, ...]] = []
+            wait, receive = c.wait, c._receive
             c.wait = lambda *a, **k: calls.append(1) or wait(*a, **k)  # type: ignore[method-assign]
+
+            def receive_seen(*a: Any) -> Any:
+                got = receive(*a)
+                receives.append((a, got))
+                return got
+
+            c._receive = receive_seen
             before = c.wait_counts
             t0 = time.monotonic()
             np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])
@@ -204,6 +225,100 @@ def test_an_answer_later_than_the_first_park_slice_is_waited_for_and_counted_onc
             pytest.skip(f"the answer came after {took:.3f} s, within the first slice: nothing to judge")
         assert calls == [1], "the late answer did not go wait's way"
         assert delta["parked"] == 1 and delta["immediate"] == 0 and delta["spinning"] == 0, delta
+        # wait read the answer: no core call of its spun (a budget) or parked (a park's stamp) again
+        assert receives and all(a[6:7] in ((), (0,)) and not got[8] for a, got in receives), receives
+    finally:
+        worker.kill()
+        worker.join(10)
+
+
+class _Interrupted(Exception):
+    """What the test's SIGINT handler raises: a raising handler, as Ctrl-C's default one is."""
+
+
+def test_a_signal_during_the_core_call_leaves_the_published_request_in_flight(
+    ctx: BaseContext, queue: InferenceQueue
+) -> None:
+    """A raising signal handler runs as the core call returns: the request it had published stays in
+    flight (the ring and the client's head agree; its slot returns once answered) and the lane serves
+    on, every slot of it. (Handled as one never published, the slot was reused under the worker and
+    the ring's position taken twice: the next request was never claimed.)"""
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, [0.0, 0.3, 0.0], 60.0))  # type: ignore[attr-defined]
+    worker.start()
+    old = signal.signal(signal.SIGINT, lambda *_: (_ for _ in ()).throw(_Interrupted()))
+    try:
+        with _native_client(queue.descriptor) as c:
+            x = {"x": np.ones((1, 4), np.float32)}
+            np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])  # the plans are made
+            c._pred.predicted_ns = 0
+            timer = threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(_Interrupted):
+                c.infer(x, 30.0)  # answered 0.3 s after its submit: interrupted in the first slice
+            timer.join()
+            assert c._head == int(c._q[HW_DOORBELLS + c.lane])  # the ring goes on after it
+            q = c._q
+            unanswered = [s for s, si in enumerate(c._si) if q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ]]
+            assert len(unanswered) == 1 and unanswered[0] not in c._free  # in flight, not reused
+            ref = c._inflight[unanswered[0]]
+            assert ref is None or ref() is None  # nobody waits for it: its slot returns once answered
+            for _ in range(3):
+                np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])
+            pendings = [c.start(x) for _ in range(CONFIG.slots_per_lane)]  # every slot came back
+            for p in pendings:
+                np.testing.assert_array_equal(p.finish(30.0)["y"], x["x"])
+    finally:
+        signal.signal(signal.SIGINT, old)
+        worker.kill()
+        worker.join(10)
+
+
+@pytest.mark.parametrize("garbage", [-(10**15), 2**70])
+def test_a_prediction_learned_from_a_garbage_stamp_costs_no_request(
+    queue: InferenceQueue, garbage: int
+) -> None:
+    """An answer stamp any process could write makes the prediction negative or past 2^64: the core
+    call takes it as a due time all the same (it was an OverflowError on every request), and the
+    answers pull it back as ``wait``'s do."""
+    with _serving(queue.descriptor), _native_client(queue.descriptor) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        c._pred.predicted_ns = garbage
+        for _ in range(3):
+            np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        assert garbage < c._pred.predicted_ns if garbage < 0 else 0 < c._pred.predicted_ns < 5 * 10**9
+
+
+def test_a_worker_killed_holding_the_request_fails_infer_with_worker_died(
+    ctx: BaseContext, queue: InferenceQueue
+) -> None:
+    """Through the core call's first slice and the park after it: ``WorkerDied`` within a few slices
+    of the kill, not at the timeout; the lane serves the next worker's requests."""
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, [0.0, 60.0], 90.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with _native_client(queue.descriptor) as c:
+            x = {"x": np.ones((1, 4), np.float32)}
+            np.testing.assert_array_equal(c.infer(x, 30.0)["y"], x["x"])
+            q = c._q
+
+            def kill_once_claimed() -> None:  # claimed and not answered: only the worker can answer it
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    if any(q[si + W_CLAIM_SEQ] == q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ] for si in c._si):
+                        os.kill(worker.pid or 0, signal.SIGKILL)
+                        return
+                    time.sleep(0.005)
+
+            killer = threading.Thread(target=kill_once_claimed)
+            killer.start()
+            t0 = time.monotonic()
+            with pytest.raises(WorkerDied, match="died processing"):
+                c.infer(x, 30.0)
+            waited_s = time.monotonic() - t0
+            killer.join()
+            assert waited_s < 10.0, waited_s  # no hang: far below the 30 s timeout
+            with _serving(queue.descriptor):
+                np.testing.assert_array_equal(c.infer(x, 10.0)["y"], x["x"] * 2.0 + 1.0)
     finally:
         worker.kill()
         worker.join(10)
@@ -229,6 +344,9 @@ def test_a_failed_read_after_publication_is_not_lost(queue: InferenceQueue) -> N
         c.wait = lambda *a, **k: waits.append(1) or wait(*a, **k)  # type: ignore[method-assign]
         with pytest.raises(MemoryError, match="no memory"):
             c.infer(X, 5.0)
+        deadline = time.monotonic() + 10  # (the worker counts a batch after its answer)
+        while served[0] == before and time.monotonic() < deadline:
+            time.sleep(0.001)
         assert served[0] == before + 1  # it was published and answered, once
         assert len(waits) == 1  # the core call reported it unanswered: ``wait`` raised, with the ticket
         assert all(ref is None or ref() is None for ref in c._inflight.values())  # nobody waits for it
@@ -251,7 +369,7 @@ def test_a_client_that_would_sleep_first_goes_the_way_of_wait(queue: InferenceQu
         c.wait = lambda *a, **k: calls.append("wait") or wait(*a, **k)  # type: ignore[method-assign]
         c._pred.predicted_ns = 0  # nothing learned: it spins first (a thread worker may answer slowly)
         np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
-        assert calls == ["round_trip"]
+        assert calls[:1] == ["round_trip"]  # (then ``wait`` too, were the answer past the first slice)
         calls.clear()
         c._pred.predicted_ns, c._pred.late = 10_000_000, 0  # 10 ms: a sleep first
         c.infer(X, 5.0)

@@ -903,8 +903,7 @@ class QueueClient:
         try:
             sent = self._send(self._native, self.lane, s, head, plan, arrays)
         except BaseException:
-            self._q[self._si[s] + W_REQ_STATE] = FREE
-            self._free.append(s)
+            self._unwind(s, head)
             raise
         if sent is None:  # another layout, or a strided array: nothing was written
             self._free.append(s)
@@ -918,12 +917,9 @@ class QueueClient:
         return ticket
 
     def _infer_native(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0) -> Arrays:
-        """``infer`` on the native core (bound at attach). A request of the last layout's whose answer is
-        not due beyond a predictive sleep makes its whole round trip in one core call (``round_trip``:
-        copy-in, publication, the spin or the park's first slice, the answer's words and copy-out), with
-        no ticket; ``wait`` takes what that call leaves, with a ticket: an answer later than the first
-        slice, or of another header, in an ndarray segment or an error status. A request of another
-        layout, or one whose answer is due after a sleep, goes ``submit``'s and ``wait``'s way."""
+        """``infer`` on the native core (bound at attach): a request of the last layout's, with no sleep
+        predicted first, in one core call with no ticket (``round_trip``); what that call leaves goes
+        ``wait``'s way with a ticket, another layout or a sleep first ``submit``'s (docs/design.md)."""
         plan, pred, spin = self._req_plan, self._pred, self._spin_ns
         sleep_first = spin and pred.predicted_ns > MARGIN_NS and pred.late.bit_count() <= MAX_LATE
         if plan is None or self._closed or sleep_first:  # (``_await``'s predictive sleep)
@@ -938,9 +934,8 @@ class QueueClient:
                 self._native, self.lane, s, head, plan, arrays, ans and ans[5],
                 spin_ns, PURE_SPIN_NS, pred.predicted_ns, park_ns,
             )  # fmt: skip
-        except BaseException:  # nothing was published
-            self._q[self._si[s] + W_REQ_STATE] = FREE
-            self._free.append(s)
+        except BaseException:  # a raising signal handler (Ctrl-C) may come as the call returns
+            self._unwind(s, head)
             raise
         if got is None:  # another layout, or a strided array: nothing was written
             self._free.append(s)
@@ -972,15 +967,35 @@ class QueueClient:
             return out
         ticket = Ticket(s, seq, self._layout.batch, submit_ns)  # type: ignore[union-attr]
         self._inflight[s] = weakref.ref(ticket)
+        if parked_at and not answered:  # the first slice passed: parked on as ``_await`` goes on
+            deadline = submit_ns + left
+            answered = self._park(ticket, self._si[s], deadline, deadline, first=False, since=submit_ns)
+            counts.parked += 1
+            counts.park_ns += time.monotonic_ns() - now
         # ``wait`` finds an answer that is there at once, and counts it so: it was counted above.
         counts.immediate -= answered
         return self.wait(ticket, max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9))
 
+    def _unwind(self, s: int, head: int) -> None:
+        """A submit interrupted in the core (a raising signal handler runs as the call returns): a
+        request it published stays in flight, with nobody waiting for it (its slot returns once it is
+        answered, and the ring goes on after it); one it did not publish gives its slot back."""
+        if self._q[self._doorbell_i] == (head + 1 if head != U64_MAX else 0):
+            self._head = int(self._q[self._doorbell_i])
+            self._inflight[s] = None
+            if self._nd_req:
+                self._drop_nd_req(s)
+        else:
+            self._q[self._si[s] + W_REQ_STATE] = FREE
+            self._free.append(s)
+
     def _budgets(self, timeout_s: float) -> tuple[float, int, int, int]:
         """``_infer_native``'s budgets for a timeout, kept while the timeout is the same: the timeout,
-        in ns, the spin budget within it and the first park slice (as ``_receive_or_park`` sets them)."""
+        in ns, the spin budget within it and the first park slice, as ``_receive_or_park`` sets them
+        (a spinning client parks at least 1 ns) and ``_receive_parked`` (a zero timeout: no park)."""
         left = deadline_ns(0, timeout_s)
-        return timeout_s, left, min(self._spin_ns, left), max(1, min(left, PARK_SLICE_NS))
+        park_ns = min(left, PARK_SLICE_NS)
+        return timeout_s, left, min(self._spin_ns, left), max(1, park_ns) if self._spin_ns else park_ns
 
     def _drop_nd_req(self, s: int) -> None:
         """Slot ``s`` holds an inline request now: its last one's ndarray segment goes back to the pool."""
