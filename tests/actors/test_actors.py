@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openvino as ov
 import pytest
 import ray
 
@@ -24,6 +23,7 @@ from lowtail.actors.inference import InferenceActorFailed, InferenceSpec, start_
 from lowtail.actors.inference_client import InferenceClient
 from lowtail.actors.sampler import EnvSpec, SamplerSpec, start_sampler
 from lowtail.serve.model import example_inputs, find_model_xml
+from lowtail.serve.openvino_core import shared_core
 from lowtail.serve.worker_process import WorkerConfig
 from lowtail.shm.queue import QueueConfig, WorkerDied
 from tests.fixtures.ray_cluster import RayNodes
@@ -33,7 +33,9 @@ FEATURES = SMALL_SPEC.features
 
 
 def direct(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    compiled = ov.Core().compile_model(str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = shared_core().compile_model(
+        str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+    )
     return {k.get_any_name(): v for k, v in compiled(x).items()}
 
 

@@ -17,6 +17,7 @@ from lowtail.serve.model import (
     parse_hidden,
     write_model,
 )
+from lowtail.serve.openvino_core import shared_core
 from tests.serve.conftest import SMALL_SPEC
 
 
@@ -30,7 +31,7 @@ def test_same_seed_gives_identical_weights_and_another_seed_does_not(tmp_path: P
 
 
 def test_saved_model_is_full_precision_with_softmax_heads_and_value(small_model: Path) -> None:
-    core = ov.Core()
+    core = shared_core()
     m = core.read_model(str(find_model_xml(small_model)))
     consts = [op for op in m.get_ops() if op.get_type_name() == "Constant"]
     assert consts and all(op.get_output_element_type(0) == ov.Type.f32 for op in consts)

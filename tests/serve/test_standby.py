@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import openvino as ov
 import pytest
 
 from lowtail.serve.model import example_inputs
+from lowtail.serve.openvino_core import shared_core
 from lowtail.serve.worker_process import WorkerConfig, WorkerProcess, WorkerStopped
 from lowtail.shm.queue import InferenceQueue, Pending, QueueClient, QueueConfig, WorkerDied
 from tests.serve.conftest import write_slow_model
@@ -90,7 +90,7 @@ def test_a_standby_without_a_live_primary_serves_at_once(small_model: Path) -> N
 
 
 def _reference(xml: Path, xs: list[np.ndarray]) -> list[np.ndarray]:
-    compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = shared_core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     return [next(iter(compiled({"obs": x}).values())) for x in xs]
 
 

@@ -16,6 +16,7 @@ import pytest
 from lowtail.errors import LowtailError
 from lowtail.serve.call_stats import CALL_FIELDS
 from lowtail.serve.model import ModelNotFound, example_inputs, find_model_xml
+from lowtail.serve.openvino_core import shared_core
 from lowtail.serve.worker_process import (
     WorkerConfig,
     WorkerExited,
@@ -70,7 +71,9 @@ def served(small_model: Path) -> Iterator[tuple[InferenceQueue, WorkerProcess]]:
 
 
 def direct_outputs(model: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    compiled = ov.Core().compile_model(str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = shared_core().compile_model(
+        str(find_model_xml(model)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+    )
     return {k.get_any_name(): v for k, v in compiled(x).items()}
 
 

@@ -216,9 +216,9 @@ class Soak:
     # --- set-up ---------------------------------------------------------------------------------------
 
     def _references(self, xml: Path) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        import openvino as ov
+        from lowtail.serve.openvino_core import shared_core
 
-        compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = shared_core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         rng = np.random.default_rng(self.o.seed)
         refs = []
         for b in REFERENCE_BATCHES:

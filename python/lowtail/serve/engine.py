@@ -34,6 +34,7 @@ import openvino as ov
 
 from lowtail.errors import LowtailError
 from lowtail.serve.model import find_model_xml
+from lowtail.serve.openvino_core import shared_core
 
 CHECKED_LAYOUTS = 64  # input layouts whose check result is remembered
 
@@ -78,7 +79,7 @@ def padded_batch(n: int) -> int:
 class Engine:
     def __init__(self, model_path: str | Path, precision: str = "f32", max_batch: int = 16) -> None:
         self.xml = find_model_xml(model_path)
-        self.core = ov.Core()
+        self.core = shared_core()  # one per process: see openvino_core
         self.config = compile_config(precision)
         self.compiled = self.core.compile_model(self.core.read_model(str(self.xml)), "CPU", self.config)
         check_precision(self.compiled, precision)

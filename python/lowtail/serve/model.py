@@ -185,9 +185,9 @@ def find_model_xml(path: str | Path) -> Path:
 
 def feature_input(xml: str | Path) -> tuple[str, int]:
     """Name and size of an IR's single float32 ``[batch, features]`` input (what samplers send)."""
-    import openvino as ov
+    from lowtail.serve.openvino_core import shared_core
 
-    m = ov.Core().read_model(str(xml))
+    m = shared_core().read_model(str(xml))
     ps = m.inputs[0].get_partial_shape() if len(m.inputs) == 1 else None
     if ps is None or ps.rank.is_dynamic or ps.rank.get_length() != 2 or ps[1].is_dynamic:
         raise ModelSpecError(
