@@ -125,7 +125,8 @@ except KeyboardInterrupt:
 
 
 def test_a_ctrl_c_after_engines_come_and_go_is_a_keyboard_interrupt(small_model: Path) -> None:
-    """A process that made and dropped engines in any order still takes Ctrl-C as KeyboardInterrupt.
+    """A process that made two engines and dropped them in the order they were made still takes Ctrl-C
+    as KeyboardInterrupt (the other order was always safe).
 
     It used to die with SIGSEGV: every engine had its own ``ov.Core``, so its own CPU plugin, and two
     plugins dropped in the order they were made left the thread's alternate signal stack unmapped. A
