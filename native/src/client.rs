@@ -221,8 +221,27 @@ fn receive(
     seq: u64,
     plan: Option<&AnswerPlan>,
     copy: &Bound<'_, PyAny>,
-    (spin_ns, short_ns, due_ns, park_ns): (u64, u64, u64, u64),
+    wait: (u64, u64, u64, u64),
 ) -> PyResult<Received> {
+    let (answered, now, parked_at, slept) = await_answer(py, seg, lane, slot, seq, wait)?;
+    if !answered {
+        return Ok((false, now, 0, 0, 0, 0, 0, py.None(), parked_at, slept));
+    }
+    let (status, claim, done, engine, call, out) = read_found(py, seg, lane, slot, plan, copy)?;
+    Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
+}
+
+/// The wait for the answer to `seq` in `slot` of `lane`: a spin within `spin_ns` (`short_ns` while
+/// the answer is due later than that), then a park of `park_ns` (0: none). Returns (answered, now,
+/// parked_at, slept): when the wait ended, when it parked (0: it did not), whether it made a futex wait.
+fn await_answer(
+    py: Python<'_>,
+    seg: &Segment,
+    lane: u64,
+    slot: u64,
+    seq: u64,
+    (spin_ns, short_ns, due_ns, park_ns): (u64, u64, u64, u64),
+) -> PyResult<(bool, u64, u64, bool)> {
     let (mut answered, mut now) = if spin_ns != 0 {
         let now = now_ns();
         let budget = if due_ns <= now.saturating_add(spin_ns) { spin_ns } else { short_ns.min(spin_ns) };
@@ -238,9 +257,19 @@ fn receive(
         (answered, slept) = seg.park(py, lane, slot, seq, park_ns)?;
         now = now_ns();
     }
-    if !answered {
-        return Ok((false, now, 0, 0, 0, 0, 0, py.None(), parked_at, slept));
-    }
+    Ok((answered, now, parked_at, slept))
+}
+
+/// An answer found in `slot` of `lane`: its words (status, claim_ns, done_ns, engine_ns, call) and,
+/// for an ST_OK answer of `plan`'s header, its arrays (fresh, or copied into `copy`); else None.
+fn read_found(
+    py: Python<'_>,
+    seg: &Segment,
+    lane: u64,
+    slot: u64,
+    plan: Option<&AnswerPlan>,
+    copy: &Bound<'_, PyAny>,
+) -> PyResult<(u64, u64, u64, u64, u64, PyObject)> {
     let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
     let mut out = py.None();
     if let (Some(plan), ST_OK) = (plan, status) {
@@ -250,7 +279,7 @@ fn receive(
             Err(_) => read_answer_into(py, seg, g, plan, copy)?,
         };
     }
-    Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
+    Ok((status, claim, done, engine, call, out))
 }
 
 /// A whole round trip in one call, `QueueClient.infer`'s common case: `send_request` (a request of
@@ -260,8 +289,10 @@ fn receive(
 /// submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept) as `receive_answer` gives them
 /// (an answer's status, engine time and call word are left to `wait`: `out` is a dict only for an
 /// ST_OK answer of the plan's header). Once the request is published it is never lost to an error
-/// here: a failed read of its answer comes back unanswered (answered False, no stamps), so the
-/// caller's `wait` reads it again, with a ticket, and raises it.
+/// here, and the caller's `wait` reads it again, with a ticket, and raises it: an error in the wait
+/// comes back unanswered (no stamps); a failed read of an answer the wait found comes back answered
+/// with `out` None and no stamps, so the caller counts the answer where it was found (spinning,
+/// parked), not where `wait` reads it again (at once).
 #[pyfunction]
 #[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -292,9 +323,15 @@ pub fn round_trip(
     let copy = PyBool::new(py, true);
     let due = (submitted as i128).saturating_add(predicted).clamp(0, u64::MAX as i128) as u64;
     let wait = (spin_ns, short_ns, due, park_ns);
-    Ok(Some(match receive(py, &seg, lane, slot, seq, answer.as_deref(), copy.as_any(), wait) {
-        Ok((answered, now, _, claim, done, _, _, out, parked_at, slept)) => (seq, submitted, answered, now, claim, done, out, parked_at, slept),
-        Err(_) => (seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false), // read again by `wait`
+    let Ok((answered, now, parked_at, slept)) = await_answer(py, &seg, lane, slot, seq, wait) else {
+        return Ok(Some((seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false))); // read again by `wait`
+    };
+    if !answered {
+        return Ok(Some((seq, submitted, false, now, 0, 0, py.None(), parked_at, slept)));
+    }
+    Ok(Some(match read_found(py, &seg, lane, slot, answer.as_deref(), copy.as_any()) {
+        Ok((_, claim, done, _, _, out)) => (seq, submitted, true, now, claim, done, out, parked_at, slept),
+        Err(_) => (seq, submitted, true, now, 0, 0, py.None(), parked_at, slept), // read again by `wait`
     }))
 }
 

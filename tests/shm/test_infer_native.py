@@ -379,22 +379,26 @@ def test_a_worker_killed_holding_the_request_fails_infer_with_worker_died(
         worker.join(10)
 
 
+def _fail_fresh_answers(c: QueueClient) -> None:
+    """Every slot's cached answer plan of ``c`` replaced by one whose fresh arrays fail to be made."""
+
+    def no_memory(*_: Any) -> Any:
+        raise MemoryError("no memory for the answer")
+
+    core = native.core_of(c._native)
+    for s, ans in enumerate(c._answers):
+        if ans is not None:
+            arrays = [(name, off, n, shape, dtype) for name, dtype, shape, off, n in ans[2]]
+            c._answers[s] = (*ans[:5], core.AnswerPlan(ans[0], arrays, no_memory, np.ndarray))
+
+
 def test_a_failed_read_after_publication_is_not_lost(queue: InferenceQueue) -> None:
     """The core call's read of an answer fails after its request was published (here: making the
     fresh array raises): the call reports it unanswered, ``wait`` reads it again and raises the error,
     as ``wait`` does for a ticket; nobody holds the ticket, so its slot comes back."""
     with _serving(queue.descriptor) as served, _native_client(queue.descriptor) as c:
         np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
-        core = native.core_of(c._native)
-        for s, ans in enumerate(c._answers):  # every slot's cached answer plan: its fresh arrays fail
-            if ans is not None:
-
-                def no_memory(*_: Any) -> Any:
-                    raise MemoryError("no memory for the answer")
-
-                arrays = [(name, off, n, shape, dtype) for name, dtype, shape, off, n in ans[2]]
-                plan = core.AnswerPlan(ans[0], arrays, no_memory, np.ndarray)
-                c._answers[s] = (*ans[:5], plan)
+        _fail_fresh_answers(c)
         before, waits, wait = served[0], [], c.wait
         c.wait = lambda *a, **k: waits.append(1) or wait(*a, **k)  # type: ignore[method-assign]
         with pytest.raises(MemoryError, match="no memory"):
@@ -429,3 +433,22 @@ def test_a_client_that_would_sleep_first_goes_the_way_of_wait(queue: InferenceQu
         c._pred.predicted_ns, c._pred.late = 10_000_000, 0  # 10 ms: a sleep first
         c.infer(X, 5.0)
         assert calls == ["wait"]
+
+
+@pytest.mark.parametrize("spin_us", [0, 200_000], ids=["parked", "spinning"])
+def test_a_failed_read_is_counted_where_the_answer_was_found(queue: InferenceQueue, spin_us: int) -> None:
+    """An answer the core call found, whose read then failed, is counted where it was found (parked,
+    or spinning), once. The 0.14 core reported it unanswered: ``wait``, reading it again, counted it
+    found at once (spinning) or, its read raising first, not at all (parked)."""
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        _fail_fresh_answers(c)
+        counts, found = c._counts, "spinning" if spin_us else "parked"
+        before = {k: getattr(counts, k) for k in ("immediate", "spinning", "parked")}
+        c._pred.predicted_ns = 0  # no sleep first: the spinning client makes the core call
+        # The worker is a thread of this process: it claims only once the core call spins or parks
+        # (both release the GIL), so the answer is never there at the first look.
+        with pytest.raises(MemoryError, match="no memory"):
+            c.infer(X, 5.0)
+        after = {k: getattr(counts, k) for k in before}
+        assert after == {**before, found: before[found] + 1}, (before, after)

@@ -966,15 +966,30 @@ class QueueClient:
             self._free.append(s)
             return out
         ticket = Ticket(s, seq, self._layout.batch, submit_ns)  # type: ignore[union-attr]
-        self._inflight[s] = weakref.ref(ticket)
+        return self._wait_on(ticket, answered, now, parked_at, left)
+
+    def _wait_on(self, ticket: Ticket, answered: bool, now: int, parked_at: int, left: int) -> Arrays:
+        """``_infer_native``'s request that its core call left, answered or not, taken on by ``wait``
+        with a ticket; ``left``: the timeout in ns from its publication."""
+        self._inflight[ticket.slot] = weakref.ref(ticket)
+        counts, submit_ns = self._counts, ticket.submit_ns
         if parked_at and not answered:  # the first slice passed: parked on as ``_await`` goes on
             deadline = submit_ns + left
-            answered = self._park(ticket, self._si[s], deadline, deadline, first=False, since=submit_ns)
+            answered = self._park(
+                ticket, self._si[ticket.slot], deadline, deadline, first=False, since=submit_ns
+            )
             counts.parked += 1
             counts.park_ns += time.monotonic_ns() - now
-        # ``wait`` finds an answer that is there at once, and counts it so: it was counted above.
-        counts.immediate -= answered
-        return self.wait(ticket, max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9))
+        timeout_s = max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9)
+        if not answered:
+            return self.wait(ticket, timeout_s)
+        # ``wait`` finds the answer there at once and counts it so, unless its read raises first: it
+        # was counted where it was found.
+        immediate = counts.immediate
+        try:
+            return self.wait(ticket, timeout_s)
+        finally:
+            counts.immediate = immediate
 
     def _unwind(self, s: int, head: int) -> None:
         """A submit interrupted in the core (a raising signal handler runs as the call returns): a

@@ -198,9 +198,10 @@ MODULE_CALLS = (
 # The oldest core whose calls take what this package passes: under the same names, receive_answer
 # gained its park slice in 0.5.0 and took the caller's arrays as its copy in 0.6.0 (AnswerPlan the
 # array type), and declines arrays that share memory since 0.6.1; KnownOutputs (and the core's answer of
-# a known layout) take a batch's requests and a plan per request size since 0.7.0. So an older build is
-# refused by its version.
-MIN_VERSION = (0, 7, 0)
+# a known layout) take a batch's requests and a plan per request size since 0.7.0, and round_trip
+# reports a failed read of an answer it found as answered (counted where it was found) since 0.15.0.
+# So an older build is refused by its version.
+MIN_VERSION = (0, 15, 0)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
