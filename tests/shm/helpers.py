@@ -372,3 +372,53 @@ def hold_then_close_then_read(  # noqa: PLR0917 - a process body: multiprocessin
     del y
     gc.collect()
     out.put(("dropped", lane))
+
+
+def serve_lanes_at_latencies(
+    desc: QueueDescriptor, latencies_by_lane: dict[int, list[float]], seconds: float
+) -> None:
+    """Serve ``y = x`` as ``serve_at_latencies`` does, with a list of latencies per lane: the k-th
+    request of lane L answered ``latencies_by_lane[L][k]`` (the last one from then on; a lane not
+    listed: at once) after its submit. A batch is held until its time while the worker claims and
+    answers others, so one lane's late answer delays no other lane's; a batch that merged several
+    lanes' requests is answered at the latest of their times."""
+    with QueueWorker.attach(desc) as w:
+        end = time.monotonic() + seconds
+        taken: dict[int, int] = {}
+        held: list[tuple[int, Any]] = []  # (when to answer it, the batch)
+        while time.monotonic() < end:
+            now = time.monotonic_ns()
+            for due, b in [h for h in held if h[0] <= now]:
+                held.remove((due, b))
+                with b:
+                    b.complete({"y": b.inputs["x"]})
+            until = min((due for due, _ in held), default=now + 50_000_000)
+            b = w.claim(timeout_s=max(0.0, min(0.05, (until - time.monotonic_ns()) / 1e9)))
+            if b is None:
+                continue
+            due = 0
+            for lane, queue_wait_ns in zip(b.lanes, b.queue_wait_ns, strict=True):
+                latencies, k = latencies_by_lane.get(lane, [0.0]), taken.get(lane, 0)
+                taken[lane] = k + 1
+                latency_ns = int(latencies[min(k, len(latencies) - 1)] * 1e9)
+                due = max(due, b.claimed_ns - queue_wait_ns + latency_ns)  # its submit_ns + latency
+            held.append((due, b))
+
+
+def serve_then_hold(desc: QueueDescriptor, hold_tag: float, holds: int, seconds: float) -> None:
+    """Answer ``y = x`` at once, except a batch with a request whose first value is ``hold_tag``:
+    claimed and held unanswered (a worker stuck in its inference). Once it holds ``holds`` requests it
+    claims nothing more: it holds them, and its lock, until SIGKILLed (or ``seconds``)."""
+    end = time.monotonic() + seconds
+    with QueueWorker.attach(desc) as w:
+        held: list[Any] = []
+        while sum(len(b) for b in held) < holds and time.monotonic() < end:
+            b = w.claim(timeout_s=0.05)
+            if b is None:
+                continue
+            if (b.inputs["x"][:, 0] == hold_tag).any():
+                held.append(b)
+                continue
+            with b:
+                b.complete({"y": b.inputs["x"]})
+        time.sleep(max(0.0, end - time.monotonic()))

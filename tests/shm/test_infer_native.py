@@ -190,6 +190,70 @@ def test_a_timeout_leaves_the_request_in_flight_and_its_answer_frees_the_slot(qu
             assert first or c._req_plan is not None
 
 
+ZERO_TIMEOUT_LATE_S = 0.5  # the worker's answers: long after a zero timeout's call, and a 50 ms one's
+PREMISE_TRIES = 3
+
+
+def _timed_out(c: QueueClient, x: dict[str, Any], timeout_s: float) -> tuple[str, float, int]:
+    """``c.infer(x, timeout_s)`` against a late answer, then that answer awaited (the request left in
+    flight must be answered, which frees its slot): the QueueTimeout's message ("answered" when the
+    answer came first), how long the call took, and the futex waits it counted."""
+    before = c.wait_counts["futex_waits"]
+    t0 = time.monotonic()
+    try:
+        c.infer(x, timeout_s)
+        outcome = "answered"
+    except QueueTimeout as e:
+        outcome = str(e)
+    took, futex_waits = time.monotonic() - t0, c.wait_counts["futex_waits"] - before
+    q, deadline = c._q, time.monotonic() + 10
+    while any(q[si + W_RESP_SEQ] != q[si + W_REQ_SEQ] for si in c._si):
+        assert time.monotonic() < deadline, "the timed-out request was never answered"
+        time.sleep(0.01)
+    return outcome, took, futex_waits
+
+
+def test_a_zero_timeout_on_a_client_that_parks_at_once_makes_no_futex_call(
+    ctx: BaseContext, queue: InferenceQueue
+) -> None:
+    """docs/benchmarks.md: a zero timeout on a client that parks at once (spin 0) makes no futex call.
+    ``infer(x, 0.0)`` on an answer 0.5 s late raises ``QueueTimeout`` with no futex wait counted, by
+    ``submit`` and ``wait``'s way (no plan yet) and by the core's round trip; the request stays in
+    flight and its answer frees the slot. A 50 ms timeout on the same late answer parks (futex waits
+    counted): the count is real. A try whose answer came within the call is tried again."""
+    late = [ZERO_TIMEOUT_LATE_S]
+    worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, late, 60.0))  # type: ignore[attr-defined]
+    worker.start()
+    try:
+        with _native_client(queue.descriptor) as c:
+            x = {"x": np.full((1, 4), 7.0, np.float32)}
+            parks: list[int] = []  # the park budget of each core round trip
+            round_trip = c._round_trip
+            c._round_trip = lambda *a: parks.append(a[-1]) or round_trip(*a)
+            for way, timeout_s in (("wait", 0.0), ("round_trip", 0.0), ("round_trip", 0.05)):
+                for _ in range(PREMISE_TRIES):
+                    if way == "wait":
+                        c._layout = c._req_plan = None  # nothing learned: ``submit`` makes the plan
+                    parks.clear()
+                    outcome, took, futex_waits = _timed_out(c, x, timeout_s)
+                    if outcome != "answered":
+                        break
+                else:
+                    pytest.skip(f"every answer came within its {timeout_s} s call: nothing to judge")
+                seen = (way, timeout_s, outcome, took, futex_waits, parks)
+                assert "stays in flight" in outcome, seen
+                assert took < 5.0, seen  # no hang
+                assert len(parks) == (way == "round_trip"), seen  # the way it was meant to take
+                assert futex_waits == 0 if timeout_s == 0 else futex_waits >= 1, seen
+            # every slot of the lane in use at once: the timed-out requests' came back
+            pendings = [c.start(x) for _ in range(CONFIG.slots_per_lane)]
+            for p in pendings:
+                np.testing.assert_array_equal(p.finish(10.0)["y"], x["x"])
+    finally:
+        worker.kill()
+        worker.join(10)
+
+
 @pytest.mark.parametrize("spin_us", [0, 200])
 def test_an_answer_later_than_the_first_park_slice_is_parked_for_and_counted_once(
     ctx: BaseContext, queue: InferenceQueue, spin_us: int
@@ -239,7 +303,11 @@ class _Interrupted(Exception):
     """What the child's SIGINT handler raises: a raising handler, as Ctrl-C's default one is."""
 
 
+_signalled_at: list[float] = []  # when the child's handler ran (CLOCK_MONOTONIC: every process's clock)
+
+
 def _interrupt(*_: object) -> None:
+    _signalled_at.append(time.monotonic())
     raise _Interrupted
 
 
@@ -279,6 +347,7 @@ def interrupted_infer(desc: Any, out: Any) -> None:
                 any(q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ] for si in c._si) and time.monotonic() < deadline
             ):
                 time.sleep(0.01)
+        report["lane"], report["signalled_at"] = c.lane, _signalled_at[-1] if _signalled_at else math.nan
         report["head_at_doorbell"] = c._head == int(q[doorbell])
         unanswered = [s for s, si in enumerate(c._si) if q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ]]
         report["unanswered"] = unanswered
@@ -316,16 +385,110 @@ def test_a_signal_during_the_core_call_leaves_the_published_request_in_flight(
         report = out.get(timeout=90)  # (read before the join: a child's queue is flushed at its exit)
         client.join(30)
         assert client.exitcode == 0, client.exitcode
-        assert report["tries"][-1] == ("infer", True), report  # raised from infer, its request published
-        assert report["head_at_doorbell"], report  # the ring goes on after it
-        assert len(report["unanswered"]) == 1 and not report["in_free"], report  # in flight, not reused
-        assert not report["waited_for"], report  # nobody waits for it: its slot returns once answered
-        assert report["served_on"] is True, report
+        _check_interrupted(report)
     finally:
         for p in (client, worker):
             if p.is_alive():
                 p.kill()
             p.join(10)
+
+
+def _check_interrupted(report: dict[str, Any]) -> None:
+    """What ``interrupted_infer`` reports after a signal during the core call, as it must be."""
+    assert report["tries"][-1] == ("infer", True), report  # raised from infer, its request published
+    assert report["head_at_doorbell"], report  # the ring goes on after it
+    assert len(report["unanswered"]) == 1 and not report["in_free"], report  # in flight, not reused
+    assert not report["waited_for"], report  # nobody waits for it: its slot returns once answered
+    assert report["served_on"] is True, report
+
+
+NEIGHBOUR_MIN = 20  # calls the neighbour makes at least, whenever it is stopped
+NEIGHBOUR_LATENCIES = [0.0, 0.005, 0.03] * 1000  # at once, within the first park slice, past it
+SIGNAL_ROUNDS = 3
+
+
+def neighbour_stream(desc: Any, ready: Any, stop: Any, out: Any) -> None:
+    """A native client parking at once, on a lane of its own: ``infer`` after ``infer`` of requests
+    tagged by their number (1 row, every eighth 2: a new layout, ``wait``'s way), each answer checked
+    against its own request, until ``stop`` (after ``NEIGHBOUR_MIN`` calls at least). Puts its lane
+    once its first answer came, then what it saw: its lane, the calls' starts and ends, wrong answers,
+    errors, and whether every slot of its lane served after."""
+    with native.use(True):
+        c = QueueClient.attach(desc, 0)
+    seen: dict[str, Any] = {"lane": c.lane, "calls": [], "wrong": [], "errors": []}
+    with c:
+        n = 0
+        while n < NEIGHBOUR_MIN or not stop.is_set():
+            rows = 2 if n % 8 == 7 else 1
+            x = {"x": (1000.0 + 8 * n + np.arange(4 * rows, dtype=np.float32)).reshape(rows, 4)}
+            t0 = time.monotonic()
+            try:
+                y = c.infer(x, 10.0)["y"]
+                if y.dtype != np.float32 or not np.array_equal(y, x["x"]):
+                    seen["wrong"].append((n, y.tolist()))
+            except Exception as e:  # said in the report: an answer lost, late or failed
+                seen["errors"].append(f"call {n}: {type(e).__name__}: {e}")
+            seen["calls"].append((t0, time.monotonic()))
+            if n == 0:
+                ready.put(c.lane)
+            n += 1
+        try:
+            x = {"x": np.full((1, 4), -2.0, np.float32)}
+            pendings = [c.start(x) for _ in range(CONFIG.slots_per_lane)]  # every slot came back
+            seen["served_on"] = all(np.array_equal(p.finish(10.0)["y"], x["x"]) for p in pendings)
+        except Exception as e:
+            seen["served_on"] = f"{type(e).__name__}: {e}"
+    out.put(seen)
+
+
+def _signal_beside_a_stream(ctx: BaseContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One round on a queue of its own: a worker process (the interrupted lane's answers timed as in
+    the test above, the neighbour's at once, 5 or 30 ms late), the neighbour's stream begun on the first
+    lane, then ``interrupted_infer`` on the second; the neighbour stopped once that reported. Returns
+    both reports."""
+    latencies = {0: NEIGHBOUR_LATENCIES, 1: [0.0] + [0.3] * SIGNAL_TRIES + [0.0]}
+    with InferenceQueue.create(CONFIG) as q:
+        worker = ctx.Process(target=helpers.serve_lanes_at_latencies, args=(q.descriptor, latencies, 60.0))  # type: ignore[attr-defined]
+        ready, got, stream, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()  # type: ignore[attr-defined]
+        neighbour = ctx.Process(target=neighbour_stream, args=(q.descriptor, ready, stop, stream))  # type: ignore[attr-defined]
+        client = ctx.Process(target=interrupted_infer, args=(q.descriptor, got))  # type: ignore[attr-defined]
+        worker.start()
+        try:
+            neighbour.start()
+            assert ready.get(timeout=60) == 0  # its stream has begun, on the first lane
+            client.start()
+            report = got.get(timeout=90)  # (each read before its join: flushed at the child's exit)
+            stop.set()
+            seen = stream.get(timeout=60)
+            for p in (client, neighbour):
+                p.join(30)
+                assert p.exitcode == 0, (p.name, p.exitcode)
+        finally:
+            stop.set()
+            for p in (client, neighbour, worker):
+                if p.pid is not None:  # (started)
+                    p.kill()
+                    p.join(10)
+    return report, seen
+
+
+def test_a_signal_on_one_lane_costs_the_client_on_the_other_lane_no_answer(ctx: BaseContext) -> None:
+    """The signal test above with a neighbour: a second client, in a process of its own on the other
+    lane, makes ``infer`` after ``infer`` all through it. Every answer it gets is its own request's
+    and none is lost (no error, no timeout, every slot of its lane serves after); the interrupted lane
+    serves on as above. Judged when the signal came while the neighbour was inside an ``infer``; a
+    round in which it came between two calls is run again (every round is checked)."""
+    for _ in range(SIGNAL_ROUNDS):
+        report, seen = _signal_beside_a_stream(ctx)
+        summary = {k: v for k, v in seen.items() if k != "calls"} | {"calls": len(seen["calls"])}
+        assert seen["wrong"] == [] and seen["errors"] == [], summary
+        assert len(seen["calls"]) >= NEIGHBOUR_MIN and seen["served_on"] is True, summary
+        _check_interrupted(report)
+        assert report["lane"] == 1, report
+        at = report["signalled_at"]
+        if any(t0 <= at <= t1 for t0, t1 in seen["calls"]):
+            return
+    pytest.skip(f"in none of {SIGNAL_ROUNDS} rounds did the signal come during a neighbour's call")
 
 
 @pytest.mark.parametrize("garbage", [-(10**15), 2**70])
@@ -379,6 +542,115 @@ def test_a_worker_killed_holding_the_request_fails_infer_with_worker_died(
         worker.join(10)
 
 
+HOLD = -1.0  # the first value of a request ``serve_then_hold`` claims and never answers
+QUEUED = {"x": np.full((1, 4), 30.0, np.float32)}  # C's request, queued when the worker dies
+
+
+def _claimed(c: QueueClient) -> bool:
+    """A request of ``c``'s lane is claimed and not answered: only its worker can answer it."""
+    q = c._q
+    return any(q[si + W_CLAIM_SEQ] == q[si + W_REQ_SEQ] != q[si + W_RESP_SEQ] for si in c._si)
+
+
+def _infer_in_thread(
+    c: QueueClient, x: dict[str, Any], timeout_s: float
+) -> tuple[threading.Thread, list[Any]]:
+    """``c.infer(x, timeout_s)`` in a thread of its own (the core call releases the GIL): the thread
+    and, once it ended, what it gave ("answer" and the outputs, or the error's type and message) and
+    when (CLOCK_MONOTONIC)."""
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            got.append(("answer", c.infer(x, timeout_s), time.monotonic()))
+        except Exception as e:
+            got.append((type(e).__name__, str(e), time.monotonic()))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _until(what: Any, why: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.005)
+
+
+def _kill_holding_two(worker: Any, a: QueueClient, b: QueueClient, c: QueueClient) -> tuple[Any, ...]:
+    """A's and B's ``infer`` of a held request claimed by ``worker`` (which then claims nothing more),
+    C's published after them and never claimed, then the SIGKILL. Returns the three calls (thread, its
+    outcome) and the kill's time."""
+    held = {"x": np.full((1, 4), HOLD, np.float32)}
+    b._pred.predicted_ns = 0  # (B spins: no predictive sleep first, which is ``wait``'s way)
+    calls = [_infer_in_thread(a, held, 30.0), _infer_in_thread(b, held, 30.0)]
+    _until(lambda: _claimed(a) and _claimed(b), "the worker never claimed A's and B's requests")
+    head = int(c._q[HW_DOORBELLS + c.lane])
+    calls.append(_infer_in_thread(c, QUEUED, 30.0))
+    _until(lambda: int(c._q[HW_DOORBELLS + c.lane]) != head, "C's request was never published")
+    time.sleep(0.1)  # (the worker, holding two, claims nothing more)
+    assert not _claimed(c) and all(not got for _, got in calls), calls
+    killed_at = time.monotonic()
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+    return (*calls, killed_at)
+
+
+def test_a_worker_killed_holding_two_lanes_requests_fails_both_and_keeps_the_third(ctx: BaseContext) -> None:
+    """Three native clients on three lanes, each with an ``infer`` in flight when the worker is
+    SIGKILLed: A's (parking at once) and B's (spinning first) were claimed and held, C's was published
+    and never claimed. A and B both get ``WorkerDied`` within seconds of the kill (never their 30 s
+    timeout); C's request stays queued, its ``infer`` waiting, and the next worker answers it (its own
+    rows) and runs nothing else (A's and B's it answers ``WorkerDied`` when it attaches); then A, B and
+    C are served again, every slot of their lanes."""
+    cfg = QueueConfig(lanes=3, slots_per_lane=2, request_bytes=8192, response_bytes=1024, coalesce_us=0)
+    with InferenceQueue.create(cfg) as q:
+        worker = ctx.Process(target=helpers.serve_then_hold, args=(q.descriptor, HOLD, 2, 90.0))  # type: ignore[attr-defined]
+        worker.start()
+        try:
+            with (
+                _native_client(q.descriptor) as a,
+                _native_client(q.descriptor, spin_us=200) as b,
+                _native_client(q.descriptor) as c,
+            ):
+                x = {"x": np.full((1, 4), 3.0, np.float32)}
+                trips: list[int] = []  # the lanes of the core's round trips
+                for cl in (a, b, c):  # the plans are made: the next requests go the core's round trip
+                    np.testing.assert_array_equal(cl.infer(x, 30.0)["y"], x["x"])
+                    cl._round_trip = lambda *args, f=cl._round_trip: trips.append(args[1]) or f(*args)
+                (ta, got_a), (tb, got_b), (tc, got_c), killed_at = _kill_holding_two(worker, a, b, c)
+                assert sorted(trips) == [a.lane, b.lane, c.lane], trips
+                for t, got in ((ta, got_a), (tb, got_b)):
+                    t.join(10)
+                    assert got and got[0][0] == "WorkerDied" and "died processing" in got[0][1], got
+                    assert got[0][2] - killed_at < 10.0, got  # no hang: far below the 30 s timeout
+                # Unclaimed, it waits for the next worker: two of C's park slices counted since the
+                # worker was reaped, so one of its liveness checks at least saw the worker dead.
+                base = c.wait_counts["futex_waits"]
+                _until(
+                    lambda: c.wait_counts["futex_waits"] >= base + 2 or not tc.is_alive(),
+                    "C's infer neither parked on nor ended",
+                    10.0,
+                )
+                assert tc.is_alive() and not got_c, got_c
+                with _serving(q.descriptor) as served:  # the next worker (answers 2 x + 1)
+                    tc.join(20)
+                    assert got_c and got_c[0][0] == "answer", got_c
+                    np.testing.assert_array_equal(got_c[0][1]["y"], _model(QUEUED["x"])["y"])
+                    _until(lambda: served[0] >= 1, "C's batch was never counted", 10.0)
+                    time.sleep(0.1)
+                    assert served[0] == 1, served  # C's alone: A's and B's were not run again
+                    for cl in (a, b, c):  # every slot of each lane at once: the held ones came back
+                        np.testing.assert_array_equal(cl.infer(x, 10.0)["y"], _model(x["x"])["y"])
+                        pendings = [cl.start(x) for _ in range(cfg.slots_per_lane)]
+                        for p in pendings:
+                            np.testing.assert_array_equal(p.finish(10.0)["y"], _model(x["x"])["y"])
+        finally:
+            worker.kill()
+            worker.join(10)
+
+
 def _fail_fresh_answers(c: QueueClient) -> None:
     """Every slot's cached answer plan of ``c`` replaced by one whose fresh arrays fail to be made."""
 
@@ -394,8 +666,8 @@ def _fail_fresh_answers(c: QueueClient) -> None:
 
 def test_a_failed_read_after_publication_is_not_lost(queue: InferenceQueue) -> None:
     """The core call's read of an answer fails after its request was published (here: making the
-    fresh array raises): the call reports it unanswered, ``wait`` reads it again and raises the error,
-    as ``wait`` does for a ticket; nobody holds the ticket, so its slot comes back."""
+    fresh array raises): the call hands it to ``wait``, which reads it again and raises the error, as
+    ``wait`` does for a ticket; nobody holds the ticket, so its slot comes back."""
     with _serving(queue.descriptor) as served, _native_client(queue.descriptor) as c:
         np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
         _fail_fresh_answers(c)
@@ -407,7 +679,7 @@ def test_a_failed_read_after_publication_is_not_lost(queue: InferenceQueue) -> N
         while served[0] == before and time.monotonic() < deadline:
             time.sleep(0.001)
         assert served[0] == before + 1  # it was published and answered, once
-        assert len(waits) == 1  # the core call reported it unanswered: ``wait`` raised, with the ticket
+        assert len(waits) == 1  # the core call handed it on: ``wait`` raised, with the ticket
         assert all(ref is None or ref() is None for ref in c._inflight.values())  # nobody waits for it
         c._answers = [None] * CONFIG.slots_per_lane  # parsed again from the slots' headers
         # every slot of the lane in use at once: the failed request's came back
