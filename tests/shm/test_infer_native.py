@@ -707,9 +707,8 @@ def test_a_client_that_would_sleep_first_goes_the_way_of_wait(queue: InferenceQu
         assert calls == ["wait"]
 
 
-@pytest.mark.parametrize(
-    "spin_us", [0, 1_000_000], ids=["parked", "spinning"]
-)  # (a 1 s spin: never outlasted)
+# (a spin of 1 s: no loaded host outlasts it)
+@pytest.mark.parametrize("spin_us", [0, 1_000_000], ids=["parked", "spinning"])
 def test_a_failed_read_is_counted_where_the_answer_was_found(queue: InferenceQueue, spin_us: int) -> None:
     """An answer the core call found, whose read then failed, is counted where it was found (parked,
     or spinning), once. The 0.14 core reported it unanswered: ``wait``, reading it again, counted it
