@@ -130,7 +130,8 @@ def test_a_ctrl_c_after_engines_come_and_go_is_a_keyboard_interrupt(small_model:
 
     It used to die with SIGSEGV: every engine had its own ``ov.Core``, so its own CPU plugin, and two
     plugins dropped in the order they were made left the thread's alternate signal stack unmapped. A
-    pytest process that had run this file died the same way at any later Ctrl-C (CI saw it once).
+    pytest process that had run this file died the same way at any later Ctrl-C (reproduced here; most
+    likely what ended one CI run's pytest).
     """
     import subprocess
     import sys

@@ -371,9 +371,10 @@ def test_a_signal_during_the_core_call_leaves_the_published_request_in_flight(
     flight (the ring and the client's head agree; its slot returns once answered) and the lane serves
     on, every slot of it. (Handled as one never published, the slot was reused under the worker and
     the ring's position taken twice: the next request was never claimed.) The client runs in a child of
-    its own, so the signal reaches nothing else. Sent to the test runner's own process, it once killed
-    a CI run's pytest with SIGSEGV: the engine tests before it had dropped two OpenVINO CPU plugins and
-    left the main thread's alternate signal stack unmapped (mended in ``lowtail.serve.openvino_core``;
+    its own, so the signal reaches nothing else. Sent to the test runner's own process, it once ended a
+    CI run's pytest with SIGSEGV; reproduced here, the engine tests before it had dropped two OpenVINO
+    CPU plugins and left the main thread's alternate signal stack unmapped (mended in
+    ``lowtail.serve.openvino_core``;
     ``test_a_ctrl_c_after_engines_come_and_go_is_a_keyboard_interrupt``)."""
     latencies = [0.0] + [0.3] * SIGNAL_TRIES + [0.0]  # the plans' request, the tries', then at once
     worker = ctx.Process(target=helpers.serve_at_latencies, args=(queue.descriptor, latencies, 60.0))  # type: ignore[attr-defined]
