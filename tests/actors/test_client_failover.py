@@ -11,10 +11,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -189,6 +191,45 @@ def test_timings_on_the_handle_and_the_clients_series(replicas: list[Replica]) -
         series, samples = client.take_series()
         assert samples == 6 and {len(v) for v in series.values()} == {6}
         assert set(series) == {"rpc_elapsed_ms", "queue_wait_ms", "infer_exec_ms", "client_overhead_ms"}
+        # ``infer``: one core call per request (both queues have the layout's plan), timed as finish times
+        calls: list[int] = []
+        for t in client._targets:
+            t.client._round_trip = lambda *a, f=t.client._round_trip: calls.append(1) or f(*a)
+            t.client._pred.predicted_ns = 0  # no sleep first
+        for k in range(6):
+            assert client.infer(x_of(k))["value"].shape == (1, 1)
+        series, samples = client.take_series()
+        assert len(calls) == 6 and samples == 6 and {len(v) for v in series.values()} == {6}
+        assert all(v > 0 for v in series["infer_exec_ms"])
+        assert all(
+            q + e <= r
+            for q, e, r in zip(
+                series["queue_wait_ms"], series["infer_exec_ms"], series["rpc_elapsed_ms"], strict=True
+            )
+        )
+        assert [t.in_flight for t in client._targets] == [0, 0]
+
+
+def test_infer_moves_a_request_its_one_call_left_unclaimed_once(replicas: list[Replica]) -> None:
+    """``infer``'s one call returns unanswered (its replica's worker is stopped); the worker dies
+    before it claims the request: ``infer`` moves it to the other replica, once, and answers."""
+    a, b = replicas
+    with InferenceClient([a.endpoint, b.endpoint], node_id="node-a", timeout_s=30) as client:
+        client.infer(x_of(0))  # both attached and warm
+        client.infer(x_of(1))
+        os.kill(a.worker.pid, signal.SIGSTOP)
+        time.sleep(0.2)  # stopped outside a claim: it claims nothing published from now on
+        client._next_target = lambda: 0  # type: ignore[method-assign]  # (stopped, it still serves)
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda: got.append(client.infer(x_of(2))), daemon=True)
+        thread.start()
+        time.sleep(0.2)  # the one call has returned: ``finish`` waits in failover-check slices
+        assert thread.is_alive() and a.queue.snapshot().counts["READY"] == 1
+        os.kill(a.worker.pid, signal.SIGKILL)
+        os.kill(a.worker.pid, signal.SIGCONT)
+        thread.join(30)
+        assert not thread.is_alive() and got and got[0]["value"].shape == (1, 1)
+        assert client.moved == 1 and [t.in_flight for t in client._targets] == [0, 0]
 
 
 def test_zero_copy_outputs_are_views_refused_after_release(

@@ -488,3 +488,38 @@ def test_compare_spin_runs_each_design_parked_and_spinning_in_the_same_round(
     assert [t["target"] for t in report["targets_met"] if "x2" in t["target"]] == [
         "served x2 >= 95% of bare at batch 16"
     ]
+
+
+def test_compare_two_phase_runs_each_design_with_both_sampler_calls_and_their_stages(
+    small_model: Path, tmp_path: Path
+) -> None:
+    """Samplers make the one call (``infer_or_pending``) by default, and with --compare-two-phase the
+    same design runs again with ``start``/``finish``: both with every stage of the round trip."""
+    out = tmp_path / "calls.json"
+    argv = [
+        "bench",
+        "serve",
+        "--model",
+        str(small_model),
+        "--seconds",
+        "0.3",
+        "--samplers",
+        "2",
+        "--traffic",
+        "",
+    ]
+    code = main([*argv, "--compare-two-phase", "--breakdown", "--json", str(out), "--no-progress"])
+    report = json.loads(out.read_text())
+    assert code == 0, report["verdicts"]
+    rows = report["results"]
+    assert [r["label"] for r in rows] == ["bare (limit)", "served x2", "served x2 @two-phase"]
+    assert report["settings"]["sampler_call"] == "one-call" and report["settings"]["compare_two_phase"]
+    for row in rows[1:]:
+        assert not row["error"] and row["sampler_costs"]["vol_cs"] > 0
+        stages = row["stages_us"]
+        assert all(p["n"] == row["latency_ms"]["n"] and p["p50"] >= 0 for p in stages.values())
+        assert stages["compute_us"]["mean"] > 0 and stages["copy_in_us"]["mean"] > 0
+        assert sum(p["mean"] for p in stages.values()) <= row["latency_ms"]["mean"] * 1000 * 1.01
+    assert [t["target"] for t in report["targets_met"] if "x2" in t["target"]] == [
+        "served x2 >= 95% of bare at batch 16"
+    ]

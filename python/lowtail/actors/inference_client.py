@@ -342,8 +342,27 @@ class InferenceClient:
     # --- requests -------------------------------------------------------------------------------------
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Synchronous: the next serving actor in turn serves this batch (owned copies)."""
-        return dict(self.finish(self.start(inputs)))
+        """Synchronous: the next serving actor in turn serves this batch (owned copies).
+
+        The request and its first wait, up to one failover check's time, are the queue's one call
+        (``QueueClient.infer_or_pending``); a request it leaves unanswered goes ``finish``'s way, its
+        failover checks first, and one answered with an error raises there, as after ``start``.
+        """
+        i = self._next_target()
+        t = self._targets[i]
+        check_s = min(FAILOVER_CHECK_S if len(self._targets) > 1 else ORPHAN_CHECK_S, self.timeout_s)
+        t0 = time.perf_counter_ns()
+        got = self._submit(t, inputs, t.client.infer_or_pending, check_s)
+        samples = len(next(iter(inputs.values())))
+        if type(got) is dict:
+            t.in_flight -= 1
+            if t.broken is not None:
+                self._lose(t, t.broken)
+            self._record(t.client.last_request_timing, samples, t0)
+            return got
+        p = PendingInference(i, got, t0, samples, inputs, sent_s=time.monotonic())
+        deadline = time.monotonic() + self.timeout_s - (time.perf_counter_ns() - t0) / 1e9
+        return dict(self._finish(p, deadline, {}, check_first=not p.done()))
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> PendingInference:
         """Phase one: publish the batch to the next serving actor in turn and return at once.
@@ -356,14 +375,16 @@ class InferenceClient:
         i = self._next_target()
         t = self._targets[i]
         t0 = time.perf_counter_ns()
-        pending = self._submit(t, inputs)
+        pending = self._submit(t, inputs, t.client.start)
         return PendingInference(
             i, pending, t0, len(next(iter(inputs.values()))), inputs, sent_s=time.monotonic()
         )
 
-    def _submit(self, t: _Target, inputs: Mapping[str, np.ndarray]) -> Any:
+    def _submit(self, t: _Target, inputs: Mapping[str, np.ndarray], send: Any, *args: Any) -> Any:
+        """``send(inputs, *args)`` (``t``'s ``start`` or ``infer_or_pending``), counted in flight; what
+        it raises was raised before anything was published."""
         try:
-            pending = t.client.start(inputs)
+            pending = send(inputs, *args)
         except LaneBusy as e:
             raise ReplicaBusy(f"{t.endpoint.actor}: {e}", retry_in_s=self.backoff_s) from e
         except LOST_ERRORS as e:
@@ -398,7 +419,7 @@ class InferenceClient:
         if old.broken is not None or self._orphaned(old):
             self._lose(old, old.broken or f"queue of {old.endpoint.actor} lost its actor")
         new = self._targets[j]
-        p.pending = self._submit(new, p.inputs)
+        p.pending = self._submit(new, p.inputs, new.client.start)
         p.target, p.moved, p.sent_s = j, True, time.monotonic()
         self.moved += 1
         return True
@@ -418,9 +439,17 @@ class InferenceClient:
         queue's ``HeldOutputs``), valid until ``p.release()``; the slot is not reused meanwhile, and any
         access after the release raises ``QueueError`` (never a read of a later answer).
         """
-        kw: dict[str, Any] = {} if copy else {"copy": False}
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        return self._finish(p, deadline, {} if copy else {"copy": False})
+
+    def _finish(
+        self, p: PendingInference, deadline: float, kw: dict[str, Any], check_first: bool = False
+    ) -> Mapping[str, np.ndarray]:
+        """``finish`` until ``deadline`` (monotonic s); ``check_first``: the failover checks before the
+        first wait (``infer``'s one call has waited already)."""
         check_s = FAILOVER_CHECK_S if len(self._targets) > 1 else ORPHAN_CHECK_S
+        if check_first:
+            self._failed_over(p, self._targets[p.target])
         while True:
             t = self._targets[p.target]
             left = deadline - time.monotonic()
@@ -428,23 +457,8 @@ class InferenceClient:
                 out: Mapping[str, np.ndarray] = p.pending.finish(timeout_s=max(0.0, min(left, check_s)), **kw)
                 break
             except QueueTimeout:
-                # Seen gone before _move looks, so _move saw it gone too and tried to move it: a worker
-                # dying between _move's look and this one must not turn a movable request into a loss.
-                gone = self._orphaned(t) and not self._serving(t)
-                if self._move(p):
+                if self._failed_over(p, t):
                     continue
-                if gone and not self._serving(t):
-                    t.in_flight -= 1
-                    self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
-                    if p.claimed:  # its worker took it, then died with its actor: it may have run
-                        raise WorkerDied(
-                            f"{t.endpoint.actor}: its worker claimed this request and died with its "
-                            f"actor (pid {t.owner[0]}); it may have run: not sent again"
-                        ) from None
-                    raise RequestLost(
-                        f"{t.endpoint.actor}: its actor (pid {t.owner[0]}) is gone with its queue "
-                        f"{t.endpoint.descriptor.name}; this request will not be answered"
-                    ) from None
                 if left <= check_s:
                     raise  # still in flight: the caller may wait again
             except QueueError as e:
@@ -455,8 +469,31 @@ class InferenceClient:
         t.in_flight -= 1
         if t.broken is not None:
             self._lose(t, t.broken)  # its last answer taken: drop the old attachment
-        self._record(p)
+        p.timing = getattr(p.pending, "timing", None)
+        self._record(p.timing, p.samples, p.t0_ns)
         return out
+
+    def _failed_over(self, p: PendingInference, t: _Target) -> bool:
+        """After a wait for ``p`` (on ``t``) timed out: True when it moved to another replica; raises
+        ``RequestLost`` (or ``WorkerDied`` when its worker had claimed it) when nothing can answer it."""
+        # Seen gone before _move looks, so _move saw it gone too and tried to move it: a worker dying
+        # between _move's look and this one must not turn a movable request into a loss.
+        gone = self._orphaned(t) and not self._serving(t)
+        if self._move(p):
+            return True
+        if gone and not self._serving(t):
+            t.in_flight -= 1
+            self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
+            if p.claimed:  # its worker took it, then died with its actor: it may have run
+                raise WorkerDied(
+                    f"{t.endpoint.actor}: its worker claimed this request and died with its "
+                    f"actor (pid {t.owner[0]}); it may have run: not sent again"
+                ) from None
+            raise RequestLost(
+                f"{t.endpoint.actor}: its actor (pid {t.owner[0]}) is gone with its queue "
+                f"{t.endpoint.descriptor.name}; this request will not be answered"
+            ) from None
+        return False
 
     def abandon(self, p: PendingInference) -> None:
         """Nobody will wait for ``p`` any more (given up after ``QueueTimeout``).
@@ -476,20 +513,21 @@ class InferenceClient:
 
     # --- timings -----------------------------------------------------------------------------------------
 
-    def _record(self, p: PendingInference) -> None:
+    def _record(self, timing: Any, samples: int, t0_ns: int) -> None:
+        """One answered request of ``samples`` into the series: its ``RequestTiming``, or without one
+        its round trip since ``t0_ns`` (``perf_counter_ns``)."""
         end_ns = time.perf_counter_ns()
-        p.timing = getattr(p.pending, "timing", None)
         s = self._series
-        if p.timing is not None:
-            s["rpc_elapsed_ms"].append(p.timing.round_trip_s * 1e3)
-            s["queue_wait_ms"].append(p.timing.queue_wait_s * 1e3)
-            s["infer_exec_ms"].append(p.timing.engine_s * 1e3)
-            s["client_overhead_ms"].append(p.timing.client_overhead_s * 1e3)
+        if timing is not None:
+            s["rpc_elapsed_ms"].append(timing.round_trip_s * 1e3)
+            s["queue_wait_ms"].append(timing.queue_wait_s * 1e3)
+            s["infer_exec_ms"].append(timing.engine_s * 1e3)
+            s["client_overhead_ms"].append(timing.client_overhead_s * 1e3)
         else:
-            s["rpc_elapsed_ms"].append((end_ns - p.t0_ns) / 1e6)
-        self._samples += p.samples
+            s["rpc_elapsed_ms"].append((end_ns - t0_ns) / 1e6)
+        self._samples += samples
         self.requests += 1
-        self.total_samples += p.samples
+        self.total_samples += samples
 
     def take_window(self) -> tuple[list[float], int]:
         """Round trips (ms) and samples since the last call (``take_series`` for every series)."""

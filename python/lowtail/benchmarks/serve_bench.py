@@ -156,6 +156,13 @@ def _add_design_options(p: argparse.ArgumentParser) -> None:
         "round (rows labelled '@spin N us'; the targets are decided on the default rows)",
     )
     p.add_argument(
+        "--compare-two-phase",
+        action="store_true",
+        help="also run every served design with samplers that call in two phases (start, then finish) "
+        "instead of the one call (infer_or_pending, what InferenceClient.infer makes), right after it in "
+        "the same round (rows labelled '@two-phase'; the targets are decided on the default rows)",
+    )
+    p.add_argument(
         "--client-spin-us",
         type=int,
         help="samplers spin this long for an answer before parking (default: the queue's, 200); a "
@@ -271,6 +278,9 @@ def _new_report(
         "fifo_scope": args.fifo_scope,
         "client_spin_us": args.client_spin_us,
         "compare_spin_us": args.compare_spin_us,
+        "compare_two_phase": args.compare_two_phase,
+        # how samplers call (the default rows): QueueClient.infer_or_pending, one core call per request
+        "sampler_call": "one-call",
         # the traffic designs' (min_batch_samples, coalesce_us); null: the queue's defaults
         "coalesce": list(coalesce) if coalesce else None,
         "duration_s": duration,
@@ -323,6 +333,12 @@ def _run_rounds(
                 bar.phase(len(results), f"{tag}{t.label}, spinning {args.compare_spin_us} us")
                 results.append(_attempt(t.label, run_served, spun, t))
                 results[-1].size = f"spin {args.compare_spin_us} us"
+            if args.compare_two_phase:
+                bar.phase(len(results), f"{tag}{t.label}, two-phase samplers")
+                results.append(
+                    _attempt(t.label, run_served, dataclasses.replace(setup, sampler_call="two-phase"), t)
+                )
+                results[-1].size = "two-phase"
         for r in results[first:]:
             r.round = rnd
 
@@ -383,7 +399,7 @@ def _measure(
         if sizes_ms:
             _run_ladder(args, report, results, setup, sizes_ms, Path(tmp))
             return
-        variants = 1 if args.compare_spin_us is None else 2
+        variants = 1 + (args.compare_spin_us is not None) + args.compare_two_phase
         total = args.rounds * (1 + variants * len(designs)) + (len(designs) if args.ray else 0)
         bar = Progress(f"bench serve ({duration:g} s per design)", total, enabled=not args.no_progress)
         _run_rounds(args, setup, designs, results, bar)
@@ -497,7 +513,14 @@ def _finish(
         "queue_core": native.implementation().to_dict(),
     }
     keys: tuple[str, ...] = ("command", "model", "cpu", "sampler_cpus", "batch", "fifo_scope")
-    keys += ("client_spin_us", "compare_spin_us", "coalesce", "duration_s")
+    keys += (
+        "client_spin_us",
+        "compare_spin_us",
+        "compare_two_phase",
+        "sampler_call",
+        "coalesce",
+        "duration_s",
+    )
     report["settings"] = {k: report[k] for k in keys if k in report} | {"rounds": args.rounds}
     report["results"] = [r.to_dict() for r in results]
     lines = _verdicts(args, report, results)

@@ -60,6 +60,9 @@ class Setup:
     client_spin_us: int | None = None  # QueueClient.attach(spin_us=...); None: the queue's default
     stages: bool = False  # samplers record each round trip's STAGES (--breakdown; ~1 us per request)
     coalesce: tuple[int, int] | None = None  # traffic designs: (min_batch_samples, coalesce_us) or defaults
+    # How samplers call: "one-call" (``infer_or_pending``, what the actors' ``InferenceClient.infer`` makes)
+    # or "two-phase" (``start`` then ``finish``; --compare-two-phase).
+    sampler_call: str = "one-call"
 
     def observations(self, seed: int, samples: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -214,9 +217,10 @@ def _thread_costs() -> tuple[int, int, int, int, int]:
     return int(ru.ru_utime * 1e9), int(ru.ru_stime * 1e9), ru.ru_nvcsw, ru.ru_nivcsw, delay
 
 
-def _loop_ns(stages: bool, ticket: Any, n: int = 20_000) -> int:
+def _loop_ns(stages: bool, client: Any, last: Any, n: int = 20_000) -> int:
     """This thread's CPU per pass of the measuring loop without the request (its clock read, the list
-    appends, with ``stages`` the stage tuple): the part of ``cpu_ns`` that is the harness's."""
+    appends, with ``stages`` the stage tuple of ``last``, the loop's last request): the part of ``cpu_ns``
+    that is the harness's."""
     perf, lat, rows = time.perf_counter_ns, [], []
     c0 = time.thread_time_ns()
     t = perf()
@@ -225,12 +229,12 @@ def _loop_ns(stages: bool, ticket: Any, n: int = 20_000) -> int:
         lat.append(t1 - t)
         t = t1
         if stages:
-            rows.append(round_trip_stages(ticket))
+            rows.append(request_stages(client, last))
     return (time.thread_time_ns() - c0) // n
 
 
 def _window_costs(
-    client: Any, before: tuple[Any, Any, Any], stages: bool, ticket: Any, n: int, *, wall_ns: int
+    client: Any, before: tuple[Any, Any, Any], stages: bool, last: Any, n: int, *, wall_ns: int
 ) -> dict[str, int]:
     """A sampler's costs over its window (SAMPLER_COSTS' sums): ``before`` is its client's wait counts
     and times and ``_thread_costs()`` at the window's start, ``wall_ns`` the window's wall time."""
@@ -240,7 +244,7 @@ def _window_costs(
     costs = dict(zip(keys, (b - a for a, b in zip(th0, th1, strict=True)), strict=True))
     costs |= {k: times1[k] - times0[k] for k in times0}
     costs |= {k: counts1[k] - counts0[k] for k in counts0}
-    costs["loop_ns"] = _loop_ns(stages, ticket) * n
+    costs["loop_ns"] = _loop_ns(stages, client, last) * n
     costs["code_ns"] = wall_ns - costs["park_ns"]
     return costs
 
@@ -271,19 +275,11 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
             # no environment step here, so all of it is the request's cost.
             counts0, times0, th0 = client.wait_counts, client.wait_times, _thread_costs()
             cpu0 = time.thread_time_ns()
-            start = t = perf()
-            end = start + int(duration * 1e9)
-            while t < end:
-                pending = client.start(x)  # the two-phase client: start, then finish
-                pending.finish(timeout_s=10.0)
-                t1 = perf()
-                lat.append(t1 - t)
-                t = t1
-                if setup.stages:
-                    stages.append(round_trip_stages(pending.ticket))
+            start = perf()
+            got, t = _requests(client, x, setup, (start, start + int(duration * 1e9)), lat=lat, stages=stages)
             cpu_ns = time.thread_time_ns() - cpu0
             costs = _window_costs(
-                client, (counts0, times0, th0), setup.stages, pending.ticket, len(lat), wall_ns=t - start
+                client, (counts0, times0, th0), setup.stages, got, len(lat), wall_ns=t - start
             )
         error = ""
     except BaseException as e:  # every failure becomes the sampler's row, never a hang
@@ -304,8 +300,47 @@ def _sampler_child(*, setup: Setup, desc: Any, samples: int, warmup: float, seed
     conn.close()
 
 
-def round_trip_stages(ticket: Any) -> tuple[int, int, int, int, int, int]:
-    """STAGES of one answered ticket, in ns (see STAGES); zeros when it has no stamps."""
+def _requests(
+    client: Any,
+    x: Any,
+    setup: Setup,
+    window: tuple[int, int],
+    *,
+    lat: list[int],
+    stages: list[tuple[int, ...]],
+) -> tuple[Any, int]:
+    """A sampler's measured requests over ``window`` (start, end: ``perf_counter_ns``), each one's
+    latency into ``lat`` and, with ``setup.stages``, its STAGES into ``stages``. Returns the last one's
+    result (outputs or Pending) and when it ended."""
+    from lowtail.shm.queue import Pending
+
+    t, end = window
+    one_call, send, infer = setup.sampler_call == "one-call", client.start, client.infer_or_pending
+    perf, got = time.perf_counter_ns, None
+    while t < end:
+        if one_call:
+            got = infer(x, 10.0)
+            if isinstance(got, Pending):  # (a sleep first, or an error: the Pending's way)
+                got.finish(timeout_s=10.0)
+        else:
+            got = send(x)  # the two-phase client: start, then finish
+            got.finish(timeout_s=10.0)
+        t1 = perf()
+        lat.append(t1 - t)
+        t = t1
+        if setup.stages:
+            stages.append(request_stages(client, got))
+    return got, t
+
+
+def request_stages(client: Any, got: Any) -> tuple[int, int, int, int, int, int]:
+    """STAGES of one answered request, in ns (see STAGES): ``got`` is its Pending, or the outputs of
+    ``client``'s last ``infer_or_pending``, whose copy-in is the call's time before publication and its
+    copy-out the time after the answer was seen. Zeros when it has no stamps."""
+    if type(got) is dict:
+        entered, submit, claim, done, seen, end, engine = client.last_call_stamps
+        return (submit - entered, claim - submit, done - claim - engine, engine, seen - done, end - seen)
+    ticket = got.ticket
     st = ticket.stamps
     if st is None:
         return (0, 0, 0, 0, 0, 0)

@@ -225,6 +225,8 @@ class Ticket:
     # The answer's stamps as read by wait: claim_ns, done_ns, call engine ns, call word, seen, returned.
     stamps: tuple[int, int, int, int, int, int] | None = None
     held: HeldOutputs | None = None  # zero-copy outputs not yet released
+    # When a one-call's core saw the answer, already counted there (``wait`` reads it, counts nothing).
+    seen_ns: int = 0
 
     @property
     def timing(self) -> RequestTiming | None:
@@ -233,15 +235,24 @@ class Ticket:
         if st is None:
             return None
         claim, done, engine, call, seen, end = st
-        return RequestTiming(
-            queue_wait_s=(claim - self.submit_ns) / 1e9,
-            engine_s=engine / 1e9,
-            batch_size=call & CALL_BATCH_MASK,
-            call_deschedule_s=(call >> CALL_DESCHEDULE_SHIFT) / 1e6,
-            client_overhead_s=(self.copy_in_ns + end - seen) / 1e9,
-            round_trip_s=(done - self.submit_ns) / 1e9,
-            ready_to_return_s=(end - done) / 1e9,
-        )
+        return request_timing((self.submit_ns, claim, done, end), engine, call, self.copy_in_ns + end - seen)
+
+
+def request_timing(
+    stamps: tuple[int, int, int, int], engine: int, call: int, overhead_ns: int
+) -> RequestTiming:
+    """``RequestTiming`` of an answer: its ``stamps`` (submit, claim, done, returned; ns), its call's
+    engine time and word, and the client's own ns (copy-in and copy-out)."""
+    submit, claim, done, end = stamps
+    return RequestTiming(
+        queue_wait_s=(claim - submit) / 1e9,
+        engine_s=engine / 1e9,
+        batch_size=call & CALL_BATCH_MASK,
+        call_deschedule_s=(call >> CALL_DESCHEDULE_SHIFT) / 1e6,
+        client_overhead_s=overhead_ns / 1e9,
+        round_trip_s=(done - submit) / 1e9,
+        ready_to_return_s=(end - done) / 1e9,
+    )
 
 
 class HeldOutputs(Mapping[str, np.ndarray]):
@@ -518,6 +529,7 @@ class QueueClient:
     _park_at_once = False  # on the native core without a spin budget: ``wait`` calls ``_receive_parked``
     _timeout = (math.nan, 0, 0, 0)  # ``_infer_native``: the last timeout's ``_budgets`` (a NaN: none yet)
     _timing = (0, 0, 0, 0)  # the last answer's submit, claim, done and seen stamps (``last_timing``)
+    _one_call = (0, 0, 0, 0)  # ``infer_or_pending``'s last answered call: entered, returned, engine, call
 
     def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin: SpinPolicy) -> None:
         self.descriptor = desc
@@ -916,14 +928,17 @@ class QueueClient:
         self._inflight[s] = weakref.ref(ticket)
         return ticket
 
-    def _infer_native(self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0) -> Arrays:
+    def _infer_native(
+        self, arrays: Mapping[str, np.ndarray[Any, Any]], timeout_s: float = 1.0, *, pending: bool = False
+    ) -> Arrays:
         """``infer`` on the native core (bound at attach): a request of the last layout's, with no sleep
         predicted first, in one core call with no ticket (``round_trip``); what that call leaves goes
-        ``wait``'s way with a ticket, another layout or a sleep first ``submit``'s (docs/design.md)."""
+        ``wait``'s way with a ticket, another layout or a sleep first ``submit``'s (docs/design.md).
+        With ``pending`` (``infer_or_pending``) what it leaves is returned as its ``Pending`` instead."""
         plan, pred, spin = self._req_plan, self._pred, self._spin_ns
         sleep_first = spin and pred.predicted_ns > MARGIN_NS and pred.late.bit_count() <= MAX_LATE
         if plan is None or self._closed or sleep_first:  # (``_await``'s predictive sleep)
-            return self.wait(self.submit(arrays), timeout_s)
+            return self._then(self.submit(arrays), timeout_s, pending)
         if timeout_s != self._timeout[0]:  # (a NaN is never equal: refused below every time)
             self._timeout = self._budgets(timeout_s)  # refused before anything is sent
         _, left, spin_ns, park_ns = self._timeout
@@ -939,7 +954,7 @@ class QueueClient:
             raise
         if got is None:  # another layout, or a strided array: nothing was written
             self._free.append(s)
-            return self.wait(QueueClient.submit(self, arrays), timeout_s)
+            return self._then(QueueClient.submit(self, arrays), timeout_s, pending)
         seq, submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept = got
         if self._nd_req:
             self._drop_nd_req(s)
@@ -966,7 +981,57 @@ class QueueClient:
             self._free.append(s)
             return out
         ticket = Ticket(s, seq, self._layout.batch, submit_ns)  # type: ignore[union-attr]
+        if pending:
+            self._inflight[s] = weakref.ref(ticket)
+            ticket.seen_ns = now if answered else 0
+            return Pending(self, ticket)  # type: ignore[return-value]
         return self._wait_on(ticket, answered, now, parked_at, left)
+
+    def _then(self, ticket: Ticket, timeout_s: float, pending: bool) -> Arrays:
+        """``_infer_native``'s request sent another way: waited for, or with ``pending`` returned."""
+        return Pending(self, ticket) if pending else self.wait(ticket, timeout_s)  # type: ignore[return-value]
+
+    def infer_or_pending(self, arrays: Mapping[str, np.ndarray[Any, Any]], wait_s: float) -> Arrays | Pending:
+        """``infer`` with a wait that can be resumed: the outputs (fresh copies) when the answer came,
+        error-free and of the last answer's layout, within ``wait_s``; otherwise the request's ``Pending``
+        to ``finish`` (its answer, or its error: nothing after publication is raised here), ``withdraw``
+        or give up. Raises only what ``start`` raises, with nothing published. On the native core the
+        request and its first wait are ``infer``'s one core call; the Python path returns ``start``'s
+        Pending. ``last_request_timing``: the ``RequestTiming`` of the last outputs returned."""
+        if self._native is None:
+            return self.start(arrays)
+        entered = time.monotonic_ns()
+        got = self._infer_native(arrays, wait_s, pending=True)
+        if type(got) is dict:
+            # Its slot is the free list's last (``_infer_native`` put it back): its call's words stay
+            # until this client sends the next request there.
+            si, q = self._si[self._free[-1]], self._q
+            self._one_call = (
+                entered,
+                time.monotonic_ns(),
+                int(q[si + W_CALL_ENGINE_NS]),
+                int(q[si + W_CALL]),
+            )
+        return got
+
+    @property
+    def last_request_timing(self) -> RequestTiming:
+        """``RequestTiming`` of the last outputs ``infer_or_pending`` returned. Its copy-in and copy-out
+        are one figure there, ``client_overhead_s``: the call's time outside publication to answer seen."""
+        entered, returned, engine, call = self._one_call
+        submit, claim, done, seen = self._timing
+        return request_timing(
+            (submit, claim, done, returned), engine, call, returned - entered - (seen - submit)
+        )
+
+    @property
+    def last_call_stamps(self) -> tuple[int, int, int, int, int, int, int]:
+        """The stamps of the last outputs ``infer_or_pending`` returned (CLOCK_MONOTONIC ns): the call
+        entered, the request published, claimed, answered, the answer seen, the call returned; then the
+        engine call's time."""
+        entered, returned, engine, _ = self._one_call
+        submit, claim, done, seen = self._timing
+        return entered, submit, claim, done, seen, returned, engine
 
     def _wait_on(self, ticket: Ticket, answered: bool, now: int, parked_at: int, left: int) -> Arrays:
         """``_infer_native``'s request that its core call left, answered or not, taken on by ``wait``
@@ -978,18 +1043,13 @@ class QueueClient:
             answered = self._park(
                 ticket, self._si[ticket.slot], deadline, deadline, first=False, since=submit_ns
             )
+            seen = time.monotonic_ns()
             counts.parked += 1
-            counts.park_ns += time.monotonic_ns() - now
-        timeout_s = max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9)
-        if not answered:
-            return self.wait(ticket, timeout_s)
-        # ``wait`` finds the answer there at once and counts it so, unless its read raises first: it
-        # was counted where it was found.
-        immediate = counts.immediate
-        try:
-            return self.wait(ticket, timeout_s)
-        finally:
-            counts.immediate = immediate
+            counts.park_ns += seen - now
+            now = seen
+        if answered:
+            ticket.seen_ns = now  # counted where it was found, not again by ``wait``
+        return self.wait(ticket, max(0.0, (submit_ns + left - time.monotonic_ns()) / 1e9))
 
     def _unwind(self, s: int, head: int) -> None:
         """A submit interrupted in the core (a raising signal handler runs as the call returns): a
@@ -1096,13 +1156,13 @@ class QueueClient:
             raise QueueError(f"ticket for slot {ticket.slot} seq {ticket.seq} was already waited for")
         take: Any = copy if out is None else _into(out, copy)  # fresh copies, held views, or out's arrays
         q, s = self._q, ticket.slot
-        si = self._si[s]
-        ans = self._answers[s]  # the layout of the last answer read in this slot
-        got = None
-        if self._park_at_once:  # native, no spin budget: check, park and read in one core call first
+        si, ans = self._si[s], self._answers[s]  # ans: the layout of the last answer read in this slot
+        if ticket.seen_ns:  # the one call saw it (and counted it where it was found)
+            now, got = ticket.seen_ns, None
+        elif self._park_at_once:  # native, no spin budget: check, park and read in one core call first
             now, got = self._receive_parked(ticket, si, timeout_s, ans, take)
         elif q[si + W_RESP_SEQ] == ticket.seq:
-            now = time.monotonic_ns()
+            now, got = time.monotonic_ns(), None
             self._counts.immediate += 1
         else:
             now, got = self._await(ticket, si, timeout_s, ans, take)
