@@ -92,6 +92,8 @@ def test_an_answer_within_the_wait_is_the_outputs_with_its_timing(
         t = c.last_request_timing
         assert t.engine_s == ENGINE_NS / 1e9 and t.batch_size == 2
         assert 0 <= t.queue_wait_s <= t.round_trip_s and t.client_overhead_s >= 0 and t.ready_to_return_s >= 0
+        c.start(X).finish(5.0)
+        assert c.last_request_timing == t  # the call's own stamps, not a later wait's
 
 
 def test_no_answer_within_the_wait_is_a_pending_that_resumes(queue: InferenceQueue) -> None:

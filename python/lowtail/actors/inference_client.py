@@ -58,12 +58,12 @@ from lowtail.node.process import process_start_time
 from lowtail.shm import ofd_lock
 from lowtail.shm.client import wait_first as queue_wait_first
 from lowtail.shm.errors import LaneBusy, QueueError, QueueTimeout, SegmentNotFound, WorkerDied
+from lowtail.shm.layout import WORKER_LOCK_BYTE
 
 log = logging.getLogger(__name__)
 
-# The queue's worker holds an OFD lock on byte 0 of the segment file for as long as it lives
+# The queue's worker holds an OFD lock on WORKER_LOCK_BYTE of the segment file for as long as it lives
 # (lowtail.shm.layout): testing it from our own open file description costs one fcntl, no Ray.
-WORKER_LOCK_BYTE = 0
 START_BOUND_S = 0.05  # documented bound of start(): no Ray call, no wait (a loaded host may exceed it)
 ORPHAN_CHECK_S = 0.25  # a single replica's wait re-checks that its actor lives this often
 FAILOVER_CHECK_S = 0.005  # with several replicas, a waiting request re-checks its replica this often
@@ -134,6 +134,13 @@ def wait_first(pendings: Sequence[PendingInference], timeout_s: float) -> Pendin
     except QueueTimeout:
         return None
     return next(p for p in pendings if p.pending is first)
+
+
+def _claimed(pending: Any) -> bool:
+    """A worker claimed the queue request ``pending`` (a ``Pending``; False for anything without the
+    check)."""
+    claimed = getattr(pending, "claimed", None)
+    return bool(claimed is not None and claimed())
 
 
 # How often ``wait_first`` looks at requests of other replicas than the first one's (their answers
@@ -356,13 +363,17 @@ class InferenceClient:
         samples = len(next(iter(inputs.values())))
         if type(got) is dict:
             t.in_flight -= 1
-            if t.broken is not None:
-                self._lose(t, t.broken)
             self._record(t.client.last_request_timing, samples, t0)
             return got
         p = PendingInference(i, got, t0, samples, inputs, sent_s=time.monotonic())
-        deadline = time.monotonic() + self.timeout_s - (time.perf_counter_ns() - t0) / 1e9
-        return dict(self._finish(p, deadline, {}, check_first=not p.done()))
+        waited_s = (time.perf_counter_ns() - t0) / 1e9
+        try:  # the checks first only when the call waited a check's time (not a sleep first, no plan)
+            return dict(
+                self._finish(p, time.monotonic() + self.timeout_s - waited_s, {}, waited_s >= check_s)
+            )
+        except QueueTimeout:
+            self.abandon(p)  # the caller holds no handle: its slot returns once it is answered
+            raise
 
     def start(self, inputs: Mapping[str, np.ndarray]) -> PendingInference:
         """Phase one: publish the batch to the next serving actor in turn and return at once.
@@ -411,7 +422,9 @@ class InferenceClient:
             if not withdraw():
                 p.claimed = True
                 return False  # claimed meanwhile: its answer or WorkerDied comes
-        elif not (self._orphaned(old) and old.lock_fd >= 0 and not ofd_lock.held(old.lock_fd, 0)):
+        elif not (
+            self._orphaned(old) and old.lock_fd >= 0 and not ofd_lock.held(old.lock_fd, WORKER_LOCK_BYTE)
+        ):
             return False  # the queue may get a worker again: it may still claim the request
         else:
             p.pending.client.abandon(p.pending.ticket)  # nobody can answer it: give the slot up
@@ -474,17 +487,21 @@ class InferenceClient:
         return out
 
     def _failed_over(self, p: PendingInference, t: _Target) -> bool:
-        """After a wait for ``p`` (on ``t``) timed out: True when it moved to another replica; raises
-        ``RequestLost`` (or ``WorkerDied`` when its worker had claimed it) when nothing can answer it."""
+        """After a wait for ``p`` (on ``t``) timed out: True when it moved to another replica (or its
+        answer came meanwhile); raises ``RequestLost`` (or ``WorkerDied`` when a worker had claimed it:
+        it may have run) when nothing can answer it."""
         # Seen gone before _move looks, so _move saw it gone too and tried to move it: a worker dying
         # between _move's look and this one must not turn a movable request into a loss.
         gone = self._orphaned(t) and not self._serving(t)
         if self._move(p):
             return True
         if gone and not self._serving(t):
+            if p.done():
+                return True  # answered meanwhile: its ``finish`` reads it
+            claimed = p.claimed or _claimed(p.pending)  # (read before the attachment is dropped)
             t.in_flight -= 1
             self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
-            if p.claimed:  # its worker took it, then died with its actor: it may have run
+            if claimed:  # its worker took it, then died with its actor: it may have run
                 raise WorkerDied(
                     f"{t.endpoint.actor}: its worker claimed this request and died with its "
                     f"actor (pid {t.owner[0]}); it may have run: not sent again"

@@ -427,6 +427,10 @@ class Pending:
             return self.client.wait(self.ticket, timeout_s, copy=copy)  # type: ignore[call-overload, no-any-return]
         return self.client.wait(self.ticket, timeout_s, copy=copy, out=out)  # type: ignore[call-overload, no-any-return]
 
+    def claimed(self) -> bool:
+        """True once a worker claimed the request: it may have run (never send it elsewhere)."""
+        return self.client.claimed(self.ticket)
+
     def withdraw(self) -> bool:
         """Take the request back: True if no worker of this queue will ever run it (send it elsewhere),
         False if the worker claimed it first (``finish`` for its answer, ``WorkerDied`` or
@@ -529,7 +533,9 @@ class QueueClient:
     _park_at_once = False  # on the native core without a spin budget: ``wait`` calls ``_receive_parked``
     _timeout = (math.nan, 0, 0, 0)  # ``_infer_native``: the last timeout's ``_budgets`` (a NaN: none yet)
     _timing = (0, 0, 0, 0)  # the last answer's submit, claim, done and seen stamps (``last_timing``)
-    _one_call = (0, 0, 0, 0)  # ``infer_or_pending``'s last answered call: entered, returned, engine, call
+    # ``infer_or_pending``'s last answered call: entered, submitted, claimed, done, seen, returned (ns),
+    # its engine call's ns and call word
+    _one_call = (0, 0, 0, 0, 0, 0, 0, 0)
 
     def __init__(self, desc: QueueDescriptor, m: Mapped, lane: int, spin: SpinPolicy) -> None:
         self.descriptor = desc
@@ -995,31 +1001,35 @@ class QueueClient:
         """``infer`` with a wait that can be resumed: the outputs (fresh copies) when the answer came,
         error-free and of the last answer's layout, within ``wait_s``; otherwise the request's ``Pending``
         to ``finish`` (its answer, or its error: nothing after publication is raised here), ``withdraw``
-        or give up. Raises only what ``start`` raises, with nothing published. On the native core the
+        or give up. Raises what ``start`` raises, with nothing published (but for a raising signal
+        handler, Ctrl-C, which may come as the core call returns: a request it published stays in flight
+        with nobody waiting for it, as after ``infer``). On the native core the
         request and its first wait are ``infer``'s one core call; the Python path returns ``start``'s
         Pending. ``last_request_timing``: the ``RequestTiming`` of the last outputs returned."""
         if self._native is None:
             return self.start(arrays)
         entered = time.monotonic_ns()
-        got = self._infer_native(arrays, wait_s, pending=True)
+        got: Any = self._infer_native(arrays, wait_s, pending=True)  # outputs, or with ``pending`` a Pending
         if type(got) is dict:
             # Its slot is the free list's last (``_infer_native`` put it back): its call's words stay
             # until this client sends the next request there.
             si, q = self._si[self._free[-1]], self._q
             self._one_call = (
                 entered,
+                *self._timing,
                 time.monotonic_ns(),
                 int(q[si + W_CALL_ENGINE_NS]),
                 int(q[si + W_CALL]),
             )
-        return got
+        elif not got.ticket.copy_in_ns:  # the core call's ticket: its copy-in is the time before publication
+            got.ticket.copy_in_ns = max(0, got.ticket.submit_ns - entered)
+        return got  # type: ignore[no-any-return]
 
     @property
     def last_request_timing(self) -> RequestTiming:
         """``RequestTiming`` of the last outputs ``infer_or_pending`` returned. Its copy-in and copy-out
         are one figure there, ``client_overhead_s``: the call's time outside publication to answer seen."""
-        entered, returned, engine, call = self._one_call
-        submit, claim, done, seen = self._timing
+        entered, submit, claim, done, seen, returned, engine, call = self._one_call
         return request_timing(
             (submit, claim, done, returned), engine, call, returned - entered - (seen - submit)
         )
@@ -1029,9 +1039,7 @@ class QueueClient:
         """The stamps of the last outputs ``infer_or_pending`` returned (CLOCK_MONOTONIC ns): the call
         entered, the request published, claimed, answered, the answer seen, the call returned; then the
         engine call's time."""
-        entered, returned, engine, _ = self._one_call
-        submit, claim, done, seen = self._timing
-        return entered, submit, claim, done, seen, returned, engine
+        return self._one_call[:7]
 
     def _wait_on(self, ticket: Ticket, answered: bool, now: int, parked_at: int, left: int) -> Arrays:
         """``_infer_native``'s request that its core call left, answered or not, taken on by ``wait``
@@ -1118,6 +1126,10 @@ class QueueClient:
         ticket.consumed = True
         self._inflight[ticket.slot] = None  # reusable once a worker answered it ST_WITHDRAWN
         return True
+
+    def claimed(self, ticket: Ticket) -> bool:
+        """True once a worker claimed ``ticket``'s request (its slot's claim word is the request's)."""
+        return bool(self._q[self._si[ticket.slot] + W_CLAIM_SEQ] == ticket.seq)
 
     def _claimed_by_dead_worker(self, ticket: Ticket) -> bool:
         # Claimed and nobody holds the worker lock: its claimer is gone (a closing worker answers what
