@@ -384,6 +384,10 @@ class WorkerCounts:
 class QueueWorker:
     """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
 
+    # The Python path's (no segment, no known layout): the native recorder's complete_known declines
+    # its batches (_bind_native binds the native path's)
+    _answer_with: tuple[Any, dict[int, Any], dict[int, _Item]] = (None, {}, {})
+
     def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
         self.descriptor = desc
         self._m = m
@@ -467,6 +471,8 @@ class QueueWorker:
         core = native.core_of(self._native)
         self._known_outputs: Any = core.KnownOutputs
         self._complete_known: Any = core.complete_known  # Batch.complete's first step
+        # What complete_known answers with (none of them is ever rebound), read as one attribute
+        self._answer_with = (self._native, self._known, self._outstanding)
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
