@@ -133,6 +133,19 @@ fn known_work<'py>(
     Ok((row0 == known.arrays[0].2[0] as u64).then_some((work, index)))
 }
 
+impl PlanView for (u64, OwnedPlan) {
+    fn view(&self) -> AnswerRowsPlan<'_> {
+        let (_, (prefix, offs, row_bytes, end)) = self;
+        (prefix, offs, row_bytes, *end)
+    }
+}
+
+impl<B: crate::Exported> SourceView for ArrayBytes<'_, B> {
+    fn src(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
 /// Answer the requests of a batch (`items`, the worker's claimed requests: `g` (the slot's index in
 /// the queue), `seq`, `gen`, `done`; `rows`: each one's rows in the outputs, in order) with `outputs`
 /// when they are exactly `known`'s layout and `known` has a plan for each size not done: `answer_rows`
@@ -174,16 +187,16 @@ fn answer_known_in<'py>(
     let Some(srcs) = known_sources(py, known, outputs)? else {
         return Ok(None);
     };
-    let plans: Vec<AnswerRowsPlan<'_>> = known.plans.iter().map(|(_, (p, o, r, e))| (p.as_slice(), o.as_slice(), r.as_slice(), *e)).collect();
-    let ins: Vec<&[u8]> = srcs.iter().map(ArrayBytes::bytes).collect();
     // No Python code runs while the sources' bytes are read (they may be read from the arrays' own
     // fields): the requests answered are marked done after the last copy, still before this returns.
-    let mut answered = Vec::with_capacity(work.len());
-    let result = seg.answer_sources(&work, &plans, &ins, engine_ns, call, &mut |i| answered.push(index[i]));
+    // The plans and sources are read in place; answer_sources publishes `work` in its order and stops
+    // at an error, so the requests answered are the first `answered` of it.
+    let mut answered = 0;
+    let result = seg.answer_sources(&work, &known.plans, &srcs, engine_ns, call, &mut |i| answered = i + 1);
     drop(srcs);
     let done = intern!(py, "done");
     let mut marked = Ok(()); // every answered request marked, whatever one mark raised (the first kept)
-    for i in answered {
+    for &i in &index[..answered] {
         if let Err(e) = items.get_item(i).and_then(|it| it.setattr(done, true)) {
             marked = marked.and(Err(e));
         }
