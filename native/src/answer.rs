@@ -11,7 +11,7 @@
 //! bounds them.
 
 use pyo3::intern;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use super::*;
 use crate::ndarray::{exact_array, layout_ok, nbytes_of, ArrayBytes};
@@ -101,12 +101,13 @@ fn known_sources<'py>(py: Python<'py>, known: &KnownOutputs, outputs: &Bound<'py
 /// row, rows, plan) each, and its index in `items`; None when the rows are not `known`'s or a request's
 /// size has no plan. Each request's lane and slot come from `g`, its slot's index in the queue.
 #[allow(clippy::type_complexity)]
-fn known_work(
-    py: Python<'_>,
+fn known_work<'py>(
+    py: Python<'py>,
     spl: u64,
     known: &KnownOutputs,
-    items: &Bound<'_, PyList>,
-    rows: &Bound<'_, PyList>,
+    items: &Bound<'py, PyList>,
+    rows: &Bound<'py, PyList>,
+    gs: &mut Vec<Bound<'py, PyAny>>,
 ) -> PyResult<Option<(Vec<(u64, u64, u64, u64, u64, u64, usize)>, Vec<usize>)>> {
     if items.len() != rows.len() {
         return Err(PyValueError::new_err(format!("{} requests and {} row counts: expected one each", items.len(), rows.len())));
@@ -120,14 +121,29 @@ fn known_work(
                 return Ok(None);
             };
             let word = |name: &Bound<'_, PyString>| -> PyResult<u64> { it.getattr(name)?.extract::<u64>() };
-            let g = word(intern!(py, "g"))?;
+            let g_obj = it.getattr(intern!(py, "g"))?;
+            let g: u64 = g_obj.extract()?;
             work.push((g / spl, g % spl, word(intern!(py, "seq"))?, word(intern!(py, "gen"))?, row0, n, plan));
             index.push(i);
+            gs.push(g_obj);
         }
         row0 = row0.checked_add(n).ok_or_else(|| PyValueError::new_err("the rows overflow"))?;
     }
     // The batch's rows are the outputs' leading dimension: known's shapes have exactly that many.
     Ok((row0 == known.arrays[0].2[0] as u64).then_some((work, index)))
+}
+
+impl PlanView for (u64, OwnedPlan) {
+    fn view(&self) -> AnswerRowsPlan<'_> {
+        let (_, (prefix, offs, row_bytes, end)) = self;
+        (prefix, offs, row_bytes, *end)
+    }
+}
+
+impl<B: crate::Exported> SourceView for ArrayBytes<'_, B> {
+    fn src(&self) -> &[u8] {
+        self.bytes()
+    }
 }
 
 /// Answer the requests of a batch (`items`, the worker's claimed requests: `g` (the slot's index in
@@ -149,36 +165,38 @@ pub fn answer_known(
     engine_ns: u64,
     call: u64,
 ) -> PyResult<Option<(u64, u64)>> {
-    answer_known_in(py, &seg, &known, outputs, items, rows, engine_ns, call)
+    answer_known_in(py, &seg, &known, outputs, items, rows, engine_ns, call, &mut Vec::new())
 }
 
+/// `answer_known`'s work; `gs` gets the `g` of each request it read (those not done), in order.
 #[allow(clippy::too_many_arguments)]
-fn answer_known_in(
-    py: Python<'_>,
+fn answer_known_in<'py>(
+    py: Python<'py>,
     seg: &Segment,
     known: &KnownOutputs,
-    outputs: &Bound<'_, PyAny>,
-    items: &Bound<'_, PyList>,
-    rows: &Bound<'_, PyList>,
+    outputs: &Bound<'py, PyAny>,
+    items: &Bound<'py, PyList>,
+    rows: &Bound<'py, PyList>,
     engine_ns: u64,
     call: u64,
+    gs: &mut Vec<Bound<'py, PyAny>>,
 ) -> PyResult<Option<(u64, u64)>> {
-    let Some((work, index)) = known_work(py, seg.geo.spl, known, items, rows)? else {
+    let Some((work, index)) = known_work(py, seg.geo.spl, known, items, rows, gs)? else {
         return Ok(None);
     };
     let Some(srcs) = known_sources(py, known, outputs)? else {
         return Ok(None);
     };
-    let plans: Vec<AnswerRowsPlan<'_>> = known.plans.iter().map(|(_, (p, o, r, e))| (p.as_slice(), o.as_slice(), r.as_slice(), *e)).collect();
-    let ins: Vec<&[u8]> = srcs.iter().map(ArrayBytes::bytes).collect();
     // No Python code runs while the sources' bytes are read (they may be read from the arrays' own
     // fields): the requests answered are marked done after the last copy, still before this returns.
-    let mut answered = Vec::with_capacity(work.len());
-    let result = seg.answer_sources(&work, &plans, &ins, engine_ns, call, &mut |i| answered.push(index[i]));
+    // The plans and sources are read in place; answer_sources publishes `work` in its order and stops
+    // at an error, so the requests answered are the first `answered` of it.
+    let mut answered = 0;
+    let result = seg.answer_sources(&work, &known.plans, &srcs, engine_ns, call, &mut |i| answered = i + 1);
     drop(srcs);
     let done = intern!(py, "done");
     let mut marked = Ok(()); // every answered request marked, whatever one mark raised (the first kept)
-    for i in answered {
+    for &i in &index[..answered] {
         if let Err(e) = items.get_item(i).and_then(|it| it.setattr(done, true)) {
             marked = marked.and(Err(e));
         }
@@ -211,8 +229,10 @@ pub fn complete_known_py(
 /// worker answered before, in one call: `Batch.complete`'s first step and the native recorder's
 /// `finish_call`'s answer, with no Python frame between the model's call and the answers (7,247 fewer
 /// instructions per call in the serving loop when it was written). It reads the batch's `_open`,
-/// `_items` and `sizes`, and its worker's `_closed`, `_native`, `_known` and `_outstanding`; it calls
-/// the batch's `_close` and, when the answer raised, `_fail_unanswered`. Returns (wake ns, lanes
+/// `_items` and `sizes`, and its worker's `_closed` and `_answer_with` (its `_native`, `_known` and
+/// `_outstanding`, one tuple bound at attach: two attribute reads fewer per call); it closes the batch
+/// as the batch's `_close` does (`_open` False, `_inputs` an empty dict, without its Python frame) and,
+/// when the answer raised, calls `_close` and `_fail_unanswered`. Returns (wake ns, lanes
 /// woken), or None with nothing written where `complete`'s validating path must run instead: a batch
 /// closed or of a closed worker (`complete` refuses it), a stand-in without `_open`, a request not
 /// decoded, no known layout of its rows, or outputs not exactly that layout.
@@ -239,11 +259,15 @@ pub fn complete_known(
     for n in sizes.iter() {
         total = total.checked_add(n.extract()?).ok_or_else(|| PyValueError::new_err("the rows overflow"))?;
     }
-    let kept = worker.getattr(intern!(py, "_known"))?;
-    let Some(known) = kept.downcast::<PyDict>()?.get_item(total)? else {
+    let with = worker.getattr(intern!(py, "_answer_with"))?;
+    let with = with.downcast::<PyTuple>()?;
+    if with.len() != 3 {
+        return Err(PyValueError::new_err(format!("an _answer_with of {} parts: expected 3", with.len())));
+    }
+    let Some(known) = with.get_item(1)?.downcast::<PyDict>()?.get_item(total)? else {
         return Ok(None);
     };
-    let seg = worker.getattr(intern!(py, "_native"))?;
+    let seg = with.get_item(0)?;
     let (Ok(known), Ok(seg)) = (known.downcast::<KnownOutputs>(), seg.downcast::<Segment>()) else {
         return Ok(None); // another build's objects: complete answers with that build
     };
@@ -251,19 +275,31 @@ pub fn complete_known(
     let d_us = if deschedule_ns > 0 { (deschedule_ns as u64 / 1000).min(CALL_BATCH_MASK) } else { 0 };
     let call = (total & CALL_BATCH_MASK) | (d_us << CALL_DESCHEDULE_SHIFT);
     // The segment borrowed for the answer alone: the Python called after it may use the segment.
-    let got = answer_known_in(py, &*seg.try_borrow()?, known.get(), outputs, items, sizes, engine_ns, call);
+    let mut gs = Vec::with_capacity(items.len());
+    let got = answer_known_in(py, &*seg.try_borrow()?, known.get(), outputs, items, sizes, engine_ns, call, &mut gs);
     match got {
         Ok(None) => Ok(None),
         Ok(Some(woken)) => {
-            let out = worker.getattr(intern!(py, "_outstanding"))?;
+            let out = with.get_item(2)?;
             let out = out.downcast::<PyDict>()?;
-            for it in items.iter() {
-                let g = it.getattr(intern!(py, "g"))?;
-                if out.contains(&g)? {
-                    out.del_item(g)?;
+            if gs.len() == items.len() {
+                // every request was read for its answer, its `g` with it (the common batch)
+                for g in gs {
+                    if out.contains(&g)? {
+                        out.del_item(g)?;
+                    }
+                }
+            } else {
+                for it in items.iter() {
+                    let g = it.getattr(intern!(py, "g"))?;
+                    if out.contains(&g)? {
+                        out.del_item(g)?;
+                    }
                 }
             }
-            batch.call_method0(intern!(py, "_close"))?;
+            // `Batch._close`: the merged copy dropped, the slot views stay cached in the worker
+            batch.setattr(intern!(py, "_open"), false)?;
+            batch.setattr(intern!(py, "_inputs"), PyDict::new(py))?;
             Ok(Some(woken))
         }
         Err(e) => {

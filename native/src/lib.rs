@@ -154,6 +154,29 @@ const CLIENT_GONE_MESSAGE: &[u8] = b"the client that sent this request is gone";
 /// from the start of the response region, its bytes per row, the payload's end).
 type AnswerRowsPlan<'a> = (&'a [u8], &'a [u64], &'a [u64], u64);
 
+/// A plan as `answer_sources` reads it, from what its caller holds (`answer_known` reads its kept plans
+/// in place: no list of views made per call).
+pub(crate) trait PlanView {
+    fn view(&self) -> AnswerRowsPlan<'_>;
+}
+
+impl PlanView for AnswerRowsPlan<'_> {
+    fn view(&self) -> AnswerRowsPlan<'_> {
+        *self
+    }
+}
+
+/// An array's bytes as `answer_sources` reads them, from what its caller holds.
+pub(crate) trait SourceView {
+    fn src(&self) -> &[u8];
+}
+
+impl SourceView for &[u8] {
+    fn src(&self) -> &[u8] {
+        self
+    }
+}
+
 /// A C-contiguous buffer of any format (a numpy array of any dtype), seen as bytes; released on drop.
 struct RawBuffer {
     view: Box<ffi::Py_buffer>,
@@ -686,11 +709,11 @@ impl Segment {
     /// shared with `answer_known`, which learns each request answered (`published`, called with its
     /// index in `items` right after its resp_seq: no Python code runs here, whatever happens) and marks
     /// them when this returns, so no Python code runs between an answer and its mark.
-    pub(crate) fn answer_sources(
+    pub(crate) fn answer_sources<P: PlanView, S: SourceView>(
         &self,
         items: &[(u64, u64, u64, u64, u64, u64, usize)],
-        plans: &[AnswerRowsPlan<'_>],
-        ins: &[&[u8]],
+        plans: &[P],
+        ins: &[S],
         engine_ns: u64,
         call: u64,
         published: &mut dyn FnMut(usize),
@@ -700,11 +723,11 @@ impl Segment {
         for &(lane, slot, _, _, row0, rows, plan) in items {
             self.check_lane(lane)?;
             self.check_slot(slot)?;
-            let (prefix, offs, row_bytes, end) = plans.get(plan).ok_or_else(|| PyIndexError::new_err(format!("plan {plan} of {}", plans.len())))?;
+            let (prefix, offs, row_bytes, end) = plans.get(plan).ok_or_else(|| PyIndexError::new_err(format!("plan {plan} of {}", plans.len())))?.view();
             if offs.len() != ins.len() || row_bytes.len() != ins.len() {
                 return Err(PyValueError::new_err(format!("a plan of {} arrays for {} sources", offs.len(), ins.len())));
             }
-            if prefix.len() as u64 > g.resp_bytes || *end > g.resp_bytes {
+            if prefix.len() as u64 > g.resp_bytes || end > g.resp_bytes {
                 return Err(PyIndexError::new_err(format!("a {}-byte header in a {}-byte response region", prefix.len(), g.resp_bytes)));
             }
             for (k, inp) in ins.iter().enumerate() {
@@ -716,15 +739,15 @@ impl Segment {
                 if offs[k] < prefix.len() as u64 || offs[k].checked_add(n).is_none_or(|e| e > g.resp_bytes) {
                     return Err(PyIndexError::new_err(format!("array {k}: {n} bytes at {} outside the {}-byte response region", offs[k], g.resp_bytes)));
                 }
-                if at.checked_add(n).is_none_or(|e| e as usize > inp.len()) {
-                    return Err(PyIndexError::new_err(format!("array {k}: rows {row0}+{rows} outside the {}-byte output", inp.len())));
+                if at.checked_add(n).is_none_or(|e| e as usize > inp.src().len()) {
+                    return Err(PyIndexError::new_err(format!("array {k}: rows {row0}+{rows} outside the {}-byte output", inp.src().len())));
                 }
             }
         }
         let mut lanes: [u64; 4] = [0; 4];
         let mut statuses = Vec::with_capacity(items.len());
         for (i, &(lane, slot, seq, gen, row0, rows, plan)) in items.iter().enumerate() {
-            let &(prefix, offs, row_bytes, end) = &plans[plan];
+            let (prefix, offs, row_bytes, end) = plans[plan].view();
             let gi = lane * g.spl + slot;
             let region = g.resp_base + gi * g.resp_bytes;
             let (status, len) = if self.ld(g.lane_word(lane, L_GEN))? != gen {
@@ -736,7 +759,7 @@ impl Segment {
                 for (k, inp) in ins.iter().enumerate() {
                     let n = rows * row_bytes[k];
                     let at = (row0 * row_bytes[k]) as usize;
-                    self.write_bytes(region + offs[k], &inp[at..at + n as usize])?;
+                    self.write_bytes(region + offs[k], &inp.src()[at..at + n as usize])?;
                 }
                 (ST_OK, end)
             };

@@ -193,6 +193,7 @@ def _round(
         x = np.array(batch.inputs["x"])
         answerer.answer(batch, {"twice": x * 2, "rowsum": x.sum(axis=1, keepdims=True).astype(np.float64)})
         failed = batch.lanes[fail] if fail >= 0 else -1
+    assert not w._outstanding  # every request answered, by the core or not, is no longer outstanding
     for k, (c, t, n) in enumerate(zip(cs, ts, rows, strict=True)):
         if c.lane == failed:
             with pytest.raises(RequestFailed, match="failed on its own"):

@@ -97,7 +97,8 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # (and 0.5.x, before receive_answer's copy took the caller's arrays and AnswerPlan the array type;
     # 0.6.0 copied into arrays of the caller's that share memory; 0.6.x answered one request alone in
     # answer_known, with other arguments; 0.14.x's round_trip gave a failed read of an answer it found
-    # back unanswered, so the answer was counted where wait read it again)
+    # back unanswered, so the answer was counted where wait read it again; 0.15.x's complete_known read
+    # the worker's _known, _native and _outstanding one by one)
     for version in (
         "0.4.9",
         "",
@@ -109,11 +110,14 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
         "0.14.0",
         "0.14.9",
         "0.15.0-dev",
+        "0.15.0",
+        "0.15.9",
+        "0.16.0-dev",
     ):
         fake.VERSION = version  # type: ignore[attr-defined]
         mod, impl = native._load()
-        assert mod is None and "older than 0.15.0" in impl.reason and "make native" in impl.reason
-    fake.VERSION = "0.15.0"  # type: ignore[attr-defined]
+        assert mod is None and "older than 0.16.0" in impl.reason and "make native" in impl.reason
+    fake.VERSION = "0.16.0"  # type: ignore[attr-defined]
     assert native._load()[0] is fake
 
 

@@ -199,9 +199,10 @@ MODULE_CALLS = (
 # gained its park slice in 0.5.0 and took the caller's arrays as its copy in 0.6.0 (AnswerPlan the
 # array type), and declines arrays that share memory since 0.6.1; KnownOutputs (and the core's answer of
 # a known layout) take a batch's requests and a plan per request size since 0.7.0, and round_trip
-# reports a failed read of an answer it found as answered (counted where it was found) since 0.15.0.
-# So an older build is refused by its version.
-MIN_VERSION = (0, 15, 0)
+# reports a failed read of an answer it found as answered (counted where it was found) since 0.15.0;
+# complete_known reads the worker's segment, known layouts and outstanding requests from its
+# _answer_with since 0.16.0. So an older build is refused by its version.
+MIN_VERSION = (0, 16, 0)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -161,6 +161,9 @@ _Plan = tuple[bytes, list[int], list[int], int]
 _NO_WAKES = (0, 0)  # what answering a batch cost in wakes when no client of it was parked
 KNOWN_OUTPUTS_MAX = 64  # output layouts (one per batch size) the core recognises without validation
 KNOWN_PLANS_MAX = 64  # request sizes per known output layout the core has an answer plan for
+# A Batch without its class call (type_call, slot_tp_init and __init__'s frame: ~2,300 instructions):
+# _claim_native sets its slots as Batch.__init__ does for one request
+_new_batch = object.__new__
 _NUMPY_DIFF_FROM = 8 * 64  # doorbell bytes (64 lanes) above which _poll compares with numpy
 
 
@@ -381,6 +384,10 @@ class WorkerCounts:
 class QueueWorker:
     """The single consumer. Holds the worker lock (byte 0) for its lifetime; publishes its pid."""
 
+    # The Python path's (no segment, no known layout): the native recorder's complete_known declines
+    # its batches (_bind_native binds the native path's)
+    _answer_with: tuple[Any, dict[int, Any], dict[int, _Item]] = (None, {}, {})
+
     def __init__(self, desc: QueueDescriptor, m: Mapped, idle_us: int) -> None:
         self.descriptor = desc
         self._m = m
@@ -456,11 +463,16 @@ class QueueWorker:
         cfg = self._cfg
         self._poller.bind(self._native, cfg.max_batch_slots, cfg.max_batch_samples, self._claim_cache)
         self._poll = self._poll_native  # type: ignore[method-assign]
+        self.claim = self._claim_native  # type: ignore[method-assign]
+        # The samples under which _coalesce may hold a batch of one request (_claim_native's check)
+        self._hold_below = cfg.min_batch_samples if self._hold_slots > 1 else 0
         self._take = self._take_refused  # type: ignore[method-assign]
         self._wake_parked = self._wake_parked_native  # type: ignore[method-assign]
         core = native.core_of(self._native)
         self._known_outputs: Any = core.KnownOutputs
         self._complete_known: Any = core.complete_known  # Batch.complete's first step
+        # What complete_known answers with (none of them is ever rebound), read as one attribute
+        self._answer_with = (self._native, self._known, self._outstanding)
 
     @classmethod
     def attach(cls, desc: QueueDescriptor, idle_us: int | None = None) -> QueueWorker:
@@ -621,10 +633,48 @@ class QueueWorker:
             carried, self._carry = self._carry, []
             return self._batch(carried)
         items: list[_Item] = []
-        doorbells, poll = self._doorbells, self._poll
-        poll(items)  # returns at once when the doorbells are as drained; work waiting: no clock, no deadline
+        self._poll(items)  # returns at once when the doorbells are as drained; work waiting: no clock
         if items:
             return self._coalesce(items)
+        return self._claim_wait(items, timeout_s)
+
+    def _claim_native(self, timeout_s: float = 0.05) -> Batch | None:
+        """``claim`` on the native path (bound at attach). The common claim, one request made an item
+        by the core's poll with nothing to hold or merge, in this one frame: its ``Batch`` made as
+        ``Batch.__init__`` makes one request's, without the class call (``_new_batch``, then its slots),
+        fewer instructions per call than ``_poll_native``, ``_coalesce`` and the class call. Any other
+        claim goes on as ``claim`` goes, from where this one stands."""
+        if self._closed or self._carry:
+            return QueueWorker.claim(self, timeout_s)
+        items: list[_Item] = []
+        raw = self._doorbells.tobytes()
+        if raw != self._drained:
+            entries, end, now = self._poller.poll_bound(raw, items, 0)
+            if entries or end == _STOPPED:
+                self._poll_native_rest(raw, items, entries, end, now)
+            else:
+                self._drained = raw if end == _DRAINED else b""
+            if len(items) == 1:
+                it = items[0]
+                layout, inputs = it.layout, it.inputs
+                # _coalesce's hold (one request is under max_batch_slots when that is above 1): not when
+                # the request alone reaches min_batch_samples
+                if layout is not None and inputs is not None and layout.batch >= self._hold_below:
+                    self._last_work_ns = claimed = it.claim_ns
+                    self._outstanding[it.g] = it
+                    b = _new_batch(Batch)
+                    b._worker, b._items, b._open, b.failed, b.layout = self, items, True, 0, layout
+                    b.sizes, b.queue_wait_ns = [layout.batch], [claimed - it.submit_ns]
+                    b.claimed_ns, b._inputs = claimed, inputs
+                    return b
+            if items:
+                return self._coalesce(items)
+        return self._claim_wait(items, timeout_s)
+
+    def _claim_wait(self, items: list[_Item], timeout_s: float) -> Batch | None:
+        """The rest of ``claim`` when its first poll took nothing: poll, spin, then park until a request
+        or ``timeout_s``."""
+        doorbells, poll = self._doorbells, self._poll
         m = self._m
         q = m.q
         clock = time.monotonic_ns
@@ -793,8 +843,14 @@ class QueueWorker:
         raw = self._doorbells.tobytes()
         if raw == self._drained:
             return
+        entries, end, now = self._poller.poll_bound(raw, items, _samples(items) if items else 0)
+        self._poll_native_rest(raw, items, entries, end, now)
+
+    def _poll_native_rest(
+        self, raw: bytes, items: list[_Item], entries: list[Any], end: int, now: int
+    ) -> None:
+        """``_poll_native`` once ``poll_bound`` returned ``entries`` and ``end`` for the doorbells ``raw``"""
         poller = self._poller
-        entries, end, now = poller.poll_bound(raw, items, _samples(items) if items else 0)
         while True:
             last = self._polled(entries, items, now) if entries else None
             if end != _STOPPED:
