@@ -564,7 +564,7 @@ class QueueWorker:
             for lane in self._slots_in.lanes():
                 # Its client closed (pid word 0) or died (lock free): an fd kept here would pin the
                 # pages of slots it unlinked for as long as the lane stays unused.
-                if not m.q[m.geo.lane(lane, L_PID)] or not ofd_lock.held(m.seg.fd, 1 + lane):
+                if not m.q[m.geo.lane(lane, L_PID)] or not ofd_lock.held(m.seg.fd, client_lock_byte(lane)):
                     self._slots_in.drop_lane(lane)
         self._sweep.step(SWEEP_STEP_NS)
 
