@@ -119,6 +119,14 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
         assert mod is None and "older than 0.16.0" in impl.reason and "make native" in impl.reason
     fake.VERSION = "0.16.0"  # type: ignore[attr-defined]
     assert native._load()[0] is fake
+    fake.VERSION = "0.16.7"  # type: ignore[attr-defined]
+    assert native._load()[0] is fake  # a patch of the same API
+    # A newer minor (0.x: its calls may differ) is refused too: a 0.16 core under a 0.15 package failed
+    # every batch (AttributeError: no _answer_with), answered as errors, instead of running Python.
+    for version in ("0.17.0", "0.17.0-dev", "1.0.0", "0.160.0"):
+        fake.VERSION = version  # type: ignore[attr-defined]
+        mod, impl = native._load()
+        assert mod is None and "newer than 0.16.x" in impl.reason and "make native" in impl.reason, version
 
 
 def test_lowtail_pure_python_forces_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +140,14 @@ def _load() -> tuple[ModuleType | None, Implementation]:
             "python",
             f"the installed native core ({version}) lacks {', '.join(missing)}: it was built from older "
             f"sources; rebuild it (make native)",
+        )
+    api = re.match(r"(\d+)\.(\d+)", version or "")
+    if api and (int(api[1]), int(api[2])) > MIN_VERSION[:2]:  # (0.x: a newer minor's calls may differ)
+        known = ".".join(map(str, MIN_VERSION[:2]))
+        return None, Implementation(
+            "python",
+            f"the installed native core ({version}) is newer than {known}.x, whose calls this package "
+            f"makes: install the core built with this package (make native)",
         )
     if _version_tuple(version) < MIN_VERSION:
         oldest = ".".join(map(str, MIN_VERSION))
