@@ -352,8 +352,9 @@ class InferenceClient:
         """Synchronous: the next serving actor in turn serves this batch (owned copies).
 
         The request and its first wait, up to one failover check's time, are the queue's one call
-        (``QueueClient.infer_or_pending``); a request it leaves unanswered goes ``finish``'s way, its
-        failover checks first, and one answered with an error raises there, as after ``start``.
+        (``QueueClient.infer_or_pending``); a request it leaves unanswered goes ``finish``'s way (its
+        failover checks first when the call waited a whole check), and one answered with an error
+        raises there, as after ``start``. A timed-out request is abandoned: no caller holds it.
         """
         i = self._next_target()
         t = self._targets[i]

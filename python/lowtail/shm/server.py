@@ -341,12 +341,18 @@ class Batch:
 
     def _fail_unanswered(self, e: BaseException) -> tuple[int, int]:
         """After ``e`` escaped the answer of this closed batch: its requests not answered yet are
-        answered failed naming it, and their parked clients woken; what the wakes cost."""
+        answered failed naming it, and their parked clients woken; what the wakes cost. A request whose
+        answer went out before ``e`` (the core's call answers request after request, then wakes) keeps
+        it: never an error written over an answer its client may be reading."""
         worker = self._worker
+        outstanding = worker._outstanding
         for it in self._items:
-            if not it.done:
-                worker._answer(it, ST_FAILED, None, None, f"answer not written: {type(e).__name__}: {e}")
-                self.failed += 1
+            if it.done or worker._published(it):  # (a published one not marked: its mark may have raised)
+                if (o := outstanding.get(it.g)) is not None and o.seq == it.seq:  # (not a later request's)
+                    del outstanding[it.g]
+                continue
+            worker._answer(it, ST_FAILED, None, None, f"answer not written: {type(e).__name__}: {e}")
+            self.failed += 1
         return worker._wake_parked(self._items)
 
     def fail(self, message: str) -> None:
@@ -1159,6 +1165,11 @@ class QueueWorker:
             row += lay.batch
         self._native.gather(work, plans, list(out.values()))
         return out
+
+    def _published(self, it: _Item) -> bool:
+        """``it``'s answer is out: its slot's answer word is its request's (written last, after the
+        answer; a later request in that slot is answered after this one)."""
+        return bool(self._m.q[self._slot_i[it.g] + W_RESP_SEQ] == it.seq)
 
     def _answer_one(
         self,
