@@ -6,8 +6,8 @@ shared-memory queue, driven by sampler processes in a closed loop (throughput is
 latency is the sampler's submit-to-result time, which includes queueing behind the other samplers):
 
 - ``served xN``: N samplers each submitting batches of B samples (one request per engine call);
-- ``traffic NxK``: the predecessor system's traffic: N samplers each sending K observations per step
-  with the two-phase client (``start`` then ``finish``), the worker coalescing them into engine batches
+- ``traffic NxK``: the predecessor system's traffic: N samplers each sending K observations per step,
+  the worker coalescing them into engine batches
   of 8-16 samples (the queue's defaults: ``min_batch_samples`` 8, ``max_batch_samples`` 16; ``--coalesce``
   sets the minimum and the window). Each traffic row also gives the host's ceilings for it, from its own
   figures (``serve_report.traffic_limits``): what the engine allows at the batches it ran, and the worker
@@ -18,6 +18,10 @@ Reported per design: samples/s and served/bare (bare at batch B), sampler-side l
 with n, the mean engine batch, the worker's deschedule p99.9 (wall - CPU per engine call) with n, the
 worker's cost per engine call beyond ``infer()`` and, with ``--breakdown``, where that cost goes (the
 per-stage columns of ``lowtail.serve.call_stats.CALL_FIELDS``), the worker's RSS and the segment sizes.
+
+Samplers make the queue's one call per request (``QueueClient.infer_or_pending``, what the actors'
+``InferenceClient.infer`` makes); ``--compare-two-phase`` runs each design again with the two-phase
+client (``start`` then ``finish``) in the same round.
 
 Every design also reports the samplers' own CPU per request (the thread that submits and waits) and
 the spin budget their clients chose (``QueueClient.spin_policy``: they park unless alone on an
