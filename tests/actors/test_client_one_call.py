@@ -108,9 +108,15 @@ def test_a_request_claimed_by_a_worker_that_died_with_its_actor_fails_worker_die
     have run, so ``WorkerDied`` ("not sent again"), never ``RequestLost`` (which a caller may resend).
     With two replicas the other's actor is gone already, so nothing could take it."""
     actors += [Actor(i, "die" if i == 0 else "answer") for i in range(replicas)]
-    with InferenceClient([a.endpoint for a in actors], node_id="node", timeout_s=10.0) as client:
+    neighbour = Actor(9, "answer")  # another hero's actor, which a second sampler's client uses throughout
+    actors.append(neighbour)
+    with (
+        InferenceClient([a.endpoint for a in actors[:replicas]], node_id="node", timeout_s=10.0) as client,
+        InferenceClient([neighbour.endpoint], node_id="node", timeout_s=10.0) as other,
+    ):
         _warm(client, WARM * replicas)
-        for a in actors[1:]:
+        _warm(other, 1)
+        for a in actors[1:replicas]:
             a.kill()
         for _ in range(3):  # round robin passes the dead replica: the next request goes to actor 0
             try:
@@ -120,6 +126,10 @@ def test_a_request_claimed_by_a_worker_that_died_with_its_actor_fails_worker_die
                 break
         else:
             pytest.fail("no request went to the actor whose worker claims and dies")
+        for k in range(5):  # the other hero's client did not notice
+            y = {"x": np.full((2, 4), float(k), np.float32)}
+            np.testing.assert_array_equal(other.infer(y)["y"], y["x"] * 2.0)
+        assert other.status()[0]["serving"] and other.status()[0]["in_flight"] == 0
 
 
 def test_a_timed_out_request_is_given_up_and_counts_no_more(actors: list[Actor]) -> None:

@@ -136,13 +136,6 @@ def wait_first(pendings: Sequence[PendingInference], timeout_s: float) -> Pendin
     return next(p for p in pendings if p.pending is first)
 
 
-def _claimed(pending: Any) -> bool:
-    """A worker claimed the queue request ``pending`` (a ``Pending``; False for anything without the
-    check)."""
-    claimed = getattr(pending, "claimed", None)
-    return bool(claimed is not None and claimed())
-
-
 # How often ``wait_first`` looks at requests of other replicas than the first one's (their answers
 # do not wake it): a sampler stepping a few games across replicas waits at most this long too much.
 WAIT_FIRST_OTHERS_S = 50e-6
@@ -499,7 +492,7 @@ class InferenceClient:
         if gone and not self._serving(t):
             if p.done():
                 return True  # answered meanwhile: its ``finish`` reads it
-            claimed = p.claimed or _claimed(p.pending)  # (read before the attachment is dropped)
+            claimed = p.claimed or p.pending.claimed()  # (read before the attachment is dropped)
             t.in_flight -= 1
             self._lose(t, f"queue of {t.endpoint.actor} lost its actor")
             if claimed:  # its worker took it, then died with its actor: it may have run
