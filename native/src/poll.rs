@@ -13,6 +13,7 @@
 //! live.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::IdHasher;
 
@@ -39,6 +40,9 @@ const LEFT: u8 = 1;
 const STOPPED: u8 = 2;
 
 const ACCEPTED_MAX: usize = 4096;
+// The longest `spin_bound` spins in one call: the worker's loop gets back to Python (its signals, its
+// deadline) at least this often.
+const SPIN_SLICE_NS: u64 = 1_000_000;
 
 type Entry = (u8, u64, u64, u64, u64, u64, PyObject);
 
@@ -177,6 +181,43 @@ impl Poller {
         let round = self.start(&seg, raw, items.len() as u64, samples, max_slots, max_samples, now)?;
         let (entries, end) = self.run(py, &seg, round, Vec::new(), &maker)?;
         Ok((entries, end, now))
+    }
+
+    /// The worker's spin before it parks (`QueueWorker._wait_native`): until a doorbell of the bound
+    /// segment differs from `drained` (the doorbell bytes of the last poll that drained them, as the
+    /// worker keeps them; bytes of another length count as moved at once) or the clock passes
+    /// `until_ns`, at most `SPIN_SLICE_NS` per call. True when they moved (poll them), false when time
+    /// ran out. One load per lane per turn: a request is seen within a turn, not an interpreter loop's
+    /// iteration. The GIL stays held (its release and retake cost the round trip about 0.1 us): no
+    /// longer than the interpreter's own spin held it, which another thread gets only after its
+    /// switch interval (5 ms), more than a slice.
+    fn spin_bound(&self, py: Python<'_>, drained: &[u8], until_ns: u64) -> PyResult<bool> {
+        let b = self.bound.as_ref().ok_or_else(|| PyValueError::new_err("a spin before bind"))?;
+        let seg = b.seg.bind(py).try_borrow()?;
+        let lanes = self.tails.len() as u64;
+        if drained.len() as u64 != 8 * lanes {
+            return Ok(true);
+        }
+        let first = H_DOORBELLS >> 3;
+        seg.w(first + lanes - 1)?; // the last doorbell within the segment: every one is
+        // In bounds (checked above), mapped while `seg` is borrowed.
+        let bells = unsafe { std::slice::from_raw_parts(seg.w(first)? as *const AtomicU64, lanes as usize) };
+        let moved = || bells.iter().zip(drained.chunks_exact(8)).any(|(w, d)| w.load(Ordering::Acquire).to_le_bytes() != d);
+        let until = until_ns.min(crate::now_ns().saturating_add(SPIN_SLICE_NS));
+        loop {
+            if moved() {
+                return Ok(true);
+            }
+            if crate::now_ns() > until {
+                return Ok(false);
+            }
+            for _ in 0..16 {
+                std::hint::spin_loop();
+                if moved() {
+                    return Ok(true);
+                }
+            }
+        }
     }
 
     /// Go on with the poll that stopped at a DECODE entry: `samples` is what Python decoded it to (None:

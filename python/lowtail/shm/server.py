@@ -653,29 +653,56 @@ class QueueWorker:
         if self._closed or self._carry:
             return QueueWorker.claim(self, timeout_s)
         items: list[_Item] = []
-        raw = self._doorbells.tobytes()
-        if raw != self._drained:
-            entries, end, now = self._poller.poll_bound(raw, items, 0)
-            if entries or end == _STOPPED:
-                self._poll_native_rest(raw, items, entries, end, now)
-            else:
-                self._drained = raw if end == _DRAINED else b""
-            if len(items) == 1:
-                it = items[0]
-                layout, inputs = it.layout, it.inputs
-                # _coalesce's hold (one request is under max_batch_slots when that is above 1): not when
-                # the request alone reaches min_batch_samples
-                if layout is not None and inputs is not None and layout.batch >= self._hold_below:
-                    self._last_work_ns = claimed = it.claim_ns
-                    self._outstanding[it.g] = it
-                    b = _new_batch(Batch)
-                    b._worker, b._items, b._open, b.failed, b.layout = self, items, True, 0, layout
-                    b.sizes, b.queue_wait_ns = [layout.batch], [claimed - it.submit_ns]
-                    b.claimed_ns, b._inputs = claimed, inputs
-                    return b
-            if items:
-                return self._coalesce(items)
-        return self._claim_wait(items, timeout_s)
+        deadline = 0
+        while True:
+            raw = self._doorbells.tobytes()
+            if raw != self._drained:
+                entries, end, now = self._poller.poll_bound(raw, items, 0)
+                if entries or end == _STOPPED:
+                    self._poll_native_rest(raw, items, entries, end, now)
+                else:
+                    self._drained = raw if end == _DRAINED else b""
+                if len(items) == 1:
+                    it = items[0]
+                    layout, inputs = it.layout, it.inputs
+                    # _coalesce's hold (one request is under max_batch_slots when that is above 1): not
+                    # when the request alone reaches min_batch_samples
+                    if layout is not None and inputs is not None and layout.batch >= self._hold_below:
+                        self._last_work_ns = claimed = it.claim_ns
+                        self._outstanding[it.g] = it
+                        b = _new_batch(Batch)
+                        b._worker, b._items, b._open, b.failed, b.layout = self, items, True, 0, layout
+                        b.sizes, b.queue_wait_ns = [layout.batch], [claimed - it.submit_ns]
+                        b.claimed_ns, b._inputs = claimed, inputs
+                        return b
+                if items:
+                    return self._coalesce(items)
+            if not deadline:
+                deadline = deadline_ns(time.monotonic_ns(), timeout_s)
+            if not self._wait_native(deadline):
+                return None
+
+    def _wait_native(self, deadline: int) -> bool:
+        """``_claim_wait``'s wait on the native path, with nothing taken: the core spins on the doorbells
+        until ``worker_idle_us`` after the last work (``Poller.spin_bound``: a request is seen within a
+        few loads, not an interpreter loop's iteration, and ``_claim_native`` then makes its batch), then
+        the worker parks as ``_claim_wait`` parks. True when the doorbells may have moved (poll them);
+        False at ``deadline``, after ``_claim_wait``'s sweep of departed clients."""
+        now = time.monotonic_ns()
+        if now >= deadline:
+            self._sweep_departed(now)
+            return False
+        idle_end = self._last_work_ns + self._idle_ns
+        if now < idle_end:
+            self._poller.spin_bound(self._drained, min(idle_end, deadline))
+            return True
+        m = self._m
+        m.q[HW_WORKER_SLEEP] = 1
+        full_barrier()  # order the sleep store before the doorbell re-check (Dekker)
+        if self._doorbells.tobytes() == self._drained:
+            futex_wait(m.addr(HW_WORKER_SLEEP), 1, min((deadline - now) / 1e9, WORKER_PARK_SLICE_S))
+        m.q[HW_WORKER_SLEEP] = 0
+        return True
 
     def _claim_wait(self, items: list[_Item], timeout_s: float) -> Batch | None:
         """The rest of ``claim`` when its first poll took nothing: poll, spin, then park until a request
