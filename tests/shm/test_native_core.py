@@ -98,7 +98,7 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
     # 0.6.0 copied into arrays of the caller's that share memory; 0.6.x answered one request alone in
     # answer_known, with other arguments; 0.14.x's round_trip gave a failed read of an answer it found
     # back unanswered, so the answer was counted where wait read it again; 0.15.x's complete_known read
-    # the worker's _known, _native and _outstanding one by one)
+    # the worker's _known, _native and _outstanding one by one; 0.16.x had no Poller.spin_bound)
     for version in (
         "0.4.9",
         "",
@@ -113,20 +113,23 @@ def test_an_extension_built_from_older_sources_is_refused(monkeypatch: pytest.Mo
         "0.15.0",
         "0.15.9",
         "0.16.0-dev",
+        "0.16.0",
+        "0.16.9",
+        "0.17.0-dev",
     ):
         fake.VERSION = version  # type: ignore[attr-defined]
         mod, impl = native._load()
-        assert mod is None and "older than 0.16.0" in impl.reason and "make native" in impl.reason
-    fake.VERSION = "0.16.0"  # type: ignore[attr-defined]
+        assert mod is None and "older than 0.17.0" in impl.reason and "make native" in impl.reason
+    fake.VERSION = "0.17.0"  # type: ignore[attr-defined]
     assert native._load()[0] is fake
-    fake.VERSION = "0.16.7"  # type: ignore[attr-defined]
+    fake.VERSION = "0.17.7"  # type: ignore[attr-defined]
     assert native._load()[0] is fake  # a patch of the same API
     # A newer minor (0.x: its calls may differ) is refused too: a 0.16 core under a 0.15 package failed
     # every batch (AttributeError: no _answer_with), answered as errors, instead of running Python.
-    for version in ("0.17.0", "0.17.0-dev", "1.0.0", "0.160.0"):
+    for version in ("0.18.0", "0.18.0-dev", "1.0.0", "0.170.0"):
         fake.VERSION = version  # type: ignore[attr-defined]
         mod, impl = native._load()
-        assert mod is None and "newer than 0.16.x" in impl.reason and "make native" in impl.reason, version
+        assert mod is None and "newer than 0.17.x" in impl.reason and "make native" in impl.reason, version
 
 
 def test_lowtail_pure_python_forces_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -210,8 +210,9 @@ MODULE_CALLS = (
 # a known layout) take a batch's requests and a plan per request size since 0.7.0, and round_trip
 # reports a failed read of an answer it found as answered (counted where it was found) since 0.15.0;
 # complete_known reads the worker's segment, known layouts and outstanding requests from its
-# _answer_with since 0.16.0. So an older build is refused by its version.
-MIN_VERSION = (0, 16, 0)
+# _answer_with since 0.16.0; the worker's wait spins in the core (Poller.spin_bound) since 0.17.0. So an
+# older build is refused by its version.
+MIN_VERSION = (0, 17, 0)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
