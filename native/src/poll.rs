@@ -19,7 +19,9 @@ use crate::IdHasher;
 
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple, PyType};
 
 use crate::layout::*;
 use crate::Segment;
@@ -74,6 +76,7 @@ struct Binding {
     seen: Py<PyList>,
     slot_i: Py<PyList>,
     item: PyObject,
+    slots: Option<[usize; ITEM_SLOTS.len()]>, // where `item`'s instances keep ITEM_SLOTS (`item_slots`)
 }
 
 /// The poll's state across calls (worker-private): each lane's tail as this worker moved it, the
@@ -131,8 +134,10 @@ impl Poller {
     /// changes per poll. The segment must have this poll's lanes and slots per lane; refused while a
     /// stopped poll waits for `resume_bound`. The binding holds its objects strongly and is not seen by
     /// the garbage collector (no `__traverse__`): none of them may refer back to the worker or the
-    /// poll, as the worker's dicts, lists and item class do not.
-    fn bind(&mut self, seg: &Bound<'_, Segment>, max_slots: u64, max_samples: u64, cache: &Bound<'_, PyTuple>) -> PyResult<()> {
+    /// poll, as the worker's dicts, lists and item class do not. An item class whose instances keep
+    /// `ITEM_SLOTS` in member slots (`item_slots`, probed here) gets its items made without its call:
+    /// its `__init__` must set exactly those slots, as `_Item.__init__` does.
+    fn bind(&mut self, py: Python<'_>, seg: &Bound<'_, Segment>, max_slots: u64, max_samples: u64, cache: &Bound<'_, PyTuple>) -> PyResult<()> {
         if self.round.is_some() {
             // its resume would go on with another segment and cache than its round began with
             return Err(PyValueError::new_err("bind while a stopped poll waits for resume_bound"));
@@ -158,6 +163,7 @@ impl Poller {
             seen: cache.get_item(1)?.downcast_into::<PyList>()?.unbind(),
             slot_i: cache.get_item(2)?.downcast_into::<PyList>()?.unbind(),
             item: cache.get_item(3)?.unbind(),
+            slots: item_slots(py, &cache.get_item(3)?)?,
         });
         Ok(())
     }
@@ -258,6 +264,7 @@ impl Poller {
             seen: b.seen.bind(py).clone(),
             slot_i: b.slot_i.bind(py).clone(),
             item: b.item.bind(py).clone(),
+            slots: b.slots,
         };
         Ok((b.seg.bind(py).clone(), b.max_slots, b.max_samples, maker))
     }
@@ -485,6 +492,7 @@ struct ItemMaker<'a, 'py> {
     seen: Bound<'py, PyList>,
     slot_i: Bound<'py, PyList>,
     item: Bound<'py, PyAny>,
+    slots: Option<[usize; ITEM_SLOTS.len()]>,
 }
 
 impl<'a, 'py> ItemMaker<'a, 'py> {
@@ -504,10 +512,80 @@ impl<'a, 'py> ItemMaker<'a, 'py> {
         let si = self.slot_i.get_item(g as usize)?;
         let now = now.into_pyobject(py)?;
         self.seen.set_item(lane as usize, &now)?;
-        let args = (lane, g, si, seq, gen, submit, now, cached.get_item(2)?, cached.get_item(1)?, true);
+        let (layout, inputs) = (cached.get_item(2)?, cached.get_item(1)?);
+        let it = match self.slots {
+            Some(at) => {
+                let int = |v: u64| v.into_pyobject(py).map(|v| v.into_any());
+                let t = PyBool::new(py, true).to_owned().into_any();
+                let f = PyBool::new(py, false).to_owned().into_any();
+                // ITEM_SLOTS' order: `_Item.__init__`'s, and `done` False
+                let values = [int(lane)?, int(g)?, si, int(seq)?, int(gen)?, int(submit)?, now.into_any(), layout, inputs, t, f];
+                new_item(py, self.item.downcast::<PyType>()?, &at, values)?
+            }
+            None => self.item.call1((lane, g, si, seq, gen, submit, now, layout, inputs, true))?,
+        };
         // Appended last: an error before it leaves nothing in `items` (the request goes to Python,
         // which sets the lane's stamp again)
-        self.items.append(self.item.call1(args)?)?;
+        self.items.append(it)?;
         Ok(true)
     }
+}
+
+/// The slots `_Item.__init__` sets, in its parameters' order, then `done`: what `new_item` fills.
+const ITEM_SLOTS: [&str; 11] = ["lane", "g", "si", "seq", "gen", "submit_ns", "claim_ns", "layout", "inputs", "inline", "done"];
+
+/// Where instances of the item class `cls` keep `ITEM_SLOTS` (byte offsets), when `new_item` may make
+/// them: a class whose instances `object.__new__` makes, of no variable size, with a member slot of
+/// each name. Found by probing: one instance's slots set (by `setattr`) to fresh objects, each found
+/// exactly once among its words. None otherwise (any other class, e.g. one whose `__setattr__` is its
+/// own): its items are made by calling it, as `_Item(...)` is called in Python.
+fn item_slots(py: Python<'_>, cls: &Bound<'_, PyAny>) -> PyResult<Option<[usize; ITEM_SLOTS.len()]>> {
+    let Ok(cls) = cls.downcast::<PyType>() else {
+        return Ok(None);
+    };
+    let object_new = py.get_type::<PyAny>().getattr(intern!(py, "__new__"))?;
+    if !cls.getattr(intern!(py, "__new__"))?.is(&object_new) || cls.getattr(intern!(py, "__itemsize__"))?.extract::<usize>()? != 0 {
+        return Ok(None);
+    }
+    let size: usize = cls.getattr(intern!(py, "__basicsize__"))?.extract()?;
+    let probe = alloc(py, cls)?;
+    let marks: Vec<Bound<'_, PyAny>> = ITEM_SLOTS.iter().map(|_| object_new.call1((py.get_type::<PyAny>(),))).collect::<PyResult<_>>()?;
+    for (name, mark) in ITEM_SLOTS.iter().zip(&marks) {
+        if probe.setattr(*name, mark).is_err() {
+            return Ok(None); // not a slot of this class (or its __setattr__ refused it)
+        }
+    }
+    let word = std::mem::size_of::<*mut ffi::PyObject>();
+    let mut at = [0usize; ITEM_SLOTS.len()];
+    for (i, mark) in marks.iter().enumerate() {
+        // Words past the object's header (refcount, type) within its basic size: the instance's own.
+        let found: Vec<usize> = (2..size / word)
+            .map(|w| w * word)
+            // SAFETY: within the probe's `__basicsize__` bytes, word-aligned
+            .filter(|&off| unsafe { *(probe.as_ptr().cast::<u8>().add(off) as *const *mut ffi::PyObject) } == mark.as_ptr())
+            .collect();
+        if found.len() != 1 {
+            return Ok(None);
+        }
+        at[i] = found[0];
+    }
+    Ok(Some(at))
+}
+
+/// An instance of `cls` allocated as `object.__new__` allocates it (zeroed, tracked by the collector).
+fn alloc<'py>(py: Python<'py>, cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `cls` is a type; PyType_GenericAlloc returns a new reference or NULL with an exception set
+    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0)) }
+}
+
+/// An item of `cls` with `values` in its `ITEM_SLOTS` at `at` (`item_slots`' offsets), without the class
+/// call (type_call, slot_tp_init and `__init__`'s frame: about 2,600 instructions per request).
+fn new_item<'py>(py: Python<'py>, cls: &Bound<'py, PyType>, at: &[usize; ITEM_SLOTS.len()], values: [Bound<'py, PyAny>; ITEM_SLOTS.len()]) -> PyResult<Bound<'py, PyAny>> {
+    let it = alloc(py, cls)?;
+    for (&off, v) in at.iter().zip(values) {
+        // SAFETY: `off` is a member slot of `cls`'s instances (probed at bind), NULL in a fresh one: the
+        // slot takes the value's reference, as a member descriptor's set would.
+        unsafe { *(it.as_ptr().cast::<u8>().add(off) as *mut *mut ffi::PyObject) = v.into_ptr() };
+    }
+    Ok(it)
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import struct
@@ -12,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from lowtail.shm.queue import QueueClient, QueueDescriptor, QueueWorker
+from lowtail.shm import native
+from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueDescriptor, QueueWorker
 
 
 def with_path(use_native: bool, target: Any, *args: Any) -> None:
@@ -21,6 +23,21 @@ def with_path(use_native: bool, target: Any, *args: Any) -> None:
 
     with native.use(use_native):
         target(*args)
+
+
+@contextlib.contextmanager
+def native_pair(
+    slots_per_lane: int = 2, idle_us: int | None = None
+) -> Iterator[tuple[QueueClient, QueueWorker]]:
+    """A client and a worker on the native path of a two-lane queue that holds no batch for coalescing."""
+    cfg = QueueConfig(lanes=2, slots_per_lane=slots_per_lane, coalesce_us=0)
+    with (
+        native.use(True),
+        InferenceQueue.create(cfg) as q,
+        QueueClient.attach(q.descriptor) as c,
+        QueueWorker.attach(q.descriptor, idle_us=idle_us) as w,
+    ):
+        yield c, w
 
 
 def echo(x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:

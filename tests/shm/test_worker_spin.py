@@ -5,36 +5,22 @@ one-request batch, not the Python wait's ``_coalesce``d one."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 from lowtail.shm import layout, native
-from lowtail.shm.queue import InferenceQueue, QueueClient, QueueConfig, QueueWorker
-from tests.shm.helpers import echo
+from lowtail.shm.queue import QueueClient, QueueWorker
+from tests.shm.helpers import echo, native_pair
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"no native core: {native.implementation().reason}"
 )
 
 X = {"obs": np.arange(8, dtype=np.float32).reshape(2, 4)}
-
-
-@contextlib.contextmanager
-def _pair(idle_us: int | None = None) -> Iterator[tuple[QueueClient, QueueWorker]]:
-    """A client and a worker on the native path of a queue that holds no batch for coalescing."""
-    with (
-        native.use(True),
-        InferenceQueue.create(QueueConfig(lanes=2, slots_per_lane=2, coalesce_us=0)) as q,
-        QueueClient.attach(q.descriptor) as c,
-        QueueWorker.attach(q.descriptor, idle_us=idle_us) as w,
-    ):
-        yield c, w
 
 
 def _spy(w: QueueWorker, name: str) -> list[Any]:
@@ -59,7 +45,7 @@ def _round_trip(c: QueueClient, w: QueueWorker) -> None:
 
 
 def test_a_request_sent_while_the_worker_waits_is_claimed_as_the_one_request_batch() -> None:
-    with _pair() as (c, w):
+    with native_pair() as (c, w):
         _round_trip(c, w)  # a header the core has seen: the sampler's next request
         coalesced, python_wait = _spy(w, "_coalesce"), _spy(w, "_claim_wait")
         tickets: list[Any] = []
@@ -79,7 +65,7 @@ def test_a_request_sent_while_the_worker_waits_is_claimed_as_the_one_request_bat
 
 
 def test_a_wait_that_goes_idle_parks_and_a_request_wakes_it() -> None:
-    with _pair(idle_us=1000) as (c, w):
+    with native_pair(idle_us=1000) as (c, w):
         sleep_word = w._m.q[layout.HW_WORKER_SLEEP : layout.HW_WORKER_SLEEP + 1]
         parked: list[bool] = []
 
@@ -101,7 +87,7 @@ def test_a_wait_that_goes_idle_parks_and_a_request_wakes_it() -> None:
 
 
 def test_a_claim_with_nothing_sent_times_out_and_sweeps_departed_clients() -> None:
-    with _pair(idle_us=5000) as (_, w):
+    with native_pair(idle_us=5000) as (_, w):
         swept = _spy(w, "_sweep_departed")
         t0 = time.monotonic()
         assert w.claim(0.03) is None
@@ -111,7 +97,7 @@ def test_a_claim_with_nothing_sent_times_out_and_sweeps_departed_clients() -> No
 
 
 def test_spin_bound_sees_a_doorbell_move_and_returns_when_time_runs_out() -> None:
-    with _pair() as (c, w):
+    with native_pair() as (c, w):
         assert w.claim(0.0) is None  # a poll that drained the doorbells: _drained is what they read
         drained, spin = w._drained, w._poller.spin_bound
         assert drained == w._doorbells.tobytes() and drained != b""

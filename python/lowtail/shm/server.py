@@ -110,8 +110,10 @@ def _write_message(m: Mapped, g: int, message: str) -> int:
 
 
 class _Item:
-    """One claimed request (worker-private). Also made positionally by the native poll
-    (``Poller.poll_bound``, ``ItemMaker::item`` in native/src/poll.rs): keep the order in step."""
+    """One claimed request (worker-private). Also made by the native poll without ``__init__``
+    (``Poller.poll_bound``; ``ITEM_SLOTS`` and ``new_item`` in native/src/poll.rs): it sets these slots
+    directly, to the values ``__init__`` gives them, so ``__init__`` must set exactly ``ITEM_SLOTS``
+    from its parameters in that order (``tests/shm/test_native_item.py`` holds the two in step)."""
 
     __slots__ = (
         "claim_ns",
