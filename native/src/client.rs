@@ -10,7 +10,7 @@
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
-use crate::ndarray::{exact_array, layout_ok, nbytes_of, ArrayBytes};
+use crate::ndarray::{exact_array, fresh_array, layout_ok, nbytes_of, ArrayBytes};
 
 /// Refused unless each array's byte count is what its dtype and shape take: a direct read of an array
 /// (`ndarray::exact_array`) takes that count as the array's length.
@@ -138,7 +138,8 @@ fn send(py: Python<'_>, seg: &Segment, lane: u64, slot: u64, head: u64, plan: &R
 
 /// How `receive_answer` reads an answer whose prefix and header bytes are `key` (what the client parsed last
 /// in that slot): each array by name, its offset from the start of the response region and bytes, and
-/// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
+/// the shape and dtype of the fresh array `empty(shape, dtype)` makes (made through numpy's C API
+/// instead when `empty` is numpy's and the arrays' fields are read directly). No arrays: an answer in an
 /// ndarray segment, whose key alone is checked.
 /// An answer array: its name, offset from the start of the response region, bytes, shape and dtype.
 type AnswerArray = (Py<PyString>, u64, u64, Py<PyTuple>, PyObject);
@@ -152,6 +153,7 @@ pub struct AnswerPlan {
     ndarray: PyObject, // the type of `empty`'s arrays: what a caller's array to copy into must be
     shapes: Vec<Vec<isize>>, // each array's shape, as a caller's array to copy into must have it
     direct: bool, // a caller's arrays' bytes read from their fields (`ndarray::layout_ok`)
+    fresh: bool, // `empty` is numpy's and `direct`: the fresh arrays made by the C API (`fresh_array`)
 }
 
 #[pymethods]
@@ -168,7 +170,9 @@ impl AnswerPlan {
         let shapes: Vec<Vec<isize>> = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
         check_nbytes(py, arrays.iter().zip(&shapes).map(|(a, s)| (a.2, s.clone(), a.4.clone_ref(py))))?;
         let direct = !ndarray.is_none(py) && layout_ok(py, ndarray.bind(py));
-        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct })
+        let numpy_empty = py.import("numpy").and_then(|np| np.getattr("empty"));
+        let fresh = direct && matches!(numpy_empty, Ok(e) if e.is(empty.bind(py)));
+        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct, fresh })
     }
 }
 
@@ -408,9 +412,13 @@ fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: b
     }
     let out = PyDict::new(py);
     for ((name, off, n, shape, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
-        let arr = plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?;
-        // `empty`'s fresh array of the plan's dtype and shape, read from its fields (no Python code runs
-        // until it is filled); anything else `empty` made goes through its export, its length checked.
+        let arr = match plan.fresh.then(|| fresh_array(py, plan.ndarray.bind(py), dtype.bind(py), dims)).flatten() {
+            Some(made) => made?.unbind(),
+            None => plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?,
+        };
+        // The fresh array of the plan's dtype and shape (`fresh_array`'s or `empty`'s), read from its fields
+        // (no Python code runs until it is filled); anything else `empty` made goes through its export,
+        // its length checked.
         let fresh = arr.bind(py).clone();
         let mut dst = match exact_array(fresh, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
             Some(b) if b.writeable() => b,
