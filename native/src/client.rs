@@ -7,6 +7,7 @@
 //! each call, by the slot's region before the first byte is written or read. Bytes of the mapping are
 //! written and read through raw pointers (other processes share them), never as Rust slices.
 
+use pyo3::intern;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
@@ -286,19 +287,66 @@ fn read_found(
     Ok((status, claim, done, engine, call, out))
 }
 
+/// The client's prediction (`lowtail.shm.client._Prediction`) as `round_trip` reads it before it sends:
+/// the learned submit-to-answer time, the late bits and the spin budget that makes an answer late.
+struct Learned {
+    predicted: i128,
+    late: u64,
+    spin: i128,
+}
+
+/// `pred`'s words, or the error that refuses the call before anything is sent. A prediction learned
+/// from a garbage stamp may be negative or past 2^64 (the difference of two u64 stamps): a due time all
+/// the same. An i64 first, the common case's cheap conversion.
+fn learned(pred: &Bound<'_, PyAny>) -> PyResult<Learned> {
+    let py = pred.py();
+    let p = pred.getattr(intern!(py, "predicted_ns"))?;
+    let predicted = match p.extract::<i64>() {
+        Ok(p) => i128::from(p),
+        Err(_) => p.extract::<i128>()?,
+    };
+    let late = pred.getattr(intern!(py, "late"))?.extract::<u64>()?;
+    let spin = i128::from(pred.getattr(intern!(py, "spin_ns"))?.extract::<u64>()?);
+    Ok(Learned { predicted, late, spin })
+}
+
+/// The late bits' window and the prediction's rise after a longer answer: `lowtail.shm.client`'s
+/// `LATE_WINDOW` and `PREDICT_UP_SHIFT` (exported, and held equal by a test).
+pub const LATE_WINDOW: u64 = 0xFF;
+pub const PREDICT_UP_SHIFT: u32 = 2;
+
+/// What `pred` learns from an answer that took `latency` ns, as `QueueClient.wait` learns it
+/// (`next_prediction_ns`): the late bits shifted in, the prediction dropped at once or risen by a
+/// quarter of the gap. Python ints both ways: the i128 arithmetic is exact for every difference of
+/// two u64 stamps and every prediction learned from them.
+fn learn(pred: &Bound<'_, PyAny>, was: &Learned, latency: i128) -> PyResult<()> {
+    let py = pred.py();
+    let late = ((was.late << 1) | u64::from(latency > was.predicted + was.spin)) & LATE_WINDOW;
+    let p = was.predicted;
+    let next = if latency < p || p == 0 { latency } else { p + ((latency - p) >> PREDICT_UP_SHIFT) };
+    pred.setattr(intern!(py, "late"), late)?;
+    match i64::try_from(next) {
+        Ok(n) => pred.setattr(intern!(py, "predicted_ns"), n),
+        Err(_) => pred.setattr(intern!(py, "predicted_ns"), next),
+    }
+}
+
 /// A whole round trip in one call, `QueueClient.infer`'s common case: `send_request` (a request of
 /// `plan`'s layout into `slot` of `lane`, published as ring position `head`), then `receive_answer` for
-/// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus
-/// `predicted_ns`. Returns None when `arrays` is not the plan's layout (nothing written), else (seq,
-/// submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept) as `receive_answer` gives them
-/// (an answer's status, engine time and call word are left to `wait`: `out` is a dict only for an
-/// ST_OK answer of the plan's header). Once the request is published it is never lost to an error
-/// here, and the caller's `wait` reads it again, with a ticket, and raises it: an error in the wait
-/// comes back unanswered (no stamps); a failed read of an answer the wait found comes back answered
-/// with `out` None and no stamps, so the caller counts the answer where it was found (spinning,
-/// parked), not where `wait` reads it again (at once).
+/// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus `pred`'s
+/// `predicted_ns` (`pred`: the client's `_Prediction`). Returns None when `arrays` is not the plan's
+/// layout (nothing written), else (seq, submit_ns, answered, now, claim_ns, done_ns, out, parked_at,
+/// slept) as `receive_answer` gives them (an answer's status, engine time and call word are left to
+/// `wait`: `out` is a dict only for an ST_OK answer of the plan's header). With a dict, the call has
+/// also done what `wait` does after it: `pred` learned the answer's latency, and the slot's request
+/// state is FREE (the caller puts the slot back on its free list). Once the request is published it
+/// is never lost to an error here, and the caller's `wait` reads it again, with a ticket, and raises
+/// it: an error in the wait comes back unanswered (no stamps); a failed read of an answer the wait
+/// found (or a failure to learn from it, before the slot is freed) comes back answered with `out`
+/// None and no stamps, so the caller counts the answer where it was found (spinning, parked), not
+/// where `wait` reads it again (at once).
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns))]
+#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, pred, park_ns))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn round_trip(
     py: Python<'_>,
@@ -311,21 +359,15 @@ pub fn round_trip(
     answer: Option<PyRef<'_, AnswerPlan>>,
     spin_ns: u64,
     short_ns: u64,
-    predicted_ns: &Bound<'_, PyAny>,
+    pred: &Bound<'_, PyAny>,
     park_ns: u64,
 ) -> PyResult<Option<(u64, u64, bool, u64, u64, u64, PyObject, u64, bool)>> {
-    // A prediction learned from a garbage stamp may be negative or past 2^64 (the difference of two
-    // u64 stamps): a due time all the same. An i64 first, the common case's cheap conversion; read
-    // before anything is published, so a bad one fails the call with nothing sent.
-    let predicted = match predicted_ns.extract::<i64>() {
-        Ok(p) => i128::from(p),
-        Err(_) => predicted_ns.extract::<i128>()?,
-    };
+    let was = learned(pred)?; // read before anything is published: a bad one fails with nothing sent
     let Some((seq, submitted)) = send(py, &seg, lane, slot, head, &plan, arrays)? else {
         return Ok(None);
     };
     let copy = PyBool::new(py, true);
-    let due = (submitted as i128).saturating_add(predicted).clamp(0, u64::MAX as i128) as u64;
+    let due = (submitted as i128).saturating_add(was.predicted).clamp(0, u64::MAX as i128) as u64;
     let wait = (spin_ns, short_ns, due, park_ns);
     let Ok((answered, now, parked_at, slept)) = await_answer(py, &seg, lane, slot, seq, wait) else {
         return Ok(Some((seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false))); // read again by `wait`
@@ -333,10 +375,19 @@ pub fn round_trip(
     if !answered {
         return Ok(Some((seq, submitted, false, now, 0, 0, py.None(), parked_at, slept)));
     }
-    Ok(Some(match read_found(py, &seg, lane, slot, answer.as_deref(), copy.as_any()) {
-        Ok((_, claim, done, _, _, out)) => (seq, submitted, true, now, claim, done, out, parked_at, slept),
-        Err(_) => (seq, submitted, true, now, 0, 0, py.None(), parked_at, slept), // read again by `wait`
-    }))
+    let unread = (seq, submitted, true, now, 0, 0, py.None(), parked_at, slept); // read again by `wait`
+    let Ok((_, claim, done, _, _, out)) = read_found(py, &seg, lane, slot, answer.as_deref(), copy.as_any()) else {
+        return Ok(Some(unread));
+    };
+    if out.bind(py).is_exact_instance_of::<PyDict>() {
+        // The answer is taken: its slot freed as `wait` frees one whose answer it returns (the slot's
+        // index checked by `send`, its word by `st`), then its latency learned.
+        let freed = seg.st(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_REQ_STATE >> 3), FREE);
+        if freed.is_err() || learn(pred, &was, done as i128 - submitted as i128).is_err() {
+            return Ok(Some(unread));
+        }
+    }
+    Ok(Some((seq, submitted, true, now, claim, done, out, parked_at, slept)))
 }
 
 /// The answer of slot `g` by `plan` copied into the caller's arrays `into` (see `receive_answer`): None

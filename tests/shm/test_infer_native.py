@@ -726,3 +726,37 @@ def test_a_failed_read_is_counted_where_the_answer_was_found(queue: InferenceQue
             c.infer(X, 5.0)
         after = {k: getattr(counts, k) for k in before}
         assert after == {**before, found: before[found] + 1}, (before, after)
+
+
+def test_the_core_call_learns_each_answer_as_wait_learns_it(queue: InferenceQueue) -> None:
+    """The core call learns a clean answer's latency itself (the late bits and ``next_prediction_ns``,
+    in i128 for Python's ints), so the prediction after it is exactly what ``wait`` would have learned
+    from the answer's stamps, from any prediction and late bits: none yet, below, above, garbage."""
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    from lowtail.shm.client import LATE_WINDOW, MARGIN_NS, MAX_LATE, PREDICT_UP_SHIFT, next_prediction_ns
+
+    assert (lowtail_native.LATE_WINDOW, lowtail_native.PREDICT_UP_SHIFT) == (LATE_WINDOW, PREDICT_UP_SHIFT)
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us=50) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        round_trip, answered = c._round_trip, []
+
+        def counted(*a: Any) -> Any:
+            got = round_trip(*a)
+            answered.append(got is not None and type(got[6]) is dict)
+            return got
+
+        c._round_trip = counted
+        starts = [0, 1, 10**4, 10**10, -(10**15), 2**70, 2**64 + 5]
+        for predicted, late in ((p, b) for p in starts for b in (0, 0b111, 0xFF, 0b10110001)):
+            if late.bit_count() <= MAX_LATE and predicted > MARGIN_NS:
+                continue  # a sleep first: ``submit``'s and ``wait``'s way, not the core call's
+            c._pred.predicted_ns, c._pred.late = predicted, late
+            calls = answered.count(True)
+            np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+            assert answered.count(True) == calls + 1  # the core call answered it
+            submit, _, done, _ = c._timing
+            latency = done - submit
+            want_late = ((late << 1) | (latency > predicted + c._spin_ns)) & LATE_WINDOW
+            assert (c._pred.predicted_ns, c._pred.late) == (next_prediction_ns(predicted, latency), want_late)
+            assert type(c._pred.predicted_ns) is int and type(c._pred.late) is int
