@@ -287,24 +287,19 @@ fn read_found(
     Ok((status, claim, done, engine, call, out))
 }
 
-/// The client's prediction (`lowtail.shm.client._Prediction`) as `round_trip` reads it before it sends:
-/// the learned submit-to-answer time, the late bits and the spin budget that makes an answer late.
+/// The client's prediction (`lowtail.shm.client._Prediction`) as `round_trip` learns from it: the
+/// learned submit-to-answer time, the late bits and the spin budget that makes an answer late.
 struct Learned {
     predicted: i128,
     late: u64,
     spin: i128,
 }
 
-/// `pred`'s words, or the error that refuses the call before anything is sent. A prediction learned
-/// from a garbage stamp may be negative or past 2^64 (the difference of two u64 stamps): a due time all
-/// the same. An i64 first, the common case's cheap conversion.
-fn learned(pred: &Bound<'_, PyAny>) -> PyResult<Learned> {
+/// `pred`'s late bits and spin budget, with the prediction the call was given (`predicted_ns`). Read
+/// once the request is published, while the worker serves it (not before the publication: its
+/// attribute reads cost about 400 instructions); an error here means the answer goes to `wait`.
+fn learned(pred: &Bound<'_, PyAny>, predicted: i128) -> PyResult<Learned> {
     let py = pred.py();
-    let p = pred.getattr(intern!(py, "predicted_ns"))?;
-    let predicted = match p.extract::<i64>() {
-        Ok(p) => i128::from(p),
-        Err(_) => p.extract::<i128>()?,
-    };
     let late = pred.getattr(intern!(py, "late"))?.extract::<u64>()?;
     let spin = i128::from(pred.getattr(intern!(py, "spin_ns"))?.extract::<u64>()?);
     Ok(Learned { predicted, late, spin })
@@ -333,8 +328,8 @@ fn learn(pred: &Bound<'_, PyAny>, was: &Learned, latency: i128) -> PyResult<()> 
 
 /// A whole round trip in one call, `QueueClient.infer`'s common case: `send_request` (a request of
 /// `plan`'s layout into `slot` of `lane`, published as ring position `head`), then `receive_answer` for
-/// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus `pred`'s
-/// `predicted_ns` (`pred`: the client's `_Prediction`). Returns None when `arrays` is not the plan's
+/// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus
+/// `predicted_ns` (`pred`'s, the client's `_Prediction`). Returns None when `arrays` is not the plan's
 /// layout (nothing written), else (seq, submit_ns, answered, now, claim_ns, done_ns, out, parked_at,
 /// slept) as `receive_answer` gives them (an answer's status, engine time and call word are left to
 /// `wait`: `out` is a dict only for an ST_OK answer of the plan's header). With a dict, the call has
@@ -342,11 +337,11 @@ fn learn(pred: &Bound<'_, PyAny>, was: &Learned, latency: i128) -> PyResult<()> 
 /// state is FREE (the caller puts the slot back on its free list). Once the request is published it
 /// is never lost to an error here, and the caller's `wait` reads it again, with a ticket, and raises
 /// it: an error in the wait comes back unanswered (no stamps); a failed read of an answer the wait
-/// found (or a failure to learn from it, before the slot is freed) comes back answered with `out`
-/// None and no stamps, so the caller counts the answer where it was found (spinning, parked), not
+/// found (or a failure to learn from it: `wait` learns it then) comes back answered with `out` None
+/// and no stamps, so the caller counts the answer where it was found (spinning, parked), not
 /// where `wait` reads it again (at once).
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, pred, park_ns))]
+#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns, pred))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn round_trip(
     py: Python<'_>,
@@ -359,15 +354,23 @@ pub fn round_trip(
     answer: Option<PyRef<'_, AnswerPlan>>,
     spin_ns: u64,
     short_ns: u64,
-    pred: &Bound<'_, PyAny>,
+    predicted_ns: &Bound<'_, PyAny>,
     park_ns: u64,
+    pred: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(u64, u64, bool, u64, u64, u64, PyObject, u64, bool)>> {
-    let was = learned(pred)?; // read before anything is published: a bad one fails with nothing sent
+    // A prediction learned from a garbage stamp may be negative or past 2^64 (the difference of two
+    // u64 stamps): a due time all the same. An i64 first, the common case's cheap conversion; read
+    // before anything is published, so a bad one fails the call with nothing sent.
+    let predicted = match predicted_ns.extract::<i64>() {
+        Ok(p) => i128::from(p),
+        Err(_) => predicted_ns.extract::<i128>()?,
+    };
     let Some((seq, submitted)) = send(py, &seg, lane, slot, head, &plan, arrays)? else {
         return Ok(None);
     };
+    let was = learned(pred, predicted);
     let copy = PyBool::new(py, true);
-    let due = (submitted as i128).saturating_add(was.predicted).clamp(0, u64::MAX as i128) as u64;
+    let due = (submitted as i128).saturating_add(predicted).clamp(0, u64::MAX as i128) as u64;
     let wait = (spin_ns, short_ns, due, park_ns);
     let Ok((answered, now, parked_at, slept)) = await_answer(py, &seg, lane, slot, seq, wait) else {
         return Ok(Some((seq, submitted, false, now_ns(), 0, 0, py.None(), 0, false))); // read again by `wait`
@@ -383,7 +386,7 @@ pub fn round_trip(
         // The answer is taken: its slot freed as `wait` frees one whose answer it returns (the slot's
         // index checked by `send`, its word by `st`), then its latency learned.
         let freed = seg.st(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_REQ_STATE >> 3), FREE);
-        if freed.is_err() || learn(pred, &was, done as i128 - submitted as i128).is_err() {
+        if freed.is_err() || was.and_then(|was| learn(pred, &was, done as i128 - submitted as i128)).is_err() {
             return Ok(Some(unread));
         }
     }

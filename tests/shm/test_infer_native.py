@@ -229,7 +229,7 @@ def test_a_zero_timeout_on_a_client_that_parks_at_once_makes_no_futex_call(
             x = {"x": np.full((1, 4), 7.0, np.float32)}
             parks: list[int] = []  # the park budget of each core round trip
             round_trip = c._round_trip
-            c._round_trip = lambda *a: parks.append(a[-1]) or round_trip(*a)
+            c._round_trip = lambda *a: parks.append(a[10]) or round_trip(*a)
             for way, timeout_s in (("wait", 0.0), ("round_trip", 0.0), ("round_trip", 0.05)):
                 for _ in range(PREMISE_TRIES):
                     if way == "wait":
@@ -760,3 +760,12 @@ def test_the_core_call_learns_each_answer_as_wait_learns_it(queue: InferenceQueu
             want_late = ((late << 1) | (latency > predicted + c._spin_ns)) & LATE_WINDOW
             assert (c._pred.predicted_ns, c._pred.late) == (next_prediction_ns(predicted, latency), want_late)
             assert type(c._pred.predicted_ns) is int and type(c._pred.late) is int
+        # Late bits past a u64 (only a caller could set them): the core call cannot learn from them
+        # and hands its answer to ``wait``, which returns it and learns it, once.
+        c._pred.predicted_ns, c._pred.late = 10**4, 2**64 + 0b110
+        ways = ("immediate", "spinning", "parked")
+        calls, found = answered.count(True), sum(c.wait_counts[k] for k in ways)
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        assert answered.count(True) == calls and sum(c.wait_counts[k] for k in ways) == found + 1
+        submit, _, done, _ = c._timing
+        assert c._pred.late == 0b1100 | (done - submit > 10**4 + c._spin_ns)

@@ -955,7 +955,7 @@ class QueueClient:
         try:
             got = self._round_trip(
                 self._native, self.lane, s, head, plan, arrays, ans and ans[5],
-                spin_ns, PURE_SPIN_NS, pred, park_ns,
+                spin_ns, PURE_SPIN_NS, pred.predicted_ns, park_ns, pred,
             )  # fmt: skip
         except BaseException:  # a raising signal handler (Ctrl-C) may come as the call returns
             self._unwind(s, head)
