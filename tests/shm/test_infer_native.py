@@ -769,3 +769,16 @@ def test_the_core_call_learns_each_answer_as_wait_learns_it(queue: InferenceQueu
         assert answered.count(True) == calls and sum(c.wait_counts[k] for k in ways) == found + 1
         submit, _, done, _ = c._timing
         assert c._pred.late == 0b1100 | (done - submit > 10**4 + c._spin_ns)
+
+
+def test_each_answer_is_arrays_of_its_own_made_while_the_worker_serves(queue: InferenceQueue) -> None:
+    """The core call makes an answer's arrays before the answer is there (for the layout of the slot's
+    last answer), and fills them once it is: every call's are fresh, exact arrays owning their data; an
+    answer of another layout drops them and is read as before."""
+    wide = {"x": np.full((3, 5), 2.0, np.float32)}
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us=50) as c:
+        outs = [c.infer(X if i % 4 != 3 else wide, 5.0)["y"] for i in range(12)]
+    for i, y in enumerate(outs):
+        np.testing.assert_array_equal(y, _model(X["x"] if i % 4 != 3 else wide["x"])["y"])
+        assert type(y) is np.ndarray and y.flags.owndata and y.flags.writeable and y.flags.c_contiguous
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(outs) for b in outs[:i])
