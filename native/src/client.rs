@@ -446,7 +446,21 @@ fn answer_region(seg: &Segment, g: u64, plan: &AnswerPlan) -> PyResult<Option<u6
         return Ok(None); // a layout this queue's slots cannot hold: the Python parse says why
     }
     let region = geo.resp_base + g * geo.resp_bytes;
-    Ok((seg.read_bytes(region, klen)? == plan.key).then_some(region))
+    Ok(region_is(seg, region, &plan.key)?.then_some(region))
+}
+
+/// Whether the mapping's bytes at `off` are `want`: copied out in chunks to the stack and compared (the
+/// key of every answer read, on the wait's critical path: no allocation), bounded by the segment.
+fn region_is(seg: &Segment, off: u64, want: &[u8]) -> PyResult<bool> {
+    let mut buf = [0u8; 256];
+    for (k, chunk) in want.chunks(buf.len()).enumerate() {
+        let got = &mut buf[..chunk.len()];
+        copy_from_region(seg, off + (k * 256) as u64, chunk.len() as u64, got)?;
+        if got != chunk {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// `n` bytes of the mapping at `src` into `d` (`d.len() == n`; `src + n` within the segment, checked).

@@ -323,3 +323,24 @@ def test_fresh_answer_arrays_are_numpys_own_of_the_plans_dtype_and_shape(dtype: 
         assert outs[1].tobytes() == want.tobytes() and bytes(mm[off + 64 : off + 64 + n]) == want.tobytes()
         del outs, y
         assert sys.getrefcount(dt) == refs
+
+
+@needs_native
+def test_an_answer_is_read_only_when_every_byte_of_a_long_key_is_the_plans() -> None:
+    """The key check compares the slot's header with the plan's in chunks: a key of 600 bytes differing
+    in its last byte, in its first, or in the one after a chunk's end is another header (None: the
+    Python parse reads it), the same key is read."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 1024, 1024) as (geo, mm, seg, q, core):
+        key, off = bytes(range(256)) * 2 + b"\x09" * 88, geo.resp_off(1)
+        y = np.arange(8, dtype=np.float32).reshape(4, 2)
+        mm[off + 640 : off + 672] = y.tobytes()
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 640, 32, (4, 2), F4)], np.empty, np.ndarray)
+        for at in (599, 0, 256, 255, 512):
+            mm[off : off + 600] = key
+            mm[off + at] ^= 0xFF
+            assert core.receive_answer(seg, 0, 1, 3, plan, True)[7] is None, at
+        mm[off : off + 600] = key
+        assert core.receive_answer(seg, 0, 1, 3, plan, True)[7]["y"].tobytes() == y.tobytes()
