@@ -7,10 +7,11 @@
 //! each call, by the slot's region before the first byte is written or read. Bytes of the mapping are
 //! written and read through raw pointers (other processes share them), never as Rust slices.
 
+use pyo3::intern;
 use pyo3::types::{PyBool, PyDict, PyString, PyTuple};
 
 use super::*;
-use crate::ndarray::{exact_array, layout_ok, nbytes_of, ArrayBytes};
+use crate::ndarray::{exact_array, fresh_array, layout_ok, nbytes_of, ArrayBytes};
 
 /// Refused unless each array's byte count is what its dtype and shape take: a direct read of an array
 /// (`ndarray::exact_array`) takes that count as the array's length.
@@ -138,7 +139,8 @@ fn send(py: Python<'_>, seg: &Segment, lane: u64, slot: u64, head: u64, plan: &R
 
 /// How `receive_answer` reads an answer whose prefix and header bytes are `key` (what the client parsed last
 /// in that slot): each array by name, its offset from the start of the response region and bytes, and
-/// the shape and dtype of the fresh array `empty(shape, dtype)` makes. No arrays: an answer in an
+/// the shape and dtype of the fresh array `empty(shape, dtype)` makes (made through numpy's C API
+/// instead when `empty` is numpy's and the arrays' fields are read directly). No arrays: an answer in an
 /// ndarray segment, whose key alone is checked.
 /// An answer array: its name, offset from the start of the response region, bytes, shape and dtype.
 type AnswerArray = (Py<PyString>, u64, u64, Py<PyTuple>, PyObject);
@@ -152,6 +154,7 @@ pub struct AnswerPlan {
     ndarray: PyObject, // the type of `empty`'s arrays: what a caller's array to copy into must be
     shapes: Vec<Vec<isize>>, // each array's shape, as a caller's array to copy into must have it
     direct: bool, // a caller's arrays' bytes read from their fields (`ndarray::layout_ok`)
+    fresh: bool, // `empty` is numpy's and `direct`: the fresh arrays made by the C API (`fresh_array`)
 }
 
 #[pymethods]
@@ -168,7 +171,9 @@ impl AnswerPlan {
         let shapes: Vec<Vec<isize>> = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
         check_nbytes(py, arrays.iter().zip(&shapes).map(|(a, s)| (a.2, s.clone(), a.4.clone_ref(py))))?;
         let direct = !ndarray.is_none(py) && layout_ok(py, ndarray.bind(py));
-        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct })
+        let numpy_empty = py.import("numpy").and_then(|np| np.getattr("empty"));
+        let fresh = direct && matches!(numpy_empty, Ok(e) if e.is(empty.bind(py)));
+        Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct, fresh })
     }
 }
 
@@ -227,7 +232,7 @@ fn receive(
     if !answered {
         return Ok((false, now, 0, 0, 0, 0, 0, py.None(), parked_at, slept));
     }
-    let (status, claim, done, engine, call, out) = read_found(py, seg, lane, slot, plan, copy)?;
+    let (status, claim, done, engine, call, out) = read_found(py, seg, lane, slot, plan, copy, None)?;
     Ok((true, now, status, claim, done, engine, call, out, parked_at, slept))
 }
 
@@ -262,39 +267,82 @@ fn await_answer(
 
 /// An answer found in `slot` of `lane`: its words (status, claim_ns, done_ns, engine_ns, call) and,
 /// for an ST_OK answer of `plan`'s header, its arrays (fresh, or copied into `copy`); else None.
-fn read_found(
-    py: Python<'_>,
+fn read_found<'py>(
+    py: Python<'py>,
     seg: &Segment,
     lane: u64,
     slot: u64,
     plan: Option<&AnswerPlan>,
     copy: &Bound<'_, PyAny>,
+    made: Option<Made<'py>>,
 ) -> PyResult<(u64, u64, u64, u64, u64, PyObject)> {
     let (status, _, claim, done, engine, call) = seg.answer_words(lane, slot)?;
     let mut out = py.None();
     if let (Some(plan), ST_OK) = (plan, status) {
         let g = lane * seg.geo.spl + slot;
         out = match copy.downcast::<PyBool>() {
-            Ok(copy) => read_answer(py, seg, g, plan, copy.is_true())?,
+            Ok(copy) => read_answer(py, seg, g, plan, copy.is_true(), made)?,
             Err(_) => read_answer_into(py, seg, g, plan, copy)?,
         };
     }
     Ok((status, claim, done, engine, call, out))
 }
 
+/// The client's prediction (`lowtail.shm.client._Prediction`) as `round_trip` learns from it: the
+/// learned submit-to-answer time, the late bits and the spin budget that makes an answer late.
+struct Learned {
+    predicted: i128,
+    late: u64,
+    spin: i128,
+}
+
+/// `pred`'s late bits and spin budget, with the prediction the call was given (`predicted_ns`). Read
+/// once the request is published, while the worker serves it (not before the publication: its
+/// attribute reads cost about 400 instructions); an error here means the answer goes to `wait`.
+fn learned(pred: &Bound<'_, PyAny>, predicted: i128) -> PyResult<Learned> {
+    let py = pred.py();
+    let late = pred.getattr(intern!(py, "late"))?.extract::<u64>()?;
+    let spin = i128::from(pred.getattr(intern!(py, "spin_ns"))?.extract::<u64>()?);
+    Ok(Learned { predicted, late, spin })
+}
+
+/// The late bits' window and the prediction's rise after a longer answer: `lowtail.shm.client`'s
+/// `LATE_WINDOW` and `PREDICT_UP_SHIFT` (exported, and held equal by a test).
+pub const LATE_WINDOW: u64 = 0xFF;
+pub const PREDICT_UP_SHIFT: u32 = 2;
+
+/// What `pred` learns from an answer that took `latency` ns, as `QueueClient.wait` learns it
+/// (`next_prediction_ns`): the late bits shifted in, the prediction dropped at once or risen by a
+/// quarter of the gap. Python ints both ways: the i128 arithmetic is exact for every difference of
+/// two u64 stamps and every prediction learned from them.
+fn learn(pred: &Bound<'_, PyAny>, was: &Learned, latency: i128) -> PyResult<()> {
+    let py = pred.py();
+    let late = ((was.late << 1) | u64::from(latency > was.predicted + was.spin)) & LATE_WINDOW;
+    let p = was.predicted;
+    let next = if latency < p || p == 0 { latency } else { p + ((latency - p) >> PREDICT_UP_SHIFT) };
+    pred.setattr(intern!(py, "late"), late)?;
+    match i64::try_from(next) {
+        Ok(n) => pred.setattr(intern!(py, "predicted_ns"), n),
+        Err(_) => pred.setattr(intern!(py, "predicted_ns"), next),
+    }
+}
+
 /// A whole round trip in one call, `QueueClient.infer`'s common case: `send_request` (a request of
 /// `plan`'s layout into `slot` of `lane`, published as ring position `head`), then `receive_answer` for
 /// it with `answer`'s plan and fresh copies, where `due_ns` is the publication's stamp plus
-/// `predicted_ns`. Returns None when `arrays` is not the plan's layout (nothing written), else (seq,
-/// submit_ns, answered, now, claim_ns, done_ns, out, parked_at, slept) as `receive_answer` gives them
-/// (an answer's status, engine time and call word are left to `wait`: `out` is a dict only for an
-/// ST_OK answer of the plan's header). Once the request is published it is never lost to an error
-/// here, and the caller's `wait` reads it again, with a ticket, and raises it: an error in the wait
-/// comes back unanswered (no stamps); a failed read of an answer the wait found comes back answered
-/// with `out` None and no stamps, so the caller counts the answer where it was found (spinning,
-/// parked), not where `wait` reads it again (at once).
+/// `predicted_ns` (`pred`'s, the client's `_Prediction`). Returns None when `arrays` is not the plan's
+/// layout (nothing written), else (seq, submit_ns, answered, now, claim_ns, done_ns, out, parked_at,
+/// slept) as `receive_answer` gives them (an answer's status, engine time and call word are left to
+/// `wait`: `out` is a dict only for an ST_OK answer of the plan's header). With a dict, the call has
+/// also done what `wait` does after it: `pred` learned the answer's latency, and the slot's request
+/// state is FREE (the caller puts the slot back on its free list). Once the request is published it
+/// is never lost to an error here, and the caller's `wait` reads it again, with a ticket, and raises
+/// it: an error in the wait comes back unanswered (no stamps); a failed read of an answer the wait
+/// found (or a failure to learn from it: `wait` learns it then) comes back answered with `out` None
+/// and no stamps, so the caller counts the answer where it was found (spinning, parked), not
+/// where `wait` reads it again (at once).
 #[pyfunction]
-#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns))]
+#[pyo3(signature = (seg, lane, slot, head, plan, arrays, answer, spin_ns, short_ns, predicted_ns, park_ns, pred))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn round_trip(
     py: Python<'_>,
@@ -309,6 +357,7 @@ pub fn round_trip(
     short_ns: u64,
     predicted_ns: &Bound<'_, PyAny>,
     park_ns: u64,
+    pred: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(u64, u64, bool, u64, u64, u64, PyObject, u64, bool)>> {
     // A prediction learned from a garbage stamp may be negative or past 2^64 (the difference of two
     // u64 stamps): a due time all the same. An i64 first, the common case's cheap conversion; read
@@ -320,6 +369,8 @@ pub fn round_trip(
     let Some((seq, submitted)) = send(py, &seg, lane, slot, head, &plan, arrays)? else {
         return Ok(None);
     };
+    let was = learned(pred, predicted);
+    let made = answer.as_deref().and_then(|plan| premade(py, plan));
     let copy = PyBool::new(py, true);
     let due = (submitted as i128).saturating_add(predicted).clamp(0, u64::MAX as i128) as u64;
     let wait = (spin_ns, short_ns, due, park_ns);
@@ -329,10 +380,19 @@ pub fn round_trip(
     if !answered {
         return Ok(Some((seq, submitted, false, now, 0, 0, py.None(), parked_at, slept)));
     }
-    Ok(Some(match read_found(py, &seg, lane, slot, answer.as_deref(), copy.as_any()) {
-        Ok((_, claim, done, _, _, out)) => (seq, submitted, true, now, claim, done, out, parked_at, slept),
-        Err(_) => (seq, submitted, true, now, 0, 0, py.None(), parked_at, slept), // read again by `wait`
-    }))
+    let unread = (seq, submitted, true, now, 0, 0, py.None(), parked_at, slept); // read again by `wait`
+    let Ok((_, claim, done, _, _, out)) = read_found(py, &seg, lane, slot, answer.as_deref(), copy.as_any(), made) else {
+        return Ok(Some(unread));
+    };
+    if out.bind(py).is_exact_instance_of::<PyDict>() {
+        // The answer is taken: its slot freed as `wait` frees one whose answer it returns (the slot's
+        // index checked by `send`, its word by `st`), then its latency learned.
+        let freed = seg.st(seg.geo.slot_word(lane * seg.geo.spl + slot) + (S_REQ_STATE >> 3), FREE);
+        if freed.is_err() || was.and_then(|was| learn(pred, &was, done as i128 - submitted as i128)).is_err() {
+            return Ok(Some(unread));
+        }
+    }
+    Ok(Some((seq, submitted, true, now, claim, done, out, parked_at, slept)))
 }
 
 /// The answer of slot `g` by `plan` copied into the caller's arrays `into` (see `receive_answer`): None
@@ -386,7 +446,21 @@ fn answer_region(seg: &Segment, g: u64, plan: &AnswerPlan) -> PyResult<Option<u6
         return Ok(None); // a layout this queue's slots cannot hold: the Python parse says why
     }
     let region = geo.resp_base + g * geo.resp_bytes;
-    Ok((seg.read_bytes(region, klen)? == plan.key).then_some(region))
+    Ok(region_is(seg, region, &plan.key)?.then_some(region))
+}
+
+/// Whether the mapping's bytes at `off` are `want`: copied out in chunks to the stack and compared (the
+/// key of every answer read, on the wait's critical path: no allocation), bounded by the segment.
+fn region_is(seg: &Segment, off: u64, want: &[u8]) -> PyResult<bool> {
+    let mut buf = [0u8; 256];
+    for (k, chunk) in want.chunks(buf.len()).enumerate() {
+        let got = &mut buf[..chunk.len()];
+        copy_from_region(seg, off + (k * 256) as u64, chunk.len() as u64, got)?;
+        if got != chunk {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// `n` bytes of the mapping at `src` into `d` (`d.len() == n`; `src + n` within the segment, checked).
@@ -398,19 +472,57 @@ fn copy_from_region(seg: &Segment, src: u64, n: u64, d: &mut [u8]) -> PyResult<(
     Ok(())
 }
 
+/// The outputs' dict and its fresh arrays in the plan's order, made before the answer is there.
+type Made<'py> = (Bound<'py, PyDict>, Vec<Bound<'py, PyAny>>);
+
+/// `round_trip`'s outputs made while the worker serves the request (a fresh array, its dict entry:
+/// about 1,300 instructions off the wait's critical path), for an answer of `plan`'s layout, the one
+/// the slot's last answer had; filled once the answer is there and of that layout, else dropped. None
+/// when the plan's arrays are not made by the C API (`empty` is then called after the answer, as
+/// before), or making one failed (the same, and its error is met there).
+fn premade<'py>(py: Python<'py>, plan: &AnswerPlan) -> Option<Made<'py>> {
+    if !plan.fresh || plan.arrays.is_empty() {
+        return None;
+    }
+    let out = PyDict::new(py);
+    let mut arrays = Vec::with_capacity(plan.arrays.len());
+    for ((name, _, _, _, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
+        let arr = fresh_array(py, plan.ndarray.bind(py), dtype.bind(py), dims)?.ok()?;
+        out.set_item(name.bind(py), &arr).ok()?;
+        arrays.push(arr);
+    }
+    Some((out, arrays))
+}
+
 /// The answer of slot `g` by `plan` (see `receive_answer`): None when its header is not the plan's key.
-fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool) -> PyResult<PyObject> {
+/// `made`: its outputs made already (`premade`), filled here.
+fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: bool, made: Option<Made<'_>>) -> PyResult<PyObject> {
     let Some(region) = answer_region(seg, g, plan)? else {
         return Ok(py.None());
     };
     if !copy || plan.arrays.is_empty() {
         return Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
     }
+    if let Some((out, arrays)) = made {
+        for (((name, off, n, _, dtype), dims), arr) in plan.arrays.iter().zip(&plan.shapes).zip(arrays) {
+            // Made by `fresh_array` for this plan and not yet anyone else's: checked as any fresh array is.
+            let mut dst = match exact_array(arr, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
+                Some(b) if b.writeable() => b,
+                _ => return Err(PyValueError::new_err(format!("array {}: a fresh array not of its layout", name.bind(py)))),
+            };
+            copy_from_region(seg, region + off, *n, dst.bytes_mut()?)?; // off + n <= end <= resp_bytes
+        }
+        return Ok(out.into_any().unbind());
+    }
     let out = PyDict::new(py);
     for ((name, off, n, shape, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
-        let arr = plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?;
-        // `empty`'s fresh array of the plan's dtype and shape, read from its fields (no Python code runs
-        // until it is filled); anything else `empty` made goes through its export, its length checked.
+        let arr = match plan.fresh.then(|| fresh_array(py, plan.ndarray.bind(py), dtype.bind(py), dims)).flatten() {
+            Some(made) => made?.unbind(),
+            None => plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?,
+        };
+        // The fresh array of the plan's dtype and shape (`fresh_array`'s or `empty`'s), read from its fields
+        // (no Python code runs until it is filled); anything else `empty` made goes through its export,
+        // its length checked.
         let fresh = arr.bind(py).clone();
         let mut dst = match exact_array(fresh, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
             Some(b) if b.writeable() => b,

@@ -835,6 +835,8 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;
     m.add("LAYOUT_DIGEST", LAYOUT_DIGEST)?;
+    m.add("LATE_WINDOW", client::LATE_WINDOW)?;
+    m.add("PREDICT_UP_SHIFT", client::PREDICT_UP_SHIFT)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

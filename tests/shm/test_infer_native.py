@@ -229,7 +229,7 @@ def test_a_zero_timeout_on_a_client_that_parks_at_once_makes_no_futex_call(
             x = {"x": np.full((1, 4), 7.0, np.float32)}
             parks: list[int] = []  # the park budget of each core round trip
             round_trip = c._round_trip
-            c._round_trip = lambda *a: parks.append(a[-1]) or round_trip(*a)
+            c._round_trip = lambda *a: parks.append(a[10]) or round_trip(*a)
             for way, timeout_s in (("wait", 0.0), ("round_trip", 0.0), ("round_trip", 0.05)):
                 for _ in range(PREMISE_TRIES):
                     if way == "wait":
@@ -726,3 +726,59 @@ def test_a_failed_read_is_counted_where_the_answer_was_found(queue: InferenceQue
             c.infer(X, 5.0)
         after = {k: getattr(counts, k) for k in before}
         assert after == {**before, found: before[found] + 1}, (before, after)
+
+
+def test_the_core_call_learns_each_answer_as_wait_learns_it(queue: InferenceQueue) -> None:
+    """The core call learns a clean answer's latency itself (the late bits and ``next_prediction_ns``,
+    in i128 for Python's ints), so the prediction after it is exactly what ``wait`` would have learned
+    from the answer's stamps, from any prediction and late bits: none yet, below, above, garbage."""
+    import lowtail_native  # type: ignore[import-not-found, unused-ignore]
+
+    from lowtail.shm.client import LATE_WINDOW, MARGIN_NS, MAX_LATE, PREDICT_UP_SHIFT, next_prediction_ns
+
+    assert (lowtail_native.LATE_WINDOW, lowtail_native.PREDICT_UP_SHIFT) == (LATE_WINDOW, PREDICT_UP_SHIFT)
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us=50) as c:
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        round_trip, answered = c._round_trip, []
+
+        def counted(*a: Any) -> Any:
+            got = round_trip(*a)
+            answered.append(got is not None and type(got[6]) is dict)
+            return got
+
+        c._round_trip = counted
+        starts = [0, 1, 10**4, 10**10, -(10**15), 2**70, 2**64 + 5]
+        for predicted, late in ((p, b) for p in starts for b in (0, 0b111, 0xFF, 0b10110001)):
+            if late.bit_count() <= MAX_LATE and predicted > MARGIN_NS:
+                continue  # a sleep first: ``submit``'s and ``wait``'s way, not the core call's
+            c._pred.predicted_ns, c._pred.late = predicted, late
+            calls = answered.count(True)
+            np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+            assert answered.count(True) == calls + 1  # the core call answered it
+            submit, _, done, _ = c._timing
+            latency = done - submit
+            want_late = ((late << 1) | (latency > predicted + c._spin_ns)) & LATE_WINDOW
+            assert (c._pred.predicted_ns, c._pred.late) == (next_prediction_ns(predicted, latency), want_late)
+            assert type(c._pred.predicted_ns) is int and type(c._pred.late) is int
+        # Late bits past a u64 (only a caller could set them): the core call cannot learn from them
+        # and hands its answer to ``wait``, which returns it and learns it, once.
+        c._pred.predicted_ns, c._pred.late = 10**4, 2**64 + 0b110
+        ways = ("immediate", "spinning", "parked")
+        calls, found = answered.count(True), sum(c.wait_counts[k] for k in ways)
+        np.testing.assert_array_equal(c.infer(X, 5.0)["y"], _model(X["x"])["y"])
+        assert answered.count(True) == calls and sum(c.wait_counts[k] for k in ways) == found + 1
+        submit, _, done, _ = c._timing
+        assert c._pred.late == 0b1100 | (done - submit > 10**4 + c._spin_ns)
+
+
+def test_each_answer_is_arrays_of_its_own_made_while_the_worker_serves(queue: InferenceQueue) -> None:
+    """The core call makes an answer's arrays before the answer is there (for the layout of the slot's
+    last answer), and fills them once it is: every call's are fresh, exact arrays owning their data; an
+    answer of another layout drops them and is read as before."""
+    wide = {"x": np.full((3, 5), 2.0, np.float32)}
+    with _serving(queue.descriptor), _native_client(queue.descriptor, spin_us=50) as c:
+        outs = [c.infer(X if i % 4 != 3 else wide, 5.0)["y"] for i in range(12)]
+    for i, y in enumerate(outs):
+        np.testing.assert_array_equal(y, _model(X["x"] if i % 4 != 3 else wide["x"])["y"])
+        assert type(y) is np.ndarray and y.flags.owndata and y.flags.writeable and y.flags.c_contiguous
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(outs) for b in outs[:i])

@@ -290,3 +290,57 @@ def test_the_core_array_tests_pass_with_every_array_read_through_its_buffer_expo
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [(np.float32, (4, 2)), (np.bool_, (3,)), (np.complex128, (2, 1)), (np.int8, ()), (np.uint16, (0, 2))],
+)
+def test_fresh_answer_arrays_are_numpys_own_of_the_plans_dtype_and_shape(dtype: Any, shape: Any) -> None:
+    """The copy-out's fresh arrays (made through numpy's C API where the probe passed, by ``np.empty``
+    otherwise) are what ``np.empty`` makes: exact ndarrays owning C-order, writeable data, of the plan's
+    dtype object and shape, each a copy of the answer's bytes; and the dtype's references balance."""
+    import sys
+
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        dt = np.dtype(dtype)
+        want = (np.arange(int(np.prod(shape)), dtype=np.int64) % 2 + 3).astype(dt).reshape(shape)
+        n, key, off = want.nbytes, b"\x05" * 64, geo.resp_off(1)
+        mm[off : off + 64] = key
+        mm[off + 64 : off + 64 + n] = want.tobytes()
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 64, n, shape, dt)], np.empty, np.ndarray)
+        refs = sys.getrefcount(dt)
+        outs = [core.receive_answer(seg, 0, 1, 3, plan, True)[7]["y"] for _ in range(50)]
+        for y in outs:
+            assert type(y) is np.ndarray and y.dtype is dt and y.shape == shape
+            assert y.flags.c_contiguous and y.flags.writeable and y.flags.owndata and y.base is None
+            assert y.tobytes() == want.tobytes()
+        outs[0][...] = 0  # its own data: neither the next answer nor the mapping changes
+        assert outs[1].tobytes() == want.tobytes() and bytes(mm[off + 64 : off + 64 + n]) == want.tobytes()
+        del outs, y
+        assert sys.getrefcount(dt) == refs
+
+
+@needs_native
+def test_an_answer_is_read_only_when_every_byte_of_a_long_key_is_the_plans() -> None:
+    """The key check compares the slot's header with the plan's in chunks: a key of 600 bytes differing
+    in its last byte, in its first, or in the one after a chunk's end is another header (None: the
+    Python parse reads it), the same key is read."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 1024, 1024) as (geo, mm, seg, q, core):
+        key, off = bytes(range(256)) * 2 + b"\x09" * 88, geo.resp_off(1)
+        y = np.arange(8, dtype=np.float32).reshape(4, 2)
+        mm[off + 640 : off + 672] = y.tobytes()
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 640, 32, (4, 2), F4)], np.empty, np.ndarray)
+        for at in (599, 0, 256, 255, 512):
+            mm[off : off + 600] = key
+            mm[off + at] ^= 0xFF
+            assert core.receive_answer(seg, 0, 1, 3, plan, True)[7] is None, at
+        mm[off : off + 600] = key
+        assert core.receive_answer(seg, 0, 1, 3, plan, True)[7]["y"].tobytes() == y.tobytes()

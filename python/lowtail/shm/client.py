@@ -102,6 +102,7 @@ PARK_SLICE_S = 0.02  # a parked client re-checks worker liveness this often (50 
 PARK_SLICE_NS = int(PARK_SLICE_S * 1e9)
 # Predictive waiting: a client learns how long its answers take and sleeps until just before the next,
 # so the answer lands while it spins and the worker makes no wake-up call.
+# (LATE_WINDOW and PREDICT_UP_SHIFT: the core's round trip learns with copies of them, held equal by a test)
 LATE_WINDOW = 0xFF  # the last 8 answers, one bit each: was it later than prediction + spin budget
 MAX_LATE = 2  # more late answers than this in the window: waits vary too much to predict, do not sleep
 PREDICT_UP_SHIFT = 2  # the prediction rises by 1/4 of the gap after a longer answer (drops at once)
@@ -504,12 +505,13 @@ WAIT_FIRST_SLICE_S = 0.001
 class _Prediction:
     """What a client learned about its answers (the predictive wait above ``next_prediction_ns``)."""
 
-    __slots__ = ("late", "oversleep_ns", "predicted_ns")
+    __slots__ = ("late", "oversleep_ns", "predicted_ns", "spin_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, spin_ns: int = 0) -> None:
         self.predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
         self.oversleep_ns = 0  # how late a timed futex wait returns, learned
         self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
+        self.spin_ns = spin_ns  # the client's spin budget: what makes an answer late (the core reads it)
 
 
 class _WaitCounts:
@@ -545,7 +547,7 @@ class QueueClient:
         self._cfg = cfg
         self.spin_policy = spin
         self._spin_ns = spin.spin_us * 1000
-        self._pred = _Prediction()
+        self._pred = _Prediction(self._spin_ns)
         q = m.q
         self._q, self._mem = q, m.mem
         self._gen = int(q[geo.lane(lane, L_GEN)]) % U64_MAX + 1
@@ -953,7 +955,7 @@ class QueueClient:
         try:
             got = self._round_trip(
                 self._native, self.lane, s, head, plan, arrays, ans and ans[5],
-                spin_ns, PURE_SPIN_NS, pred.predicted_ns, park_ns,
+                spin_ns, PURE_SPIN_NS, pred.predicted_ns, park_ns, pred,
             )  # fmt: skip
         except BaseException:  # a raising signal handler (Ctrl-C) may come as the call returns
             self._unwind(s, head)
@@ -978,12 +980,8 @@ class QueueClient:
             counts.immediate += 1
         if spin:
             counts.spin_ns += (parked_at or now) - submit_ns
-        if answered and type(out) is dict:
+        if answered and type(out) is dict:  # the core learned its latency and freed its slot as ``wait`` does
             self._timing = (submit_ns, claim_ns, done_ns, now)
-            latency = done_ns - submit_ns  # learned as ``wait`` learns it
-            pred.late = ((pred.late << 1) | (latency > pred.predicted_ns + spin)) & LATE_WINDOW
-            pred.predicted_ns = next_prediction_ns(pred.predicted_ns, latency)
-            self._q[self._si[s] + W_REQ_STATE] = FREE
             self._free.append(s)
             return out
         ticket = Ticket(s, seq, self._layout.batch, submit_ns)  # type: ignore[union-attr]
