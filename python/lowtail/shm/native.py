@@ -210,8 +210,9 @@ MODULE_CALLS = (
 # a known layout) take a batch's requests and a plan per request size since 0.7.0, and round_trip
 # reports a failed read of an answer it found as answered (counted where it was found) since 0.15.0;
 # complete_known reads the worker's segment, known layouts and outstanding requests from its
-# _answer_with since 0.16.0; the worker's wait spins in the core (Poller.spin_bound) since 0.17.0. So an
-# older build is refused by its version.
+# _answer_with since 0.16.0; the worker's wait spins in the core (Poller.spin_bound) and round_trip takes
+# the client's _Prediction to learn into as its last argument since 0.17.0. So an older build is refused
+# by its version.
 MIN_VERSION = (0, 17, 0)
 
 
