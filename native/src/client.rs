@@ -157,6 +157,17 @@ pub struct AnswerPlan {
     fresh: bool, // `empty` is numpy's and `direct`: the fresh arrays made by the C API (`fresh_array`)
 }
 
+/// Whether `fresh_array` may make a plan's arrays: `empty` is `numpy.empty`, `ndarray` `numpy.ndarray`
+/// itself (a subclass's `__array_finalize__` is Python code) and every dtype a `numpy.dtype` (what the C
+/// API takes as a descriptor; an object that only looks like one is given to `empty`, which refuses it).
+fn numpy_fresh(py: Python<'_>, arrays: &[AnswerArray], empty: &Bound<'_, PyAny>, ndarray: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let np = py.import("numpy")?;
+    let dtype = np.getattr("dtype")?;
+    Ok(np.getattr("empty")?.is(empty)
+        && np.getattr("ndarray")?.is(ndarray)
+        && arrays.iter().map(|a| a.4.bind(py).is_instance(&dtype)).collect::<PyResult<Vec<bool>>>()?.into_iter().all(|ok| ok))
+}
+
 #[pymethods]
 impl AnswerPlan {
     #[new]
@@ -171,8 +182,7 @@ impl AnswerPlan {
         let shapes: Vec<Vec<isize>> = arrays.iter().map(|a| a.3.bind(py).extract::<Vec<isize>>()).collect::<PyResult<_>>()?;
         check_nbytes(py, arrays.iter().zip(&shapes).map(|(a, s)| (a.2, s.clone(), a.4.clone_ref(py))))?;
         let direct = !ndarray.is_none(py) && layout_ok(py, ndarray.bind(py));
-        let numpy_empty = py.import("numpy").and_then(|np| np.getattr("empty"));
-        let fresh = direct && matches!(numpy_empty, Ok(e) if e.is(empty.bind(py)));
+        let fresh = direct && numpy_fresh(py, &arrays, empty.bind(py), ndarray.bind(py)).unwrap_or(false);
         Ok(AnswerPlan { key, arrays, end, empty, ndarray, shapes, direct, fresh })
     }
 }

@@ -832,6 +832,7 @@ fn lowtail_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(answer::answer_known, m)?)?;
     m.add_function(wrap_pyfunction!(answer::complete_known_py, m)?)?;
     m.add_function(wrap_pyfunction!(ndarray::direct_array_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(ndarray::fresh_arrays_by_c_api, m)?)?;
     m.add_function(wrap_pyfunction!(full_barrier, m)?)?;
     m.add_function(wrap_pyfunction!(decode_header, m)?)?;
     m.add("LAYOUT_DIGEST", LAYOUT_DIGEST)?;

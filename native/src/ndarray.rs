@@ -89,6 +89,13 @@ pub fn direct_array_reads(py: Python<'_>, ndarray: &Bound<'_, PyAny>) -> bool {
     layout_ok(py, ndarray)
 }
 
+/// Whether this process makes a plan's fresh arrays through numpy's C API (`fresh_array`: its ABI is
+/// one this core knows), for the tests and the reports.
+#[pyfunction]
+pub fn fresh_arrays_by_c_api(py: Python<'_>) -> bool {
+    new_from_descr(py).is_some()
+}
+
 fn probe(py: Python<'_>, ndarray: &Bound<'_, PyAny>) -> PyResult<bool> {
     let a = ndarray.call1(((2usize, 3usize, 5usize), "<f4"))?;
     let ro = a.call_method0(intern!(py, "view"))?;

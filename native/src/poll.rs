@@ -120,6 +120,12 @@ impl Poller {
         self.tails.clone()
     }
 
+    /// Whether the bound item class's items are made without its call (`item_slots`; tests).
+    #[getter]
+    fn fast_items(&self) -> bool {
+        self.bound.as_ref().is_some_and(|b| b.slots.is_some())
+    }
+
     /// Header `id` (from a `poll_bound` entry) decoded by Python into an inline payload of `samples` rows:
     /// later requests with it are counted here, without stopping.
     fn accept(&mut self, id: u64, samples: u64) {
@@ -535,44 +541,64 @@ impl<'a, 'py> ItemMaker<'a, 'py> {
 const ITEM_SLOTS: [&str; 11] = ["lane", "g", "si", "seq", "gen", "submit_ns", "claim_ns", "layout", "inputs", "inline", "done"];
 
 /// Where instances of the item class `cls` keep `ITEM_SLOTS` (byte offsets), when `new_item` may make
-/// them: a class whose instances `object.__new__` makes, of no variable size, with a member slot of
-/// each name. Found by probing: one instance's slots set (by `setattr`) to fresh objects, each found
-/// exactly once among its words. None otherwise (any other class, e.g. one whose `__setattr__` is its
-/// own): its items are made by calling it, as `_Item(...)` is called in Python.
+/// them: a class of no metaclass of its own (its `__basicsize__` and its call are `type`'s), made by
+/// `object.__new__`, of no variable size and no `__dict__`, whose `__init__` stores its ten parameters
+/// and `done` False in its slots and nothing else. Found by probing: one instance made by the class
+/// call with fresh objects for its parameters, each found exactly once among its words, `done` the
+/// one False, every other word past the object's header empty. None otherwise: its items are made by
+/// calling it, as `_Item(...)` is called in Python.
 fn item_slots(py: Python<'_>, cls: &Bound<'_, PyAny>) -> PyResult<Option<[usize; ITEM_SLOTS.len()]>> {
     let Ok(cls) = cls.downcast::<PyType>() else {
         return Ok(None);
     };
-    let object_new = py.get_type::<PyAny>().getattr(intern!(py, "__new__"))?;
-    if !cls.getattr(intern!(py, "__new__"))?.is(&object_new) || cls.getattr(intern!(py, "__itemsize__"))?.extract::<usize>()? != 0 {
+    let object = py.get_type::<PyAny>();
+    let object_new = object.getattr(intern!(py, "__new__"))?;
+    let plain = cls.get_type().is(&py.get_type::<PyType>())
+        && cls.getattr(intern!(py, "__new__"))?.is(&object_new)
+        && cls.getattr(intern!(py, "__itemsize__"))?.extract::<usize>()? == 0
+        && cls.getattr(intern!(py, "__dictoffset__"))?.extract::<isize>()? == 0;
+    if !plain {
         return Ok(None);
     }
     let size: usize = cls.getattr(intern!(py, "__basicsize__"))?.extract()?;
-    let probe = alloc(py, cls)?;
-    let marks: Vec<Bound<'_, PyAny>> = ITEM_SLOTS.iter().map(|_| object_new.call1((py.get_type::<PyAny>(),))).collect::<PyResult<_>>()?;
-    for (name, mark) in ITEM_SLOTS.iter().zip(&marks) {
-        if probe.setattr(*name, mark).is_err() {
-            return Ok(None); // not a slot of this class (or its __setattr__ refused it)
-        }
+    let marks: Vec<Bound<'_, PyAny>> = (1..ITEM_SLOTS.len()).map(|_| object_new.call1((&object,))).collect::<PyResult<_>>()?;
+    let Ok(probe) = cls.call1(PyTuple::new(py, &marks)?) else {
+        return Ok(None); // its __init__ takes other parameters, or refused these
+    };
+    if !probe.get_type().is(cls) {
+        return Ok(None);
     }
     let word = std::mem::size_of::<*mut ffi::PyObject>();
+    // The words past the object's header (refcount, type) within its basic size: the instance's own.
+    // SAFETY: within the probe's `__basicsize__` bytes (its class's own, checked above), word-aligned
+    let words: Vec<*mut ffi::PyObject> =
+        (2..size / word).map(|w| unsafe { *(probe.as_ptr().cast::<u8>().add(w * word) as *const *mut ffi::PyObject) }).collect();
+    let once = |p: *mut ffi::PyObject| {
+        let mut found = words.iter().enumerate().filter(|(_, &w)| w == p).map(|(i, _)| (i + 2) * word);
+        match (found.next(), found.next()) {
+            (Some(off), None) => Some(off),
+            _ => None,
+        }
+    };
     let mut at = [0usize; ITEM_SLOTS.len()];
     for (i, mark) in marks.iter().enumerate() {
-        // Words past the object's header (refcount, type) within its basic size: the instance's own.
-        let found: Vec<usize> = (2..size / word)
-            .map(|w| w * word)
-            // SAFETY: within the probe's `__basicsize__` bytes, word-aligned
-            .filter(|&off| unsafe { *(probe.as_ptr().cast::<u8>().add(off) as *const *mut ffi::PyObject) } == mark.as_ptr())
-            .collect();
-        if found.len() != 1 {
+        let Some(off) = once(mark.as_ptr()) else {
             return Ok(None);
-        }
-        at[i] = found[0];
+        };
+        at[i] = off;
+    }
+    let Some(done) = once(PyBool::new(py, false).as_ptr()) else {
+        return Ok(None);
+    };
+    at[ITEM_SLOTS.len() - 1] = done;
+    if words.iter().filter(|w| !w.is_null()).count() != ITEM_SLOTS.len() {
+        return Ok(None); // its __init__ stored something else too
     }
     Ok(Some(at))
 }
 
-/// An instance of `cls` allocated as `object.__new__` allocates it (zeroed, tracked by the collector).
+/// An instance of `cls` allocated as `object.__new__` allocates one of a class without `__dict__`
+/// (zeroed, tracked by the collector).
 fn alloc<'py>(py: Python<'py>, cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: `cls` is a type; PyType_GenericAlloc returns a new reference or NULL with an exception set
     unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0)) }

@@ -323,6 +323,30 @@ def test_fresh_answer_arrays_are_numpys_own_of_the_plans_dtype_and_shape(dtype: 
         assert outs[1].tobytes() == want.tobytes() and bytes(mm[off + 64 : off + 64 + n]) == want.tobytes()
         del outs, y
         assert sys.getrefcount(dt) == refs
+    assert core.fresh_arrays_by_c_api()  # numpy 1.x or 2.x here: the path above is the C API's
+
+
+class _DuckDtype:
+    """Not a numpy dtype, though it answers ``kind`` and ``itemsize`` as one (what the plan's byte count
+    is checked with)."""
+
+    kind = "f"
+    itemsize = 4
+
+
+@needs_native
+def test_a_plan_whose_dtype_is_not_a_numpy_dtype_makes_its_arrays_by_its_empty() -> None:
+    """The C API takes the dtype as a descriptor: an object that only looks like one goes to ``empty``,
+    which refuses it, as before the C API was used (given to the C API, it crashed the process)."""
+    from lowtail.shm.layout import W_RESP_SEQ
+
+    with _mapped(1, 2, 256, 256) as (geo, mm, seg, q, core):
+        key, off = b"\x05" * 64, geo.resp_off(1)
+        mm[off : off + 64] = key
+        q[geo.slot_word(1) + W_RESP_SEQ] = 3
+        plan = core.AnswerPlan(key, [("y", 64, 32, (4, 2), _DuckDtype())], np.empty, np.ndarray)
+        with pytest.raises(TypeError):
+            core.receive_answer(seg, 0, 1, 3, plan, True)
 
 
 @needs_native

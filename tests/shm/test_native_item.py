@@ -23,6 +23,7 @@ X = {"x": np.arange(16, dtype=np.float32).reshape(2, 8)}
 
 def test_the_core_makes_the_item_init_makes() -> None:
     with native_pair(slots_per_lane=1) as (c, w):
+        assert w._poller.fast_items
         polled: list[int] = []
         real = w._polled
         w._polled = lambda entries, *a: polled.append(len(entries)) or real(entries, *a)  # type: ignore[method-assign]
@@ -34,22 +35,22 @@ def test_the_core_makes_the_item_init_makes() -> None:
             if k:
                 assert len(polled) == 1, "the core did not make the item"
                 _, views, layout = w._in_views[it.g]
-                want = {
-                    "lane": 0, "g": 0, "si": w._slot_i[0], "seq": t.seq, "gen": int(w._m.q[w._gen_i[0]]),
-                    "submit_ns": t.submit_ns, "claim_ns": batch.claimed_ns, "layout": layout,
-                    "inputs": views, "inline": True, "done": False,
-                }  # fmt: skip
-                assert type(it) is _Item and sorted(want) == sorted(_Item.__slots__)
-                for name, value in want.items():  # every slot set, to what _polled would set it
-                    got = getattr(it, name)
-                    assert type(got) is type(value) and (got is value or got == value), name
+                gen = int(w._m.q[w._gen_i[0]])
+                # what _polled makes of this request: _Item's own call, whatever its __init__ stores
+                ref = _Item(
+                    0, 0, w._slot_i[0], t.seq, gen, t.submit_ns, batch.claimed_ns, layout, views, True
+                )
+                assert type(it) is _Item
+                for name in _Item.__slots__:  # every slot set (no AttributeError), as the call sets it
+                    got, want = getattr(it, name), getattr(ref, name)
+                    assert type(got) is type(want) and (got is want or got == want), name
             with batch:
                 batch.complete(echo(batch.inputs["x"]))
             assert (c.wait(t, 1.0)["twice"] == 2 * (X["x"] + k) + 1).all()
 
 
 class _Counted:
-    """An item class without slots: the core makes its items by calling it (counted)."""
+    """An item class with a ``__dict__``: the core makes its items by calling it (counted)."""
 
     made = 0
 
@@ -59,24 +60,51 @@ class _Counted:
         self.layout, self.inputs, self.inline, self.done = *args[7:10], False
 
 
-class _SlottedInit(_Item):
-    """A slotted item class made by ``object.__new__``: the core sets its slots, its ``__init__`` is
-    never called (counted)."""
+class _Tagged(_Item):
+    """A slotted item class whose ``__init__`` stores one slot more: made by its call (counted)."""
+
+    __slots__ = ("tag",)
+    made = 0
+
+    def __init__(self, *args: Any) -> None:
+        _Tagged.made += 1
+        super().__init__(*args)
+        self.tag = "tagged"
+
+
+class _Meta(type):
+    pass
+
+
+class _OfMeta(_Item, metaclass=_Meta):
+    """A slotted item class of a metaclass of its own (which could lie about its size): made by its call."""
 
     __slots__ = ()
     made = 0
 
     def __init__(self, *args: Any) -> None:
-        _SlottedInit.made += 1
+        _OfMeta.made += 1
         super().__init__(*args)
 
 
-@pytest.mark.parametrize(("cls", "called"), [(_Counted, True), (_SlottedInit, False)])
-def test_a_slotted_item_class_gets_its_slots_set_and_any_other_its_call(cls: Any, called: bool) -> None:
+class _Same(_Item):
+    """A slotted subclass storing what ``_Item`` stores: its items made without its call."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize(
+    ("cls", "fast"), [(_Counted, False), (_Tagged, False), (_OfMeta, False), (_Same, True)]
+)
+def test_only_an_item_class_whose_init_stores_the_item_slots_gets_them_set_and_any_other_its_call(
+    cls: Any, fast: bool
+) -> None:
     with native_pair(slots_per_lane=1) as (c, w):
-        cfg_, cache = w._cfg, w._claim_cache
-        w._poller.bind(w._native, cfg_.max_batch_slots, cfg_.max_batch_samples, (*cache[:3], cls))
+        cfg, cache = w._cfg, w._claim_cache
         cls.made = 0
+        w._poller.bind(w._native, cfg.max_batch_slots, cfg.max_batch_samples, (*cache[:3], cls))
+        assert w._poller.fast_items is fast
+        probes = cls.made  # the bind's probe of a slotted class calls it once
         for k in range(3):
             t = c.submit({"x": X["x"] + k})
             batch = w.claim(1.0)
@@ -86,7 +114,10 @@ def test_a_slotted_item_class_gets_its_slots_set_and_any_other_its_call(cls: Any
             assert (it.lane, it.seq, it.submit_ns, it.claim_ns, it.inline, it.done) == (
                 0, t.seq, t.submit_ns, batch.claimed_ns, True, False,
             )  # fmt: skip
+            if cls is _Tagged and k:
+                assert it.tag == "tagged"  # its __init__ ran
             with batch:
                 batch.complete(echo(batch.inputs["x"]))
             assert (c.wait(t, 1.0)["twice"] == 2 * (X["x"] + k) + 1).all()
-        assert cls.made == (2 if called else 0)
+        if cls is not _Same:
+            assert cls.made - probes == 2

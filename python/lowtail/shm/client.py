@@ -507,7 +507,7 @@ class _Prediction:
 
     __slots__ = ("late", "oversleep_ns", "predicted_ns", "spin_ns")
 
-    def __init__(self, spin_ns: int = 0) -> None:
+    def __init__(self, spin_ns: int) -> None:
         self.predicted_ns = 0  # submit to answer, learned (0: nothing learned, spin first)
         self.oversleep_ns = 0  # how late a timed futex wait returns, learned
         self.late = 0  # of the last 8 answers, those later than prediction + spin budget (bits)
