@@ -651,7 +651,9 @@ class QueueWorker:
         by the core's poll with nothing to hold or merge, in this one frame: its ``Batch`` made as
         ``Batch.__init__`` makes one request's, without the class call (``_new_batch``, then its slots),
         fewer instructions per call than ``_poll_native``, ``_coalesce`` and the class call. Any other
-        claim goes on as ``claim`` goes, from where this one stands."""
+        claim goes on as ``claim`` goes, from where this one stands. A claim that finds nothing waits in
+        ``_wait_native`` (the core's spin, then the park) and polls again, so a request that comes
+        while it waits is made the same one-frame batch."""
         if self._closed or self._carry:
             return QueueWorker.claim(self, timeout_s)
         items: list[_Item] = []
