@@ -485,8 +485,8 @@ fn copy_from_region(seg: &Segment, src: u64, n: u64, d: &mut [u8]) -> PyResult<(
 /// The outputs' dict and its fresh arrays in the plan's order, made before the answer is there.
 type Made<'py> = (Bound<'py, PyDict>, Vec<Bound<'py, PyAny>>);
 
-/// `round_trip`'s outputs made while the worker serves the request (a fresh array, its dict entry:
-/// about 1,300 instructions off the wait's critical path), for an answer of `plan`'s layout, the one
+/// `round_trip`'s outputs made while the worker serves the request (each fresh array and its dict
+/// entry moved off the wait's critical path), for an answer of `plan`'s layout, the one
 /// the slot's last answer had; filled once the answer is there and of that layout, else dropped. None
 /// when the plan's arrays are not made by the C API (`empty` is then called after the answer, as
 /// before), or making one failed (the same, and its error is met there).
@@ -513,30 +513,30 @@ fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: b
     if !copy || plan.arrays.is_empty() {
         return Ok(true.into_pyobject(py)?.to_owned().into_any().unbind());
     }
-    if let Some((out, arrays)) = made {
-        for (((name, off, n, _, dtype), dims), arr) in plan.arrays.iter().zip(&plan.shapes).zip(arrays) {
-            // Made by `fresh_array` for this plan and not yet anyone else's: checked as any fresh array is.
-            let mut dst = match exact_array(arr, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
-                Some(b) if b.writeable() => b,
-                _ => return Err(PyValueError::new_err(format!("array {}: a fresh array not of its layout", name.bind(py)))),
-            };
-            copy_from_region(seg, region + off, *n, dst.bytes_mut()?)?; // off + n <= end <= resp_bytes
+    // The outputs made while the worker served (`premade`), or made now: `fresh_array`'s, or `empty`'s
+    let (out, arrays) = match made {
+        Some(made) => made,
+        None => {
+            let out = PyDict::new(py);
+            let mut arrays = Vec::with_capacity(plan.arrays.len());
+            for ((name, _, _, shape, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
+                let arr = match plan.fresh.then(|| fresh_array(py, plan.ndarray.bind(py), dtype.bind(py), dims)).flatten() {
+                    Some(made) => made?,
+                    None => plan.empty.bind(py).call1((shape.clone_ref(py), dtype.clone_ref(py)))?,
+                };
+                out.set_item(name.bind(py), &arr)?;
+                arrays.push(arr);
+            }
+            (out, arrays)
         }
-        return Ok(out.into_any().unbind());
-    }
-    let out = PyDict::new(py);
-    for ((name, off, n, shape, dtype), dims) in plan.arrays.iter().zip(&plan.shapes) {
-        let arr = match plan.fresh.then(|| fresh_array(py, plan.ndarray.bind(py), dtype.bind(py), dims)).flatten() {
-            Some(made) => made?.unbind(),
-            None => plan.empty.call1(py, (shape.clone_ref(py), dtype.clone_ref(py)))?,
-        };
-        // The fresh array of the plan's dtype and shape (`fresh_array`'s or `empty`'s), read from its fields
-        // (no Python code runs until it is filled); anything else `empty` made goes through its export,
-        // its length checked.
-        let fresh = arr.bind(py).clone();
-        let mut dst = match exact_array(fresh, plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
+    };
+    // Each filled with no Python code run between its bytes taken and the copy: a fresh array of the
+    // plan's dtype and shape read from its fields; anything else `empty` made through its export, its
+    // length checked.
+    for (((name, off, n, _, dtype), dims), arr) in plan.arrays.iter().zip(&plan.shapes).zip(arrays) {
+        let mut dst = match exact_array(arr.clone(), plan.direct, plan.ndarray.bind(py), dtype.bind(py), dims, *n, RawBuffer::get) {
             Some(b) if b.writeable() => b,
-            _ => ArrayBytes::Export(RawBuffer::get(arr.bind(py))?),
+            _ => ArrayBytes::Export(RawBuffer::get(&arr)?),
         };
         let d = dst.bytes_mut()?;
         if d.len() as u64 != *n {
@@ -544,8 +544,6 @@ fn read_answer(py: Python<'_>, seg: &Segment, g: u64, plan: &AnswerPlan, copy: b
             return Err(PyValueError::new_err(format!("array {name}: a fresh array of {} bytes, its layout has {n}", d.len())));
         }
         copy_from_region(seg, region + off, *n, d)?; // off + n <= end <= resp_bytes: within the region
-        drop(dst);
-        out.set_item(name.bind(py), arr)?;
     }
     Ok(out.into_any().unbind())
 }

@@ -64,6 +64,33 @@ def test_a_request_sent_while_the_worker_waits_is_claimed_as_the_one_request_bat
             np.testing.assert_array_equal(out[name], want)
 
 
+def test_a_lane_corrupted_while_the_worker_waits_is_fenced_and_its_neighbour_is_served() -> None:
+    """A client writes an impossible doorbell into its own lane while the worker waits in the core's
+    spin: the spin sees it move, the poll fences that lane alone, and the neighbour's request that comes
+    next is claimed and answered with its own rows."""
+    with native_pair() as (honest, w), QueueClient.attach(w.descriptor) as rogue:
+        _round_trip(honest, w)
+        bells = w._m.q[layout.HW_DOORBELLS : layout.HW_DOORBELLS + 2]
+        tickets: list[Any] = []
+
+        def corrupt_then_send() -> None:
+            bells[rogue.lane] = 2**40  # far past the lane's tail: more published than it has slots
+            time.sleep(0.02)  # the worker sees it and fences the lane before the honest request comes
+            tickets.append(honest.submit(X))
+
+        sender = threading.Timer(0.05, corrupt_then_send)
+        sender.start()
+        with w.claim(10.0) as b:
+            assert b is not None and b.lanes == [honest.lane]
+            b.complete(echo(b.inputs["obs"]))
+        sender.join()
+        assert w.fenced == 1
+        out = honest.wait(tickets[0], 5.0)
+        for name, want in echo(X["obs"]).items():
+            np.testing.assert_array_equal(out[name], want)
+        _round_trip(honest, w)  # the honest lane serves on
+
+
 def test_a_wait_that_goes_idle_parks_and_a_request_wakes_it() -> None:
     with native_pair(idle_us=1000) as (c, w):
         sleep_word = w._m.q[layout.HW_WORKER_SLEEP : layout.HW_WORKER_SLEEP + 1]
