@@ -409,3 +409,29 @@ def test_a_ctrl_c_while_the_windows_server_attaches_stops_it(
         assert time.monotonic() < deadline, f"still running after the interrupt: {left}"
         time.sleep(0.05)
     assert caught.tb is not None
+
+
+def _die_holding(event: object) -> None:
+    """A server killed inside ``stop.is_set()``: it dies holding the event's lock."""
+    with event._cond:  # type: ignore[attr-defined]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_stop_after_the_server_died_holding_its_stop_flag_does_not_hang() -> None:
+    """A server SIGKILLed while it read its stop event (the iceoryx2 waitset server polls it) leaves the
+    event's lock held for ever: ``Transport.stop`` must not wait on it for a server that is gone (CI
+    once hung here for 600 s, in ``test_iceoryx2_killed_server_leaves_nothing``)."""
+    import threading
+
+    from lowtail.benchmarks.queue_transports import Transport, _ctx
+
+    t = Transport(None, "normal")
+    t.stop_event = _ctx().Event()  # type: ignore[attr-defined]
+    t.proc = _ctx().Process(target=_die_holding, args=(t.stop_event,))  # type: ignore[attr-defined]
+    t.proc.start()
+    t.proc.join(30)
+    assert t.proc.exitcode == -signal.SIGKILL
+    stopper = threading.Thread(target=t.stop, daemon=True)
+    stopper.start()
+    stopper.join(20)
+    assert not stopper.is_alive(), "Transport.stop hung on the dead server's lock"

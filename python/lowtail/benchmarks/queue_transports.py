@@ -125,7 +125,9 @@ class Transport:
         """Stop the server, then (in the subclasses) close what start() made. Safe after a start() that
         failed anywhere, even between creating the server's Process and starting it, and safe twice."""
         stop_event = getattr(self, "stop_event", None)  # a server that polls a stop flag exits on its own
-        if stop_event is not None:
+        # Only a live server is told: one killed while it read the event holds the event's lock for ever,
+        # and setting it would wait on that lock (a SIGKILLed iceoryx2 waitset server hung a CI run)
+        if stop_event is not None and (self.proc is None or self.proc.pid is None or self.proc.is_alive()):
             stop_event.set()
         if self.proc is not None:
             _end_process(self.proc, grace_s=10)
